@@ -1,0 +1,3 @@
+from sparklab.cli import main
+
+raise SystemExit(main())

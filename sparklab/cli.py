@@ -1,0 +1,309 @@
+"""Command line: parse → load → one call → print. The only place that catches SparklabError."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from sparklab import __version__, launch, preflight
+from sparklab.errors import SparklabError
+from sparklab.recipes import list_recipes, load_recipe
+from sparklab.render import LaunchOptions, docker_command, serve_command
+
+out = Console(highlight=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def _default_hf_cache() -> Path:
+    home = os.environ.get("HF_HOME")
+    return Path(home).expanduser() if home else Path("~/.cache/huggingface").expanduser()
+
+
+def _launch_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("spec", metavar="RECIPE|METHOD",
+                   help="a method of the target recipe (dspark), a recipe name (gb10-modelcard), "
+                        "recipe:method, or a recipe file path")
+    p.add_argument("-t", "--target", help="recipe to take METHOD from (default: gb10)")
+    p.add_argument("--engine", help="engine of the recipe (vllm, sglang, …; default: the recipe's)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a recipe variable (max_model_len=32768), model=ID, or a dotted recipe path")
+    p.add_argument("--image", help="run this image instead of the recipe's")
+    p.add_argument("--port", type=int, help="serve on this port")
+    p.add_argument("-k", "--num-speculative-tokens", type=int, metavar="K", help="speculative tokens per step")
+    p.add_argument("--serve-arg", dest="extra_args", action="append", default=[], metavar="ARG",
+                   help="append one argument to the serve command (repeat; use --serve-arg=--flag)")
+    p.add_argument("-e", "--env", action="append", default=[], metavar="NAME[=VALUE]",
+                   help="environment for the server; NAME alone passes the host's value (never printed)")
+    p.add_argument("--hf-cache", type=Path, default=_default_hf_cache(),
+                   help="Hugging Face cache to mount (default: $HF_HOME or ~/.cache/huggingface)")
+    p.add_argument("--no-gpus", dest="gpus", action="store_false", default=None,
+                   help="do not request GPUs (CPU images)")
+    p.add_argument("--public", action="store_true",
+                   help="listen on all interfaces instead of 127.0.0.1")
+    p.add_argument("--no-api-key", dest="api_key", action="store_false",
+                   help="do not protect the endpoint with a generated API key")
+    p.add_argument("--ready-timeout", type=float, metavar="SECONDS",
+                   help="readiness deadline (default: the recipe's, 1800 s)")
+
+
+def _options(args: argparse.Namespace, mode: str = "up") -> LaunchOptions:
+    return LaunchOptions(
+        image=args.image, port=args.port, num_speculative_tokens=args.num_speculative_tokens,
+        public=args.public, api_key=args.api_key, hf_cache=args.hf_cache.expanduser(), gpus=args.gpus,
+        extra_args=tuple(args.extra_args), env=tuple(args.env), run_id="" if mode == "render" else launch.new_run_id(),
+        mode=mode, ready_timeout_s=args.ready_timeout)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="sparklab", description="Benchmark LLM serving with speculative decoding on NVIDIA DGX Spark.")
+    parser.add_argument("--version", action="version", version=f"sparklab {__version__}")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks and debug logs")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("render", help="print the docker run and serve command a recipe gives")
+    _launch_args(p)
+    p.add_argument("--host-checks", action="store_true", help="also run the host preflight checks")
+    p.set_defaults(func=cmd_render)
+
+    p = sub.add_parser("up", help="start a server from a recipe and wait until it is ready")
+    _launch_args(p)
+    p.add_argument("-d", "--detach", action="store_true", help="leave it running and return")
+    p.add_argument("--pull", default="missing", choices=["missing", "always", "never"],
+                   help="when to pull the image (default: missing)")
+    p.add_argument("--api-key", dest="api_key_value", metavar="KEY",
+                   help="use this API key instead of a generated one (or set SPARKLAB_API_KEY)")
+    p.add_argument("--allow-foreign-platform", action="store_true",
+                   help="run an image built for another CPU architecture (needs emulation)")
+    p.add_argument("--dry-run", action="store_true", help="render and preflight only")
+    p.set_defaults(func=cmd_up)
+
+    p = sub.add_parser("down", help="stop and remove sparklab servers")
+    p.add_argument("name", nargs="?", help="container name (see `sparklab ps`)")
+    p.add_argument("--all", action="store_true", help="every sparklab container")
+    p.set_defaults(func=cmd_down)
+
+    p = sub.add_parser("ps", help="list sparklab containers")
+    p.set_defaults(func=cmd_ps)
+
+    p = sub.add_parser("logs", help="print a server's log")
+    p.add_argument("name", nargs="?", help="container name (default: the only one)")
+    p.add_argument("-f", "--follow", action="store_true", help="keep printing new lines")
+    p.add_argument("--tail", default="all", help="only the last N lines")
+    p.set_defaults(func=cmd_logs)
+
+    p = sub.add_parser("gc", help="remove containers left behind by a crashed sparklab run")
+    p.set_defaults(func=cmd_gc)
+
+    p = sub.add_parser("recipes", help="list recipes, engines and methods")
+    p.set_defaults(func=cmd_recipes)
+    return parser
+
+
+# ---------------------------------------------------------------------------------------------------
+
+
+def cmd_render(args: argparse.Namespace) -> int:
+    options = _options(args, mode="render")
+    p = launch.plan(args.spec, target=args.target, engine=args.engine, overrides=args.overrides,
+                    options=options, check_host=args.host_checks)
+    _print_warnings(p.warnings)
+    spec = p.spec
+    out.print(f"# {spec.recipe_path}: engine {spec.engine}, method {spec.method}")
+    out.print(docker_command(spec), markup=False)
+    out.print()
+    out.print("# serve command inside the container:")
+    out.print(serve_command(spec), markup=False)
+    return 0
+
+
+def _print_warnings(findings: list[preflight.Finding]) -> None:
+    for f in findings:
+        err.print("[yellow]warning:[/] " + escape(f.message + (f"\n  {f.hint}" if f.hint else "")), markup=True)
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    from sparklab.containers import Docker
+
+    options = _options(args)
+    p = launch.plan(args.spec, target=args.target, engine=args.engine, overrides=args.overrides,
+                    options=options, check_host=True)
+    _print_warnings(p.warnings)
+    spec = p.spec
+    if args.dry_run:
+        out.print(docker_command(spec), markup=False)
+        out.print("dry run: preflight passed, nothing started.")
+        return 0
+    docker = Docker()
+    for info in docker.gc():
+        err.print(f"removed leftover container {info.name} (its sparklab process is gone)")
+    err.print(f"starting {spec.name}: {spec.recipe} / {spec.engine} / {spec.method} ({spec.image})")
+    from sparklab.progress import PullProgress
+
+    shown = len(p.warnings)
+    with PullProgress(err) as pull_progress, err.status("waiting for the server…") as status:
+        def on_wait(elapsed: float) -> None:
+            status.update(f"waiting for {spec.endpoint}{spec.ready_path} ({elapsed:.0f} s)…")
+
+        ready = launch.start(p, docker, pull_policy=args.pull,
+                             allow_foreign_platform=args.allow_foreign_platform, on_pull=pull_progress.update,
+                             api_key=args.api_key_value or os.environ.get("SPARKLAB_API_KEY"),
+                             detach=args.detach, on_wait=on_wait)
+    _print_warnings(p.warnings[shown:])
+    with ready.server:
+        _print_ready(ready)
+        if args.detach:
+            ready.server.keep()
+            out.print(f"left running (detached). Stop it with: sparklab down {ready.server.name}")
+            return 0
+        out.print("serving in the foreground: Ctrl-C stops and removes it.")
+        try:
+            launch.watch(ready.server)
+        except KeyboardInterrupt:
+            err.print("stopping…")
+            seconds = ready.server.stop()
+            err.print(f"stopped and removed {ready.server.name} in {seconds:.1f} s")
+            return 0
+    return 0
+
+
+def _print_ready(ready: launch.Ready) -> None:
+    spec = ready.server.spec
+    facts = ready.facts
+    out.print(f"ready in {ready.seconds_to_ready:.1f} s "
+              f"(from container start until {spec.ready_path} answered 200; sparklab's monotonic clock)")
+    out.print(f"  container   {ready.server.name}")
+    out.print(f"  image       {ready.image.ref}" + (f" ({ready.image.digest})" if ready.image.digest else ""))
+    out.print(f"  endpoint    {spec.endpoint}/v1")
+    if ready.api_key:
+        out.print(f"  api key     {ready.api_key}   (shown once; not stored or logged)")
+    out.print(f"  log file    {ready.server.log_path}")
+    lines = []
+    if facts.kv_cache_tokens is not None:
+        lines.append(f"  KV cache        {facts.kv_cache_tokens:,} tokens")
+    if facts.max_concurrency is not None:
+        per = (f" at {facts.concurrency_tokens_per_request:,} tokens per request"
+               if facts.concurrency_tokens_per_request else "")
+        lines.append(f"  max concurrency {facts.max_concurrency:.2f}x{per}")
+    if facts.model_load_seconds is not None:
+        mem = f"{facts.model_load_gib:.2f} GiB in " if facts.model_load_gib is not None else ""
+        lines.append(f"  model load      {mem}{facts.model_load_seconds:.1f} s")
+    if lines:
+        out.print(f"from the {facts.source}:")
+        for line in lines:
+            out.print(line)
+    for advice in facts.advice:
+        out.print("[yellow]advice:[/] " + escape(advice), markup=True)
+
+
+def cmd_down(args: argparse.Namespace) -> int:
+    from sparklab.containers import Docker
+
+    docker = Docker()
+    containers = docker.containers()
+    if args.all:
+        targets = [c.name for c in containers]
+    elif args.name:
+        targets = [args.name]
+    else:
+        running = [c.name for c in containers if c.labels.get("sparklab.mode") == "up"]
+        if len(running) != 1:
+            names = ", ".join(running) or "none"
+            raise SparklabError(f"say which server to stop (sparklab up containers: {names})",
+                                "sparklab down NAME, or sparklab down --all")
+        targets = running
+    for name in targets:
+        docker.remove(name)
+        out.print(f"removed {name}")
+    if not targets:
+        out.print("no sparklab containers")
+    return 0
+
+
+def cmd_ps(args: argparse.Namespace) -> int:
+    from sparklab.containers import Docker, created_age, owner_alive
+
+    table = Table("NAME", "STATUS", "RECIPE", "ENGINE", "METHOD", "MODE", "ENDPOINT", "AGE", "OWNER")
+    for c in Docker().containers():
+        status = c.status + (f" ({c.exit_code})" if c.exit_code is not None else "")
+        owner = "detached" if c.detached else (
+            "running" if owner_alive(c.labels.get("sparklab.owner", "")) else "gone (gc removes it)")
+        table.add_row(c.name, status, c.labels.get("sparklab.recipe", ""), c.labels.get("sparklab.engine", ""),
+                      c.labels.get("sparklab.method", ""), c.labels.get("sparklab.mode", ""),
+                      c.labels.get("sparklab.endpoint", ""), created_age(c.created), owner)
+    out.print(table)
+    return 0
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    from sparklab.containers import Docker
+
+    docker = Docker()
+    name = args.name
+    if not name:
+        names = [c.name for c in docker.containers()]
+        if len(names) != 1:
+            raise SparklabError(f"say whose logs to show (sparklab containers: {', '.join(names) or 'none'})",
+                                "sparklab logs NAME")
+        name = names[0]
+    tail: Any = int(args.tail) if str(args.tail).isdigit() else "all"
+    for chunk in docker.logs(name, follow=args.follow, tail=tail):
+        sys.stdout.buffer.write(chunk)
+        sys.stdout.buffer.flush()
+    return 0
+
+
+def cmd_gc(args: argparse.Namespace) -> int:
+    from sparklab.containers import Docker
+
+    removed = Docker().gc()
+    for info in removed:
+        out.print(f"removed {info.name} ({info.status}; its sparklab process is gone)")
+    out.print(f"{len(removed)} leftover container(s) removed")
+    return 0
+
+
+def cmd_recipes(args: argparse.Namespace) -> int:
+    table = Table("RECIPE", "ENGINE", "IMAGE", "METHODS", "DESCRIPTION")
+    for path in list_recipes():
+        recipe = load_recipe(path)
+        for name, engine in recipe.engines.items():
+            table.add_row(recipe.name, name, engine.image, ", ".join(engine.methods),
+                          recipe.description if name == recipe.default_engine else "")
+    out.print(table)
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------------
+
+
+def _sigterm_as_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
+    try:
+        return int(args.func(args))
+    except SparklabError as exc:
+        if args.debug:
+            raise
+        err.print("[bold red]error:[/] " + escape(exc.message), markup=True)
+        if exc.hint:
+            err.print(exc.hint, markup=False)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        err.print("interrupted; everything sparklab started has been removed.")
+        return 130

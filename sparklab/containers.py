@@ -1,0 +1,427 @@
+"""Docker, through docker-py: pull with progress, run, logs, stop, remove, and cleanup by label.
+
+This is the only module that imports docker.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import docker.errors
+import requests
+from docker.models.containers import Container
+from docker.types import DeviceRequest, Ulimit
+
+import docker
+from sparklab.errors import ContainerError
+from sparklab.render import API_KEY_PLACEHOLDER, LaunchSpec
+
+log = logging.getLogger(__name__)
+
+LABEL = "sparklab"
+OWNER = "sparklab.owner"
+DETACHED = "sparklab.detached"
+
+# (layer id, status, current bytes or None, total bytes or None)
+PullCallback = Callable[[str, str, int | None, int | None], None]
+
+
+@dataclass(frozen=True)
+class ImageInfo:
+    ref: str
+    id: str
+    digest: str | None
+    architecture: str
+
+
+@dataclass(frozen=True)
+class ContainerInfo:
+    id: str
+    name: str
+    status: str
+    exit_code: int | None
+    labels: dict[str, str]
+    created: str
+
+    @property
+    def detached(self) -> bool:
+        return self.labels.get(DETACHED) == "1"
+
+
+def _split_ref(image: str) -> tuple[str, str | None]:
+    """`repo:tag` → (repo, tag); `repo@sha256:…` → (repo@sha256:…, None)."""
+    if "@" in image:
+        return image, None
+    last = image.rsplit("/", 1)[-1]
+    if ":" in last:
+        repo, tag = image.rsplit(":", 1)
+        return repo, tag
+    return image, "latest"
+
+
+# ---------------------------------------------------------------------------------------------------
+# Owner identity: a container is an orphan when the process that started it is gone.
+
+
+def _boot_id() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()[:8]
+    except OSError:
+        return "unknown"
+
+
+def _start_time(pid: int) -> str | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
+def owner_token(pid: int | None = None) -> str:
+    pid = pid or os.getpid()
+    return f"{socket.gethostname()}/{_boot_id()}/{pid}/{_start_time(pid)}"
+
+
+def owner_alive(token: str) -> bool:
+    """True unless we can tell the owning process is gone (other hosts are given the benefit of doubt)."""
+    try:
+        host, boot, pid, started = token.split("/")
+    except ValueError:
+        return False
+    if host != socket.gethostname():
+        return True
+    if boot != _boot_id():
+        return False
+    return _start_time(int(pid)) == started
+
+
+# ---------------------------------------------------------------------------------------------------
+
+
+class Docker:
+    """A thin, typed wrapper over docker-py for what sparklab needs."""
+
+    def __init__(self, client: docker.DockerClient | None = None) -> None:
+        if client is None:
+            try:
+                client = docker.from_env(timeout=120)
+                client.ping()
+            except (docker.errors.DockerException, requests.RequestException) as exc:
+                raise ContainerError(
+                    f"cannot reach the Docker engine: {exc}",
+                    "Start it (e.g. `systemctl start docker` or `dockerd &`) and check DOCKER_HOST.") from None
+        self.client = client
+
+    # -- images ------------------------------------------------------------------------------------
+
+    def host_arch(self) -> str:
+        return str(self.client.info().get("Architecture", "unknown"))
+
+    def image_info(self, ref: str) -> ImageInfo | None:
+        try:
+            image = self.client.images.get(ref)
+        except docker.errors.ImageNotFound:
+            return None
+        except docker.errors.APIError as exc:
+            raise ContainerError(f"cannot inspect image {ref}: {exc.explanation}") from None
+        digests = image.attrs.get("RepoDigests") or []
+        repo = _split_ref(ref)[0].split("@")[0]
+        digest = next((d.split("@", 1)[1] for d in digests if d.split("@")[0] == repo), None)
+        if digest is None and digests:
+            digest = digests[0].split("@", 1)[1]
+        return ImageInfo(ref=ref, id=image.id, digest=digest, architecture=str(image.attrs.get("Architecture")))
+
+    def pull(self, ref: str, on_event: PullCallback | None = None, platform: str | None = None) -> ImageInfo:
+        """Pull with per-layer progress; any errorDetail in the stream is an error."""
+        repo, tag = _split_ref(ref)
+        stream_digest: str | None = None
+        try:
+            for event in self.client.api.pull(repo, tag=tag, stream=True, decode=True, platform=platform):
+                if "errorDetail" in event or "error" in event:
+                    detail = event.get("errorDetail") or {}
+                    message = detail.get("message") or event.get("error") or str(event)
+                    raise ContainerError(f"pull of {ref} failed: {message}",
+                                         "Check the image name and tag, registry access and disk space.")
+                status = str(event.get("status", ""))
+                if status.startswith("Digest: "):
+                    stream_digest = status.split("Digest: ", 1)[1].strip()
+                if on_event is not None:
+                    progress = event.get("progressDetail") or {}
+                    on_event(str(event.get("id", "")), status, progress.get("current"), progress.get("total"))
+        except docker.errors.APIError as exc:
+            raise ContainerError(f"pull of {ref} failed: {exc.explanation or exc}",
+                                 "Check the image name and tag and that the registry is reachable.") from None
+        except requests.RequestException as exc:
+            raise ContainerError(f"pull of {ref} failed: {exc}") from None
+        info = self.image_info(ref)
+        if info is None:
+            raise ContainerError(f"pull of {ref} finished but the image is not there")
+        if stream_digest and info.digest != stream_digest:
+            info = ImageInfo(info.ref, info.id, stream_digest, info.architecture)
+        return info
+
+    def ensure_image(self, ref: str, policy: str = "missing", on_event: PullCallback | None = None,
+                     platform: str | None = None) -> ImageInfo:
+        if policy not in ("missing", "always", "never"):
+            raise ContainerError(f"unknown pull policy {policy!r}", "Use --pull missing|always|never.")
+        local = self.image_info(ref)
+        if policy == "never" or (policy == "missing" and local is not None):
+            if local is None:
+                raise ContainerError(f"image {ref} is not present locally and --pull never was given",
+                                     "Pull it first (sparklab pull / docker pull) or drop --pull never.")
+            return local
+        info = self.pull(ref, on_event, platform)
+        if "@" in ref and info.digest and not ref.endswith(info.digest):
+            raise ContainerError(f"image {ref} resolved to digest {info.digest}, not the pinned one")
+        return info
+
+    # -- containers --------------------------------------------------------------------------------
+
+    def launch(self, spec: LaunchSpec, secrets: dict[str, str], log_path: Path | None = None,
+               detach: bool = False) -> Server:
+        """Create and start the container. On any failure the container is removed before raising."""
+        env = dict(spec.env)
+        for name in spec.secret_env:
+            if name in secrets:
+                env[name] = secrets[name]
+            elif name in os.environ:
+                env[name] = os.environ[name]
+        api_key = secrets.get("api_key", "")
+        command = [api_key if a == API_KEY_PLACEHOLDER else a for a in (*spec.entrypoint[1:], *spec.argv)]
+        labels = {**spec.labels, OWNER: owner_token(), DETACHED: "1" if detach else "0"}
+        kwargs: dict[str, Any] = {
+            "name": spec.name, "entrypoint": [spec.entrypoint[0]], "command": command, "environment": env,
+            "labels": labels, "init": True, "detach": True,
+            "ulimits": [Ulimit(name=k, soft=s, hard=h) for k, (s, h) in spec.ulimits.items()],
+            "volumes": {m.source: {"bind": m.target, "mode": m.mode} for m in spec.mounts},
+        }
+        if spec.gpus:
+            kwargs["device_requests"] = [DeviceRequest(count=-1, capabilities=[["gpu"]])]
+        if spec.ipc == "host":
+            kwargs["ipc_mode"] = "host"
+        if spec.shm_size:
+            kwargs["shm_size"] = spec.shm_size
+        if spec.network == "host":
+            kwargs["network_mode"] = "host"
+        else:
+            kwargs["ports"] = {f"{spec.port}/tcp": (None if spec.public else "127.0.0.1", spec.port)}
+        self._remove_stale_name(spec.name)
+        container: Container | None = None
+        try:
+            container = self.client.containers.create(spec.image, **kwargs)
+            container.start()
+        except docker.errors.APIError as exc:
+            if container is not None:
+                self._force_remove(container)
+            text = str(exc.explanation or exc)
+            hint = None
+            if "address already in use" in text or "port is already allocated" in text:
+                hint = f"Port {spec.port} is taken: stop what uses it or pass --port N."
+            elif "could not select device driver" in text:
+                hint = "No GPU runtime on this Docker host: for CPU images use a recipe with gpus: none or --no-gpus."
+            raise ContainerError(f"docker could not start {spec.name}: {text}", hint) from None
+        except BaseException:
+            if container is not None:
+                self._force_remove(container)
+            raise
+        return Server(self, container, spec, log_path, detach=detach)
+
+    def _remove_stale_name(self, name: str) -> None:
+        with contextlib.suppress(docker.errors.NotFound):
+            old = self.client.containers.get(name)
+            if old.labels.get(LABEL) != "1":
+                raise ContainerError(f"a container named {name} exists and is not sparklab's",
+                                     "Remove or rename it.")
+            if old.status == "running" and (old.labels.get(DETACHED) == "1"
+                                            or owner_alive(old.labels.get(OWNER, ""))):
+                raise ContainerError(f"{name} is already running",
+                                     f"Stop it first: sparklab down {name}")
+            self._force_remove(old)
+
+    def _force_remove(self, container: Container) -> None:
+        with contextlib.suppress(docker.errors.NotFound):
+            container.remove(force=True)
+
+    def containers(self, include_stopped: bool = True) -> list[ContainerInfo]:
+        found = self.client.containers.list(all=include_stopped, filters={"label": LABEL},
+                                            sparse=False, ignore_removed=True)
+        return [self._info(c) for c in found]
+
+    @staticmethod
+    def _info(c: Container) -> ContainerInfo:
+        state = c.attrs.get("State", {})
+        return ContainerInfo(
+            id=c.id[:12], name=c.name, status=c.status,
+            exit_code=state.get("ExitCode") if c.status in ("exited", "dead") else None,
+            labels=dict(c.labels), created=str(c.attrs.get("Created", "")))
+
+    def get(self, name: str) -> Container:
+        try:
+            container = self.client.containers.get(name)
+        except docker.errors.NotFound:
+            raise ContainerError(f"no container named {name}", "List them with `sparklab ps`.") from None
+        if container.labels.get(LABEL) != "1":
+            raise ContainerError(f"{name} is not a sparklab container", "sparklab only manages its own.")
+        return container
+
+    def remove(self, name: str, grace_s: float = 10) -> None:
+        teardown(self.get(name), grace_s)
+
+    def orphans(self) -> list[ContainerInfo]:
+        """Containers left behind by a sparklab process that no longer runs (never detached ones)."""
+        return [c for c in self.containers()
+                if not c.detached and not owner_alive(c.labels.get(OWNER, ""))]
+
+    def gc(self) -> list[ContainerInfo]:
+        removed = []
+        for info in self.orphans():
+            with contextlib.suppress(docker.errors.NotFound):
+                teardown(self.client.containers.get(info.id), grace_s=5)
+                removed.append(info)
+        return removed
+
+    def logs(self, name: str, follow: bool = False, tail: int | str = "all") -> Iterator[bytes]:
+        container = self.get(name)
+        if follow:
+            yield from container.logs(stream=True, follow=True, tail=tail)
+        else:
+            yield container.logs(tail=tail)
+
+
+def teardown(container: Container, grace_s: float = 10) -> None:
+    """Stop with a grace period (SIGTERM, then SIGKILL), then remove. Tolerates a vanished container."""
+    try:
+        container.reload()
+        if container.status in ("running", "restarting", "paused"):
+            try:
+                container.stop(timeout=int(grace_s))
+            except (docker.errors.APIError, requests.RequestException):
+                container.kill()
+        container.remove(force=True)
+    except docker.errors.NotFound:
+        return
+    except docker.errors.APIError as exc:
+        if exc.status_code == 409:  # removal already in progress
+            return
+        raise ContainerError(f"could not remove {container.name}: {exc.explanation}",
+                             f"Remove it by hand: docker rm -f {container.name}") from None
+
+
+class Server:
+    """A started server container. As a context manager it is torn down on every path unless kept."""
+
+    def __init__(self, docker_: Docker, container: Container, spec: LaunchSpec, log_path: Path | None,
+                 detach: bool = False) -> None:
+        self.docker = docker_
+        self.container = container
+        self.spec = spec
+        self.log_path = log_path
+        self.detach = detach
+        self.kept = False
+        self._log_thread: threading.Thread | None = None
+        if log_path is not None:
+            self._start_log_stream(log_path)
+
+    @property
+    def name(self) -> str:
+        return self.container.name
+
+    def _start_log_stream(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        container_id = self.container.id
+
+        def pump() -> None:
+            try:
+                stream = self.docker.client.api.logs(container_id, stream=True, follow=True)
+                with path.open("ab") as out:
+                    for chunk in stream:
+                        out.write(chunk)
+                        out.flush()
+            except (docker.errors.APIError, requests.RequestException, OSError) as exc:
+                log.debug("log stream of %s ended: %s", self.container.name, exc)
+
+        self._log_thread = threading.Thread(target=pump, name=f"logs-{self.name}", daemon=True)
+        self._log_thread.start()
+
+    def state(self) -> tuple[bool, int | None]:
+        """(running, exit code if it has exited)."""
+        try:
+            self.container.reload()
+        except docker.errors.NotFound:
+            return False, None
+        state = self.container.attrs.get("State", {})
+        if self.container.status in ("exited", "dead"):
+            return False, state.get("ExitCode")
+        return True, None
+
+    def log_tail(self, lines: int = 50) -> str:
+        try:
+            return self.container.logs(tail=lines).decode("utf-8", "replace")
+        except (docker.errors.APIError, requests.RequestException):
+            if self.log_path and self.log_path.exists():
+                return "\n".join(self.log_path.read_text("utf-8", "replace").splitlines()[-lines:])
+            return ""
+
+    def full_log(self) -> str:
+        try:
+            return self.container.logs().decode("utf-8", "replace")
+        except (docker.errors.APIError, requests.RequestException):
+            return self.log_path.read_text("utf-8", "replace") if self.log_path and self.log_path.exists() else ""
+
+    def keep(self) -> None:
+        """Leave the container running when the context ends (`up --detach`)."""
+        self.kept = True
+
+    def stop(self, grace_s: float = 10) -> float:
+        """Tear down, shielded from a second Ctrl-C; returns the seconds it took."""
+        started = time.monotonic()
+        previous = _ignore_interrupts()
+        try:
+            teardown(self.container, grace_s)
+        finally:
+            _restore_interrupts(previous)
+        return time.monotonic() - started
+
+    def __enter__(self) -> Server:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if not self.kept:
+            self.stop()
+
+
+def _ignore_interrupts() -> Any:
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.signal(signal.SIGINT, signal.SIG_IGN), signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
+def _restore_interrupts(previous: Any) -> None:
+    if previous is not None:
+        signal.signal(signal.SIGINT, previous[0])
+        signal.signal(signal.SIGTERM, previous[1])
+
+
+def created_age(created: str) -> str:
+    """A human age for Docker's RFC 3339 `Created` timestamp."""
+    try:
+        stamp = datetime.fromisoformat(created[:26].rstrip("Z") + "+00:00")
+    except ValueError:
+        return "?"
+    seconds = int((datetime.now(timezone.utc) - stamp).total_seconds())
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"

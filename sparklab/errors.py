@@ -1,0 +1,45 @@
+"""One error hierarchy. The CLI is the only place that catches SparklabError."""
+
+from __future__ import annotations
+
+
+class SparklabError(Exception):
+    """An error the user can act on: a message plus, where known, the fix."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def __str__(self) -> str:
+        return f"{self.message}\n{self.hint}" if self.hint else self.message
+
+
+class RecipeError(SparklabError):
+    """A recipe or override is invalid (names the file, the key path and the fix)."""
+
+    exit_code = 2
+
+
+class PreflightError(SparklabError):
+    """A check before any container starts failed."""
+
+    exit_code = 3
+
+
+class ContainerError(SparklabError):
+    """Docker refused, a pull failed, or a container died."""
+
+    exit_code = 4
+
+
+class NotReadyError(ContainerError):
+    """The server did not become ready: it exited, or the deadline passed."""
+
+    def __init__(self, message: str, hint: str | None = None, exit_code: int | None = None,
+                 log_tail: str = "") -> None:
+        super().__init__(message, hint)
+        self.container_exit_code = exit_code
+        self.log_tail = log_tail

@@ -1,0 +1,115 @@
+"""`sparklab up`: preflight → pull → run → wait → report facts; one code path up to the first side effect."""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sparklab import preflight
+from sparklab.containers import Docker, ImageInfo, PullCallback, Server
+from sparklab.engines import knowledge
+from sparklab.errors import NotReadyError
+from sparklab.health import wait_ready
+from sparklab.recipes import Recipe, load_recipe, resolve
+from sparklab.render import LaunchOptions, LaunchSpec, render
+from sparklab.scrape import StartupFacts, exit_code_meaning, explain_failure, parse_startup
+
+log = logging.getLogger(__name__)
+
+
+def state_dir() -> Path:
+    env = os.environ.get("SPARKLAB_STATE")
+    base = Path(env) if env else Path(os.environ.get("XDG_STATE_HOME", "~/.local/state")).expanduser() / "sparklab"
+    return base
+
+
+def new_run_id() -> str:
+    return time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:6]
+
+
+@dataclass
+class Plan:
+    """A rendered, preflighted launch: what `--dry-run` prints and `up` runs."""
+
+    recipe: Recipe
+    spec: LaunchSpec
+    warnings: list[preflight.Finding] = field(default_factory=list)
+
+
+def plan(spec_text: str, *, target: str | None, engine: str | None, overrides: list[str],
+         options: LaunchOptions, check_host: bool = True) -> Plan:
+    path, method = resolve(spec_text, target)
+    recipe = load_recipe(path, overrides)
+    spec = render(recipe, engine, method, options)
+    findings = preflight.check_spec(spec, recipe)
+    if check_host:
+        findings += preflight.check_host(spec, recipe)
+    return Plan(recipe, spec, preflight.raise_errors(findings))
+
+
+@dataclass
+class Ready:
+    server: Server
+    image: ImageInfo
+    seconds_to_ready: float
+    api_key: str | None
+    facts: StartupFacts
+
+
+def start(p: Plan, docker: Docker, *, pull_policy: str = "missing", allow_foreign_platform: bool = False,
+          on_pull: PullCallback | None = None, api_key: str | None = None, detach: bool = False,
+          on_wait: Callable[[float], None] | None = None) -> Ready:
+    """Pull, run and wait. The returned server is already torn down if anything here fails."""
+    spec = p.spec
+    host_arch = docker.host_arch()
+    p.warnings += preflight.check_platform_tag(spec, host_arch, allow_foreign_platform)
+    platform = spec.platform if allow_foreign_platform else None
+    image = docker.ensure_image(spec.image, pull_policy, on_pull, platform)
+    preflight.raise_errors(preflight.check_image_platform(spec.image, image.architecture, host_arch,
+                                                          allow_foreign_platform))
+    key = (api_key or secrets.token_urlsafe(24)) if spec.needs_api_key else None
+    provided = {"api_key": key} if key else {}
+    api_env = knowledge(spec.kind).api_key_env
+    if key and api_env:
+        provided[api_env] = key
+    log_path = state_dir() / "logs" / f"{spec.name}.log"
+    server = docker.launch(spec, provided, log_path, detach=detach)
+    try:
+        headers = {"Authorization": f"Bearer {key}"} if key and knowledge(spec.kind).ready_needs_key else None
+        seconds = wait_ready(server, spec.endpoint + spec.ready_path, kind=spec.kind,
+                             timeout_s=spec.ready_timeout_s, headers=headers, on_try=on_wait)
+        facts = _facts_after_ready(server, spec)
+    except BaseException:
+        server.stop()
+        raise
+    return Ready(server, image, seconds, key, facts)
+
+
+def _facts_after_ready(server: Server, spec: LaunchSpec, settle_s: float = 2.0) -> StartupFacts:
+    """Parse the startup log; the ready line may trail the first 200 by a moment."""
+    deadline = time.monotonic() + settle_s
+    facts = parse_startup(spec.kind, server.full_log())
+    while not facts.startup_complete and time.monotonic() < deadline:
+        time.sleep(0.2)
+        facts = parse_startup(spec.kind, server.full_log())
+    return facts
+
+
+def watch(server: Server, poll_s: float = 1.0) -> None:
+    """Block while the server runs (foreground `up`); raise if it dies. Ctrl-C / SIGTERM end it."""
+    while True:
+        running, code = server.state()
+        if not running:
+            tail = server.log_tail(50)
+            why = explain_failure(server.spec.kind, tail)
+            raise NotReadyError(
+                f"the server exited with code {code}{exit_code_meaning(code)} while serving. "
+                f"Last 50 log lines:\n{tail}", f"Likely cause: {why}" if why else None,
+                exit_code=code, log_tail=tail)
+        time.sleep(poll_s)

@@ -1,0 +1,289 @@
+"""Typed recipes: loading, strict validation, command-line overrides and name resolution (pure).
+
+A recipe file describes one target (a model on some hardware) and, per engine, the image, the launch
+argv template and the speculative methods. Every error names the file, the key path and the fix.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from sparklab.errors import RecipeError
+
+METHOD_ARGS_MARKER = "$method_args"
+Scalar = str | int | float | bool
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class DraftModel(_Strict):
+    id: str
+    block_size: int | None = Field(
+        default=None, ge=1,
+        description="the draft's dspark_block_size when known: vLLM refuses num_speculative_tokens below it",
+    )
+
+
+class ModelFacts(_Strict):
+    """Facts for the bandwidth roofline; all optional."""
+
+    total_params_b: float | None = None
+    active_params_b: float | None = None
+    weight_bits: float | None = None
+    layers: int | None = None
+    attention_layers: int | None = None
+
+
+class ModelSpec(_Strict):
+    id: str
+    served_name: str | None = None
+    drafts: dict[str, DraftModel] = Field(default_factory=dict)
+    facts: ModelFacts = Field(default_factory=ModelFacts)
+
+
+class Method(_Strict):
+    description: str = ""
+    args: list[Scalar] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+
+
+class EngineSpec(_Strict):
+    kind: Literal["vllm", "sglang"]
+    image: str
+    image_alternatives: list[str] = Field(default_factory=list)
+    digest: str | None = Field(default=None, pattern=r"^sha256:[0-9a-f]{64}$")
+    platform: str | None = Field(default=None, pattern=r"^linux/(amd64|arm64)$")
+    entrypoint: list[str] = Field(min_length=1)
+    port: int = Field(ge=1, le=65535)
+    args: list[Scalar] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+    gpus: Literal["all", "none"] = "all"
+    network: Literal["host", "bridge"] = "host"
+    ipc: Literal["host", "private"] = "host"
+    shm_size: str | None = None
+    ulimits: dict[str, int | tuple[int, int]] = Field(
+        default_factory=lambda: {"memlock": -1, "stack": 67108864})
+    hf_cache_target: str = "/root/.cache/huggingface"
+    mount_hf_cache: bool = True
+    ready_timeout_s: float = Field(default=1800, gt=0)
+    methods: dict[str, Method] = Field(min_length=1)
+
+    @field_validator("args")
+    @classmethod
+    def _one_marker(cls, args: list[Scalar]) -> list[Scalar]:
+        if args.count(METHOD_ARGS_MARKER) > 1:
+            raise ValueError(f"{METHOD_ARGS_MARKER} may appear at most once")
+        return args
+
+
+class Recipe(_Strict):
+    name: str
+    description: str = ""
+    hardware: str | None = None
+    unified_memory: bool = False
+    min_available_gib: float | None = Field(default=None, ge=0)
+    model: ModelSpec
+    vars: dict[str, Any] = Field(default_factory=dict)
+    default_engine: str
+    default_method: str
+    engines: dict[str, EngineSpec] = Field(min_length=1)
+
+    # Where it came from, for error messages; not part of the file.
+    source: str = Field(default="<memory>", exclude=True)
+
+    def engine(self, name: str | None) -> tuple[str, EngineSpec]:
+        key = name or self.default_engine
+        if key not in self.engines:
+            raise RecipeError(
+                f"{self.source}: engines: no engine {key!r} in recipe {self.name!r}",
+                f"Choose one of: {', '.join(self.engines)} (--engine NAME).")
+        return key, self.engines[key]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Loading and validation
+
+
+def _location(loc: tuple[Any, ...]) -> str:
+    path = ""
+    for part in loc:
+        path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
+    return path or "(top level)"
+
+
+_FIXES = {
+    "extra_forbidden": "remove it or fix its spelling (unknown keys are errors)",
+    "missing": "add it",
+}
+
+
+def _explain(exc: ValidationError, source: str) -> RecipeError:
+    lines = []
+    for err in exc.errors():
+        where = _location(err["loc"])
+        got = err.get("input")
+        what = err["msg"]
+        if err["type"] == "extra_forbidden":
+            what = "unknown key"
+        fix = _FIXES.get(err["type"], "")
+        shown = "" if err["type"] == "missing" or isinstance(got, dict) else f", got {got!r}"
+        lines.append(f"{source}: {where}: {what}{shown}" + (f"; {fix}" if fix else ""))
+    return RecipeError("\n".join(lines), "See recipes/README.md for the recipe format.")
+
+
+def parse_recipe(data: Any, source: str) -> Recipe:
+    if not isinstance(data, dict):
+        raise RecipeError(f"{source}: expected a mapping at the top level, got {type(data).__name__}")
+    try:
+        recipe = Recipe.model_validate({**data, "source": source})
+    except ValidationError as exc:
+        raise _explain(exc, source) from None
+    _check_references(recipe)
+    return recipe
+
+
+def _check_references(recipe: Recipe) -> None:
+    src = recipe.source
+    if recipe.default_engine not in recipe.engines:
+        raise RecipeError(f"{src}: default_engine: {recipe.default_engine!r} is not under engines",
+                          f"Use one of: {', '.join(recipe.engines)}.")
+    default = recipe.engines[recipe.default_engine]
+    if recipe.default_method not in default.methods:
+        raise RecipeError(
+            f"{src}: default_method: {recipe.default_method!r} is not a method of engine "
+            f"{recipe.default_engine!r}", f"Use one of: {', '.join(default.methods)}.")
+
+
+def read_yaml(path: Path) -> Any:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise RecipeError(f"{path}: no such recipe file", "Check the path, or run `sparklab recipes`.") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise RecipeError(f"{path}:{where}: not valid YAML: {problem}",
+                          "Fix the YAML syntax (indentation, quoting, a missing colon).") from None
+
+
+def load_recipe(path: Path, overrides: list[str] | None = None) -> Recipe:
+    path = display_path(path)
+    data = read_yaml(path)
+    if overrides:
+        data = apply_overrides(data, overrides, str(path))
+    return parse_recipe(data, str(path))
+
+
+# ---------------------------------------------------------------------------------------------------
+# --set key=value
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    key, sep, raw = text.partition("=")
+    if not sep or not key.strip():
+        raise RecipeError(f"--set {text!r}: expected KEY=VALUE",
+                          "Example: --set max_model_len=32768 or --set engines.vllm.image=repo/name:tag")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    return key.strip().split("."), value
+
+
+def apply_overrides(data: Any, overrides: list[str], source: str) -> dict[str, Any]:
+    """Apply `--set` overrides to the raw recipe document.
+
+    A key naming a template variable sets it (vars.<key>); `model` sets model.id; any other key is a
+    dotted path into the recipe and is validated like the file itself.
+    """
+    doc: dict[str, Any] = copy.deepcopy(data) if isinstance(data, dict) else {}
+    variables = doc.setdefault("vars", {}) or {}
+    doc["vars"] = variables
+    for text in overrides:
+        path, value = parse_override(text)
+        if path == ["model"]:
+            path = ["model", "id"]
+        elif path[0] in variables:
+            path = ["vars", *path]
+        elif path[0] not in Recipe.model_fields or path[0] == "source":
+            known = ", ".join(sorted(variables)) or "(none)"
+            raise RecipeError(
+                f"--set {text}: {path[0]!r} is neither a variable of {source} nor a recipe key",
+                f"Variables: {known}; model; or a dotted recipe path such as engines.vllm.image.")
+        _set_path(doc, path, value, text)
+    return doc
+
+
+def _set_path(doc: dict[str, Any], path: list[str], value: Any, text: str) -> None:
+    node: Any = doc
+    for i, part in enumerate(path[:-1]):
+        nxt = node.get(part) if isinstance(node, dict) else None
+        if nxt is None:
+            nxt = {}
+            node[part] = nxt
+        if not isinstance(nxt, dict):
+            where = ".".join(path[: i + 1])
+            raise RecipeError(f"--set {text}: {where} is not a mapping, so it has no key {path[i + 1]!r}")
+        node = nxt
+    node[path[-1]] = value
+
+
+# ---------------------------------------------------------------------------------------------------
+# Finding recipes by name
+
+
+def recipes_dir() -> Path:
+    env = os.environ.get("SPARKLAB_RECIPES")
+    if env:
+        return Path(env)
+    bundled = Path(__file__).resolve().parent.parent / "recipes"
+    return bundled if bundled.is_dir() else Path.cwd() / "recipes"
+
+
+def list_recipes(directory: Path | None = None) -> list[Path]:
+    return sorted(p for p in (directory or recipes_dir()).glob("*.yaml") if p.name != "hardware.yaml")
+
+
+def display_path(path: Path) -> Path:
+    """A recipe path as a user would type it: relative to the working directory when inside it."""
+    try:
+        return path.resolve().relative_to(Path.cwd())
+    except ValueError:
+        return path
+
+
+def resolve(spec: str, target: str | None = None, directory: Path | None = None) -> tuple[Path, str | None]:
+    """Turn `sparklab up SPEC` into (recipe file, method or None for the recipe's default).
+
+    SPEC is a method of the target recipe (`dspark`), a recipe name (`gb10-modelcard`), `recipe:method`,
+    or a path to a YAML file (optionally `path.yaml:method`).
+    """
+    directory = directory or recipes_dir()
+    base, _, method = spec.partition(":") if not Path(spec).is_file() else (spec, "", "")
+    if base.endswith((".yaml", ".yml")) or os.sep in base:
+        return Path(base), method or None
+    if method or (directory / f"{base}.yaml").is_file():
+        path = directory / f"{base}.yaml"
+        if not path.is_file():
+            raise RecipeError(f"no recipe named {base!r} in {directory}", _available(directory))
+        return path, method or None
+    path = directory / f"{target or 'gb10'}.yaml"
+    if not path.is_file():
+        raise RecipeError(f"no recipe named {target or 'gb10'!r} in {directory}", _available(directory))
+    return path, base
+
+
+def _available(directory: Path) -> str:
+    names = ", ".join(p.stem for p in list_recipes(directory)) or "(none)"
+    return f"Available recipes: {names}."

@@ -1,0 +1,296 @@
+"""Recipe → LaunchSpec: Jinja (StrictUndefined) renders an argv list, never a shell string (pure).
+
+Shell quoting happens only in `docker_command`, which prints a command a human can paste.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import jinja2
+
+from sparklab import __version__
+from sparklab.engines import knowledge
+from sparklab.engines.base import Speculative
+from sparklab.errors import RecipeError
+from sparklab.recipes import METHOD_ARGS_MARKER, EngineSpec, Recipe
+
+API_KEY_PLACEHOLDER = "<redacted:api-key>"
+_SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSWORD|API_KEY|_KEY$|^KEY$", re.IGNORECASE)
+PASSTHROUGH_ENV = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
+
+
+def is_secret_name(name: str) -> bool:
+    return bool(_SECRET_NAME.search(name))
+
+
+@dataclass(frozen=True)
+class LaunchOptions:
+    """Choices made on the command line rather than in the recipe."""
+
+    image: str | None = None
+    port: int | None = None
+    num_speculative_tokens: int | None = None
+    public: bool = False
+    api_key: bool = True
+    hf_cache: Path = field(default_factory=lambda: Path("~/.cache/huggingface").expanduser())
+    gpus: bool | None = None
+    extra_args: tuple[str, ...] = ()
+    env: tuple[str, ...] = ()  # KEY=VALUE, or KEY to pass the host's value through
+    run_id: str = ""
+    mode: str = "up"
+    ready_timeout_s: float | None = None
+
+
+@dataclass(frozen=True)
+class Mount:
+    source: str
+    target: str
+    mode: str = "rw"
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """Everything needed to start one server container. Holds no secret values."""
+
+    recipe: str
+    recipe_path: str
+    engine: str
+    kind: str
+    method: str
+    image: str
+    platform: str | None
+    entrypoint: tuple[str, ...]
+    argv: tuple[str, ...]
+    env: dict[str, str]
+    secret_env: tuple[str, ...]  # names whose values are supplied at launch, never stored
+    host: str
+    port: int
+    network: str
+    ipc: str
+    shm_size: str | None
+    ulimits: dict[str, tuple[int, int]]
+    gpus: bool
+    mounts: tuple[Mount, ...]
+    labels: dict[str, str]
+    name: str
+    ready_path: str
+    ready_timeout_s: float
+    speculative: Speculative | None
+    recipe_argv_len: int  # argv[:recipe_argv_len] came from the recipe; the rest sparklab added
+    needs_api_key: bool = False
+    public: bool = False
+    hf_cache: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def endpoint(self) -> str:
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "127.0.0.1") else self.host
+        return f"http://{host}:{self.port}"
+
+
+def template_context(recipe: Recipe, engine: str, method: str, port: int) -> dict[str, Any]:
+    return {
+        **recipe.vars,
+        "model": recipe.model.id,
+        "served_name": recipe.model.served_name or recipe.model.id,
+        "drafts": {name: draft.id for name, draft in recipe.model.drafts.items()},
+        "engine": engine,
+        "method": method,
+        "port": port,
+    }
+
+
+_JINJA = jinja2.Environment(undefined=jinja2.StrictUndefined, autoescape=False, keep_trailing_newline=False)
+
+
+def _render_one(value: Any, context: dict[str, Any], where: str) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    text = str(value)
+    if "{" not in text:
+        return text
+    try:
+        return _JINJA.from_string(text).render(context)
+    except jinja2.UndefinedError as exc:
+        raise RecipeError(
+            f"{where}: template {text!r} uses something undefined: {exc.message}",
+            "Define it under vars (or model.drafts), or give it with --set NAME=VALUE.") from None
+    except jinja2.TemplateError as exc:
+        raise RecipeError(f"{where}: template {text!r} is not valid Jinja: {exc}") from None
+
+
+def _args(recipe: Recipe, engine_name: str, spec: EngineSpec, method: str,
+          context: dict[str, Any]) -> list[str]:
+    src = recipe.source
+    method_args = [
+        _render_one(v, context, f"{src}: engines.{engine_name}.methods.{method}.args[{i}]")
+        for i, v in enumerate(spec.methods[method].args)
+    ]
+    out: list[str] = []
+    for i, value in enumerate(spec.args):
+        if value == METHOD_ARGS_MARKER:
+            out.extend(method_args)
+        else:
+            out.append(_render_one(value, context, f"{src}: engines.{engine_name}.args[{i}]"))
+    if METHOD_ARGS_MARKER not in spec.args:
+        out.extend(method_args)
+    return out
+
+
+def _image(spec: EngineSpec, override: str | None) -> str:
+    if override:
+        return override
+    return f"{spec.image.split('@')[0]}@{spec.digest}" if spec.digest else spec.image
+
+
+def _env(spec: EngineSpec, method_env: dict[str, str], options: LaunchOptions, context: dict[str, Any],
+         where: str) -> tuple[dict[str, str], list[str]]:
+    env = {k: _render_one(v, context, f"{where}.env.{k}") for k, v in {**spec.env, **method_env}.items()}
+    secret_names: list[str] = [name for name in PASSTHROUGH_ENV if os.environ.get(name)]
+    for item in options.env:
+        name, eq, value = item.partition("=")
+        if not name or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+            raise RecipeError(f"--env {item!r}: not a valid variable name",
+                              "Use --env NAME=VALUE, or --env NAME to pass the host's value through.")
+        if is_secret_name(name) or not eq:
+            secret_names.append(name)
+            env.pop(name, None)
+        else:
+            env[name] = value
+    return env, list(dict.fromkeys(secret_names))
+
+
+def render(recipe: Recipe, engine: str | None = None, method: str | None = None,
+           options: LaunchOptions | None = None) -> LaunchSpec:
+    options = options or LaunchOptions()
+    engine_name, spec = recipe.engine(engine)
+    method = method or (recipe.default_method if recipe.default_method in spec.methods else next(iter(spec.methods)))
+    if method not in spec.methods:
+        raise RecipeError(
+            f"{recipe.source}: engines.{engine_name}.methods: engine {engine_name!r} has no method {method!r}",
+            f"Methods of {engine_name} in this recipe: {', '.join(spec.methods)}."
+            + _method_hint(spec.kind, method))
+    if options.num_speculative_tokens is not None:
+        recipe = recipe.model_copy(update={"vars": {**recipe.vars,
+                                                    "num_speculative_tokens": options.num_speculative_tokens}})
+    port = options.port or spec.port
+    context = template_context(recipe, engine_name, method, port)
+    argv = _args(recipe, engine_name, spec, method, context)
+    recipe_argv_len = len(argv)
+    argv.extend(options.extra_args)
+
+    known = knowledge(spec.kind)
+    host = "0.0.0.0" if options.public or spec.network == "bridge" else "127.0.0.1"
+    argv.extend(known.network_args(host, port))
+    if options.api_key:
+        argv.extend(known.api_key_args(API_KEY_PLACEHOLDER))
+    where = f"{recipe.source}: engines.{engine_name}"
+    env, secret_env = _env(spec, spec.methods[method].env, options, context, where)
+    if options.api_key and known.api_key_env:
+        secret_env.append(known.api_key_env)
+
+    gpus = spec.gpus == "all" if options.gpus is None else options.gpus
+    mounts = (Mount(str(options.hf_cache), spec.hf_cache_target),) if spec.mount_hf_cache else ()
+    ulimits = {k: (v, v) if isinstance(v, int) else (v[0], v[1]) for k, v in spec.ulimits.items()}
+    labels = {
+        "sparklab": "1",
+        "sparklab.version": __version__,
+        "sparklab.run_id": options.run_id,
+        "sparklab.recipe": recipe.name,
+        "sparklab.engine": engine_name,
+        "sparklab.method": method,
+        "sparklab.mode": options.mode,
+        "sparklab.endpoint": f"http://{'127.0.0.1' if host in ('0.0.0.0', '127.0.0.1') else host}:{port}",
+    }
+    suffix = f"-{options.run_id}" if options.run_id else ""
+    safe = re.sub(r"[^a-zA-Z0-9_.-]", "-", f"sparklab-{recipe.name}-{engine_name}-{method}{suffix}")
+    return LaunchSpec(
+        recipe=recipe.name, recipe_path=recipe.source, engine=engine_name, kind=spec.kind, method=method,
+        image=_image(spec, options.image), platform=spec.platform, entrypoint=tuple(spec.entrypoint),
+        argv=tuple(argv), env=env, secret_env=tuple(secret_env), host=host, port=port, network=spec.network,
+        ipc=spec.ipc, shm_size=spec.shm_size, ulimits=ulimits, gpus=gpus, mounts=mounts, labels=labels,
+        name=safe[:120], ready_path=known.ready_path,
+        ready_timeout_s=options.ready_timeout_s or spec.ready_timeout_s,
+        speculative=known.speculative(argv), recipe_argv_len=recipe_argv_len,
+        needs_api_key=options.api_key, public=options.public,
+        hf_cache=str(options.hf_cache) if spec.mount_hf_cache else None,
+    )
+
+
+def _method_hint(kind: str, method: str) -> str:
+    if kind == "sglang" and method.lower() == "mtp":
+        return " SGLang runs a model's built-in MTP layers through its EAGLE worker: use method eagle."
+    return ""
+
+
+# ---------------------------------------------------------------------------------------------------
+# Printing for humans
+
+
+def _home(path: str) -> str:
+    home = str(Path.home())
+    return "~" + path[len(home):] if path == home or path.startswith(home + "/") else path
+
+
+def _quote(arg: str) -> str:
+    return '"$SPARKLAB_API_KEY"' if arg == API_KEY_PLACEHOLDER else shlex.quote(arg)
+
+
+def serve_command(spec: LaunchSpec) -> str:
+    """The server command as run inside the container, shell-quoted, secrets as variables."""
+    return " ".join(_quote(a) for a in (*spec.entrypoint, *spec.argv))
+
+
+def docker_command(spec: LaunchSpec, multiline: bool = True) -> str:
+    """A `docker run` a human can paste: the same container sparklab would start (labels aside)."""
+    opts: list[list[str]] = [["docker", "run", "--rm", "--init", "--name", spec.name]]
+    if spec.gpus:
+        opts.append(["--gpus", "all"])
+    if spec.ipc == "host":
+        opts.append(["--ipc=host"])
+    if spec.shm_size:
+        opts.append([f"--shm-size={spec.shm_size}"])
+    if spec.network == "host":
+        opts.append(["--network=host"])
+    else:
+        bind = "" if spec.public else "127.0.0.1:"
+        opts.append(["-p", f"{bind}{spec.port}:{spec.port}"])
+    for name, (soft, hard) in spec.ulimits.items():
+        opts.append(["--ulimit", f"{name}={soft}" if soft == hard else f"{name}={soft}:{hard}"])
+    for mount in spec.mounts:
+        suffix = "" if mount.mode == "rw" else f":{mount.mode}"
+        opts.append(["-v", f"{_home(mount.source)}:{mount.target}{suffix}"])
+    for name, value in spec.env.items():
+        opts.append(["-e", f"{name}={value}"])
+    for name in spec.secret_env:
+        opts.append(["-e", name])
+    opts.append(["--entrypoint", spec.entrypoint[0], spec.image])
+    quoted = [" ".join(q if q.startswith("~") else shlex.quote(q) for q in group) for group in opts]
+    quoted += [" ".join(_quote(a) for a in group) for group in _flag_groups([*spec.entrypoint[1:], *spec.argv])]
+    sep = " \\\n    " if multiline else " "
+    return sep.join(quoted)
+
+
+def _flag_groups(argv: list[str]) -> list[list[str]]:
+    """Split argv into a leading group and one group per flag with its values, for one flag per line."""
+    groups: list[list[str]] = []
+    for arg in argv:
+        if not groups or (arg.startswith("-") and not _is_number(arg)):
+            groups.append([arg])
+        else:
+            groups[-1].append(arg)
+    return groups
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
