@@ -273,12 +273,13 @@ def cmd_gc(args: argparse.Namespace) -> int:
 
 
 def cmd_recipes(args: argparse.Namespace) -> int:
-    table = Table("RECIPE", "ENGINE", "IMAGE", "METHODS", "DESCRIPTION")
+    table = Table("RECIPE", "ENGINE", "METHODS", "IMAGE")
+    for column in table.columns:
+        column.overflow = "fold"
     for path in list_recipes():
         recipe = load_recipe(path)
         for name, engine in recipe.engines.items():
-            table.add_row(recipe.name, name, engine.image, ", ".join(engine.methods),
-                          recipe.description if name == recipe.default_engine else "")
+            table.add_row(recipe.name, name, ", ".join(engine.methods), engine.image)
     out.print(table)
     return 0
 

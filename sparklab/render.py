@@ -84,6 +84,7 @@ class LaunchSpec:
     speculative: Speculative | None
     recipe_argv_len: int  # argv[:recipe_argv_len] came from the recipe; the rest sparklab added
     needs_api_key: bool = False
+    api_key_env: str | None = None  # the env var that carries the API key to the engine, if any
     public: bool = False
     hf_cache: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
@@ -192,8 +193,9 @@ def render(recipe: Recipe, engine: str | None = None, method: str | None = None,
         argv.extend(known.api_key_args(API_KEY_PLACEHOLDER))
     where = f"{recipe.source}: engines.{engine_name}"
     env, secret_env = _env(spec, spec.methods[method].env, options, context, where)
-    if options.api_key and known.api_key_env:
-        secret_env.append(known.api_key_env)
+    api_key_env = known.api_key_env if options.api_key else None
+    if api_key_env:
+        secret_env.append(api_key_env)
 
     gpus = spec.gpus == "all" if options.gpus is None else options.gpus
     mounts = (Mount(str(options.hf_cache), spec.hf_cache_target),) if spec.mount_hf_cache else ()
@@ -218,7 +220,7 @@ def render(recipe: Recipe, engine: str | None = None, method: str | None = None,
         name=safe[:120], ready_path=known.ready_path,
         ready_timeout_s=options.ready_timeout_s or spec.ready_timeout_s,
         speculative=known.speculative(argv), recipe_argv_len=recipe_argv_len,
-        needs_api_key=options.api_key, public=options.public,
+        needs_api_key=options.api_key, api_key_env=api_key_env, public=options.public,
         hf_cache=str(options.hf_cache) if spec.mount_hf_cache else None,
     )
 
@@ -240,6 +242,15 @@ def _home(path: str) -> str:
 
 def _quote(arg: str) -> str:
     return '"$SPARKLAB_API_KEY"' if arg == API_KEY_PLACEHOLDER else shlex.quote(arg)
+
+
+def _quote_opt(arg: str) -> str:
+    """Quote a docker option; `~/…` stays unquoted so the shell expands it, the API key stays a variable."""
+    if arg.endswith("=" + API_KEY_PLACEHOLDER):
+        return arg.split("=", 1)[0] + '="$SPARKLAB_API_KEY"'
+    if arg.startswith("~/"):
+        return "~/" + shlex.quote(arg[2:])
+    return shlex.quote(arg)
 
 
 def serve_command(spec: LaunchSpec) -> str:
@@ -269,9 +280,9 @@ def docker_command(spec: LaunchSpec, multiline: bool = True) -> str:
     for name, value in spec.env.items():
         opts.append(["-e", f"{name}={value}"])
     for name in spec.secret_env:
-        opts.append(["-e", name])
+        opts.append(["-e", f"{name}={API_KEY_PLACEHOLDER}" if name == spec.api_key_env else name])
     opts.append(["--entrypoint", spec.entrypoint[0], spec.image])
-    quoted = [" ".join(q if q.startswith("~") else shlex.quote(q) for q in group) for group in opts]
+    quoted = [" ".join(_quote_opt(q) for q in group) for group in opts]
     quoted += [" ".join(_quote(a) for a in group) for group in _flag_groups([*spec.entrypoint[1:], *spec.argv])]
     sep = " \\\n    " if multiline else " "
     return sep.join(quoted)

@@ -18,7 +18,8 @@ _SGL_KV = re.compile(r"KV Cache is allocated\. #tokens: " + _NUM)
 _SGL_MAX_TOKENS = re.compile(r"max_total_num_tokens=(\d+)")
 _SGL_MAX_RUNNING = re.compile(r"max_running_requests=(\d+)")
 _SGL_CONTEXT = re.compile(r"context_len=(\d+)")
-_SGL_LOAD = re.compile(r"Load weight end\. .*?elapsed=([\d.]+) s(?:.*?mem usage=([\d.]+) GB)?")
+_SGL_LOAD_TIME = re.compile(r"Load weight end\..*?elapsed=([\d.]+) s")
+_SGL_LOAD_MEM = re.compile(r"Load weight end\..*?mem usage=([\d.]+) GB")
 _READY = {
     "vllm": re.compile(r"Application startup complete\."),
     "sglang": re.compile(r"The server is fired up and ready to roll!"),
@@ -90,10 +91,10 @@ def _parse_sglang(text: str, facts: StartupFacts) -> None:
         facts.max_concurrency = float(m.group(1))
         if c := _SGL_CONTEXT.search(text):
             facts.concurrency_tokens_per_request = int(c.group(1))
-    if m := _SGL_LOAD.search(text):
+    if m := _SGL_LOAD_TIME.search(text):
         facts.model_load_seconds = float(m.group(1))
-        if m.group(2):
-            facts.model_load_gib = float(m.group(2))
+    if m := _SGL_LOAD_MEM.search(text):
+        facts.model_load_gib = float(m.group(1))
 
 
 def explain_failure(kind: str, log_tail: str) -> str | None:

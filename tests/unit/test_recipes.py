@@ -1,0 +1,128 @@
+"""Recipe loading: strict validation, messages that name file, key path and fix; overrides; lookup."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sparklab.errors import RecipeError
+from sparklab.recipes import list_recipes, load_recipe, recipes_dir, resolve
+
+
+def test_every_bundled_recipe_loads() -> None:
+    names = {load_recipe(p).name for p in list_recipes()}
+    assert {"gb10", "gb10-modelcard"} <= names
+
+
+def test_unknown_key_is_an_error_naming_file_path_and_fix(gb10_doc, write_recipe) -> None:
+    gb10_doc["engines"]["vllm"]["methods"]["mtp"]["argz"] = []
+    path = write_recipe(gb10_doc)
+    with pytest.raises(RecipeError) as exc:
+        load_recipe(path)
+    text = str(exc.value)
+    assert f"{path}: engines.vllm.methods.mtp.argz: unknown key" in text
+    assert "remove it or fix its spelling" in text
+
+
+def test_wrong_type_names_the_key_and_the_value(gb10_doc, write_recipe) -> None:
+    gb10_doc["engines"]["vllm"]["port"] = "eighty"
+    path = write_recipe(gb10_doc)
+    with pytest.raises(RecipeError, match=r"engines\.vllm\.port: .*got 'eighty'"):
+        load_recipe(path)
+
+
+def test_list_items_are_located_by_index(gb10_doc, write_recipe) -> None:
+    gb10_doc["engines"]["vllm"]["args"][3] = {"oops": 1}
+    with pytest.raises(RecipeError, match=r"engines\.vllm\.args\[3\]"):
+        load_recipe(write_recipe(gb10_doc))
+
+
+def test_missing_required_key(gb10_doc, write_recipe) -> None:
+    del gb10_doc["engines"]["sglang"]["image"]
+    with pytest.raises(RecipeError, match=r"engines\.sglang\.image: Field required; add it"):
+        load_recipe(write_recipe(gb10_doc))
+
+
+def test_default_method_must_exist(gb10_doc, write_recipe) -> None:
+    gb10_doc["default_method"] = "medusa"
+    with pytest.raises(RecipeError, match=r"default_method: 'medusa' is not a method of engine 'vllm'"):
+        load_recipe(write_recipe(gb10_doc))
+
+
+def test_bad_digest_is_rejected(gb10_doc, write_recipe) -> None:
+    gb10_doc["engines"]["vllm"]["digest"] = "latest"
+    with pytest.raises(RecipeError, match=r"engines\.vllm\.digest"):
+        load_recipe(write_recipe(gb10_doc))
+
+
+def test_yaml_syntax_error_names_line(tmp_path: Path) -> None:
+    path = tmp_path / "broken.yaml"
+    path.write_text("name: x\nengines:\n  vllm: [unclosed\n")
+    with pytest.raises(RecipeError, match=r"broken\.yaml: line \d+, column \d+: not valid YAML"):
+        load_recipe(path)
+
+
+def test_missing_file() -> None:
+    with pytest.raises(RecipeError, match="no such recipe file"):
+        load_recipe(Path("/nonexistent/recipe.yaml"))
+
+
+class TestOverrides:
+    def test_variable(self) -> None:
+        recipe = load_recipe(recipes_dir() / "gb10.yaml", ["max_model_len=32768"])
+        assert recipe.vars["max_model_len"] == 32768
+
+    def test_model(self) -> None:
+        recipe = load_recipe(recipes_dir() / "gb10.yaml", ["model=org/other-model"])
+        assert recipe.model.id == "org/other-model"
+
+    def test_dotted_recipe_path(self) -> None:
+        recipe = load_recipe(recipes_dir() / "gb10.yaml", ["engines.vllm.image=repo/img:tag",
+                                                           "model.drafts.dspark.block_size=5"])
+        assert recipe.engines["vllm"].image == "repo/img:tag"
+        assert recipe.model.drafts["dspark"].block_size == 5
+
+    def test_unknown_name_lists_the_variables(self) -> None:
+        with pytest.raises(RecipeError) as exc:
+            load_recipe(recipes_dir() / "gb10.yaml", ["max_len=5"])
+        assert "'max_len' is neither a variable" in str(exc.value)
+        assert "max_model_len" in str(exc.value)
+
+    def test_invalid_value_is_validated_like_the_file(self) -> None:
+        with pytest.raises(RecipeError, match=r"engines\.vllm\.port"):
+            load_recipe(recipes_dir() / "gb10.yaml", ["engines.vllm.port=-3"])
+
+    def test_unknown_nested_key_is_an_error(self) -> None:
+        with pytest.raises(RecipeError, match=r"engines\.vllm\.imag: unknown key"):
+            load_recipe(recipes_dir() / "gb10.yaml", ["engines.vllm.imag=x"])
+
+    def test_needs_equals(self) -> None:
+        with pytest.raises(RecipeError, match="expected KEY=VALUE"):
+            load_recipe(recipes_dir() / "gb10.yaml", ["max_model_len"])
+
+
+class TestResolve:
+    def test_method_of_default_target(self) -> None:
+        path, method = resolve("dspark")
+        assert path.name == "gb10.yaml" and method == "dspark"
+
+    def test_method_of_named_target(self) -> None:
+        path, method = resolve("mtp", target="gb10-modelcard")
+        assert path.name == "gb10-modelcard.yaml" and method == "mtp"
+
+    def test_recipe_name(self) -> None:
+        path, method = resolve("gb10-modelcard")
+        assert path.name == "gb10-modelcard.yaml" and method is None
+
+    def test_recipe_colon_method(self) -> None:
+        path, method = resolve("gb10:mtp")
+        assert path.name == "gb10.yaml" and method == "mtp"
+
+    def test_file_path(self, tmp_path: Path) -> None:
+        path, method = resolve(str(tmp_path / "x.yaml") + ":none")
+        assert path == tmp_path / "x.yaml" and method == "none"
+
+    def test_unknown_target(self) -> None:
+        with pytest.raises(RecipeError, match=r"Available recipes: .*gb10"):
+            resolve("dspark", target="nope")

@@ -1,0 +1,77 @@
+"""Every seed command renders flag for flag; printed commands are golden files."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+import pytest
+import yaml
+
+from sparklab.recipes import load_recipe, recipes_dir
+from sparklab.render import LaunchOptions, docker_command, render, serve_command
+
+GOLDEN = Path(__file__).resolve().parent.parent / "golden"
+SEEDS = yaml.safe_load((GOLDEN / "seed_commands.yaml").read_text())
+
+
+def _render(recipe: str, engine: str, method: str, **options: object):
+    loaded = load_recipe(recipes_dir() / f"{recipe}.yaml")
+    return render(loaded, engine, method, LaunchOptions(hf_cache=Path("~/.cache/huggingface").expanduser(),
+                                                        **options))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("name", [n for n, case in SEEDS.items() if "argv" in case])
+def test_recipe_argv_is_the_seed_command_flag_for_flag(name: str) -> None:
+    case = SEEDS[name]
+    spec = _render(case["recipe"], case["engine"], case["method"])
+    assert list(spec.argv[: spec.recipe_argv_len]) == case["argv"].split()
+
+
+def test_sglang_dspark_carries_seed_002s_three_flags_in_order() -> None:
+    case = SEEDS["seed002_sglang_dspark_flags"]
+    spec = _render(case["recipe"], case["engine"], case["method"])
+    wanted = case["contains"].split()
+    argv = list(spec.argv)
+    start = argv.index(wanted[0])
+    assert argv[start : start + len(wanted)] == wanted
+
+
+def test_sparklab_adds_only_the_listen_address_after_the_recipe_flags() -> None:
+    spec = _render("gb10", "vllm", "dspark")
+    assert list(spec.argv[spec.recipe_argv_len :]) == ["--host", "127.0.0.1", "--port", "8000"]
+    public = _render("gb10", "vllm", "dspark", public=True)
+    assert list(public.argv[public.recipe_argv_len :]) == ["--host", "0.0.0.0", "--port", "8000"]
+
+
+def test_container_settings_match_the_seed_docker_run() -> None:
+    # seed 000: docker run --rm -it --gpus all --ipc=host --network=host
+    #   -v ~/.cache/huggingface:/root/.cache/huggingface --entrypoint /bin/bash vllm/vllm-openai:v0.27.1
+    spec = _render("gb10", "vllm", "none")
+    printed = docker_command(spec, multiline=False)
+    for piece in ("--gpus all", "--ipc=host", "--network=host",
+                  "-v ~/.cache/huggingface:/root/.cache/huggingface", "--ulimit memlock=-1",
+                  "--ulimit stack=67108864", "--init"):
+        assert piece in printed
+    assert spec.image == "vllm/vllm-openai:v0.27.1-aarch64"
+
+
+@pytest.mark.parametrize(("recipe", "engine", "method"), [
+    ("gb10", "vllm", "none"), ("gb10", "vllm", "mtp"), ("gb10", "vllm", "dflash"), ("gb10", "vllm", "dspark"),
+    ("gb10", "sglang", "none"), ("gb10", "sglang", "dspark"), ("gb10", "sglang", "eagle"),
+    ("gb10-modelcard", "vllm", "dspark"),
+])
+def test_printed_command_matches_golden(recipe: str, engine: str, method: str, monkeypatch) -> None:
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.delenv("HUGGING_FACE_HUB_TOKEN", raising=False)
+    spec = _render(recipe, engine, method)
+    text = docker_command(spec) + "\n"
+    golden = GOLDEN / "render" / f"{recipe}.{engine}.{method}.txt"
+    if not golden.exists():  # first run writes it; review and commit
+        golden.parent.mkdir(parents=True, exist_ok=True)
+        golden.write_text(text)
+        pytest.fail(f"wrote new golden file {golden}; review it and run again")
+    assert text == golden.read_text()
+    # The printed command is valid shell that splits back into the same serve argv.
+    assert shlex.split(serve_command(spec).replace('"$SPARKLAB_API_KEY"', "KEY"))[1:] == [
+        "KEY" if a.startswith("<redacted") else a for a in spec.argv]

@@ -1,0 +1,68 @@
+"""Startup-log facts in the engines' real formats, and explanations of known deaths."""
+
+from __future__ import annotations
+
+from sparklab.scrape import exit_code_meaning, explain_failure, parse_startup
+
+VLLM_LOG = """\
+(APIServer pid=1) INFO 11-29 13:05:01 [api_server.py:1900] vLLM API server version 0.27.1
+(EngineCore pid=37) INFO 11-29 13:05:20 [gpu_model_runner.py:2000] Model loading took 17.6200 GiB memory and 61.532100 seconds
+(EngineCore pid=37) INFO 11-29 13:05:40 [gpu_worker.py:300] Available KV cache memory: 84.21 GiB
+(EngineCore pid=37) INFO 11-29 13:05:41 [kv_cache_utils.py:1087] GPU KV cache size: 18,448,384 tokens
+(EngineCore pid=37) INFO 11-29 13:05:41 [kv_cache_utils.py:1091] Maximum concurrency for 65,536 tokens per request: 281.50x
+(EngineCore pid=37) WARNING 11-29 13:05:42 [vllm.py:1648] max_num_scheduled_tokens is set to 2032 based on the speculative decoding settings. This may lead to suboptimal performance. Consider increasing max_num_batched_tokens to accommodate the additional draft token slots, or decrease num_speculative_tokens or max_num_seqs.
+(APIServer pid=1) INFO:     Application startup complete.
+"""
+
+SGLANG_LOG = """\
+[2026-11-29 13:05:01] Load weight end. elapsed=61.20 s, type=NemotronHForCausalLM, dtype=torch.bfloat16, avail mem=100.00 GB, mem usage=17.62 GB.
+[2026-11-29 13:05:10] KV Cache is allocated. #tokens: 5,440,000, K size: 10.00 GB, V size: 10.00 GB
+[2026-11-29 13:05:11] max_total_num_tokens=5440000, chunked_prefill_size=8192, max_prefill_tokens=16384, max_running_requests=48, context_len=1048576
+[2026-11-29 13:05:30] The server is fired up and ready to roll!
+"""
+
+
+def test_vllm_facts() -> None:
+    facts = parse_startup("vllm", VLLM_LOG)
+    assert facts.kv_cache_tokens == 18_448_384
+    assert facts.max_concurrency == 281.50
+    assert facts.concurrency_tokens_per_request == 65_536
+    assert facts.model_load_gib == 17.62
+    assert facts.model_load_seconds == 61.5321
+    assert facts.kv_cache_memory_gib == 84.21
+    assert facts.max_num_scheduled_tokens == 2032
+    assert facts.startup_complete
+    assert "raise --max-num-batched-tokens" in facts.advice[0]
+    assert len(facts.warnings) == 1 and "max_num_scheduled_tokens" in facts.warnings[0]
+    assert facts.source == "vllm startup log"
+
+
+def test_vllm_older_load_line_and_missing_facts() -> None:
+    facts = parse_startup("vllm", "Model loading took 0.2534 GiB and 1.234567 seconds\n")
+    assert facts.model_load_gib == 0.2534 and facts.model_load_seconds == 1.234567
+    assert facts.kv_cache_tokens is None and not facts.startup_complete and facts.advice == []
+
+
+def test_sglang_facts() -> None:
+    facts = parse_startup("sglang", SGLANG_LOG)
+    assert facts.kv_cache_tokens == 5_440_000
+    assert facts.max_concurrency == 48
+    assert facts.concurrency_tokens_per_request == 1_048_576
+    assert facts.model_load_gib == 17.62
+    assert facts.model_load_seconds == 61.20
+    assert facts.startup_complete
+
+
+def test_known_deaths_are_explained() -> None:
+    tail = ("ValueError: Model config must specify `dflash_config.mask_token_id`, `mask_token_id`, "
+            "`dspark_noise_token_id`, `pard_token`, or `ptd_token_id` for parallel drafting.")
+    assert "Name the draft with --speculative_config.model" in (explain_failure("vllm", tail) or "")
+    shm = "RuntimeError: Insufficient space in /dev/shm: 160 MiB required, 64 MiB free."
+    assert "ipc: host" in (explain_failure("vllm", shm) or "")
+    assert explain_failure("vllm", "all good") is None
+
+
+def test_exit_codes() -> None:
+    assert "out of memory" in exit_code_meaning(137)
+    assert exit_code_meaning(1) == ""
+    assert exit_code_meaning(None) == ""
