@@ -19,8 +19,10 @@ from sparklab.errors import SparklabError
 from sparklab.recipes import list_recipes, load_recipe
 from sparklab.render import LaunchOptions, docker_command, serve_command
 
-out = Console(highlight=False, soft_wrap=True)
-err = Console(stderr=True, highlight=False, soft_wrap=True)
+# Piped output keeps whole lines (rich would wrap tables at 80 columns) so it can be grepped.
+_WIDTH = None if sys.stdout.isatty() or "COLUMNS" in os.environ else 200
+out = Console(highlight=False, soft_wrap=True, width=_WIDTH)
+err = Console(stderr=True, highlight=False, soft_wrap=True, width=_WIDTH)
 
 
 def _default_hf_cache() -> Path:
