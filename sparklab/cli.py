@@ -47,6 +47,8 @@ def _launch_args(p: argparse.ArgumentParser) -> None:
                    help="environment for the server; NAME alone passes the host's value (never printed)")
     p.add_argument("--hf-cache", type=Path, default=_default_hf_cache(),
                    help="Hugging Face cache to mount (default: $HF_HOME or ~/.cache/huggingface)")
+    p.add_argument("--ulimit", dest="ulimits", action="append", default=[], metavar="NAME=SOFT[:HARD]",
+                   help="override a container ulimit (the recipes ask memlock=-1, stack=67108864)")
     p.add_argument("--no-gpus", dest="gpus", action="store_false", default=None,
                    help="do not request GPUs (CPU images)")
     p.add_argument("--public", action="store_true",
@@ -61,7 +63,8 @@ def _options(args: argparse.Namespace, mode: str = "up") -> LaunchOptions:
     return LaunchOptions(
         image=args.image, port=args.port, num_speculative_tokens=args.num_speculative_tokens,
         public=args.public, api_key=args.api_key, hf_cache=args.hf_cache.expanduser(), gpus=args.gpus,
-        extra_args=tuple(args.extra_args), env=tuple(args.env), run_id="" if mode == "render" else launch.new_run_id(),
+        extra_args=tuple(args.extra_args), env=tuple(args.env), ulimits=tuple(args.ulimits),
+        run_id="" if mode == "render" else launch.new_run_id(),
         mode=mode, ready_timeout_s=args.ready_timeout)
 
 

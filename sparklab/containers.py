@@ -229,6 +229,9 @@ class Docker:
             hint = None
             if "address already in use" in text or "port is already allocated" in text:
                 hint = f"Port {spec.port} is taken: stop what uses it or pass --port N."
+            elif "error setting rlimit" in text:
+                hint = ("This host does not allow a container ulimit the recipe asks for (often memlock=-1 in a "
+                        "restricted sandbox): lower it, e.g. --ulimit memlock=8388608.")
             elif "could not select device driver" in text:
                 hint = "No GPU runtime on this Docker host: for CPU images use a recipe with gpus: none or --no-gpus."
             raise ContainerError(f"docker could not start {spec.name}: {text}", hint) from None

@@ -42,6 +42,7 @@ class LaunchOptions:
     gpus: bool | None = None
     extra_args: tuple[str, ...] = ()
     env: tuple[str, ...] = ()  # KEY=VALUE, or KEY to pass the host's value through
+    ulimits: tuple[str, ...] = ()  # NAME=SOFT[:HARD], overriding the recipe's
     run_id: str = ""
     mode: str = "up"
     ready_timeout_s: float | None = None
@@ -200,6 +201,7 @@ def render(recipe: Recipe, engine: str | None = None, method: str | None = None,
     gpus = spec.gpus == "all" if options.gpus is None else options.gpus
     mounts = (Mount(str(options.hf_cache), spec.hf_cache_target),) if spec.mount_hf_cache else ()
     ulimits = {k: (v, v) if isinstance(v, int) else (v[0], v[1]) for k, v in spec.ulimits.items()}
+    ulimits.update(_ulimit_overrides(options.ulimits))
     labels = {
         "sparklab": "1",
         "sparklab.version": __version__,
@@ -223,6 +225,19 @@ def render(recipe: Recipe, engine: str | None = None, method: str | None = None,
         needs_api_key=options.api_key, api_key_env=api_key_env, public=options.public,
         hf_cache=str(options.hf_cache) if spec.mount_hf_cache else None,
     )
+
+
+def _ulimit_overrides(items: tuple[str, ...]) -> dict[str, tuple[int, int]]:
+    out: dict[str, tuple[int, int]] = {}
+    for item in items:
+        name, _, value = item.partition("=")
+        soft, _, hard = value.partition(":")
+        try:
+            out[name] = (int(soft), int(hard or soft))
+        except ValueError:
+            raise RecipeError(f"--ulimit {item!r}: expected NAME=SOFT[:HARD] with integers",
+                              "Example: --ulimit memlock=-1 --ulimit stack=67108864") from None
+    return out
 
 
 def _method_hint(kind: str, method: str) -> str:

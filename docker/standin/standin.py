@@ -1,0 +1,525 @@
+"""sparklab stand-in engine: a stdlib-only test double for vLLM's and SGLang's server surfaces.
+
+It is NOT an inference engine. It parses the real engines' argv leniently, prints startup lines in their log
+formats, serves their readiness/OpenAI/metrics endpoints with deterministic fake tokens, and can simulate
+faults (see docker/README.md). Entry points: `vllm serve ...` (/usr/local/bin/vllm) and
+`python3 -m sglang.launch_server ...`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from standin_args import Config, decode, parse_args
+
+VERSION = "standin"
+
+
+# Log messages in the real engines' wording (the fault ones are marked "(standin fault)").
+SPEC_BUDGET_WARNING = (
+    "max_num_scheduled_tokens is set to {n} based on the speculative decoding settings. This may lead to "
+    "suboptimal performance. Consider increasing max_num_batched_tokens to accommodate the additional draft "
+    "token slots, or decrease num_speculative_tokens or max_num_seqs."
+)
+VLLM_START_ERROR = (
+    "ValueError: Free memory on device (0.5/119.7 GiB) on startup is less than desired GPU memory "
+    "utilization (0.9, 107.73 GiB). (standin fault)"
+)
+VLLM_CORE_FAILED = "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}"
+SGLANG_START_ERROR = (
+    "Scheduler hit an exception: RuntimeError: Not enough memory. Please try to increase "
+    "--mem-fraction-static. (standin fault)"
+)
+SGLANG_CHILD_FAILED = "Received sigquit from a child process. It usually means the child failed."
+
+
+def redact(argv: list[str]) -> list[str]:
+    """The argv with API key values replaced: secrets never reach the logs."""
+
+    def is_key(tok: str) -> bool:
+        return tok.startswith("-") and tok.lstrip("-").split("=", 1)[0].replace("_", "-") == "api-key"
+
+    out: list[str] = []
+    for i, tok in enumerate(argv):
+        if is_key(tok) and "=" in tok:
+            out.append(tok.split("=", 1)[0] + "=***")
+        else:
+            out.append("***" if i > 0 and is_key(argv[i - 1]) and "=" not in argv[i - 1] else tok)
+    return out
+
+
+def env_float(name: str, default: float) -> float:
+    try:
+        return float(os.environ.get(name, default))
+    except ValueError:
+        return default
+
+
+# ---------------------------------------------------------------------------------------------- logging
+class Log:
+    def __init__(self, mode: str) -> None:
+        self.mode, self.pid = mode, os.getpid()
+
+    def emit(self, line: str, err: bool = False) -> None:
+        stream = sys.stderr if err else sys.stdout
+        stream.write(line + "\n")
+        stream.flush()
+
+    def vllm(self, proc: str, level: str, where: str, msg: str) -> None:
+        stamp = time.strftime("%m-%d %H:%M:%S")
+        self.emit(f"({proc} pid={self.pid}) {level} {stamp} [{where}] {msg}", err=level == "ERROR")
+
+    def api(self, where: str, msg: str, level: str = "INFO") -> None:
+        self.vllm("APIServer", level, where, msg)
+
+    def engine(self, where: str, msg: str, level: str = "INFO") -> None:
+        self.vllm("EngineCore", level, where, msg)
+
+    def sgl(self, msg: str, tp: bool = False, err: bool = False) -> None:
+        self.emit(f"[{time.strftime('%Y-%m-%d %H:%M:%S')}{' TP0' if tp else ''}] {msg}", err=err)
+
+    def uvicorn(self, msg: str) -> None:
+        if self.mode == "vllm":
+            self.emit(f"(APIServer pid={self.pid}) INFO:     {msg}")
+        else:
+            self.sgl(f"INFO:     {msg}")
+
+
+# ---------------------------------------------------------------------------------------------- metrics
+class Metrics:
+    def __init__(self, k: int | None) -> None:
+        self.lock = threading.Lock()
+        self.k = k
+        self.prompt = self.generation = self.drafts = self.draft_tokens = self.accepted = 0
+        self.success: dict[str, int] = {}
+        self.per_pos = [0] * (k or 0)
+        self.running = 0
+
+    def chunk(self, size: int) -> None:
+        with self.lock:
+            self.generation += size
+            if self.k:
+                acc = min(size - 1, self.k)
+                self.drafts += 1
+                self.draft_tokens += self.k
+                self.accepted += acc
+                for pos in range(acc):
+                    self.per_pos[pos] += 1
+
+    def finish(self, prompt: int, reason: str) -> None:
+        with self.lock:
+            self.prompt += prompt
+            self.success[reason] = self.success.get(reason, 0) + 1
+
+    def accept_length(self) -> float:
+        return 1.0 + self.accepted / self.drafts if self.drafts else 0.0
+
+    def render(self, model: str) -> str:
+        """vLLM's Prometheus names (counters get prometheus_client's `_total` suffix)."""
+        lbl = f'model_name="{model}",engine="0"'
+        out: list[str] = []
+
+        def metric(name: str, kind: str, rows: list[tuple[str, float]]) -> None:
+            out.extend([f"# HELP {name} standin metric", f"# TYPE {name} {kind}"])
+            out.extend(f"{name}{{{lbl}{extra}}} {float(v)}" for extra, v in rows)
+
+        with self.lock:
+            metric("vllm:num_requests_running", "gauge", [("", self.running)])
+            metric("vllm:prompt_tokens_total", "counter", [("", self.prompt)])
+            metric("vllm:generation_tokens_total", "counter", [("", self.generation)])
+            reasons = sorted({"stop", "length", *self.success})
+            rows = [(f',finished_reason="{r}"', self.success.get(r, 0)) for r in reasons]
+            metric("vllm:request_success_total", "counter", rows)
+            if self.k:
+                metric("vllm:spec_decode_num_drafts_total", "counter", [("", self.drafts)])
+                metric("vllm:spec_decode_num_draft_tokens_total", "counter", [("", self.draft_tokens)])
+                metric("vllm:spec_decode_num_accepted_tokens_total", "counter", [("", self.accepted)])
+                rows = [(f',position="{i}"', n) for i, n in enumerate(self.per_pos)]
+                metric("vllm:spec_decode_num_accepted_tokens_per_pos_total", "counter", rows)
+        return "\n".join(out) + "\n"
+
+    def render_sglang(self, model: str) -> str:
+        """A few of SGLang's names (served only with --enable-metrics, like SGLang)."""
+        lbl = f'model_name="{model}",engine_type="unified",tp_rank="0",pp_rank="0"'
+        with self.lock:
+            rows = [("sglang:prompt_tokens_total", "counter", self.prompt)]
+            rows += [("sglang:generation_tokens_total", "counter", self.generation)]
+            rows += [("sglang:num_running_reqs", "gauge", self.running)]
+            rows += [("sglang:spec_accept_length", "gauge", self.accept_length())] if self.k else []
+        out = [f"# HELP {n} standin metric\n# TYPE {n} {t}\n{n}{{{lbl}}} {float(v)}" for n, t, v in rows]
+        return "\n".join(out) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------- generation
+def chunk_sizes(limit: int | None) -> list[int]:
+    sizes = [max(1, int(s)) for s in os.environ.get("STANDIN_TOKENS_PER_CHUNK", "1").split(",") if s.strip()]
+    if limit:
+        sizes = [min(s, limit) for s in sizes]
+    return sizes or [1]
+
+
+def word_count(value: Any) -> int:
+    if isinstance(value, str):
+        return len(value.split())
+    if isinstance(value, list):
+        return sum(word_count(v.get("content", v.get("text", "")) if isinstance(v, dict) else v) for v in value)
+    return 0
+
+
+def plan(body: dict[str, Any], prompt_tokens: int, max_len: int) -> tuple[int, str]:
+    """Return (number of completion tokens, finish_reason)."""
+    max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
+    limit = int(max_tokens) if max_tokens else max(1, max_len - prompt_tokens)
+    eos_env = int(env_float("STANDIN_EOS_AFTER", 0))
+    natural = eos_env or (16 if not max_tokens else 0)  # without max_tokens, "EOS" arrives after 16 tokens
+    if natural and not body.get("ignore_eos"):
+        natural = max(natural, int(body.get("min_tokens") or 0))
+        if natural < limit:
+            return natural, "stop"
+    return limit, "length"
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server_version = "standin"
+    sys_version = ""
+    app: App
+
+    def log_message(self, format: str, *args: Any) -> None:  # uvicorn-style access log
+        pass
+
+    def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
+        phrase = self.responses.get(int(code), ("",))[0] if str(code).isdigit() else ""
+        peer = f"{self.client_address[0]}:{self.client_address[1]}"
+        self.app.log.uvicorn(f'{peer} - "{self.requestline}" {code} {phrase}')
+
+    def send_json(self, code: int, payload: Any) -> None:
+        self.send_text(code, json.dumps(payload), "application/json")
+
+    def send_error_json(self, code: int, message: str, kind: str) -> None:
+        self.send_json(code, {"error": {"message": message, "type": kind, "code": code}})
+
+    def send_text(self, code: int, text: str, ctype: str = "text/plain; version=0.0.4") -> None:
+        data = text.encode()
+        self.send_response(code)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def authorized(self) -> bool:
+        key = self.app.cfg.api_key
+        if not key or not self.path.startswith("/v1/"):
+            return True
+        if self.headers.get("Authorization", "") == f"Bearer {key}":
+            return True
+        self.send_json(401, {"error": "Unauthorized"})
+        return False
+
+    def do_GET(self) -> None:
+        if not self.authorized():
+            return
+        app, path = self.app, self.path.split("?", 1)[0]
+        if path in ("/health", "/health_generate", "/ping"):
+            self.send_text(200 if app.ready.is_set() else 503, "")
+        elif path == "/v1/models":
+            self.send_json(200, app.models())
+        elif path == "/version":
+            self.send_json(200, {"version": VERSION, "engine": "standin", "emulates": app.cfg.mode})
+        elif path == "/load":
+            self.send_json(200, {"server_load": app.metrics.running})
+        elif path == "/metrics" and app.cfg.mode == "vllm":
+            self.send_text(200, app.metrics.render(app.cfg.served_names[0]))
+        elif path == "/metrics" and app.cfg.opts.get("enable-metrics"):
+            self.send_text(200, app.metrics.render_sglang(app.cfg.served_names[0]))
+        elif app.cfg.mode == "sglang" and path in ("/server_info", "/get_server_info"):
+            self.send_json(200, app.server_info())
+        elif app.cfg.mode == "sglang" and path in ("/get_model_info", "/model_info"):
+            self.send_json(200, app.model_info())
+        else:
+            self.send_json(404, {"detail": "Not Found"})
+
+    def do_POST(self) -> None:
+        raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))  # always drain (keep-alive)
+        if not self.authorized():
+            return
+        path = self.path.split("?", 1)[0]
+        if path not in ("/v1/chat/completions", "/v1/completions"):
+            self.send_json(404, {"detail": "Not Found"})
+            return
+        try:
+            body = json.loads(raw or b"{}")
+            assert isinstance(body, dict)
+        except (ValueError, AssertionError):
+            self.send_error_json(400, "invalid JSON body", "BadRequestError")
+            return
+        model = body.get("model")
+        if self.app.cfg.mode == "vllm" and model and model not in self.app.cfg.served_names:
+            self.send_error_json(404, f"The model `{model}` does not exist.", "NotFoundError")
+            return
+        self.app.complete(self, body, chat=path.endswith("chat/completions"))
+
+
+# ---------------------------------------------------------------------------------------------- app
+class App:
+    def __init__(self, cfg: Config) -> None:
+        self.cfg, self.log = cfg, Log(cfg.mode)
+        self.kv_tokens = int(env_float("STANDIN_KV_TOKENS", 93184))
+        self.metrics = Metrics(cfg.spec.k if cfg.spec else None)
+        self.ready = threading.Event()
+        self.server: ThreadingHTTPServer | None = None
+
+    def models(self) -> dict[str, Any]:
+        card = dict(object="model", created=int(time.time()), owned_by="standin", root=self.cfg.model)
+        card.update(parent=None, max_model_len=self.cfg.max_len, permission=[])
+        return {"object": "list", "data": [{"id": n, **card} for n in self.cfg.served_names]}
+
+    def server_info(self) -> dict[str, Any]:
+        opts = self.cfg.opts.items()
+        info = {k.replace("-", "_"): decode(v) if isinstance(v, str) else v for k, v in opts if k != "api-key"}
+        info.update(model_path=self.cfg.model, served_model_name=self.cfg.served_names[0], version=VERSION)
+        info.update(port=self.cfg.port, context_length=self.cfg.max_len)
+        state: dict[str, Any] = {
+            "last_gen_throughput": 0.0,
+            "memory_usage": {"token_capacity": self.kv_tokens},
+        }
+        if self.cfg.spec:
+            state["avg_spec_accept_length"] = round(self.metrics.accept_length(), 4)
+        info["internal_states"] = [state]
+        return info
+
+    def model_info(self) -> dict[str, Any]:
+        info = dict(model_path=self.cfg.model, tokenizer_path=self.cfg.model, is_generation=True)
+        return {**info, "model_type": "standin", "architectures": ["StandinForCausalLM"]}
+
+    def complete(self, h: Handler, body: dict[str, Any], chat: bool) -> None:
+        prompt = word_count(body.get("messages") if chat else body.get("prompt"))
+        n_tokens, reason = plan(body, prompt, self.cfg.max_len)
+        n_reason = min(n_tokens, int(env_float("STANDIN_REASONING_TOKENS", 0))) if chat else 0
+        words = [f"think{i}" for i in range(n_reason)] + [f"tok{i}" for i in range(n_tokens - n_reason)]
+        delay = env_float("STANDIN_TOKEN_DELAY", 0.005)
+        sizes = chunk_sizes(self.cfg.spec.k + 1 if self.cfg.spec else None)
+        rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+        name = str(body.get("model") or self.cfg.served_names[0])
+        base = {
+            "id": rid,
+            "object": "chat.completion.chunk" if chat else "text_completion",
+            "created": int(time.time()),
+            "model": name,
+        }
+        usage = {"prompt_tokens": prompt, "completion_tokens": n_tokens, "total_tokens": prompt + n_tokens}
+        stream = bool(body.get("stream"))
+        with self.metrics.lock:
+            self.metrics.running += 1
+        try:
+            if stream:
+                h.send_response(200)
+                h.send_header("Content-Type", "text/event-stream")
+                h.send_header("Connection", "close")
+                h.end_headers()
+                h.close_connection = True
+                if chat:
+                    self.sse(h, base, {"role": "assistant", "content": ""}, None, chat)
+            pos, c = 0, 0
+            while pos < len(words):
+                k = min(sizes[c % len(sizes)], len(words) - pos)
+                time.sleep(delay)
+                self.metrics.chunk(k)
+                if stream:
+                    done = reason if pos + k >= len(words) else None
+                    self.sse(h, base, self.delta(words, pos, k, n_reason), done, chat)
+                pos, c = pos + k, c + 1
+            self.metrics.finish(prompt, reason)
+            if stream:
+                if (body.get("stream_options") or {}).get("include_usage"):
+                    h.wfile.write(f"data: {json.dumps({**base, 'choices': [], 'usage': usage})}\n\n".encode())
+                h.wfile.write(b"data: [DONE]\n\n")
+                h.wfile.flush()
+                return
+            text = " ".join(words[n_reason:])
+            if chat:
+                msg: dict[str, Any] = {"role": "assistant", "content": text}
+                if n_reason:
+                    msg["reasoning_content"] = " ".join(words[:n_reason])
+                choice: dict[str, Any] = {"index": 0, "message": msg, "finish_reason": reason}
+            else:
+                choice = {"index": 0, "text": text, "finish_reason": reason}
+            obj = "chat.completion" if chat else "text_completion"
+            h.send_json(200, {**base, "object": obj, "choices": [choice], "usage": usage})
+        except (BrokenPipeError, ConnectionResetError):
+            self.metrics.finish(prompt, "abort")
+        finally:
+            with self.metrics.lock:
+                self.metrics.running -= 1
+
+    @staticmethod
+    def delta(words: list[str], pos: int, k: int, n_reason: int) -> dict[str, str]:
+        out: dict[str, str] = {}
+        for i in range(pos, pos + k):
+            field_name = "reasoning_content" if i < n_reason else "content"
+            first = i == 0 or i == n_reason
+            out[field_name] = out.get(field_name, "") + ("" if first else " ") + words[i]
+        return out
+
+    @staticmethod
+    def sse(h: Handler, base: dict[str, Any], delta: dict[str, str], finish: str | None, chat: bool) -> None:
+        if chat:
+            choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        else:
+            choice = {"index": 0, "text": "".join(delta.values()), "finish_reason": finish}
+        h.wfile.write(f"data: {json.dumps({**base, 'choices': [choice]})}\n\n".encode())
+        h.wfile.flush()
+
+    # ------------------------------------------------------------------------------------------ lifecycle
+    def listen(self) -> None:
+        class Server(ThreadingHTTPServer):
+            daemon_threads = True
+            address_family = socket.AF_INET6 if ":" in self.cfg.host else socket.AF_INET
+
+        handler = type("BoundHandler", (Handler,), {"app": self})
+        self.server = Server((self.cfg.host, self.cfg.port), handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def shutdown(self, signum: int, _frame: Any) -> None:
+        if self.cfg.mode == "vllm":
+            self.log.api("launcher.py:110", "Shutting down FastAPI HTTP server.")
+        else:
+            self.log.sgl(f"Received signal {signal.Signals(signum).name}; shutting down (standin).")
+        self.log.uvicorn("Shutting down")
+        os._exit(0)
+
+    def fail(self, code: int) -> None:
+        if self.cfg.mode == "vllm":
+            self.log.engine("core.py:708", "EngineCore failed to start.", "ERROR")
+            self.log.engine("core.py:708", VLLM_START_ERROR, "ERROR")
+            self.log.emit(VLLM_CORE_FAILED, err=True)
+        else:
+            self.log.sgl(SGLANG_START_ERROR, tp=True, err=True)
+            self.log.sgl(SGLANG_CHILD_FAILED, err=True)
+        os._exit(code)
+
+    def faults_at_start(self) -> None:
+        if os.environ.get("STANDIN_EXIT_AT_START"):
+            self.fail(int(os.environ["STANDIN_EXIT_AT_START"]))
+        if os.environ.get("STANDIN_OOM") == "1":
+            os.kill(os.getpid(), signal.SIGKILL)
+            time.sleep(0.5)  # as PID 1 without --init the kernel ignores SIGKILL from inside; mimic it
+            os._exit(137)
+        if os.environ.get("STANDIN_NEVER_READY") == "1":
+            started = time.monotonic()
+            while True:
+                elapsed = int(time.monotonic() - started)
+                msg = f"Loading safetensors checkpoint shards:   0% Completed | 0/4 [{elapsed}s<?, ?it/s]"
+                if self.cfg.mode == "vllm":
+                    self.log.engine("default_loader.py:267", msg)
+                else:
+                    self.log.sgl(msg, tp=True)
+                time.sleep(1)
+
+    def after_ready(self) -> None:
+        die_after = os.environ.get("STANDIN_DIE_AFTER")
+        if not die_after:
+            return
+
+        def die() -> None:
+            if self.cfg.mode == "vllm":
+                self.log.engine("core.py:789", "EngineCore encountered a fatal error. (standin fault)", "ERROR")
+                self.log.api("async_llm.py:480", "AsyncLLM output_handler failed.", "ERROR")
+            else:
+                self.log.sgl("Scheduler hit an exception: RuntimeError: standin fault", tp=True, err=True)
+            os._exit(1)
+
+        threading.Timer(float(die_after), die).start()
+
+    def preamble(self) -> None:
+        hf = "set" if os.environ.get("HF_TOKEN") else "not set"
+        lines = [
+            f"sparklab standin engine (test double, not {self.cfg.mode}); mode={self.cfg.mode}",
+            f"argv: {json.dumps(redact(self.cfg.argv))}",
+            f"unknown flags (accepted, ignored): {json.dumps(self.cfg.unknown)}",
+            f"HF_TOKEN is {hf}; api key {'configured' if self.cfg.api_key else 'not configured'}",
+        ]
+        for line in lines:
+            self.log.api("standin.py:1", line) if self.cfg.mode == "vllm" else self.log.sgl(line)
+
+    def run_vllm(self) -> None:
+        cfg, log, spec = self.cfg, self.log, self.cfg.spec
+        log.api("api_server.py:1839", f"vLLM API server version {VERSION}")
+        log.api("model.py:1510", f"Using max model len {cfg.max_len}")
+        if spec:
+            log.api("vllm.py:1648", SPEC_BUDGET_WARNING.format(n=cfg.max_batched - 16), "WARNING")
+        sc = spec and f"SpeculativeConfig(method={spec.method!r}, model={spec.model!r}, num_spec_tokens={spec.k})"
+        msg = f"Initializing a V1 LLM engine ({VERSION}) with config: model={cfg.model!r}, speculative_config="
+        log.engine("core.py:93", f"{msg}{sc}, max_seq_len={cfg.max_len}, served_model_name={cfg.served_names[0]}")
+        self.faults_at_start()
+        delay = env_float("STANDIN_START_DELAY", 1.0)
+        time.sleep(delay)
+        log.engine("gpu_model_runner.py:2000", f"Model loading took 0.2534 GiB memory and {delay:.6f} seconds")
+        log.engine("gpu_worker.py:391", "Available KV cache memory: 8.53 GiB")
+        log.engine("kv_cache_utils.py:1087", f"GPU KV cache size: {self.kv_tokens:,} tokens")
+        conc = f"{cfg.max_len:,} tokens per request: {self.kv_tokens / cfg.max_len:.2f}x"
+        log.engine("kv_cache_utils.py:1091", f"Maximum concurrency for {conc}")
+        self.listen()
+        log.api("api_server.py:1880", f"Starting vLLM API server 0 on http://{cfg.host}:{cfg.port}")
+        log.uvicorn(f"Started server process [{os.getpid()}]")
+        log.uvicorn("Waiting for application startup.")
+        self.ready.set()
+        log.uvicorn("Application startup complete.")
+
+    def run_sglang(self) -> None:
+        cfg, log, spec = self.cfg, self.log, self.cfg.spec
+        algo = repr(spec.method) if spec else None
+        args = f"model_path={cfg.model!r}, host={cfg.host!r}, port={cfg.port}, context_length={cfg.max_len}"
+        log.sgl(f"server_args=ServerArgs({args}, speculative_algorithm={algo}, version={VERSION!r})")
+        self.listen()
+        log.uvicorn(f"Started server process [{os.getpid()}]")
+        log.uvicorn("Waiting for application startup.")
+        log.uvicorn("Application startup complete.")
+        log.uvicorn(f"Uvicorn running on http://{cfg.host}:{cfg.port} (Press CTRL+C to quit)")
+        log.sgl("Load weight begin. avail mem=110.00 GB", tp=True)
+        self.faults_at_start()
+        delay = env_float("STANDIN_START_DELAY", 1.0)
+        time.sleep(delay)
+        log.sgl(f"Load weight end. elapsed={delay:.2f} s, type=StandinForCausalLM, mem usage=0.25 GB.", True)
+        log.sgl(f"KV Cache is allocated. #tokens: {self.kv_tokens}, K size: 1.00 GB, V size: 1.00 GB", True)
+        limits = "chunked_prefill_size=8192, max_prefill_tokens=16384, max_running_requests=48"
+        log.sgl(f"max_total_num_tokens={self.kv_tokens}, {limits}, context_len={cfg.max_len}", True)
+        self.ready.set()
+        log.sgl("The server is fired up and ready to roll!")
+
+    def run(self) -> None:
+        signal.signal(signal.SIGTERM, self.shutdown)
+        signal.signal(signal.SIGINT, self.shutdown)
+        self.preamble()
+        try:
+            self.run_vllm() if self.cfg.mode == "vllm" else self.run_sglang()
+        except OSError as exc:
+            self.log.emit(f"OSError: {exc}", err=True)
+            os._exit(1)
+        self.after_ready()
+        while True:
+            time.sleep(3600)
+
+
+def main(mode: str, argv: list[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if mode == "vllm" and argv[:1] in (["--version"], ["-v"]):
+        print(VERSION)
+        return
+    if mode == "vllm" and argv[:1] != ["serve"]:
+        print(f"usage: vllm serve [MODEL] [options]  (standin; got {argv!r})", file=sys.stderr)
+        sys.exit(2)
+    App(parse_args(mode, argv)).run()
+
+
+if __name__ == "__main__":
+    main(os.environ.get("STANDIN_MODE", "vllm"))

@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# The single command that sets up a fresh Debian 12 host (as root) and runs sparklab's whole test suite:
+#   bash scripts/test.sh [pytest args...]
+# Phases: host setup (docker, registry) -> base image -> stand-in engine image -> vLLM CPU image (if its
+# build script exists) -> test venv -> ruff -> pytest. Every phase is idempotent and fast when up to date.
+# SPARKLAB_SKIP_VLLM_CPU_BUILD=1 skips the (slow) vLLM CPU image build; an image already in the registry is
+# still used. Exit status: 0 only if ruff and pytest both pass (pytest's "no tests collected", 5, fails).
+set -euo pipefail
+
+REPO_ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$REPO_ROOT"
+CACHE="${SPARKLAB_CACHE:-$HOME/.cache/sparklab}"
+VENV="$CACHE/venv-test"
+REGISTRY=127.0.0.1:5000
+STANDIN_IMAGE="$REGISTRY/sparklab/standin:1"
+VLLM_CPU_REPO=sparklab/vllm-cpu
+VLLM_CPU_TAG=0.27.1
+
+timings=()
+phase() {  # phase NAME CMD... : run CMD, print and record its elapsed time
+  local name=$1 start=$SECONDS rc=0
+  shift
+  printf '\n[test] ==> %s\n' "$name"
+  "$@" || rc=$?
+  timings+=("$(printf '%-14s %4ss%s' "$name" "$((SECONDS - start))" "$([ "$rc" -eq 0 ] || echo "  (exit $rc)")")")
+  printf '[test] <== %s: %ss (exit %s)\n' "$name" "$((SECONDS - start))" "$rc"
+  return "$rc"
+}
+summary() {
+  printf '\n[test] phase timings:\n'
+  printf '[test]   %s\n' "${timings[@]}"
+}
+trap 'rc=$?; [ "$rc" -eq 0 ] || summary; exit "$rc"' EXIT
+
+setup_venv() {
+  local stamp="$VENV/.sparklab-stamp" want
+  want="$(sha256sum <pyproject.toml | cut -c1-16) $REPO_ROOT"
+  if [ ! -x "$VENV/bin/python" ]; then
+    python3 -m venv "$VENV"
+  fi
+  if [ "$(cat "$stamp" 2>/dev/null)" = "$want" ] && "$VENV/bin/python" -c 'import sparklab' 2>/dev/null; then
+    echo "venv $VENV up to date"
+    return 0
+  fi
+  "$VENV/bin/python" -m pip install -q -e '.[test]'
+  echo "$want" >"$stamp"
+}
+
+registry_has() {  # registry_has REPO TAG
+  curl -fsS -o /dev/null --max-time 5 \
+    -H 'Accept: application/vnd.docker.distribution.manifest.v2+json' \
+    "http://$REGISTRY/v2/$1/manifests/$2" 2>/dev/null
+}
+
+phase setup-host bash scripts/ci/setup-host.sh
+phase base-image bash docker/base/build.sh
+phase standin-image bash docker/standin/build.sh
+if [ "${SPARKLAB_SKIP_VLLM_CPU_BUILD:-0}" = 1 ]; then
+  echo "[test] SPARKLAB_SKIP_VLLM_CPU_BUILD=1: not building the vLLM CPU image"
+elif [ -x docker/vllm-cpu/build.sh ]; then
+  phase vllm-cpu-image bash docker/vllm-cpu/build.sh
+fi
+phase venv setup_venv
+
+export SPARKLAB_TEST_STANDIN_IMAGE="$STANDIN_IMAGE"
+if registry_has "$VLLM_CPU_REPO" "$VLLM_CPU_TAG"; then
+  export SPARKLAB_TEST_VLLM_CPU_IMAGE="$REGISTRY/$VLLM_CPU_REPO:$VLLM_CPU_TAG"
+  echo "[test] SPARKLAB_TEST_VLLM_CPU_IMAGE=$SPARKLAB_TEST_VLLM_CPU_IMAGE"
+else
+  unset SPARKLAB_TEST_VLLM_CPU_IMAGE
+  echo "[test] no $VLLM_CPU_REPO:$VLLM_CPU_TAG in the registry; engine-tier tests will skip"
+fi
+echo "[test] SPARKLAB_TEST_STANDIN_IMAGE=$SPARKLAB_TEST_STANDIN_IMAGE"
+
+ruff_rc=0
+phase ruff "$VENV/bin/ruff" check . || ruff_rc=$?
+summary
+# pytest speaks last, so its closing line ("N passed in …") is the run's last line.
+pytest_rc=0
+"$VENV/bin/python" -m pytest -ra -q --durations=15 "$@" || pytest_rc=$?
+if [ "$pytest_rc" -eq 5 ]; then
+  echo "[test] FAIL: pytest collected no tests (exit 5)" >&2
+fi
+if [ "$ruff_rc" -ne 0 ] || [ "$pytest_rc" -ne 0 ]; then
+  echo "[test] FAIL (ruff exit $ruff_rc, pytest exit $pytest_rc)" >&2
+  trap - EXIT
+  exit 1
+fi
+trap - EXIT
