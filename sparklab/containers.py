@@ -24,7 +24,7 @@ from docker.models.containers import Container
 from docker.types import DeviceRequest, Ulimit
 
 import docker
-from sparklab.errors import ContainerError
+from sparklab.errors import ContainerError, ImageUnavailableError
 from sparklab.render import API_KEY_PLACEHOLDER, LaunchSpec
 
 log = logging.getLogger(__name__)
@@ -68,6 +68,17 @@ def _split_ref(image: str) -> tuple[str, str | None]:
         repo, tag = image.rsplit(":", 1)
         return repo, tag
     return image, "latest"
+
+
+_UNAVAILABLE = ("not found", "manifest unknown", "does not exist", "pull access denied", "name unknown")
+
+
+def _pull_error(ref: str, message: str) -> ContainerError:
+    if any(text in message.lower() for text in _UNAVAILABLE):
+        return ImageUnavailableError(f"pull of {ref} failed: {message}",
+                                     "Check the image name and tag, and that you may pull it (docker login).")
+    return ContainerError(f"pull of {ref} failed: {message}",
+                          "Check registry access, the network and free disk space.")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -152,8 +163,7 @@ class Docker:
                 if "errorDetail" in event or "error" in event:
                     detail = event.get("errorDetail") or {}
                     message = detail.get("message") or event.get("error") or str(event)
-                    raise ContainerError(f"pull of {ref} failed: {message}",
-                                         "Check the image name and tag, registry access and disk space.")
+                    raise _pull_error(ref, str(message))
                 status = str(event.get("status", ""))
                 if status.startswith("Digest: "):
                     stream_digest = status.split("Digest: ", 1)[1].strip()
@@ -161,8 +171,7 @@ class Docker:
                     progress = event.get("progressDetail") or {}
                     on_event(str(event.get("id", "")), status, progress.get("current"), progress.get("total"))
         except docker.errors.APIError as exc:
-            raise ContainerError(f"pull of {ref} failed: {exc.explanation or exc}",
-                                 "Check the image name and tag and that the registry is reachable.") from None
+            raise _pull_error(ref, str(exc.explanation or exc)) from None
         except requests.RequestException as exc:
             raise ContainerError(f"pull of {ref} failed: {exc}") from None
         info = self.image_info(ref)

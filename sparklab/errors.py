@@ -35,6 +35,10 @@ class ContainerError(SparklabError):
     exit_code = 4
 
 
+class ImageUnavailableError(ContainerError):
+    """The registry has no such image (or refuses it): another tag may still work."""
+
+
 class NotReadyError(ContainerError):
     """The server did not become ready: it exited, or the deadline passed."""
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import secrets
@@ -14,7 +15,7 @@ from pathlib import Path
 from sparklab import preflight
 from sparklab.containers import Docker, ImageInfo, PullCallback, Server
 from sparklab.engines import knowledge
-from sparklab.errors import NotReadyError
+from sparklab.errors import ImageUnavailableError, NotReadyError
 from sparklab.health import wait_ready
 from sparklab.recipes import Recipe, load_recipe, resolve
 from sparklab.render import LaunchOptions, LaunchSpec, render
@@ -66,11 +67,11 @@ def start(p: Plan, docker: Docker, *, pull_policy: str = "missing", allow_foreig
           on_pull: PullCallback | None = None, api_key: str | None = None, detach: bool = False,
           on_wait: Callable[[float], None] | None = None) -> Ready:
     """Pull, run and wait. The returned server is already torn down if anything here fails."""
-    spec = p.spec
     host_arch = docker.host_arch()
-    p.warnings += preflight.check_platform_tag(spec, host_arch, allow_foreign_platform)
-    platform = spec.platform if allow_foreign_platform else None
-    image = docker.ensure_image(spec.image, pull_policy, on_pull, platform)
+    p.warnings += preflight.check_platform_tag(p.spec, host_arch, allow_foreign_platform)
+    platform = p.spec.platform if allow_foreign_platform else None
+    image = _ensure_image(p, docker, pull_policy, on_pull, platform)
+    spec = p.spec
     preflight.raise_errors(preflight.check_image_platform(spec.image, image.architecture, host_arch,
                                                           allow_foreign_platform))
     key = (api_key or secrets.token_urlsafe(24)) if spec.needs_api_key else None
@@ -89,6 +90,24 @@ def start(p: Plan, docker: Docker, *, pull_policy: str = "missing", allow_foreig
         server.stop()
         raise
     return Ready(server, image, seconds, key, facts)
+
+
+def _ensure_image(p: Plan, docker: Docker, policy: str, on_pull: PullCallback | None,
+                  platform: str | None) -> ImageInfo:
+    """Pull the recipe's image; if the registry has no such image, try its alternatives in order."""
+    candidates = [p.spec.image, *p.spec.image_alternatives]
+    for i, ref in enumerate(candidates):
+        try:
+            image = docker.ensure_image(ref, policy, on_pull, platform)
+        except ImageUnavailableError as exc:
+            if i == len(candidates) - 1:
+                raise
+            p.warnings.append(preflight.Finding("warning", f"{exc.message}; trying {candidates[i + 1]}"))
+            continue
+        if ref != p.spec.image:
+            p.spec = dataclasses.replace(p.spec, image=ref)
+        return image
+    raise AssertionError("unreachable")
 
 
 def _facts_after_ready(server: Server, spec: LaunchSpec, settle_s: float = 2.0) -> StartupFacts:

@@ -26,7 +26,7 @@ class PullProgress:
         self.started = False
 
     def update(self, layer: str, status: str, current: int | None, total: int | None) -> None:
-        if not layer or (layer.startswith(("latest", "sha256:")) and not status.startswith(("Download", "Extract"))):
+        if not layer or status.startswith(("Pulling from", "Digest:", "Status:")):
             return
         if not self.started:
             self.progress.start()

@@ -65,6 +65,7 @@ class LaunchSpec:
     kind: str
     method: str
     image: str
+    image_alternatives: tuple[str, ...]  # tried in order when the registry has no `image`
     platform: str | None
     entrypoint: tuple[str, ...]
     argv: tuple[str, ...]
@@ -216,7 +217,9 @@ def render(recipe: Recipe, engine: str | None = None, method: str | None = None,
     safe = re.sub(r"[^a-zA-Z0-9_.-]", "-", f"sparklab-{recipe.name}-{engine_name}-{method}{suffix}")
     return LaunchSpec(
         recipe=recipe.name, recipe_path=recipe.source, engine=engine_name, kind=spec.kind, method=method,
-        image=_image(spec, options.image), platform=spec.platform, entrypoint=tuple(spec.entrypoint),
+        image=_image(spec, options.image),
+        image_alternatives=() if options.image else tuple(spec.image_alternatives), platform=spec.platform,
+        entrypoint=tuple(spec.entrypoint),
         argv=tuple(argv), env=env, secret_env=tuple(secret_env), host=host, port=port, network=spec.network,
         ipc=spec.ipc, shm_size=spec.shm_size, ulimits=ulimits, gpus=gpus, mounts=mounts, labels=labels,
         name=safe[:120], ready_path=known.ready_path,

@@ -207,6 +207,18 @@ def test_pull_error_from_the_stream_is_reported(cli: Cli) -> None:
     assert "pull of 127.0.0.1:5000/sparklab/no-such-image:1 failed" in done.stderr
 
 
+def test_missing_tag_falls_back_to_the_recipes_alternative(cli: Cli) -> None:
+    # Like the SGLang image whose cookbook spelling differs: the first tag is absent, the alternative works.
+    args = [a for a in cli.launch_args(free_port()) if a not in ("--image", cli.image)]
+    done = cli.run("up", "none", "--detach", *args, "--set", "engines.vllm.image=127.0.0.1:5000/sparklab/standin:nope",
+                   "--set", f"engines.vllm.image_alternatives=[{cli.image}]")
+    assert done.returncode == 0, done.stderr
+    assert "pull of 127.0.0.1:5000/sparklab/standin:nope failed" in done.stderr
+    assert f"trying {cli.image}" in done.stderr
+    assert f"image       {cli.image}" in done.stdout
+    assert cli.run("down", field(done.stdout, "container")).returncode == 0
+
+
 def test_sglang_engine_waits_on_health(cli: Cli) -> None:
     done = cli.run("up", "dspark", "--engine", "sglang", "--detach", *cli.launch_args(free_port()))
     assert done.returncode == 0, done.stderr
@@ -216,23 +228,38 @@ def test_sglang_engine_waits_on_health(cli: Cli) -> None:
     assert cli.run("down", name).returncode == 0
 
 
+def _sigkilled_foreground_up(cli: Cli, docker_client, port: int):
+    proc = cli.popen("up", "dspark", *cli.launch_args(port))
+    try:
+        Lines(proc).wait_for("serving in the foreground", timeout=90)
+    finally:
+        proc.kill()  # SIGKILL: no chance to clean up
+        proc.wait(timeout=10)
+    orphan = _ours(docker_client, port)
+    assert len(orphan) == 1 and orphan[0].status == "running"
+    return orphan[0]
+
+
 def test_sigkill_of_the_cli_leaves_an_orphan_that_gc_removes_but_not_a_detached_up(cli: Cli, docker_client) -> None:
     kept = cli.run("up", "none", "--detach", *cli.launch_args(free_port()))
     assert kept.returncode == 0, kept.stderr
     kept_name = field(kept.stdout, "container")
-    port = free_port()
-    proc = cli.popen("up", "dspark", *cli.launch_args(port))
     try:
-        Lines(proc).wait_for("serving in the foreground", timeout=90)
-        proc.kill()  # SIGKILL: no chance to clean up
-        proc.wait(timeout=10)
-        orphan = _ours(docker_client, port)
-        assert len(orphan) == 1 and orphan[0].status == "running"
+        port = free_port()
+        orphan = _sigkilled_foreground_up(cli, docker_client, port)
         assert "gone (gc removes it)" in cli.run("ps").stdout
         gc = cli.run("gc")
         assert gc.returncode == 0
-        assert orphan[0].name in gc.stdout and kept_name not in gc.stdout
+        assert orphan.name in gc.stdout and kept_name not in gc.stdout
         assert _ours(docker_client, port) == []
+
+        # The next start cleans up too, without an explicit gc.
+        orphan = _sigkilled_foreground_up(cli, docker_client, port)
+        again = cli.run("up", "none", "--detach", *cli.launch_args(free_port()))
+        assert again.returncode == 0, again.stderr
+        assert f"removed leftover container {orphan.name}" in again.stderr
+        assert _ours(docker_client, port) == []
+        assert cli.run("down", field(again.stdout, "container")).returncode == 0
         assert docker_client.containers.get(kept_name).status == "running"
     finally:
         cli.run("down", kept_name)
