@@ -6,6 +6,8 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from prometheus_client.parser import text_string_to_metric_families
+
 from sparklab.engines import knowledge
 
 _NUM = r"([\d,]+)"
@@ -95,6 +97,15 @@ def _parse_sglang(text: str, facts: StartupFacts) -> None:
         facts.model_load_seconds = float(m.group(1))
     if m := _SGL_LOAD_MEM.search(text):
         facts.model_load_gib = float(m.group(1))
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """Prometheus text → {sample name: value summed over label sets} (prometheus_client's parser)."""
+    totals: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            totals[sample.name] = totals.get(sample.name, 0.0) + float(sample.value)
+    return totals
 
 
 def explain_failure(kind: str, log_tail: str) -> str | None:

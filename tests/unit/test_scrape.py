@@ -66,3 +66,19 @@ def test_exit_codes() -> None:
     assert "out of memory" in exit_code_meaning(137)
     assert exit_code_meaning(1) == ""
     assert exit_code_meaning(None) == ""
+
+
+def test_metrics_are_parsed_with_prometheus_client() -> None:
+    from sparklab.scrape import parse_metrics
+
+    text = (
+        "# HELP vllm:spec_decode_num_drafts_total Number of spec decoding drafts.\n"
+        "# TYPE vllm:spec_decode_num_drafts_total counter\n"
+        'vllm:spec_decode_num_drafts_total{engine="0",model_name="m"} 21.0\n'
+        "# TYPE vllm:spec_decode_num_accepted_tokens_per_pos_total counter\n"
+        'vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="0"} 20.0\n'
+        'vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="1"} 15.0\n'
+    )
+    values = parse_metrics(text)
+    assert values["vllm:spec_decode_num_drafts_total"] == 21.0
+    assert values["vllm:spec_decode_num_accepted_tokens_per_pos_total"] == 35.0
