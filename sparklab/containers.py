@@ -25,7 +25,7 @@ from docker.types import DeviceRequest, Ulimit
 
 import docker
 from sparklab.errors import ContainerError, ImageUnavailableError
-from sparklab.render import API_KEY_PLACEHOLDER, LaunchSpec
+from sparklab.render import API_KEY_PLACEHOLDER, LaunchSpec, is_secret_name
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +79,41 @@ def _pull_error(ref: str, message: str) -> ContainerError:
                                      "Check the image name and tag, and that you may pull it (docker login).")
     return ContainerError(f"pull of {ref} failed: {message}",
                           "Check registry access, the network and free disk space.")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Secrets never leave a container's logs: engines echo their args (SGLang prints server_args with api_key).
+
+
+def container_secrets(container: Container) -> list[bytes]:
+    """Secret values a container was given: secret-named env values and the value after --api-key."""
+    config = container.attrs.get("Config", {})
+    found: list[str] = []
+    for item in config.get("Env") or []:
+        name, _, value = item.partition("=")
+        if is_secret_name(name) and value:
+            found.append(value)
+    command = list(config.get("Cmd") or [])
+    found += [command[i + 1] for i, arg in enumerate(command[:-1]) if arg == "--api-key"]
+    return [v.encode() for v in found if len(v) >= 4]
+
+
+def redact(data: bytes, secrets: list[bytes]) -> bytes:
+    for secret in secrets:
+        data = data.replace(secret, b"***")
+    return data
+
+
+def redacted_lines(chunks: Iterator[bytes], secrets: list[bytes]) -> Iterator[bytes]:
+    """Re-chunk a log stream into whole lines so a secret split across chunks is still caught."""
+    pending = b""
+    for chunk in chunks:
+        pending += chunk
+        *lines, pending = pending.split(b"\n")
+        for line in lines:
+            yield redact(line + b"\n", secrets)
+    if pending:
+        yield redact(pending, secrets)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -306,10 +341,11 @@ class Docker:
 
     def logs(self, name: str, follow: bool = False, tail: int | str = "all") -> Iterator[bytes]:
         container = self.get(name)
+        secrets = container_secrets(container)
         if follow:
-            yield from container.logs(stream=True, follow=True, tail=tail)
+            yield from redacted_lines(container.logs(stream=True, follow=True, tail=tail), secrets)
         else:
-            yield container.logs(tail=tail)
+            yield redact(container.logs(tail=tail), secrets)
 
 
 def teardown(container: Container, grace_s: float = 10) -> None:
@@ -343,6 +379,7 @@ class Server:
         self.detach = detach
         self.kept = False
         self._log_thread: threading.Thread | None = None
+        self._secrets = container_secrets(container)
         if log_path is not None:
             self._start_log_stream(log_path)
 
@@ -358,8 +395,8 @@ class Server:
             try:
                 stream = self.docker.client.api.logs(container_id, stream=True, follow=True)
                 with path.open("ab") as out:
-                    for chunk in stream:
-                        out.write(chunk)
+                    for line in redacted_lines(stream, self._secrets):
+                        out.write(line)
                         out.flush()
             except (docker.errors.APIError, requests.RequestException, OSError) as exc:
                 log.debug("log stream of %s ended: %s", self.container.name, exc)
@@ -380,7 +417,7 @@ class Server:
 
     def log_tail(self, lines: int = 50) -> str:
         try:
-            return self.container.logs(tail=lines).decode("utf-8", "replace")
+            return redact(self.container.logs(tail=lines), self._secrets).decode("utf-8", "replace")
         except (docker.errors.APIError, requests.RequestException):
             if self.log_path and self.log_path.exists():
                 return "\n".join(self.log_path.read_text("utf-8", "replace").splitlines()[-lines:])
@@ -388,7 +425,7 @@ class Server:
 
     def full_log(self) -> str:
         try:
-            return self.container.logs().decode("utf-8", "replace")
+            return redact(self.container.logs(), self._secrets).decode("utf-8", "replace")
         except (docker.errors.APIError, requests.RequestException):
             return self.log_path.read_text("utf-8", "replace") if self.log_path and self.log_path.exists() else ""
 

@@ -104,6 +104,13 @@ def _check_detached_server(cli: Cli, docker_client, name: str, key: str, port: i
     assert "Application startup complete." in logs.stdout
     assert "--speculative_config.method" in logs.stdout and "dspark" in logs.stdout
     assert "hf_topsecret42" not in logs.stdout and key not in logs.stdout
+    follow = cli.popen("logs", "-f", name)
+    try:
+        Lines(follow).wait_for("Application startup complete.", timeout=20)
+        assert follow.poll() is None, "logs -f should keep following a running server"
+    finally:
+        follow.terminate()
+        follow.wait(timeout=10)
     log_file = (cli.state / "logs" / f"{name}.log").read_text()
     assert "GPU KV cache size: 93,184 tokens" in log_file and "hf_topsecret42" not in log_file
 

@@ -142,3 +142,17 @@ def test_owner_token_tracks_this_process_and_a_dead_one() -> None:
     assert not owner_alive(f"{host}/otherboot/{pid}/{started}")
     assert owner_alive(f"some-other-host/{boot}/{pid}/{started}")  # cannot judge: leave it
     assert not owner_alive("garbage")
+
+
+def test_logs_are_redacted_of_every_secret_the_container_was_given() -> None:
+    from sparklab.containers import container_secrets, redacted_lines
+
+    container = SimpleNamespace(attrs={"Config": {
+        "Env": ["HF_TOKEN=hf_abcdef123", "VLLM_API_KEY=key-987654", "PATH=/usr/bin", "EMPTY_TOKEN="],
+        "Cmd": ["-m", "sglang.launch_server", "--api-key", "sgl-key-555", "--port", "30000"]}})
+    secrets = container_secrets(container)  # type: ignore[arg-type]
+    assert sorted(secrets) == [b"hf_abcdef123", b"key-987654", b"sgl-key-555"]
+    # A secret split across stream chunks is still caught: lines are reassembled first.
+    chunks = [b"server_args=ServerArgs(api_key='sgl-k", b"ey-555', port=30000)\nHF_TOKEN=hf_abcdef123\ntail"]
+    out = b"".join(redacted_lines(iter(chunks), secrets))
+    assert out == b"server_args=ServerArgs(api_key='***', port=30000)\nHF_TOKEN=***\ntail"

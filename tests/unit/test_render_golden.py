@@ -75,3 +75,18 @@ def test_printed_command_matches_golden(recipe: str, engine: str, method: str, m
     # The printed command is valid shell that splits back into the same serve argv.
     assert shlex.split(serve_command(spec).replace('"$SPARKLAB_API_KEY"', "KEY"))[1:] == [
         "KEY" if a.startswith("<redacted") else a for a in spec.argv]
+
+
+def test_digest_pin_and_image_override() -> None:
+    digest = "sha256:" + "0f" * 32
+    recipe = load_recipe(recipes_dir() / "gb10.yaml", [f"engines.vllm.digest={digest}"])
+    assert render(recipe, "vllm", "none").image == f"vllm/vllm-openai:v0.27.1-aarch64@{digest}"
+    assert render(recipe, "vllm", "none").image_alternatives == ("vllm/vllm-openai:v0.27.1",)
+    override = render(recipe, "vllm", "none", LaunchOptions(image="my/img:1"))
+    assert override.image == "my/img:1" and override.image_alternatives == ()
+
+
+def test_sglang_cookbook_spelling_is_an_alternative() -> None:
+    spec = _render("gb10", "sglang", "none")
+    assert spec.image == "lmsysorg/sglang:dev-nemotron3-5-lightning"
+    assert spec.image_alternatives == ("lmsysorg/sglang:dev-nemotron3-5-lighting",)
