@@ -199,9 +199,13 @@ def _print_ready(ready: launch.Ready) -> None:
         per = (f" at {facts.concurrency_tokens_per_request:,} tokens per request"
                if facts.concurrency_tokens_per_request else "")
         lines.append(f"  max concurrency {facts.max_concurrency:.2f}x{per}")
+    if facts.kv_cache_memory_gib is not None:
+        lines.append(f"  KV cache memory {facts.kv_cache_memory_gib:.2f} GiB")
     if facts.model_load_seconds is not None:
         mem = f"{facts.model_load_gib:.2f} GiB in " if facts.model_load_gib is not None else ""
         lines.append(f"  model load      {mem}{facts.model_load_seconds:.1f} s")
+    if facts.engine_init_seconds is not None:
+        lines.append(f"  engine init     {facts.engine_init_seconds:.1f} s (profile, KV cache, warmup)")
     if lines:
         out.print(f"from the {facts.source}:")
         for line in lines:

@@ -14,7 +14,10 @@ _NUM = r"([\d,]+)"
 _VLLM_KV = re.compile(r"GPU KV cache size: " + _NUM + r" tokens")
 _VLLM_CONCURRENCY = re.compile(r"Maximum concurrency for " + _NUM + r" tokens per request: ([\d.]+)x")
 _VLLM_LOAD = re.compile(r"Model loading took ([\d.]+) GiB(?: memory)? and ([\d.]+) seconds")
+_VLLM_WEIGHTS = re.compile(r"Loading weights took ([\d.]+) seconds")  # the CPU build prints only this
 _VLLM_KV_MEMORY = re.compile(r"Available KV cache memory: ([\d.]+) GiB")
+_VLLM_KV_MEMORY_CPU = re.compile(r"Explicitly set \(([\d.]+)/[\d.]+\) GiB for KV cache")
+_VLLM_ENGINE_INIT = re.compile(r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+) s")
 _VLLM_SPEC_BUDGET = re.compile(r"max_num_scheduled_tokens is set to (-?\d+) based on the speculative decoding")
 _SGL_KV = re.compile(r"KV Cache is allocated\. #tokens: " + _NUM)
 _SGL_MAX_TOKENS = re.compile(r"max_total_num_tokens=(\d+)")
@@ -27,6 +30,7 @@ _READY = {
     "sglang": re.compile(r"The server is fired up and ready to roll!"),
 }
 _WARNING = re.compile(r"\bWARNING\b")
+_LOG_PREFIX = re.compile(r"^.*?\bWARNING\b.*?\[[\w.]+:\d+\] ")
 
 
 @dataclass
@@ -39,6 +43,7 @@ class StartupFacts:
     kv_cache_memory_gib: float | None = None
     model_load_seconds: float | None = None
     model_load_gib: float | None = None
+    engine_init_seconds: float | None = None
     max_num_scheduled_tokens: int | None = None
     startup_complete: bool = False
     warnings: list[str] = field(default_factory=list)
@@ -61,8 +66,10 @@ def parse_startup(kind: str, text: str) -> StartupFacts:
         _parse_sglang(text, facts)
     facts.startup_complete = bool(_READY[kind].search(text))
     for line in text.splitlines():
-        if _WARNING.search(line) and line not in facts.warnings:
-            facts.warnings.append(line.strip())
+        if _WARNING.search(line):
+            message = _LOG_PREFIX.sub("", line).strip()  # the same warning comes from several processes
+            if message not in facts.warnings:
+                facts.warnings.append(message)
     return facts
 
 
@@ -75,8 +82,12 @@ def _parse_vllm(text: str, facts: StartupFacts) -> None:
     if m := _VLLM_LOAD.search(text):
         facts.model_load_gib = float(m.group(1))
         facts.model_load_seconds = float(m.group(2))
-    if m := _VLLM_KV_MEMORY.search(text):
+    elif m := _VLLM_WEIGHTS.search(text):
+        facts.model_load_seconds = float(m.group(1))
+    if m := _VLLM_KV_MEMORY.search(text) or _VLLM_KV_MEMORY_CPU.search(text):
         facts.kv_cache_memory_gib = float(m.group(1))
+    if m := _VLLM_ENGINE_INIT.search(text):
+        facts.engine_init_seconds = float(m.group(1))
     if m := _VLLM_SPEC_BUDGET.search(text):
         facts.max_num_scheduled_tokens = int(m.group(1))
         facts.advice.append(

@@ -2,104 +2,20 @@
 
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
-import sys
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.docker
+from tests.dockerkit import Cli, docker_client, image_from_env, make_cli, no_container_left_behind
 
-
-def _missing(what: str) -> None:
-    message = f"{what}; run `bash scripts/test.sh` (it starts dockerd and the registry and builds the images)"
-    if os.environ.get("CI"):
-        pytest.fail(f"CI must run the Docker tier, but {message}")
-    pytest.skip(message)
-
-
-@pytest.fixture(scope="session")
-def docker_client():
-    import docker
-
-    try:
-        client = docker.from_env()
-        client.ping()
-    except Exception as exc:
-        _missing(f"no Docker engine is reachable ({exc})")
-    return client
+__all__ = ["docker_client", "no_container_left_behind"]
 
 
 @pytest.fixture(scope="session")
 def standin_image(docker_client) -> str:
-    image = os.environ.get("SPARKLAB_TEST_STANDIN_IMAGE")
-    if not image:
-        _missing("SPARKLAB_TEST_STANDIN_IMAGE is not set")
-    return image
-
-
-def ulimit_args() -> list[str]:
-    """Restricted hosts (such as this sandbox) cap RLIMIT_MEMLOCK; ask for what the host allows."""
-    import resource
-
-    hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)[1]
-    return [] if hard == resource.RLIM_INFINITY else ["--ulimit", f"memlock={hard}"]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def sparklab_containers(client) -> set[str]:
-    return {c.name for c in client.containers.list(all=True, filters={"label": "sparklab"})}
-
-
-@pytest.fixture(autouse=True)
-def no_container_left_behind(request, docker_client) -> Iterator[None]:
-    """Every Docker test must leave no sparklab container it started."""
-    before = sparklab_containers(docker_client)
-    yield
-    left = sparklab_containers(docker_client) - before
-    for name in left:  # clean up so one failure does not cascade, then fail loudly
-        subprocess.run(["docker", "rm", "-f", name], capture_output=True)
-    assert not left, f"{request.node.name} left containers behind: {sorted(left)}"
-
-
-@dataclass
-class Cli:
-    """Runs `python -m sparklab` as a user would, with its own state dir and HF cache."""
-
-    image: str
-    state: Path
-    hf_cache: Path
-
-    def env(self, **extra: str) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if k not in ("HF_TOKEN", "SPARKLAB_API_KEY")}
-        env.update({"SPARKLAB_STATE": str(self.state), "COLUMNS": "200", **extra})
-        return env
-
-    def launch_args(self, port: int, *extra: str) -> list[str]:
-        return ["--image", self.image, "--no-gpus", "--hf-cache", str(self.hf_cache), "--port", str(port),
-                "--set", "gpu_memory_utilization=0.01", *ulimit_args(), *extra]
-
-    def run(self, *args: str, timeout: float = 120, env: dict[str, str] | None = None
-            ) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "sparklab", *args], capture_output=True, text=True,
-                              timeout=timeout, env=env or self.env())
-
-    def popen(self, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
-        return subprocess.Popen([sys.executable, "-m", "sparklab", *args], stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, env=env or self.env())
+    return image_from_env("SPARKLAB_TEST_STANDIN_IMAGE")
 
 
 @pytest.fixture
 def cli(standin_image: str, tmp_path: Path) -> Cli:
-    hf = tmp_path / "hf-cache"
-    hf.mkdir()
-    return Cli(standin_image, tmp_path / "state", hf)
+    return make_cli(standin_image, tmp_path)

@@ -5,58 +5,19 @@ Every failure path ends with no sparklab container left (the autouse fixture che
 
 from __future__ import annotations
 
-import queue
 import re
 import signal
 import socket
 import subprocess
-import threading
 import time
 
 import openai
 import pytest
 import requests
 
-from tests.docker.conftest import Cli, free_port, sparklab_containers
+from tests.dockerkit import Cli, Lines, field, free_port, sparklab_containers
 
 pytestmark = pytest.mark.docker
-
-
-class Lines:
-    """Collects a process's stdout lines in a thread so a test can wait for one."""
-
-    def __init__(self, proc: subprocess.Popen[str]) -> None:
-        self.proc = proc
-        self.lines: list[str] = []
-        self.queue: queue.Queue[str] = queue.Queue()
-        threading.Thread(target=self._pump, daemon=True).start()
-
-    def _pump(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.queue.put(line)
-
-    def wait_for(self, text: str, timeout: float = 60) -> str:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                line = self.queue.get(timeout=0.2)
-            except queue.Empty:
-                if self.proc.poll() is not None and self.queue.empty():
-                    break
-                continue
-            self.lines.append(line)
-            if text in line:
-                return line
-        stderr = self.proc.stderr.read() if self.proc.poll() is not None and self.proc.stderr else ""
-        raise AssertionError(f"never saw {text!r}; stdout so far: {''.join(self.lines)}\nstderr: {stderr}")
-
-
-def field(out: str, label: str) -> str:
-    """A value from `sparklab up`'s ready report, e.g. the line `  container   NAME`."""
-    match = re.search(rf"^  {label}\s+(\S+)", out, re.MULTILINE)
-    assert match, f"no {label!r} line in:\n{out}"
-    return match.group(1)
 
 
 def _ours(docker_client, port: int) -> list:

@@ -9,24 +9,21 @@ from typing import Any
 
 import pytest
 
-from tests.docker.conftest import Cli, _missing
+from tests.dockerkit import Cli, docker_client, image_from_env, make_cli, no_container_left_behind
+
+__all__ = ["docker_client", "no_container_left_behind"]
 
 MEASURED: dict[str, Any] = {}
 
 
 @pytest.fixture(scope="session")
 def vllm_cpu_image(docker_client) -> str:
-    image = os.environ.get("SPARKLAB_TEST_VLLM_CPU_IMAGE")
-    if not image:
-        _missing("SPARKLAB_TEST_VLLM_CPU_IMAGE is not set (build it with docker/vllm-cpu/build.sh)")
-    return image
+    return image_from_env("SPARKLAB_TEST_VLLM_CPU_IMAGE", " (build it with docker/vllm-cpu/build.sh)")
 
 
 @pytest.fixture
 def engine_cli(vllm_cpu_image: str, tmp_path: Path) -> Cli:
-    hf = tmp_path / "hf-cache"
-    hf.mkdir()
-    return Cli(vllm_cpu_image, tmp_path / "state", hf)
+    return make_cli(vllm_cpu_image, tmp_path)
 
 
 @pytest.fixture

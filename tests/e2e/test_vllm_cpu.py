@@ -9,8 +9,7 @@ import pytest
 import requests
 
 from sparklab.scrape import parse_metrics
-from tests.docker.conftest import Cli, free_port, sparklab_containers
-from tests.docker.test_lifecycle import field
+from tests.dockerkit import Cli, field, free_port, sparklab_containers
 
 pytestmark = pytest.mark.engine
 

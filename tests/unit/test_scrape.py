@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from sparklab.scrape import exit_code_meaning, explain_failure, parse_startup
 
 VLLM_LOG = """\
@@ -33,7 +35,7 @@ def test_vllm_facts() -> None:
     assert facts.max_num_scheduled_tokens == 2032
     assert facts.startup_complete
     assert "raise --max-num-batched-tokens" in facts.advice[0]
-    assert len(facts.warnings) == 1 and "max_num_scheduled_tokens" in facts.warnings[0]
+    assert len(facts.warnings) == 1 and facts.warnings[0].startswith("max_num_scheduled_tokens is set to 2032")
     assert facts.source == "vllm startup log"
 
 
@@ -82,3 +84,21 @@ def test_metrics_are_parsed_with_prometheus_client() -> None:
     values = parse_metrics(text)
     assert values["vllm:spec_decode_num_drafts_total"] == 21.0
     assert values["vllm:spec_decode_num_accepted_tokens_per_pos_total"] == 35.0
+
+
+SAMPLES = Path(__file__).resolve().parents[2] / "docker" / "vllm-cpu" / "sample-logs"
+
+
+def test_real_vllm_0_27_1_cpu_startup_log() -> None:
+    """Lines captured from the real engine (docker/vllm-cpu/sample-logs), not written by hand."""
+    facts = parse_startup("vllm", (SAMPLES / "ngram-startup.log").read_text())
+    assert facts.kv_cache_tokens == 46_592
+    assert facts.max_concurrency == 22.75 and facts.concurrency_tokens_per_request == 2_048
+    assert facts.model_load_seconds == 0.33 and facts.model_load_gib is None  # the CPU build omits GiB
+    assert facts.kv_cache_memory_gib == 2.0
+    assert facts.engine_init_seconds == 5.71
+    assert facts.max_num_scheduled_tokens == 2048 and len(facts.advice) == 1
+    assert facts.startup_complete
+    assert sum("max_num_scheduled_tokens" in w for w in facts.warnings) == 1  # deduplicated across processes
+    plain = parse_startup("vllm", (SAMPLES / "plain-startup.log").read_text())
+    assert plain.kv_cache_tokens == 46_592 and plain.max_num_scheduled_tokens is None and plain.startup_complete
