@@ -92,6 +92,36 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true", help="render and preflight only")
     p.set_defaults(func=cmd_up)
 
+    p = sub.add_parser("bench", help="benchmark an OpenAI-compatible endpoint (or a sparklab server)")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--url", help="endpoint, e.g. http://127.0.0.1:8000/v1")
+    where.add_argument("--container", metavar="NAME",
+                       help="a running `sparklab up` server (default: the only one); its key is used")
+    p.add_argument("--api-key", help="API key for --url (or set SPARKLAB_API_KEY)")
+    p.add_argument("--model", help="model name (default: the first in /v1/models)")
+    p.add_argument("-w", "--workload", default="seed", help="built-in workload or a JSONL file (default: seed)")
+    p.add_argument("-c", "--concurrency", type=int, default=1, help="requests in flight (default 1)")
+    amount = p.add_mutually_exclusive_group()
+    amount.add_argument("-n", "--requests", type=int, help="measured requests (default 10)")
+    amount.add_argument("--duration", type=float, metavar="SECONDS", help="send requests for this long instead")
+    p.add_argument("--rate", type=float, metavar="REQ_PER_S", help="Poisson arrivals instead of a closed loop")
+    p.add_argument("--warmup", type=int, default=2, help="requests before the window, excluded (default 2)")
+    p.add_argument("--max-tokens", type=int, default=2048)
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--top-p", type=float, default=0.95)
+    p.add_argument("--ignore-eos", action="store_true", help="generate max-tokens tokens (vLLM, SGLang)")
+    p.add_argument("--min-tokens", type=int, help="at least this many tokens before EOS")
+    p.add_argument("--thinking", choices=["on", "off", "default"], default="off",
+                   help="chat_template_kwargs.enable_thinking (default off, as seed 000)")
+    p.add_argument("--seed", type=int, help="sampling seed sent with each request")
+    p.add_argument("--no-stream", dest="stream", action="store_false",
+                   help="non-streaming requests: seed 000's bench.py exactly (no TTFT or ITL)")
+    p.add_argument("--no-token-ids", dest="token_ids", action="store_false",
+                   help="do not ask for per-chunk token ids (then tokens per chunk are estimated)")
+    p.add_argument("--request-timeout", type=float, default=1800, metavar="SECONDS")
+    p.add_argument("--json", dest="json_path", type=Path, metavar="FILE", help="write the result here")
+    p.set_defaults(func=cmd_bench)
+
     p = sub.add_parser("down", help="stop and remove sparklab servers")
     p.add_argument("name", nargs="?", help="container name (see `sparklab ps`)")
     p.add_argument("--all", action="store_true", help="every sparklab container")
@@ -212,6 +242,44 @@ def _print_ready(ready: launch.Ready) -> None:
             out.print(line)
     for advice in facts.advice:
         out.print("[yellow]advice:[/] " + escape(advice), markup=True)
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    import json
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from sparklab import bench
+    from sparklab.client import Sampling
+    from sparklab.console import bench_result
+    from sparklab.workloads import load_workload
+
+    if args.url:
+        endpoint = bench.Endpoint.from_url(args.url, args.api_key or os.environ.get("SPARKLAB_API_KEY"), args.model)
+    else:
+        from sparklab.containers import Docker
+
+        url, key, name = Docker().endpoint_of(args.container)
+        err.print(f"benchmarking {name} at {url}")
+        endpoint = bench.Endpoint.from_url(url, key, args.model)
+    requests = args.requests if args.requests is not None or args.duration is not None else 10
+    load = bench.Load(concurrency=args.concurrency, requests=requests, duration_s=args.duration,
+                      rate=args.rate, warmup=args.warmup, stream=args.stream)
+    thinking = {"on": True, "off": False, "default": None}[args.thinking]
+    sampling = Sampling(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
+                        ignore_eos=args.ignore_eos, min_tokens=args.min_tokens, enable_thinking=thinking,
+                        seed=args.seed, token_ids=args.token_ids)
+    workload = load_workload(args.workload)
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=err, transient=True) as progress:
+        task = progress.add_task(f"{workload.name} c={load.concurrency}", total=load.requests)
+        result = bench.run(endpoint, workload, sampling, load, on_done=lambda r: progress.advance(task),
+                           request_timeout_s=args.request_timeout)
+    out.print(bench_result(result))
+    if args.json_path:
+        args.json_path.write_text(json.dumps(result, indent=1))
+        out.print(f"result written to {args.json_path} (schema {result['schema']})")
+    return 0 if result["summary"]["requests"]["ok"] else 5
 
 
 def cmd_down(args: argparse.Namespace) -> int:

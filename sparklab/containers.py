@@ -238,10 +238,9 @@ class Docker:
         """Create and start the container. On any failure the container is removed before raising."""
         env = dict(spec.env)
         for name in spec.secret_env:
-            if name in secrets:
-                env[name] = secrets[name]
-            elif name in os.environ:
-                env[name] = os.environ[name]
+            value = secrets.get(name) or spec.secret_values.get(name) or os.environ.get(name)
+            if value is not None:
+                env[name] = value
         api_key = secrets.get("api_key", "")
         command = [api_key if a == API_KEY_PLACEHOLDER else a for a in (*spec.entrypoint[1:], *spec.argv)]
         labels = {**spec.labels, OWNER: owner_token(), DETACHED: "1" if detach else "0"}
@@ -325,6 +324,25 @@ class Docker:
 
     def remove(self, name: str, grace_s: float = 10) -> None:
         teardown(self.get(name), grace_s)
+
+    def endpoint_of(self, name: str | None) -> tuple[str, str | None, str]:
+        """(endpoint, API key, name) of a running sparklab server: the named one, or the only one."""
+        if name is None:
+            running = [c.name for c in self.containers(include_stopped=False)]
+            if len(running) != 1:
+                names = ", ".join(running) or "none"
+                raise ContainerError(f"say which server to use (running sparklab servers: {names})",
+                                     "Pass --container NAME, or --url URL for any OpenAI-compatible endpoint.")
+            name = running[0]
+        container = self.get(name)
+        if container.status != "running":
+            raise ContainerError(f"{name} is not running ({container.status})", "Start it again: sparklab up …")
+        config = container.attrs.get("Config", {})
+        env = dict(item.partition("=")[::2] for item in config.get("Env") or [])
+        command = list(config.get("Cmd") or [])
+        key = env.get("VLLM_API_KEY") or next(
+            (command[i + 1] for i, arg in enumerate(command[:-1]) if arg == "--api-key"), None)
+        return container.labels.get("sparklab.endpoint", ""), key, name
 
     def orphans(self) -> list[ContainerInfo]:
         """Containers left behind by a sparklab process that no longer runs (never detached ones)."""

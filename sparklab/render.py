@@ -21,7 +21,8 @@ from sparklab.errors import RecipeError
 from sparklab.recipes import METHOD_ARGS_MARKER, EngineSpec, Recipe
 
 API_KEY_PLACEHOLDER = "<redacted:api-key>"
-_SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSWORD|API_KEY|_KEY$|^KEY$", re.IGNORECASE)
+# HF_TOKEN, GITHUB_TOKEN, VLLM_API_KEY, AWS_SECRET_ACCESS_KEY, DB_PASSWORD…, but not STANDIN_REASONING_TOKENS.
+_SECRET_NAME = re.compile(r"(^|_)(TOKEN|SECRET|PASSWORD|PASSWD|KEY|CREDENTIALS?)$", re.IGNORECASE)
 PASSTHROUGH_ENV = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
 
 
@@ -70,7 +71,7 @@ class LaunchSpec:
     entrypoint: tuple[str, ...]
     argv: tuple[str, ...]
     env: dict[str, str]
-    secret_env: tuple[str, ...]  # names whose values are supplied at launch, never stored
+    secret_env: tuple[str, ...]  # names whose values are supplied at launch, never printed or stored
     host: str
     port: int
     network: str
@@ -89,7 +90,8 @@ class LaunchSpec:
     api_key_env: str | None = None  # the env var that carries the API key to the engine, if any
     public: bool = False
     hf_cache: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
+    # Secret values given as --env NAME=VALUE: only containers.launch reads them; never printed or stored.
+    secret_values: dict[str, str] = field(default_factory=dict, repr=False)
 
     @property
     def endpoint(self) -> str:
@@ -153,20 +155,24 @@ def _image(spec: EngineSpec, override: str | None) -> str:
 
 
 def _env(spec: EngineSpec, method_env: dict[str, str], options: LaunchOptions, context: dict[str, Any],
-         where: str) -> tuple[dict[str, str], list[str]]:
+         where: str) -> tuple[dict[str, str], list[str], dict[str, str]]:
+    """(plain env, names passed without printing their value, secret values given on the command line)."""
     env = {k: _render_one(v, context, f"{where}.env.{k}") for k, v in {**spec.env, **method_env}.items()}
-    secret_names: list[str] = [name for name in PASSTHROUGH_ENV if os.environ.get(name)]
+    hidden: list[str] = [name for name in PASSTHROUGH_ENV if os.environ.get(name)]
+    secret_values: dict[str, str] = {}
     for item in options.env:
         name, eq, value = item.partition("=")
         if not name or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
             raise RecipeError(f"--env {item!r}: not a valid variable name",
                               "Use --env NAME=VALUE, or --env NAME to pass the host's value through.")
-        if is_secret_name(name) or not eq:
-            secret_names.append(name)
-            env.pop(name, None)
-        else:
+        if eq and not is_secret_name(name):
             env[name] = value
-    return env, list(dict.fromkeys(secret_names))
+            continue
+        hidden.append(name)  # the host's value at launch, or the secret given here; never printed
+        env.pop(name, None)
+        if eq:
+            secret_values[name] = value
+    return env, list(dict.fromkeys(hidden)), secret_values
 
 
 def render(recipe: Recipe, engine: str | None = None, method: str | None = None,
@@ -194,7 +200,7 @@ def render(recipe: Recipe, engine: str | None = None, method: str | None = None,
     if options.api_key:
         argv.extend(known.api_key_args(API_KEY_PLACEHOLDER))
     where = f"{recipe.source}: engines.{engine_name}"
-    env, secret_env = _env(spec, spec.methods[method].env, options, context, where)
+    env, secret_env, secret_values = _env(spec, spec.methods[method].env, options, context, where)
     api_key_env = known.api_key_env if options.api_key else None
     if api_key_env:
         secret_env.append(api_key_env)
@@ -225,7 +231,7 @@ def render(recipe: Recipe, engine: str | None = None, method: str | None = None,
         name=safe[:120], ready_path=known.ready_path,
         ready_timeout_s=options.ready_timeout_s or spec.ready_timeout_s,
         speculative=known.speculative(argv), recipe_argv_len=recipe_argv_len,
-        needs_api_key=options.api_key, api_key_env=api_key_env, public=options.public,
+        needs_api_key=options.api_key, api_key_env=api_key_env, public=options.public, secret_values=secret_values,
         hf_cache=str(options.hf_cache) if spec.mount_hf_cache else None,
     )
 

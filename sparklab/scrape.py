@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import re
+import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import requests
 from prometheus_client.parser import text_string_to_metric_families
 
 from sparklab.engines import knowledge
@@ -117,6 +119,73 @@ def parse_metrics(text: str) -> dict[str, float]:
         for sample in family.samples:
             totals[sample.name] = totals.get(sample.name, 0.0) + float(sample.value)
     return totals
+
+
+_SPEC = {
+    "vllm:spec_decode_num_drafts_total": "drafts",
+    "vllm:spec_decode_num_draft_tokens_total": "draft_tokens",
+    "vllm:spec_decode_num_accepted_tokens_total": "accepted",
+}
+_PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+
+
+def spec_counters(text: str) -> dict[str, Any]:
+    """vLLM's speculative-decoding counters (summed over engines), per-position by position label.
+
+    Matched on sample names, so it does not depend on how the exposition declares the family.
+    Empty when the server has no speculative config (vLLM registers them only then).
+    """
+    out: dict[str, Any] = {}
+    per_position: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if key := _SPEC.get(sample.name):
+                out[key] = out.get(key, 0.0) + float(sample.value)
+            elif sample.name == _PER_POSITION:
+                pos = sample.labels.get("position", "0")
+                per_position[pos] = per_position.get(pos, 0.0) + float(sample.value)
+    if out:
+        out["per_position"] = per_position
+    return out
+
+
+def _headers(api_key: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+def get_json(url: str, api_key: str | None, timeout_s: float = 10) -> Any:
+    from sparklab.errors import SparklabError
+
+    try:
+        response = requests.get(url, headers=_headers(api_key), timeout=timeout_s)
+    except requests.RequestException as exc:
+        raise SparklabError(f"cannot reach {url}: {exc}", "Is the server up? Check --url (sparklab ps).") from None
+    if response.status_code in (401, 403):
+        raise SparklabError(f"{url} answered {response.status_code}: wrong or missing API key",
+                            "Pass --api-key (sparklab up printed it) or use --container NAME.")
+    if response.status_code != 200:
+        raise SparklabError(f"{url} answered HTTP {response.status_code}")
+    return response.json()
+
+
+def server_snapshot(root: str, api_key: str | None) -> dict[str, Any]:
+    """Server-side counters at one instant: vLLM's /metrics and SGLang's /server_info, whichever answer."""
+    snap: dict[str, Any] = {"at": time.time()}
+    try:
+        response = requests.get(root + "/metrics", headers=_headers(api_key), timeout=10)
+        if response.status_code == 200:
+            snap["spec"] = spec_counters(response.text)
+            snap["generation_tokens"] = parse_metrics(response.text).get("vllm:generation_tokens_total")
+    except (requests.RequestException, ValueError) as exc:
+        snap["metrics_error"] = str(exc)
+    try:
+        response = requests.get(root + "/server_info", headers=_headers(api_key), timeout=10)
+        if response.status_code == 200:
+            states = response.json().get("internal_states") or [{}]
+            snap["sglang_avg_spec_accept_length"] = states[0].get("avg_spec_accept_length")
+    except (requests.RequestException, ValueError):
+        pass
+    return snap
 
 
 def explain_failure(kind: str, log_tail: str) -> str | None:

@@ -336,7 +336,8 @@ class App:
                 self.metrics.chunk(k)
                 if stream:
                     done = reason if pos + k >= len(words) else None
-                    self.sse(h, base, self.delta(words, pos, k, n_reason), done, chat)
+                    ids = list(range(1000 + pos, 1000 + pos + k)) if body.get("return_token_ids") else None
+                    self.sse(h, base, self.delta(words, pos, k, n_reason), done, chat, ids)
                 pos, c = pos + k, c + 1
             self.metrics.finish(prompt, reason)
             if stream:
@@ -371,11 +372,14 @@ class App:
         return out
 
     @staticmethod
-    def sse(h: Handler, base: dict[str, Any], delta: dict[str, str], finish: str | None, chat: bool) -> None:
+    def sse(h: Handler, base: dict[str, Any], delta: dict[str, str], finish: str | None, chat: bool,
+            token_ids: list[int] | None = None) -> None:
         if chat:
             choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
         else:
             choice = {"index": 0, "text": "".join(delta.values()), "finish_reason": finish}
+        if token_ids is not None:  # vLLM's return_token_ids: the chunk's token ids
+            choice["token_ids"] = token_ids
         h.wfile.write(f"data: {json.dumps({**base, 'choices': [choice]})}\n\n".encode())
         h.wfile.flush()
 

@@ -29,7 +29,8 @@ def test_up_detached_pulls_from_the_registry_then_ps_logs_chat_down(cli: Cli, do
     # Remove the local copy so `up` really pulls it from 127.0.0.1:5000.
     subprocess.run(["docker", "rmi", "-f", cli.image], capture_output=True)
     port = free_port()
-    done = cli.run("up", "dspark", "--detach", *cli.launch_args(port), env=cli.env(HF_TOKEN="hf_topsecret42"))
+    done = cli.run("up", "dspark", "--detach", *cli.launch_args(port, "-e", "MY_API_KEY=cli-secret-77"),
+                   env=cli.env(HF_TOKEN="hf_topsecret42"))
     assert done.returncode == 0, done.stderr
     out = done.stdout
     name = field(out, "container")
@@ -40,7 +41,7 @@ def test_up_detached_pulls_from_the_registry_then_ps_logs_chat_down(cli: Cli, do
         assert "max concurrency 1.42x at 65,536 tokens per request" in out  # 93,184 / 65,536
         assert "advice: vLLM capped max_num_scheduled_tokens" in out  # the speculative budget warning
         key = field(out, "api key")
-        assert "hf_topsecret42" not in out + done.stderr
+        assert "hf_topsecret42" not in out + done.stderr and "cli-secret-77" not in out + done.stderr
         _check_detached_server(cli, docker_client, name, key, port)
     finally:
         down = cli.run("down", name)
@@ -58,6 +59,7 @@ def _check_detached_server(cli: Cli, docker_client, name: str, key: str, port: i
     assert {u["Name"] for u in container.attrs["HostConfig"]["Ulimits"]} == {"memlock", "stack"}
     env = dict(e.split("=", 1) for e in container.attrs["Config"]["Env"])
     assert env["HF_TOKEN"] == "hf_topsecret42" and env["VLLM_API_KEY"] == key
+    assert env["MY_API_KEY"] == "cli-secret-77"
 
     ps = cli.run("ps")
     assert name in ps.stdout and "detached" in ps.stdout

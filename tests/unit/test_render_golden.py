@@ -90,3 +90,22 @@ def test_sglang_cookbook_spelling_is_an_alternative() -> None:
     spec = _render("gb10", "sglang", "none")
     assert spec.image == "lmsysorg/sglang:dev-nemotron3-5-lightning"
     assert spec.image_alternatives == ("lmsysorg/sglang:dev-nemotron3-5-lighting",)
+
+
+@pytest.mark.parametrize(("name", "secret"), [
+    ("HF_TOKEN", True), ("HUGGING_FACE_HUB_TOKEN", True), ("VLLM_API_KEY", True), ("AWS_SECRET_ACCESS_KEY", True),
+    ("DB_PASSWORD", True), ("STANDIN_REASONING_TOKENS", False), ("VLLM_CPU_KVCACHE_SPACE", False),
+    ("MAX_TOKENS", False), ("KEYBOARD", False),
+])
+def test_secret_names(name: str, secret: bool) -> None:
+    from sparklab.render import is_secret_name
+
+    assert is_secret_name(name) is secret
+
+
+def test_secret_values_travel_to_the_launch_but_are_never_shown() -> None:
+    spec = _render("gb10", "vllm", "none", env=("MY_API_KEY=sekret-123", "PLAIN=1", "PASSED"))
+    assert spec.secret_values == {"MY_API_KEY": "sekret-123"}
+    assert spec.env["PLAIN"] == "1" and "MY_API_KEY" not in spec.env
+    assert {"MY_API_KEY", "PASSED"} <= set(spec.secret_env)
+    assert "sekret-123" not in repr(spec) and "sekret-123" not in docker_command(spec)

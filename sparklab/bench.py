@@ -1,0 +1,198 @@
+"""One benchmark cell: warmup, then a measured load (closed loop or Poisson), server counters around it.
+
+The result is a self-describing dict (schema `sparklab.bench/1`): settings, how it was measured, the
+summary, the server's speculative-decoding counters, and every request with times relative to the window.
+It never contains the API key.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+import openai
+
+from sparklab import __version__, metrics, scrape
+from sparklab.client import ChatClient, RequestRecord, Sampling
+from sparklab.errors import SparklabError
+from sparklab.workloads import Workload
+
+SCHEMA = "sparklab.bench/1"
+
+
+@dataclass(frozen=True)
+class Load:
+    concurrency: int = 1
+    requests: int | None = 10
+    duration_s: float | None = None
+    rate: float | None = None  # requests/s, Poisson arrivals; concurrency then caps requests in flight
+    warmup: int = 2
+    stream: bool = True
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.concurrency < 1:
+            raise SparklabError(f"--concurrency must be at least 1, got {self.concurrency}")
+        if (self.requests is None) == (self.duration_s is None):
+            raise SparklabError("give either a request count (--requests) or a duration (--duration)")
+        if self.requests is not None and self.requests < 1:
+            raise SparklabError(f"--requests must be at least 1, got {self.requests}")
+        if self.rate is not None and self.rate <= 0:
+            raise SparklabError(f"--rate must be positive, got {self.rate}")
+        if self.warmup < 0:
+            raise SparklabError(f"--warmup cannot be negative, got {self.warmup}")
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    root: str  # http://host:port, without /v1
+    api_key: str | None = None
+    model: str | None = None
+
+    @staticmethod
+    def from_url(url: str, api_key: str | None = None, model: str | None = None) -> Endpoint:
+        root = url.rstrip("/")
+        root = root[: -len("/v1")] if root.endswith("/v1") else root
+        if not root.startswith(("http://", "https://")):
+            raise SparklabError(f"--url {url!r} is not an http(s) URL", "Example: --url http://127.0.0.1:8000/v1")
+        return Endpoint(root, api_key, model)
+
+
+Progress = Callable[[RequestRecord], None]
+
+
+async def _closed_loop(client: ChatClient, workload: Workload, sampling: Sampling, load: Load,
+                       on_done: Progress | None) -> list[RequestRecord]:
+    """N workers, each sending its next request as soon as its previous one finishes."""
+    records: list[RequestRecord] = []
+    counter = iter(range(10**12))
+    deadline = time.perf_counter() + load.duration_s if load.duration_s else None
+
+    async def worker() -> None:
+        while True:
+            index = next(counter)
+            if load.requests is not None and index >= load.requests:
+                return
+            if deadline is not None and time.perf_counter() >= deadline:
+                return
+            prompt = workload.prompt(index)
+            record = await client.request(index, prompt.id, list(prompt.messages), sampling, load.stream)
+            records.append(record)
+            if on_done:
+                on_done(record)
+
+    await asyncio.gather(*(worker() for _ in range(load.concurrency)))
+    return records
+
+
+async def _poisson(client: ChatClient, workload: Workload, sampling: Sampling, load: Load,
+                   on_done: Progress | None) -> list[RequestRecord]:
+    """Arrivals at exponential intervals (mean 1/rate); at most `concurrency` in flight."""
+    records: list[RequestRecord] = []
+    rng = random.Random(load.seed)
+    gate = asyncio.Semaphore(load.concurrency)
+    started = time.perf_counter()
+
+    async def one(index: int) -> None:
+        async with gate:
+            prompt = workload.prompt(index)
+            record = await client.request(index, prompt.id, list(prompt.messages), sampling, load.stream)
+        records.append(record)
+        if on_done:
+            on_done(record)
+
+    tasks = []
+    index, at = 0, 0.0
+    while load.requests is None or index < load.requests:
+        at += rng.expovariate(load.rate or 1.0)
+        if load.duration_s is not None and at >= load.duration_s:
+            break
+        await asyncio.sleep(max(0.0, started + at - time.perf_counter()))
+        tasks.append(asyncio.create_task(one(index)))
+        index += 1
+    await asyncio.gather(*tasks)
+    return records
+
+
+async def _run(endpoint: Endpoint, model: str, workload: Workload, sampling: Sampling, load: Load,
+               on_done: Progress | None, request_timeout_s: float) -> dict[str, Any]:
+    client = ChatClient(endpoint.root + "/v1", endpoint.api_key, model, timeout_s=request_timeout_s)
+    try:
+        warmup = []
+        for i in range(load.warmup):  # sequential, like seed 000's bench.py
+            prompt = workload.prompt(i)
+            warmup.append(await client.request(i, prompt.id, list(prompt.messages), sampling, load.stream,
+                                               warmup=True))
+        before = await asyncio.to_thread(scrape.server_snapshot, endpoint.root, endpoint.api_key)
+        window_start = time.perf_counter()
+        runner = _poisson if load.rate else _closed_loop
+        measured = await runner(client, workload, sampling, load, on_done)
+        window_end = max([r.end for r in measured], default=time.perf_counter())
+        after = await asyncio.to_thread(scrape.server_snapshot, endpoint.root, endpoint.api_key)
+    finally:
+        await client.close()
+    records = warmup + sorted(measured, key=lambda r: r.index)
+    return _result(endpoint, model, workload, sampling, load, records, (window_start, window_end),
+                   before, after)
+
+
+def discover_model(endpoint: Endpoint) -> str:
+    """The first model the server lists, when the user did not name one."""
+    models = scrape.get_json(endpoint.root + "/v1/models", endpoint.api_key)
+    data = models.get("data") if isinstance(models, dict) else None
+    if not data:
+        raise SparklabError(f"{endpoint.root}/v1/models lists no model", "Name one with --model.")
+    return str(data[0]["id"])
+
+
+def run(endpoint: Endpoint, workload: Workload, sampling: Sampling, load: Load,
+        on_done: Progress | None = None, request_timeout_s: float = 1800) -> dict[str, Any]:
+    model = endpoint.model or discover_model(endpoint)
+    try:
+        return asyncio.run(_run(endpoint, model, workload, sampling, load, on_done, request_timeout_s))
+    except openai.OpenAIError as exc:
+        raise SparklabError(f"benchmark against {endpoint.root} failed: {exc}") from None
+
+
+def _relative(record: RequestRecord, origin: float) -> dict[str, Any]:
+    data = record.as_dict()
+    for key in ("start", "end", "first_chunk", "first_token", "first_content"):
+        if data[key] is not None:
+            data[key] = round(data[key] - origin, 6)
+    data["chunk_times"] = [round(t - origin, 6) for t in record.chunk_times]
+    return data
+
+
+def _result(endpoint: Endpoint, model: str, workload: Workload, sampling: Sampling, load: Load,
+            records: list[RequestRecord], window: tuple[float, float], before: dict[str, Any],
+            after: dict[str, Any]) -> dict[str, Any]:
+    summary = metrics.summarize(records, window)
+    return {
+        "schema": SCHEMA,
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "endpoint": endpoint.root,
+        "model": model,
+        "workload": {"name": workload.name, "description": workload.description,
+                     "prompts": len(workload.prompts)},
+        "sampling": asdict(sampling),
+        "load": asdict(load),
+        "measurement": {
+            "window": "from the first measured request's start to the last one's end (client perf_counter)",
+            "window_s": window[1] - window[0],
+            "warmup_requests_excluded": load.warmup,
+            "token_source": summary["token_sources"],
+            "client": f"sparklab {__version__} (openai {openai.__version__} streaming response, SSE lines "
+                      f"timed on arrival)",
+            "definitions": metrics.__doc__,
+            "server_counters": "snapshots after warmup and after the window; deltas only",
+        },
+        "summary": summary,
+        "speculative": metrics.spec_delta(before.get("spec"), after.get("spec")),
+        "server": {"before": before, "after": after},
+        "requests": [_relative(r, window[0]) for r in records],
+    }

@@ -1,0 +1,208 @@
+"""The only module that talks OpenAI: one chat completion, timed chunk by chunk.
+
+Streaming responses are read as raw server-sent events through the openai package's streaming response
+(its auth, base URL and connection pool), and each `data:` line is parsed with json.loads: the client must
+never become the bottleneck, and every chunk is timed when its line arrives (time.perf_counter).
+
+Tokens per chunk come from the server when it can say (vLLM's `return_token_ids`: the chunk's token ids);
+otherwise only the total is known, from `usage.completion_tokens`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import openai
+
+TOKEN_IDS = "server token_ids per chunk"
+USAGE_ONLY = "usage.completion_tokens (tokens per chunk unknown: spread evenly over chunks)"
+CHUNK_COUNT = "chunk count (usage missing; one token per chunk assumed)"
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Request parameters shared by every request of a run."""
+
+    max_tokens: int = 2048
+    temperature: float | None = 1.0
+    top_p: float | None = 0.95
+    ignore_eos: bool = False
+    min_tokens: int | None = None
+    enable_thinking: bool | None = False
+    seed: int | None = None
+    token_ids: bool = True  # ask vLLM for per-chunk token ids (exact tokens per chunk)
+
+    def body(self, model: str, messages: list[dict[str, str]], stream: bool) -> dict[str, Any]:
+        body: dict[str, Any] = {"model": model, "messages": messages, "max_tokens": self.max_tokens}
+        if self.temperature is not None:
+            body["temperature"] = self.temperature
+        if self.top_p is not None:
+            body["top_p"] = self.top_p
+        if self.seed is not None:
+            body["seed"] = self.seed
+        extra: dict[str, Any] = {}
+        if self.enable_thinking is not None:
+            extra["chat_template_kwargs"] = {"enable_thinking": self.enable_thinking}
+        if self.ignore_eos:
+            extra["ignore_eos"] = True
+        if self.min_tokens is not None:
+            extra["min_tokens"] = self.min_tokens
+        if stream:
+            body["stream"] = True
+            body["stream_options"] = {"include_usage": True}
+            if self.token_ids:
+                extra["return_token_ids"] = True
+        return {**body, **extra}
+
+
+@dataclass
+class RequestRecord:
+    """One request, timed on the client's monotonic clock (seconds, time.perf_counter)."""
+
+    index: int
+    prompt_id: str
+    warmup: bool
+    start: float
+    end: float = 0.0
+    first_chunk: float | None = None  # first event with choices, even the empty role chunk
+    first_token: float | None = None  # first chunk carrying tokens, reasoning or answer
+    first_content: float | None = None  # first chunk carrying answer (non-reasoning) text
+    chunk_times: list[float] = field(default_factory=list)  # chunks that carried tokens
+    chunk_tokens: list[int | None] = field(default_factory=list)  # their token counts, None if unknown
+    chunk_reasoning: list[bool] = field(default_factory=list)
+    completion_tokens: int | None = None
+    prompt_tokens: int | None = None
+    token_source: str = USAGE_ONLY
+    finish_reason: str | None = None
+    error: str | None = None
+    output_chars: int = 0
+    streamed: bool = True
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class ChatClient:
+    """Sends chat completions to one OpenAI-compatible endpoint."""
+
+    def __init__(self, base_url: str, api_key: str | None, model: str, timeout_s: float = 1800) -> None:
+        self.model = model
+        # The openai package's own HTTP client (httpx or httpx2 by version) and its pool of 1,000 connections.
+        self.client = openai.AsyncOpenAI(base_url=base_url, api_key=api_key or "EMPTY", timeout=timeout_s,
+                                         max_retries=0)
+
+    async def close(self) -> None:
+        await self.client.close()
+
+    async def request(self, index: int, prompt_id: str, messages: list[dict[str, str]], sampling: Sampling,
+                      stream: bool = True, warmup: bool = False) -> RequestRecord:
+        record = RequestRecord(index=index, prompt_id=prompt_id, warmup=warmup, start=time.perf_counter(),
+                               streamed=stream)
+        try:
+            if stream:
+                await self._stream(record, sampling.body(self.model, messages, True))
+            else:
+                await self._whole(record, sampling.body(self.model, messages, False))
+        except openai.APIStatusError as exc:
+            record.error = f"HTTP {exc.status_code}: {_short(exc.message)}"
+        except Exception as exc:  # a transport error mid-stream is a failed request, not a crash
+            record.error = f"{type(exc).__name__}: {_short(str(exc))}"
+        record.end = record.end or time.perf_counter()
+        _settle_tokens(record)
+        return record
+
+    async def _whole(self, record: RequestRecord, body: dict[str, Any]) -> None:
+        response = await self.client.chat.completions.create(**_split_extra(body))
+        record.end = time.perf_counter()
+        if response.usage is not None:
+            record.completion_tokens = response.usage.completion_tokens
+            record.prompt_tokens = response.usage.prompt_tokens
+        choice = response.choices[0] if response.choices else None
+        if choice is not None:
+            record.finish_reason = choice.finish_reason
+            record.output_chars = len(choice.message.content or "")
+
+    async def _stream(self, record: RequestRecord, body: dict[str, Any]) -> None:
+        async with self.client.chat.completions.with_streaming_response.create(**_split_extra(body)) as response:
+            async for line in response.iter_lines():
+                now = time.perf_counter()
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    break
+                _on_event(record, json.loads(data), now)
+        record.end = time.perf_counter()
+
+
+_OPENAI_PARAMS = frozenset({"model", "messages", "max_tokens", "temperature", "top_p", "seed", "stream",
+                            "stream_options"})
+
+
+def _split_extra(body: dict[str, Any]) -> dict[str, Any]:
+    params = {k: v for k, v in body.items() if k in _OPENAI_PARAMS}
+    extra = {k: v for k, v in body.items() if k not in _OPENAI_PARAMS}
+    return {**params, "extra_body": extra} if extra else params
+
+
+def _short(text: str, limit: int = 300) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _on_event(record: RequestRecord, event: dict[str, Any], now: float) -> None:
+    """Classify one SSE event: usage, error, or a chunk that may carry reasoning or answer tokens."""
+    if "error" in event and not event.get("choices"):
+        error = event["error"]
+        record.error = "stream error: " + _short(error.get("message", str(error)) if isinstance(error, dict)
+                                                 else str(error))
+        return
+    usage = event.get("usage")
+    if usage:
+        record.completion_tokens = usage.get("completion_tokens")
+        record.prompt_tokens = usage.get("prompt_tokens")
+    for choice in event.get("choices") or ():
+        if record.first_chunk is None:
+            record.first_chunk = now
+        delta = choice.get("delta") or {}
+        content = delta.get("content") or ""
+        reasoning = delta.get("reasoning_content") or delta.get("reasoning") or ""
+        token_ids = choice.get("token_ids")
+        tokens = len(token_ids) if isinstance(token_ids, list) else None
+        if choice.get("finish_reason"):
+            record.finish_reason = choice["finish_reason"]
+        carries = tokens > 0 if tokens is not None else bool(content or reasoning)
+        if not carries:
+            continue
+        record.chunk_times.append(now)
+        record.chunk_tokens.append(tokens)
+        record.chunk_reasoning.append(bool(reasoning) and not content)
+        record.output_chars += len(content) + len(reasoning)
+        if record.first_token is None:
+            record.first_token = now
+        if content and record.first_content is None:
+            record.first_content = now
+
+
+def _settle_tokens(record: RequestRecord) -> None:
+    """Decide the token count and say where it came from."""
+    if not record.streamed:
+        record.token_source = "usage.completion_tokens (non-streaming)"
+        return
+    known = [t for t in record.chunk_tokens if t is not None]
+    if record.chunk_tokens and len(known) == len(record.chunk_tokens):
+        record.token_source = TOKEN_IDS
+        if record.completion_tokens is None:
+            record.completion_tokens = sum(known)
+    elif record.completion_tokens is not None:
+        record.token_source = USAGE_ONLY
+    else:
+        record.token_source = CHUNK_COUNT
+        record.completion_tokens = len(record.chunk_times)

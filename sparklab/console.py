@@ -1,0 +1,69 @@
+"""Rich renderables for results. Pure: a result dict in, something printable out."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+
+
+def _num(value: float | None, digits: int = 2) -> str:
+    return "-" if value is None else f"{value:,.{digits}f}"
+
+
+def bench_result(result: dict[str, Any]) -> Group:
+    s = result["summary"]
+    load = result["load"]
+    req = s["requests"]
+    amount = f"{load['requests']} requests" if load["requests"] else f"{load['duration_s']:g} s"
+    mode = "streaming" if load["stream"] else "non-streaming"
+    rate = f", Poisson {load['rate']:g} req/s" if load["rate"] else ""
+    head = Text.assemble(
+        ("sparklab bench", "bold"), f"  {result['workload']['name']} · {result['model']} · "
+        f"concurrency {load['concurrency']}{rate} · {amount} · {mode}\n",
+        f"window {s['wall_s']:.2f} s (first measured request start → last end); "
+        f"{req['warmup']} warmup request(s) excluded; tokens from "
+        f"{', '.join(s['token_sources']) or '-'}\n",
+        f"requests {req['ok']} ok, {req['failed']} failed · output tokens {s['output_tokens']:,}"
+        f" ({_num(s['tokens_per_request'], 1)} per request)\n",
+        (f"aggregate {_num(s['aggregate_tps'])} tok/s", "bold"), " (Σ tokens / window) · ",
+        (f"per request {_num((s['per_request_tps'] or {}).get('mean'))} tok/s", "bold"),
+        " (mean of tokens / E2E latency)",
+    )
+    parts: list[Any] = [head]
+    if req["first_errors"]:
+        parts.append(Text("errors: " + "; ".join(req["first_errors"]), style="red"))
+    table = Table("metric", "mean", "p50", "p90", "p99", "n", "definition", box=None, pad_edge=False)
+    rows = [
+        ("TTFT ms", "ttft_ms", "first token (reasoning or answer) - start"),
+        ("TTFA ms", "ttfa_ms", "first answer (non-reasoning) token - start"),
+        ("TPOT ms", "tpot_ms", "(end - first token) / (tokens - 1)"),
+        ("ITL ms/token", "itl_ms", "chunk gap / tokens in the chunk, per token"),
+        ("chunk gap ms", "chunk_gap_ms", "raw gap between chunks"),
+        ("decode tok/s", "decode_tps", "tokens after the first chunk / time after it"),
+        ("per-request tok/s", "per_request_tps", "tokens / E2E latency"),
+        ("E2E ms", "e2e_ms", "end - start"),
+    ]
+    for label, key, definition in rows:
+        stat = s.get(key)
+        if stat:
+            table.add_row(label, _num(stat["mean"]), _num(stat["p50"]), _num(stat["p90"]), _num(stat["p99"]),
+                          str(stat["n"]), definition)
+    if table.rows:
+        parts.append(table)
+    if s.get("tokens_per_chunk") is not None:
+        parts.append(Text(f"tokens per chunk {s['tokens_per_chunk']:.2f} (client side; with speculative "
+                          f"decoding it approaches the acceptance length)"))
+    spec = result.get("speculative")
+    if spec and spec.get("drafts"):
+        per_pos = " ".join(_num(p) for p in spec["per_position_acceptance"])
+        parts.append(Text(
+            f"speculative (server counters over the window): acceptance length {_num(spec['acceptance_length'])}"
+            f" · acceptance rate {_num(100 * (spec['acceptance_rate'] or 0), 1)}% · per position {per_pos}"
+            f" · {int(spec['drafts']):,} drafts"))
+    sglang = (result.get("server", {}).get("after") or {}).get("sglang_avg_spec_accept_length")
+    if sglang is not None:
+        parts.append(Text(f"speculative (SGLang /server_info avg_spec_accept_length): {_num(sglang)}"))
+    return Group(*parts)

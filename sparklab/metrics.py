@@ -1,0 +1,141 @@
+"""Pure: request records → a run summary, with every definition written next to its number.
+
+Definitions (per request; `N` = completion tokens, chunk `i` arrives at `t_i` carrying `k_i` tokens):
+- TTFT: first chunk carrying a token (reasoning or answer) - request start.
+- TTFA: first chunk carrying answer (non-reasoning) text - request start (reasoning-aware TTFT).
+- E2E latency: end of stream - request start.
+- TPOT: (end - first token) / (N - 1), as vLLM's bench serve defines it.
+- Decode tok/s: (N - k_0) / (t_last - t_0): tokens after the first chunk over the time after it (seed 004's
+  "generation speed excluding TTFT").
+- ITL (per token): each gap t_i - t_{i-1} (i ≥ 1) split over the k_i tokens of chunk i: k_i samples of gap/k_i.
+  Several tokens per chunk (speculative decoding) therefore do not inflate it.
+- Chunk gap: the raw t_i - t_{i-1}, one sample per chunk (what most tools call ITL).
+- Per-request tok/s: N / E2E latency, averaged over requests (seed 000's "per-request TPS").
+- Aggregate tok/s: Σ N / wall, the wall being the measured window (seed 000's "aggregate TPS").
+When the server does not say how many tokens each chunk carries, the N tokens are spread evenly over the
+chunks and the summary says so.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
+
+from sparklab.client import RequestRecord
+
+PERCENTILES = (50, 90, 99)
+
+
+def stats(values: Iterable[float], scale: float = 1.0) -> dict[str, float] | None:
+    """n, mean, p50, p90, p99, min, max (linear interpolation, numpy's default), or None if empty."""
+    data = np.asarray(list(values), dtype=float) * scale
+    if data.size == 0:
+        return None
+    out = {"n": int(data.size), "mean": float(data.mean())}
+    for p, v in zip(PERCENTILES, np.percentile(data, PERCENTILES), strict=True):
+        out[f"p{p}"] = float(v)
+    out["min"] = float(data.min())
+    out["max"] = float(data.max())
+    return out
+
+
+def chunk_token_counts(record: RequestRecord) -> list[float]:
+    """Tokens per token-carrying chunk; spread evenly when the server did not say."""
+    counts = record.chunk_tokens
+    if counts and all(c is not None for c in counts):
+        return [float(c) for c in counts if c is not None]
+    n = len(record.chunk_times)
+    return [(record.completion_tokens or n) / n] * n if n else []
+
+
+def itl_per_token(record: RequestRecord) -> list[float]:
+    counts = chunk_token_counts(record)
+    times = record.chunk_times
+    out: list[float] = []
+    for i in range(1, len(times)):
+        k = counts[i]
+        if k > 0:
+            gap = times[i] - times[i - 1]
+            whole = round(k)
+            out.extend([gap / k] * (whole if abs(whole - k) < 1e-9 else 1))
+    return out
+
+
+def chunk_gaps(record: RequestRecord) -> list[float]:
+    times = record.chunk_times
+    return [times[i] - times[i - 1] for i in range(1, len(times))]
+
+
+def decode_tps(record: RequestRecord) -> float | None:
+    counts = chunk_token_counts(record)
+    times = record.chunk_times
+    if len(times) < 2 or times[-1] <= times[0]:
+        return None
+    return (sum(counts) - counts[0]) / (times[-1] - times[0])
+
+
+def tpot(record: RequestRecord) -> float | None:
+    n = record.completion_tokens or 0
+    if n < 2 or record.first_token is None:
+        return None
+    return (record.end - record.first_token) / (n - 1)
+
+
+def summarize(records: Sequence[RequestRecord], window: tuple[float, float]) -> dict[str, Any]:
+    """The summary of the measured (non-warmup) requests within `window` (start, end)."""
+    measured = [r for r in records if not r.warmup]
+    ok = [r for r in measured if r.ok]
+    failed = [r for r in measured if not r.ok]
+    wall = max(window[1] - window[0], 1e-9)
+    tokens = [r.completion_tokens or 0 for r in ok]
+    total = sum(tokens)
+    streamed = [r for r in ok if r.streamed]
+    all_chunks = sum(len(r.chunk_times) for r in streamed)
+    errors = Counter(r.error for r in failed)
+    summary: dict[str, Any] = {
+        "requests": {"measured": len(measured), "ok": len(ok), "failed": len(failed),
+                     "warmup": sum(1 for r in records if r.warmup),
+                     "first_errors": [f"{count}x {message}" for message, count in errors.most_common(5)]},
+        "wall_s": wall,
+        "output_tokens": total,
+        "aggregate_tps": total / wall,
+        "per_request_tps": stats(n / (r.end - r.start) for r, n in zip(ok, tokens, strict=True)
+                                 if r.end > r.start),
+        "tokens_per_request": total / len(ok) if ok else None,
+        "prompt_tokens": stats(r.prompt_tokens for r in ok if r.prompt_tokens is not None),
+        "e2e_ms": stats((r.end - r.start for r in ok), 1000),
+        "ttft_ms": stats((r.first_token - r.start for r in streamed if r.first_token is not None), 1000),
+        "ttfa_ms": stats((r.first_content - r.start for r in streamed if r.first_content is not None), 1000),
+        "tpot_ms": stats((v for r in streamed if (v := tpot(r)) is not None), 1000),
+        "decode_tps": stats(v for r in streamed if (v := decode_tps(r)) is not None),
+        "itl_ms": stats((g for r in streamed for g in itl_per_token(r)), 1000),
+        "chunk_gap_ms": stats((g for r in streamed for g in chunk_gaps(r)), 1000),
+        "tokens_per_chunk": (sum(sum(chunk_token_counts(r)) for r in streamed) / all_chunks) if all_chunks else None,
+        "finish_reasons": dict(Counter(r.finish_reason or "none" for r in ok)),
+        "token_sources": dict(Counter(r.token_source for r in ok)),
+    }
+    return summary
+
+
+def spec_delta(before: dict[str, Any] | None, after: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Acceptance from the server's own counters over the window (vLLM's spec_decode_* counters)."""
+    if not before or not after or "drafts" not in after:
+        return None
+    drafts = after["drafts"] - before.get("drafts", 0.0)
+    draft_tokens = after["draft_tokens"] - before.get("draft_tokens", 0.0)
+    accepted = after["accepted"] - before.get("accepted", 0.0)
+    positions = sorted(after.get("per_position", {}), key=int)
+    per_position = [
+        (after["per_position"][p] - before.get("per_position", {}).get(p, 0.0)) / drafts if drafts else None
+        for p in positions
+    ]
+    return {
+        "drafts": drafts, "draft_tokens": draft_tokens, "accepted_tokens": accepted,
+        "acceptance_length": 1 + accepted / drafts if drafts else None,
+        "acceptance_rate": accepted / draft_tokens if draft_tokens else None,
+        "per_position_acceptance": per_position,
+        "source": "vllm:spec_decode_* counters from /metrics, after warmup and after the window (delta)",
+    }

@@ -1,0 +1,100 @@
+"""A streaming OpenAI-style server whose every chunk, gap and counter is scripted by the test."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+# One step: wait `delay` seconds, then send `event` (a dict as an SSE data line, or raw bytes as they are).
+Step = tuple[float, dict[str, Any] | bytes]
+
+
+def chunk(content: str = "", reasoning: str = "", token_ids: list[int] | None = None,
+          finish: str | None = None, role: str | None = None) -> dict[str, Any]:
+    delta: dict[str, Any] = {}
+    if role:
+        delta["role"] = role
+    if content or role:
+        delta["content"] = content
+    if reasoning:
+        delta["reasoning_content"] = reasoning
+    choice: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": finish}
+    if token_ids is not None:
+        choice["token_ids"] = token_ids
+    return {"id": "c", "object": "chat.completion.chunk", "model": "m", "choices": [choice]}
+
+
+def usage(completion: int, prompt: int = 7) -> dict[str, Any]:
+    return {"id": "c", "object": "chat.completion.chunk", "model": "m", "choices": [],
+            "usage": {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}}
+
+
+@dataclass
+class Scripted:
+    """`script(body)` returns the steps for one request; `/metrics` serves `metrics_text()`."""
+
+    script: Callable[[dict[str, Any]], list[Step]]
+    metrics_text: Callable[[], str] = lambda: ""
+    status: int = 200
+    bodies: list[dict[str, Any]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        owner = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def _send(self, code: int, body: bytes, ctype: str = "application/json") -> None:
+                self.send_response(code)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_GET(self) -> None:
+                if self.path == "/v1/models":
+                    self._send(200, json.dumps({"object": "list", "data": [{"id": "scripted-model"}]}).encode())
+                elif self.path == "/metrics":
+                    self._send(200, owner.metrics_text().encode(), "text/plain; version=0.0.4")
+                else:
+                    self._send(404, b"{}")
+
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                owner.bodies.append(body)
+                if owner.status != 200:
+                    self._send(owner.status, json.dumps({"error": {"message": "scripted failure"}}).encode())
+                    return
+                steps = owner.script(body)
+                if not body.get("stream"):
+                    time.sleep(sum(delay for delay, _ in steps))
+                    self._send(200, json.dumps(steps[-1][1]).encode())
+                    return
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.send_header("Transfer-Encoding", "chunked")
+                self.end_headers()
+                for delay, event in steps:
+                    time.sleep(delay)
+                    data = event if isinstance(event, bytes) else f"data: {json.dumps(event)}\n\n".encode()
+                    self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+                    self.wfile.flush()
+                self.wfile.write(b"0\r\n\r\n")
+                self.wfile.flush()
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.root = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()

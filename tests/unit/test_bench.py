@@ -1,0 +1,107 @@
+"""A whole benchmark cell against the scripted server: warmup excluded, counters windowed, result stored."""
+
+from __future__ import annotations
+
+import json
+import threading
+from typing import Any
+
+import pytest
+
+from sparklab import bench
+from sparklab.client import Sampling
+from sparklab.errors import SparklabError
+from sparklab.workloads import load_workload
+from tests.scripted_server import Scripted, Step, chunk, usage
+
+
+class Counters:
+    """vLLM-style spec counters that move by a known amount per request."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.requests = 0
+
+    def script(self, body: dict[str, Any]) -> list[Step]:
+        with self.lock:
+            self.requests += 1
+        return [(0.0, chunk(role="assistant")), (0.01, chunk(content="a", token_ids=[1])),
+                (0.01, chunk(content="b c d", token_ids=[2, 3, 4])), (0.01, chunk(content="e f", token_ids=[5, 6])),
+                (0.0, usage(6)), (0.0, b"data: [DONE]\n\n")]
+
+    def text(self) -> str:
+        n = self.requests  # per request: 2 drafts of K=3, 3 tokens accepted (2 at position 0, 1 at position 1)
+        return (
+            "# TYPE vllm:spec_decode_num_drafts_total counter\n"
+            f'vllm:spec_decode_num_drafts_total{{engine="0",model_name="m"}} {2 * n}\n'
+            f'vllm:spec_decode_num_draft_tokens_total{{engine="0",model_name="m"}} {6 * n}\n'
+            f'vllm:spec_decode_num_accepted_tokens_total{{engine="0",model_name="m"}} {3 * n}\n'
+            f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{engine="0",model_name="m",position="0"}} {2 * n}\n'
+            f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{engine="0",model_name="m",position="1"}} {1 * n}\n'
+            f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{engine="0",model_name="m",position="2"}} 0\n'
+            f'vllm:generation_tokens_total{{engine="0",model_name="m"}} {6 * n}\n')
+
+
+@pytest.fixture
+def counters():
+    c = Counters()
+    server = Scripted(c.script, c.text)
+    yield c, server
+    server.close()
+
+
+def test_a_cell_measures_only_its_window(counters) -> None:
+    c, server = counters
+    done: list[int] = []
+    result = bench.run(bench.Endpoint.from_url(server.root + "/v1", api_key="sekret-key"), load_workload("seed"),
+                       Sampling(max_tokens=6), bench.Load(concurrency=2, requests=5, warmup=2),
+                       on_done=lambda r: done.append(r.index))
+    assert c.requests == 7 and sorted(done) == [0, 1, 2, 3, 4]
+    s = result["summary"]
+    assert s["requests"]["measured"] == 5 and s["requests"]["warmup"] == 2 and s["requests"]["ok"] == 5
+    assert s["output_tokens"] == 30 and s["tokens_per_chunk"] == pytest.approx(2.0)
+    spec = result["speculative"]
+    assert spec["drafts"] == 10 and spec["accepted_tokens"] == 15  # warmup's counters excluded
+    assert spec["acceptance_length"] == pytest.approx(2.5) and spec["acceptance_rate"] == pytest.approx(0.5)
+    assert spec["per_position_acceptance"] == pytest.approx([1.0, 0.5, 0.0])
+    assert result["model"] == "scripted-model"  # discovered from /v1/models
+    assert result["workload"]["name"] == "seed" and result["measurement"]["warmup_requests_excluded"] == 2
+    # bench.py's order: warmup prompts 0..1, then measured prompts from 0 again, round robin.
+    assert [r["prompt_id"] for r in result["requests"]] == ["seed-0", "seed-1", "seed-0", "seed-1", "seed-2",
+                                                            "seed-3", "seed-0"]
+    measured = [r for r in result["requests"] if not r["warmup"]]
+    assert min(r["start"] for r in measured) >= 0.0  # times are relative to the window start
+    text = json.dumps(result)
+    assert "sekret-key" not in text
+
+
+def test_duration_mode_stops_issuing_at_the_deadline(counters) -> None:
+    _, server = counters
+    result = bench.run(bench.Endpoint.from_url(server.root), load_workload("seed"), Sampling(max_tokens=6),
+                       bench.Load(concurrency=1, requests=None, duration_s=0.3, warmup=0))
+    n = result["summary"]["requests"]["measured"]
+    assert 3 <= n <= 20 and result["summary"]["wall_s"] < 1.0
+
+
+def test_poisson_arrivals(counters) -> None:
+    c, server = counters
+    result = bench.run(bench.Endpoint.from_url(server.root), load_workload("seed"), Sampling(max_tokens=6),
+                       bench.Load(concurrency=4, requests=8, rate=50.0, warmup=0, seed=1))
+    assert result["summary"]["requests"]["ok"] == 8 and c.requests == 8
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"concurrency": 0}, "--concurrency must be at least 1"),
+    ({"requests": None}, "either a request count"),
+    ({"requests": 0}, "--requests must be at least 1"),
+    ({"rate": -1.0}, "--rate must be positive"),
+])
+def test_bad_load_settings(kwargs: dict[str, Any], message: str) -> None:
+    with pytest.raises(SparklabError, match=message):
+        bench.Load(**kwargs)
+
+
+def test_url_must_be_http() -> None:
+    with pytest.raises(SparklabError, match="is not an http"):
+        bench.Endpoint.from_url("localhost:8000")
+    assert bench.Endpoint.from_url("http://h:1/v1/").root == "http://h:1"
