@@ -130,6 +130,7 @@ async def _run(endpoint: Endpoint, model: str, workload: Workload, sampling: Sam
                                                warmup=True))
         before = await asyncio.to_thread(scrape.server_snapshot, endpoint.root, endpoint.api_key)
         window_start = time.perf_counter()
+        window_wall = time.time()
         runner = _poisson if load.rate else _closed_loop
         measured = await runner(client, workload, sampling, load, on_done)
         window_end = max([r.end for r in measured], default=time.perf_counter())
@@ -137,8 +138,10 @@ async def _run(endpoint: Endpoint, model: str, workload: Workload, sampling: Sam
     finally:
         await client.close()
     records = warmup + sorted(measured, key=lambda r: r.index)
-    return _result(endpoint, model, workload, sampling, load, records, (window_start, window_end),
-                   before, after)
+    result = _result(endpoint, model, workload, sampling, load, records, (window_start, window_end),
+                     before, after)
+    result["measurement"]["window_started_at"] = window_wall
+    return result
 
 
 def discover_model(endpoint: Endpoint) -> str:

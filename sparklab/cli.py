@@ -254,6 +254,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from sparklab.console import bench_result
     from sparklab.workloads import load_workload
 
+    name = None
     if args.url:
         endpoint = bench.Endpoint.from_url(args.url, args.api_key or os.environ.get("SPARKLAB_API_KEY"), args.model)
     else:
@@ -275,6 +276,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
         task = progress.add_task(f"{workload.name} c={load.concurrency}", total=load.requests)
         result = bench.run(endpoint, workload, sampling, load, on_done=lambda r: progress.advance(task),
                            request_timeout_s=args.request_timeout)
+    if name is not None:  # a sparklab server: its log may say more (SGLang's accept len lines)
+        from sparklab.containers import Docker
+        from sparklab.scrape import log_acceptance
+
+        since = result["measurement"]["window_started_at"]
+        log_text = b"".join(Docker().logs(name, since=since)).decode("utf-8", "replace")
+        result["speculative_log"] = log_acceptance(log_text)
     out.print(bench_result(result))
     if args.json_path:
         args.json_path.write_text(json.dumps(result, indent=1))

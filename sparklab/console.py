@@ -63,6 +63,10 @@ def bench_result(result: dict[str, Any]) -> Group:
             f"speculative (server counters over the window): acceptance length {_num(spec['acceptance_length'])}"
             f" · acceptance rate {_num(100 * (spec['acceptance_rate'] or 0), 1)}% · per position {per_pos}"
             f" · {int(spec['drafts']):,} drafts"))
+    from_log = result.get("speculative_log")
+    if from_log:
+        parts.append(Text(f"speculative ({from_log['source']}): median {_num(from_log['median'])}, "
+                          f"mean {_num(from_log['mean'])} over {from_log['samples']} lines"))
     sglang = (result.get("server", {}).get("after") or {}).get("sglang_avg_spec_accept_length")
     if sglang is not None:
         parts.append(Text(f"speculative (SGLang /server_info avg_spec_accept_length): {_num(sglang)}"))

@@ -357,13 +357,15 @@ class Docker:
                 removed.append(info)
         return removed
 
-    def logs(self, name: str, follow: bool = False, tail: int | str = "all") -> Iterator[bytes]:
+    def logs(self, name: str, follow: bool = False, tail: int | str = "all",
+             since: float | None = None) -> Iterator[bytes]:
         container = self.get(name)
         secrets = container_secrets(container)
+        extra = {"since": since} if since is not None else {}
         if follow:
-            yield from redacted_lines(container.logs(stream=True, follow=True, tail=tail), secrets)
+            yield from redacted_lines(container.logs(stream=True, follow=True, tail=tail, **extra), secrets)
         else:
-            yield redact(container.logs(tail=tail), secrets)
+            yield redact(container.logs(tail=tail, **extra), secrets)
 
 
 def teardown(container: Container, grace_s: float = 10) -> None:

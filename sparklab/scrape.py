@@ -188,6 +188,21 @@ def server_snapshot(root: str, api_key: str | None) -> dict[str, Any]:
     return snap
 
 
+_ACCEPT_LEN = re.compile(r"accept len: ([\d.]+)")
+
+
+def log_acceptance(text: str) -> dict[str, Any] | None:
+    """SGLang's per-batch `accept len: X` log lines (acceptance length incl. the bonus token), summarised."""
+    values = [float(v) for v in _ACCEPT_LEN.findall(text)]
+    if not values:
+        return None
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    median = ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+    return {"samples": len(values), "median": median, "mean": sum(values) / len(values), "max": ordered[-1],
+            "source": "SGLang decode log lines 'accept len: X' within the window (per batch, not per token)"}
+
+
 def explain_failure(kind: str, log_tail: str) -> str | None:
     """A known cause for a startup death, from the last log lines."""
     for failure in knowledge(kind).failures:

@@ -340,6 +340,13 @@ class App:
                     self.sse(h, base, self.delta(words, pos, k, n_reason), done, chat, ids)
                 pos, c = pos + k, c + 1
             self.metrics.finish(prompt, reason)
+            if self.cfg.mode == "sglang" and self.cfg.spec and c:
+                # SGLang's decode log line, here once per request: accept len = tokens per step.
+                length = len(words) / c
+                rate = (length - 1) / max(self.cfg.spec.k or 1, 1)
+                self.log.sgl(f"Decode batch, #running-req: 1, #token: {n_tokens}, token usage: 0.00, "
+                             f"accept len: {length:.2f}, accept rate: {rate:.2f}, "
+                             f"cpu graph: False, gen throughput (token/s): 0.00, #queue-req: 0, ", tp=True)
             if stream:
                 if (body.get("stream_options") or {}).get("include_usage"):
                     h.wfile.write(f"data: {json.dumps({**base, 'choices': [], 'usage': usage})}\n\n".encode())

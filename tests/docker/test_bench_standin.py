@@ -38,3 +38,23 @@ def test_bench_a_running_up_server_with_multi_token_chunks_and_reasoning(cli: Cl
         assert key not in out.read_text() and key not in done.stdout
     finally:
         assert cli.run("down", name).returncode == 0
+
+
+def test_bench_sglang_reads_server_info_and_the_accept_len_log_lines(cli: Cli, tmp_path) -> None:
+    up = cli.run("up", "dspark", "--engine", "sglang", "--detach", *cli.launch_args(
+        free_port(), "-e", "STANDIN_TOKENS_PER_CHUNK=1,3,2", "-e", "STANDIN_TOKEN_DELAY=0.002"))
+    assert up.returncode == 0, up.stderr
+    name = field(up.stdout, "container")
+    try:
+        out = tmp_path / "cell.json"
+        done = cli.run("bench", "--container", name, "-n", "4", "--warmup", "1", "--max-tokens", "24",
+                       "--ignore-eos", "--json", str(out))
+        assert done.returncode == 0, done.stderr
+        result = json.loads(out.read_text())
+        assert result["speculative"] is None  # no vLLM counters on SGLang
+        assert result["server"]["after"]["sglang_avg_spec_accept_length"] == pytest.approx(2.0)
+        log = result["speculative_log"]
+        assert log["samples"] == 4 and log["median"] == pytest.approx(2.0)  # the warmup's line is outside the window
+        assert "accept len" in done.stdout
+    finally:
+        assert cli.run("down", name).returncode == 0

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from sparklab.scrape import exit_code_meaning, explain_failure, parse_startup
 
 VLLM_LOG = """\
@@ -102,3 +104,16 @@ def test_real_vllm_0_27_1_cpu_startup_log() -> None:
     assert sum("max_num_scheduled_tokens" in w for w in facts.warnings) == 1  # deduplicated across processes
     plain = parse_startup("vllm", (SAMPLES / "plain-startup.log").read_text())
     assert plain.kv_cache_tokens == 46_592 and plain.max_num_scheduled_tokens is None and plain.startup_complete
+
+
+def test_sglang_accept_len_log_lines() -> None:
+    from sparklab.scrape import log_acceptance
+
+    text = "\n".join(
+        f"[2026-11-29 13:10:0{i} TP0] Decode batch, #running-req: 1, #full token: 900, full token usage: 0.01, "
+        f"mamba num: 2, mamba usage: 0.01, accept len: {v:.2f}, accept rate: 0.76, cuda graph: True, "
+        f"gen throughput (token/s): 115.75, #queue-req: 0, " for i, v in enumerate([3.27, 3.50, 2.90, 4.00]))
+    found = log_acceptance(text)
+    assert found is not None
+    assert found["samples"] == 4 and found["median"] == pytest.approx(3.385) and found["max"] == 4.0
+    assert log_acceptance("no speculative decoding here") is None
