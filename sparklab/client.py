@@ -1,8 +1,10 @@
 """The only module that talks OpenAI: one chat completion, timed chunk by chunk.
 
-Streaming responses are read as raw server-sent events through the openai package's streaming response
-(its auth, base URL and connection pool), and each `data:` line is parsed with json.loads: the client must
-never become the bottleneck, and every chunk is timed when its line arrives (time.perf_counter).
+Streaming requests to an http endpoint go through sparklab.sse, a lean keep-alive HTTP/1.1 client: the
+request bytes are built once per prompt, each socket read is stamped once with time.perf_counter, and each
+SSE event is parsed with orjson inside the read callback. The openai package's own stream reader costs
+about a dozen nested async iterators per event, enough to make the client the bottleneck
+(scripts/bench_client_ceiling.py measures this); it still serves https endpoints and non-streaming requests.
 
 Tokens per chunk come from the server when it can say (vLLM's `return_token_ids`: the chunk's token ids);
 otherwise only the total is known, from `usage.completion_tokens`.
@@ -10,12 +12,14 @@ otherwise only the total is known, from `usage.completion_tokens`.
 
 from __future__ import annotations
 
-import json
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import openai
+import orjson
+
+from sparklab.sse import HTTPStatusError, SSEClient
 
 TOKEN_IDS = "server token_ids per chunk"
 USAGE_ONLY = "usage.completion_tokens (tokens per chunk unknown: spread evenly over chunks)"
@@ -86,19 +90,30 @@ class RequestRecord:
         return self.error is None
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """Shallow copy (dataclasses.asdict deep-copies every chunk list, which is slow for long runs)."""
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        for key in ("chunk_times", "chunk_tokens", "chunk_reasoning"):
+            out[key] = list(out[key])
+        return out
 
 
 class ChatClient:
     """Sends chat completions to one OpenAI-compatible endpoint."""
 
-    def __init__(self, base_url: str, api_key: str | None, model: str, timeout_s: float = 1800) -> None:
+    def __init__(self, base_url: str, api_key: str | None, model: str, timeout_s: float = 1800,
+                 lean: bool = True) -> None:
         self.model = model
+        self.timeout_s = timeout_s
         # The openai package's own HTTP client (httpx or httpx2 by version) and its pool of 1,000 connections.
         self.client = openai.AsyncOpenAI(base_url=base_url, api_key=api_key or "EMPTY", timeout=timeout_s,
                                          max_retries=0)
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.sse = SSEClient(base_url, headers) if lean and base_url.startswith("http://") else None
+        self._requests: dict[tuple[str, Sampling], bytes] = {}  # request bytes per (prompt id, sampling)
 
     async def close(self) -> None:
+        if self.sse is not None:
+            self.sse.close()
         await self.client.close()
 
     async def request(self, index: int, prompt_id: str, messages: list[dict[str, str]], sampling: Sampling,
@@ -106,12 +121,18 @@ class ChatClient:
         record = RequestRecord(index=index, prompt_id=prompt_id, warmup=warmup, start=time.perf_counter(),
                                streamed=stream)
         try:
-            if stream:
+            if stream and self.sse is not None:
+                await self._stream_lean(record, prompt_id, messages, sampling)
+            elif stream:
                 await self._stream(record, sampling.body(self.model, messages, True))
             else:
                 await self._whole(record, sampling.body(self.model, messages, False))
         except openai.APIStatusError as exc:
             record.error = f"HTTP {exc.status_code}: {_short(exc.message)}"
+        except HTTPStatusError as exc:
+            record.error = _short(str(exc))
+        except TimeoutError:
+            record.error = f"timeout: no complete response within {self.timeout_s:g} s"
         except Exception as exc:  # a transport error mid-stream is a failed request, not a crash
             record.error = f"{type(exc).__name__}: {_short(str(exc))}"
         record.end = record.end or time.perf_counter()
@@ -129,6 +150,23 @@ class ChatClient:
             record.finish_reason = choice.finish_reason
             record.output_chars = len(choice.message.content or "")
 
+    async def _stream_lean(self, record: RequestRecord, prompt_id: str, messages: list[dict[str, str]],
+                           sampling: Sampling) -> None:
+        assert self.sse is not None
+        key = (prompt_id, sampling)
+        request = self._requests.get(key)
+        if request is None:
+            body = orjson.dumps(sampling.body(self.model, messages, True))
+            request = self._requests[key] = self.sse.request_bytes("/chat/completions", body)
+
+        def on_event(now: float, data: bytes) -> None:
+            if data != b"[DONE]":
+                _on_event(record, orjson.loads(data), now)
+
+        record.start = time.perf_counter()
+        await self.sse.stream(request, on_event, self.timeout_s)
+        record.end = time.perf_counter()
+
     async def _stream(self, record: RequestRecord, body: dict[str, Any]) -> None:
         async with self.client.chat.completions.with_streaming_response.create(**_split_extra(body)) as response:
             async for line in response.iter_lines():
@@ -138,7 +176,7 @@ class ChatClient:
                 data = line[5:].strip()
                 if data == "[DONE]":
                     break
-                _on_event(record, json.loads(data), now)
+                _on_event(record, orjson.loads(data), now)
         record.end = time.perf_counter()
 
 

@@ -13,9 +13,20 @@ from tests.scripted_server import Scripted, Step, chunk, usage
 MESSAGES = [{"role": "user", "content": "hi"}]
 
 
+@pytest.fixture(params=[True, False], ids=["lean-sse", "openai-stream"], autouse=True)
+def transport(request) -> Iterator[None]:
+    """Every test runs on both stream readers: sparklab.sse and the openai package's (used for https)."""
+    global LEAN
+    LEAN = request.param
+    yield
+
+
+LEAN = True
+
+
 def _request(server: Scripted, sampling: Sampling | None = None, stream: bool = True) -> RequestRecord:
     async def go() -> RequestRecord:
-        client = ChatClient(server.root + "/v1", "key", "m")
+        client = ChatClient(server.root + "/v1", "key", "m", lean=LEAN)
         try:
             return await client.request(0, "p0", MESSAGES, sampling or Sampling(max_tokens=16), stream)
         finally:
