@@ -196,6 +196,7 @@ def _result(endpoint: Endpoint, model: str, workload: Workload, sampling: Sampli
         },
         "summary": summary,
         "speculative": metrics.spec_delta(before.get("spec"), after.get("spec")),
+        "server_latency": metrics.server_latency(before, after),
         "server": {"before": before, "after": after},
         "requests": [_relative(r, window[0]) for r in records],
     }

@@ -56,6 +56,10 @@ def bench_result(result: dict[str, Any]) -> Group:
     if s.get("tokens_per_chunk") is not None:
         parts.append(Text(f"tokens per chunk {s['tokens_per_chunk']:.2f} (client side; with speculative "
                           f"decoding it approaches the acceptance length)"))
+    server = result.get("server_latency")
+    if server:
+        parts.append(Text(f"engine's own view (vLLM histograms over the window): TTFT {_num(server['ttft_ms'])} ms, "
+                          f"TPOT {_num(server['tpot_ms'])} ms, E2E {_num(server['e2e_ms'])} ms"))
     spec = result.get("speculative")
     if spec and spec.get("drafts"):
         per_pos = " ".join(_num(p) for p in spec["per_position_acceptance"])

@@ -139,3 +139,20 @@ def spec_delta(before: dict[str, Any] | None, after: dict[str, Any] | None) -> d
         "per_position_acceptance": per_position,
         "source": "vllm:spec_decode_* counters from /metrics, after warmup and after the window (delta)",
     }
+
+
+def server_latency(before: dict[str, Any] | None, after: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The engine's own mean TTFT, TPOT and E2E latency over the window, from vLLM's histograms."""
+    a, b = (before or {}).get("latency") or {}, (after or {}).get("latency") or {}
+
+    def mean_ms(name: str) -> float | None:
+        count = b.get(f"vllm:{name}_seconds_count", 0.0) - a.get(f"vllm:{name}_seconds_count", 0.0)
+        total = b.get(f"vllm:{name}_seconds_sum", 0.0) - a.get(f"vllm:{name}_seconds_sum", 0.0)
+        return 1000 * total / count if count > 0 else None
+
+    out = {"ttft_ms": mean_ms("time_to_first_token"), "tpot_ms": mean_ms("request_time_per_output_token"),
+           "e2e_ms": mean_ms("e2e_request_latency")}
+    if all(v is None for v in out.values()):
+        return None
+    return {**out, "source": "vLLM's histograms (sum/count deltas) from /metrics over the window: the engine's "
+                             "own timing, without network or client time"}

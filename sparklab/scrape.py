@@ -127,6 +127,9 @@ _SPEC = {
     "vllm:spec_decode_num_accepted_tokens_total": "accepted",
 }
 _PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+# vLLM's own per-request latency histograms (sum and count), for a server-side cross-check of the client.
+_LATENCY = tuple(f"vllm:{name}_seconds_{part}" for name in (
+    "time_to_first_token", "request_time_per_output_token", "e2e_request_latency") for part in ("sum", "count"))
 
 
 def spec_counters(text: str) -> dict[str, Any]:
@@ -175,7 +178,9 @@ def server_snapshot(root: str, api_key: str | None) -> dict[str, Any]:
         response = requests.get(root + "/metrics", headers=_headers(api_key), timeout=10)
         if response.status_code == 200:
             snap["spec"] = spec_counters(response.text)
-            snap["generation_tokens"] = parse_metrics(response.text).get("vllm:generation_tokens_total")
+            values = parse_metrics(response.text)
+            snap["generation_tokens"] = values.get("vllm:generation_tokens_total")
+            snap["latency"] = {k: values[k] for k in _LATENCY if k in values}
     except (requests.RequestException, ValueError) as exc:
         snap["metrics_error"] = str(exc)
     try:

@@ -109,3 +109,19 @@ def test_spec_delta_from_server_counters() -> None:
 def test_chunk_count_fallback_is_labelled() -> None:
     r = rec(chunks=[(0.1, None), (0.2, None)], tokens=2, end=0.2, token_source=CHUNK_COUNT)
     assert summarize([r], (10.0, 10.2))["token_sources"] == {CHUNK_COUNT: 1}
+
+
+def test_server_latency_from_vllm_histograms() -> None:
+    from sparklab.metrics import server_latency
+
+    def snap(n: float, ttft: float, tpot: float, e2e: float) -> dict:
+        return {"latency": {"vllm:time_to_first_token_seconds_count": n, "vllm:time_to_first_token_seconds_sum": ttft,
+                            "vllm:request_time_per_output_token_seconds_count": n,
+                            "vllm:request_time_per_output_token_seconds_sum": tpot,
+                            "vllm:e2e_request_latency_seconds_count": n, "vllm:e2e_request_latency_seconds_sum": e2e}}
+
+    got = server_latency(snap(2, 0.3, 0.08, 5.0), snap(10, 1.5, 0.40, 25.0))
+    assert got is not None
+    assert got["ttft_ms"] == pytest.approx(150.0) and got["tpot_ms"] == pytest.approx(40.0)
+    assert got["e2e_ms"] == pytest.approx(2500.0)
+    assert server_latency({}, {}) is None
