@@ -15,10 +15,8 @@ from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-import openai
-
 from sparklab import __version__, metrics, scrape
-from sparklab.client import ChatClient, RequestRecord, Sampling
+from sparklab.client import TRANSPORT, ChatClient, RequestRecord, Sampling
 from sparklab.errors import SparklabError
 from sparklab.workloads import Workload
 
@@ -128,6 +126,7 @@ async def _run(endpoint: Endpoint, model: str, workload: Workload, sampling: Sam
             prompt = workload.prompt(i)
             warmup.append(await client.request(i, prompt.id, list(prompt.messages), sampling, load.stream,
                                                warmup=True))
+        await client.warm(load.concurrency)
         before = await asyncio.to_thread(scrape.server_snapshot, endpoint.root, endpoint.api_key)
         window_start = time.perf_counter()
         window_wall = time.time()
@@ -156,10 +155,7 @@ def discover_model(endpoint: Endpoint) -> str:
 def run(endpoint: Endpoint, workload: Workload, sampling: Sampling, load: Load,
         on_done: Progress | None = None, request_timeout_s: float = 1800) -> dict[str, Any]:
     model = endpoint.model or discover_model(endpoint)
-    try:
-        return asyncio.run(_run(endpoint, model, workload, sampling, load, on_done, request_timeout_s))
-    except openai.OpenAIError as exc:
-        raise SparklabError(f"benchmark against {endpoint.root} failed: {exc}") from None
+    return asyncio.run(_run(endpoint, model, workload, sampling, load, on_done, request_timeout_s))
 
 
 def _relative(record: RequestRecord, origin: float) -> dict[str, Any]:
@@ -189,8 +185,7 @@ def _result(endpoint: Endpoint, model: str, workload: Workload, sampling: Sampli
             "window_s": window[1] - window[0],
             "warmup_requests_excluded": load.warmup,
             "token_source": summary["token_sources"],
-            "client": f"sparklab {__version__} (openai {openai.__version__} streaming response, SSE lines "
-                      f"timed on arrival)",
+            "client": f"sparklab {__version__}: {TRANSPORT}",
             "definitions": metrics.__doc__,
             "server_counters": "snapshots after warmup and after the window; deltas only",
         },

@@ -315,7 +315,8 @@ def cmd_down(args: argparse.Namespace) -> int:
 
 
 def cmd_ps(args: argparse.Namespace) -> int:
-    from sparklab.containers import Docker, created_age, owner_alive
+    from sparklab.containers import Docker
+    from sparklab.owners import created_age, owner_alive
 
     table = Table("NAME", "STATUS", "RECIPE", "ENGINE", "METHOD", "MODE", "ENDPOINT", "AGE", "OWNER")
     for c in Docker().containers():

@@ -21,6 +21,8 @@ import orjson
 
 from sparklab.sse import HTTPStatusError, SSEClient
 
+TRANSPORT = (f"streaming over sparklab.sse (keep-alive HTTP/1.1, one perf_counter stamp per socket read, "
+             f"orjson); https and non-streaming through openai {openai.__version__}")
 TOKEN_IDS = "server token_ids per chunk"
 USAGE_ONLY = "usage.completion_tokens (tokens per chunk unknown: spread evenly over chunks)"
 CHUNK_COUNT = "chunk count (usage missing; one token per chunk assumed)"
@@ -111,6 +113,11 @@ class ChatClient:
         self.sse = SSEClient(base_url, headers) if lean and base_url.startswith("http://") else None
         self._requests: dict[tuple[str, Sampling], bytes] = {}  # request bytes per (prompt id, sampling)
 
+    async def warm(self, connections: int) -> None:
+        """Open the connections a measured window will use (no TCP handshake inside it)."""
+        if self.sse is not None:
+            await self.sse.warm(connections)
+
     async def close(self) -> None:
         if self.sse is not None:
             self.sse.close()
@@ -159,12 +166,11 @@ class ChatClient:
             body = orjson.dumps(sampling.body(self.model, messages, True))
             request = self._requests[key] = self.sse.request_bytes("/chat/completions", body)
 
-        def on_event(now: float, data: bytes) -> None:
-            if data != b"[DONE]":
+        def on_event(now: float, data: bytes | memoryview) -> None:
+            if data[:1] == b"{":  # skips the final [DONE]
                 _on_event(record, orjson.loads(data), now)
 
-        record.start = time.perf_counter()
-        await self.sse.stream(request, on_event, self.timeout_s)
+        record.start = await self.sse.stream(request, on_event, self.timeout_s)  # when the bytes were sent
         record.end = time.perf_counter()
 
     async def _stream(self, record: RequestRecord, body: dict[str, Any]) -> None:

@@ -9,22 +9,22 @@ import contextlib
 import logging
 import os
 import signal
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+import docker
 import docker.errors
 import requests
 from docker.models.containers import Container
 from docker.types import DeviceRequest, Ulimit
 
-import docker
 from sparklab.errors import ContainerError, ImageUnavailableError
+from sparklab.owners import owner_alive, owner_token
+from sparklab.redaction import redact, redacted_lines
 from sparklab.render import API_KEY_PLACEHOLDER, LaunchSpec, is_secret_name
 
 log = logging.getLogger(__name__)
@@ -96,61 +96,6 @@ def container_secrets(container: Container) -> list[bytes]:
     command = list(config.get("Cmd") or [])
     found += [command[i + 1] for i, arg in enumerate(command[:-1]) if arg == "--api-key"]
     return [v.encode() for v in found if len(v) >= 4]
-
-
-def redact(data: bytes, secrets: list[bytes]) -> bytes:
-    for secret in secrets:
-        data = data.replace(secret, b"***")
-    return data
-
-
-def redacted_lines(chunks: Iterator[bytes], secrets: list[bytes]) -> Iterator[bytes]:
-    """Re-chunk a log stream into whole lines so a secret split across chunks is still caught."""
-    pending = b""
-    for chunk in chunks:
-        pending += chunk
-        *lines, pending = pending.split(b"\n")
-        for line in lines:
-            yield redact(line + b"\n", secrets)
-    if pending:
-        yield redact(pending, secrets)
-
-
-# ---------------------------------------------------------------------------------------------------
-# Owner identity: a container is an orphan when the process that started it is gone.
-
-
-def _boot_id() -> str:
-    try:
-        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()[:8]
-    except OSError:
-        return "unknown"
-
-
-def _start_time(pid: int) -> str | None:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return stat.rsplit(")", 1)[1].split()[19]
-
-
-def owner_token(pid: int | None = None) -> str:
-    pid = pid or os.getpid()
-    return f"{socket.gethostname()}/{_boot_id()}/{pid}/{_start_time(pid)}"
-
-
-def owner_alive(token: str) -> bool:
-    """True unless we can tell the owning process is gone (other hosts are given the benefit of doubt)."""
-    try:
-        host, boot, pid, started = token.split("/")
-    except ValueError:
-        return False
-    if host != socket.gethostname():
-        return True
-    if boot != _boot_id():
-        return False
-    return _start_time(int(pid)) == started
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -481,16 +426,3 @@ def _restore_interrupts(previous: Any) -> None:
     if previous is not None:
         signal.signal(signal.SIGINT, previous[0])
         signal.signal(signal.SIGTERM, previous[1])
-
-
-def created_age(created: str) -> str:
-    """A human age for Docker's RFC 3339 `Created` timestamp."""
-    try:
-        stamp = datetime.fromisoformat(created[:26].rstrip("Z") + "+00:00")
-    except ValueError:
-        return "?"
-    seconds = int((datetime.now(timezone.utc) - stamp).total_seconds())
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size:
-            return f"{seconds // size}{unit}"
-    return f"{seconds}s"

@@ -1,6 +1,9 @@
 """Pure: request records → a run summary, with every definition written next to its number.
 
-Definitions (per request; `N` = completion tokens, chunk `i` arrives at `t_i` carrying `k_i` tokens):
+Definitions (per request; `N` = completion tokens, chunk `i` arrives at `t_i` carrying `k_i` tokens). A
+streamed request starts when its bytes are handed to an already open connection (the connections a window
+needs are opened before it), so TCP set-up is not counted as TTFT; arrival times are taken once per socket
+read, when the bytes reach the client.
 - TTFT: first chunk carrying a token (reasoning or answer) - request start.
 - TTFA: first chunk carrying answer (non-reasoning) text - request start (reasoning-aware TTFT).
 - E2E latency: end of stream - request start.

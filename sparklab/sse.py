@@ -14,8 +14,9 @@ from collections.abc import Callable
 from time import perf_counter as _perf_counter
 from urllib.parse import urlsplit
 
-# (arrival time of the read that completed the event, the event's data payload)
-OnEvent = Callable[[float, bytes], None]
+# (arrival time of the read that completed the event, the event's data payload). The payload may be a
+# memoryview into the receive buffer: use it (orjson parses it directly) before returning, never keep it.
+OnEvent = Callable[[float, "bytes | memoryview"], None]
 
 _SIZE, _DATA, _CRLF, _TRAILER = range(4)  # chunked decoder states
 
@@ -32,6 +33,7 @@ class _SSEProtocol(asyncio.Protocol):
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
         self.closed = False
+        self.sent_at = 0.0
         self._reset(None, None)
 
     def _reset(self, on_event: OnEvent | None, done: asyncio.Future[None] | None) -> None:
@@ -64,6 +66,7 @@ class _SSEProtocol(asyncio.Protocol):
         loop = asyncio.get_running_loop()
         self._reset(on_event, loop.create_future())
         assert self.transport is not None and self.done is not None
+        self.sent_at = _perf_counter()
         self.transport.write(request)
         return self.done
 
@@ -110,7 +113,10 @@ class _SSEProtocol(asyncio.Protocol):
                 eol = buf.find(b"\r\n", pos)
                 if eol < 0:
                     break
-                size = int(bytes(buf[pos:eol]).split(b";", 1)[0], 16)
+                try:
+                    size = int(buf[pos:eol], 16)
+                except ValueError:  # a chunk extension: "1a;name=value"
+                    size = int(bytes(buf[pos:eol]).split(b";", 1)[0], 16)
                 pos = eol + 2
                 if size:
                     self.chunk_left, self.state = size, _DATA
@@ -144,22 +150,28 @@ class _SSEProtocol(asyncio.Protocol):
 
     def _flush_events(self, now: float, final: bool) -> None:
         body = self.body
-        if self.status != 200:
+        if self.status != 200 or self.on_event is None:
             return  # an error body is read whole, then reported
+        on_event = self.on_event
         start = 0
-        while True:
-            end = body.find(b"\n\n", start)
-            if end < 0:
-                break
-            self._event(now, body[start:end])
-            start = end + 2
+        with memoryview(body) as view:  # zero-copy slices; released before the buffer is trimmed
+            while True:
+                end = body.find(b"\n\n", start)
+                if end < 0:
+                    break
+                if body.startswith(b"data: ", start) and body.find(b"\n", start, end) < 0:
+                    on_event(now, view[start + 6 : end])  # the common case: one `data: ` line
+                else:
+                    self._event(now, bytes(view[start:end]))
+                start = end + 2
+            if final and start < len(body) and bytes(view[start:]).strip():
+                self._event(now, bytes(view[start:]))
+                start = len(body)
         del body[:start]
-        if final and body.strip():
-            self._event(now, body)
-            body.clear()
 
-    def _event(self, now: float, raw: bytearray | bytes) -> None:
-        for line in bytes(raw).split(b"\n"):
+    def _event(self, now: float, raw: bytes) -> None:
+        """The general case: several lines, comments, `data:` without a space, CRLF line ends."""
+        for line in raw.split(b"\n"):
             line = line.rstrip(b"\r")
             if line.startswith(b"data:") and self.on_event is not None:
                 self.on_event(now, line[5:].strip())
@@ -198,8 +210,8 @@ class SSEClient:
         return (f"POST {self.prefix}{path} HTTP/1.1\r\n".encode() + self._head
                 + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
 
-    async def _connection(self) -> _SSEProtocol:
-        while self._idle:
+    async def _connection(self, fresh: bool = False) -> _SSEProtocol:
+        while self._idle and not fresh:
             conn = self._idle.pop()
             if not conn.closed:
                 return conn
@@ -208,8 +220,17 @@ class SSEClient:
         self._all.add(protocol)
         return protocol
 
-    async def stream(self, request: bytes, on_event: OnEvent, timeout_s: float) -> None:
-        """Send a prebuilt request; call on_event for each SSE data payload; return when the response ends."""
+    async def warm(self, connections: int) -> None:
+        """Open connections ahead of a measured window, so no request there pays for a TCP handshake."""
+        missing = max(0, connections - len(self._idle))
+        opened = await asyncio.gather(*(self._connection(fresh=True) for _ in range(missing)))
+        self._idle.extend(opened)
+
+    async def stream(self, request: bytes, on_event: OnEvent, timeout_s: float) -> float:
+        """Send a prebuilt request; call on_event for each SSE data payload; return when the response ends.
+
+        Returns when the request bytes were handed to the socket (perf_counter).
+        """
         conn = await self._connection()
         try:
             await asyncio.wait_for(conn.start(request, on_event), timeout_s)
@@ -220,6 +241,7 @@ class SSEClient:
             raise
         if not conn.closed:
             self._idle.append(conn)
+        return conn.sent_at
 
     def close(self) -> None:
         for conn in self._all:

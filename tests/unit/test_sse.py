@@ -35,7 +35,7 @@ def _feed(response: bytes, pieces: int, close_after: bool = False) -> tuple[list
         transport = FakeTransport()
         protocol.connection_made(transport)  # type: ignore[arg-type]
         seen: list[bytes] = []
-        done = protocol.start(b"POST / HTTP/1.1\r\n\r\n", lambda now, data: seen.append(data))
+        done = protocol.start(b"POST / HTTP/1.1\r\n\r\n", lambda now, data: seen.append(bytes(data)))
         step = max(1, len(response) // pieces)
         for i in range(0, len(response), step):
             protocol.data_received(response[i:i + step])
