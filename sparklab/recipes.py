@@ -125,7 +125,7 @@ _FIXES = {
 }
 
 
-def _explain(exc: ValidationError, source: str) -> RecipeError:
+def explain_validation(exc: ValidationError, source: str) -> RecipeError:
     lines = []
     for err in exc.errors():
         where = _location(err["loc"])
@@ -145,7 +145,7 @@ def parse_recipe(data: Any, source: str) -> Recipe:
     try:
         recipe = Recipe.model_validate({**data, "source": source})
     except ValidationError as exc:
-        raise _explain(exc, source) from None
+        raise explain_validation(exc, source) from None
     _check_references(recipe)
     return recipe
 

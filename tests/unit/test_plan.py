@@ -1,0 +1,92 @@
+"""Sweep files → plans: server axes outer, load axes inner, stable ids, strict files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from sparklab.errors import RecipeError
+from sparklab.plan import TimingModel, build_plan, estimate_seconds
+from sparklab.recipes import recipes_dir
+
+SWEEPS = recipes_dir() / "sweeps"
+
+
+def test_seed_000_loads_the_model_four_times_not_eight() -> None:
+    plan = build_plan(SWEEPS / "seed000.yaml")
+    assert [s.label for s in plan.servers] == ["vllm/none", "vllm/mtp K=3", "vllm/dflash K=3", "vllm/dspark K=3"]
+    assert [(c.concurrency, c.requests) for c in plan.servers[0].cells] == [(1, 10), (8, 80)]
+    assert len(plan.cells) == 8
+    # Each server's argv is the seed command (the planner renders through the same code as `sparklab up`).
+    assert "--speculative_config.moe_backend" in plan.servers[1].spec.argv
+    assert plan.servers[0].spec.labels["sparklab.mode"] == "sweep"
+
+
+def test_k_is_a_server_axis_but_a_baseline_has_no_k() -> None:
+    plan = build_plan(SWEEPS / "seed002.yaml")
+    assert [s.label for s in plan.servers] == ["vllm/none", "vllm/dspark K=3", "vllm/dspark K=8", "sglang/none",
+                                               "sglang/dspark K=3"]  # sglang K=8 excluded by the file
+    k8 = plan.servers[2].spec.argv
+    assert k8[k8.index("--speculative_config.num_speculative_tokens") + 1] == "8"
+
+
+def test_ids_are_stable_and_distinct() -> None:
+    a, b = build_plan(SWEEPS / "cpu-demo.yaml"), build_plan(SWEEPS / "cpu-demo.yaml", run_id="other")
+    assert [c.id for c in a.cells] == [c.id for c in b.cells]  # the run id is not part of a cell's identity
+    assert len({c.id for c in a.cells}) == len(a.cells) == 14
+    assert len({s.id for s in a.servers}) == 7
+
+
+def _write(tmp_path: Path, doc: dict) -> Path:
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+BASE = {"name": "t", "recipe": "cpu", "methods": ["none", "ngram"], "num_speculative_tokens": [1, 2],
+        "concurrency": [1, 4], "requests": 4}
+
+
+def test_exclusions_and_overrides(tmp_path: Path) -> None:
+    doc = {**BASE, "exclude": [{"method": "ngram", "num_speculative_tokens": 2}, {"concurrency": 4,
+                                                                                  "method": "none"}],
+           "overrides": [{"match": {"method": "ngram"}, "set": ["prompt_lookup_max=2"],
+                          "serve_args": ["--max-num-seqs=4"]}]}
+    plan = build_plan(_write(tmp_path, doc))
+    assert [s.label for s in plan.servers] == ["vllm-cpu/none", "vllm-cpu/ngram K=1"]
+    assert [c.concurrency for c in plan.servers[0].cells] == [1]
+    argv = plan.servers[1].spec.argv
+    assert argv[argv.index("--speculative_config.prompt_lookup_max") + 1] == "2" and "--max-num-seqs=4" in argv
+
+
+def test_a_change_of_settings_makes_new_cells(tmp_path: Path) -> None:
+    before = build_plan(_write(tmp_path, BASE))
+    after = build_plan(_write(tmp_path, {**BASE, "requests": 5}))
+    assert {c.id for c in before.cells}.isdisjoint(c.id for c in after.cells)
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"methods": ["none", "mtp"]}, r"methods\[1\]: engine 'vllm-cpu' of .* has no method 'mtp'"),
+    ({"concurrency": ["one"]}, r"concurrency\[0\]"),
+    ({"workload": ["seed"]}, r"workload: unknown key"),
+    ({"engines": ["sglang"]}, r"engines\[0\]: 'sglang' is not an engine"),
+    ({"requests": {1: 4}}, r"no request count for concurrency 4"),
+    ({"exclude": [{"method": "none"}, {"method": "ngram"}]}, r"the matrix is empty"),
+])
+def test_bad_sweep_files_name_the_key(tmp_path: Path, change: dict, message: str) -> None:
+    with pytest.raises(RecipeError, match=message):
+        build_plan(_write(tmp_path, {**BASE, **change}))
+
+
+def test_eta_counts_startups_and_tokens() -> None:
+    plan = build_plan(SWEEPS / "seed000.yaml")
+    model = TimingModel(startup_s=100, teardown_s=0, tokens_per_s=100, batching=0)
+    tokens = (10 + 2) * 2048 + (80 + 2) * 2048
+    assert estimate_seconds(plan, model) == pytest.approx(4 * (100 + tokens / 100))
+
+
+def test_every_bundled_sweep_plans() -> None:
+    for path in sorted(SWEEPS.glob("*.yaml")):
+        assert build_plan(path).cells, path
