@@ -122,6 +122,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", dest="json_path", type=Path, metavar="FILE", help="write the result here")
     p.set_defaults(func=cmd_bench)
 
+    p = sub.add_parser("sweep", help="run a sweep file: servers x loads, resumable, results in SQLite")
+    p.add_argument("file", type=Path, help="a sweep file (recipes/sweeps/*.yaml)")
+    p.add_argument("--dry-run", action="store_true", help="print the plan, the commands and an ETA; run nothing")
+    p.add_argument("--resume", metavar="RUN", help="continue this run (a directory under --runs-dir)")
+    p.add_argument("--new", action="store_true", help="start a new run even if an earlier one can continue")
+    p.add_argument("--retry-failed", action="store_true", help="run cells that failed max_attempts times again")
+    p.add_argument("--runs-dir", type=Path, default=Path("runs"), help="where runs are kept (default ./runs)")
+    p.add_argument("--pull", default="missing", choices=["missing", "always", "never"])
+    p.add_argument("--drop-caches", action="store_true",
+                   help="drop the page cache before each server (root; GB10 unified memory)")
+    p.add_argument("--ulimit", dest="ulimits", action="append", default=[], metavar="NAME=SOFT[:HARD]",
+                   help="override a container ulimit for every server")
+    p.set_defaults(func=cmd_sweep)
+
     p = sub.add_parser("down", help="stop and remove sparklab servers")
     p.add_argument("name", nargs="?", help="container name (see `sparklab ps`)")
     p.add_argument("--all", action="store_true", help="every sparklab container")
@@ -288,6 +302,64 @@ def cmd_bench(args: argparse.Namespace) -> int:
         args.json_path.write_text(json.dumps(result, indent=1))
         out.print(f"result written to {args.json_path} (schema {result['schema']})")
     return 0 if result["summary"]["requests"]["ok"] else 5
+
+
+def _run_dir(args: argparse.Namespace, name: str) -> tuple[Path, bool]:
+    """(run directory, whether it exists already): --resume RUN, else the newest run of this sweep, else new."""
+    if args.resume:
+        run = args.runs_dir / args.resume
+        if not (run / "results.sqlite").exists():
+            raise SparklabError(f"no run {args.resume!r} under {args.runs_dir} (no {run / 'results.sqlite'})",
+                                f"List them with: ls {args.runs_dir}")
+        return run, True
+    earlier = sorted(args.runs_dir.glob(f"{name}-*/results.sqlite"))
+    if earlier and not args.new:
+        return earlier[-1].parent, True
+    return args.runs_dir / f"{name}-{launch.new_run_id()}", False
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    import time as _time
+
+    from sparklab import sweep as sweeper
+    from sparklab.console import plan_table, sweep_table
+    from sparklab.plan import build_plan, estimate_seconds, load_sweep
+    from sparklab.store import Store
+
+    name = load_sweep(args.file).name
+    run_dir, exists = _run_dir(args, name)
+    plan = build_plan(args.file, run_id=run_dir.name, ulimits=tuple(args.ulimits))
+    if args.dry_run:
+        model = sweeper.timing_model(plan, sorted(args.runs_dir.glob("*/results.sqlite")))
+        out.print(plan_table(plan, estimate_seconds(plan, model), model))
+        return 0
+
+    def say(message: str) -> None:
+        err.print(f"{_time.strftime('%H:%M:%S')} {message}", markup=False, highlight=False)
+
+    from sparklab.containers import Docker
+
+    docker = Docker()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    store = Store.open(run_dir / "results.sqlite") if exists else Store.create(
+        run_dir / "results.sqlite", plan.sweep.model_dump(), __version__)
+    with store:
+        added = sweeper.register(plan, store)
+        if not exists:
+            store.set_host_facts(sweeper.host_facts())
+        if args.retry_failed:
+            say(f"{store.retry_failed()} failed cell(s) will run again")
+        say(f"run {run_dir} ({'continued' if exists else 'new'}; {added} new cell(s)): {store.counts()}")
+        try:
+            counts = sweeper.run(plan, store, docker, run_dir, sweeper.Options(args.pull, args.drop_caches), say)
+        except KeyboardInterrupt:
+            store.reset_interrupted(plan.sweep.max_attempts)
+            say(f"interrupted; the server is down and the run can continue: sparklab sweep {args.file} "
+                f"--resume {run_dir.name} --runs-dir {args.runs_dir}")
+            return 130
+        out.print(sweep_table(store))
+        out.print(f"results: {run_dir / 'results.sqlite'} · {counts}")
+    return 0 if counts.get("failed", 0) == 0 and counts.get("pending", 0) == 0 else 6
 
 
 def cmd_down(args: argparse.Namespace) -> int:

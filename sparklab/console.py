@@ -75,3 +75,55 @@ def bench_result(result: dict[str, Any]) -> Group:
     if sglang is not None:
         parts.append(Text(f"speculative (SGLang /server_info avg_spec_accept_length): {_num(sglang)}"))
     return Group(*parts)
+
+
+def plan_table(plan: Any, eta_s: float, model: Any) -> Group:
+    """`sparklab sweep --dry-run`: every server with its command and cells, and the ETA."""
+    from sparklab.render import serve_command
+
+    parts: list[Any] = [Text(f"sweep {plan.sweep.name} ({plan.source}): {len(plan.servers)} servers, "
+                             f"{len(plan.cells)} cells", style="bold")]
+    for server in plan.servers:
+        loads = ", ".join(f"c={c.concurrency} {c.workload}#{c.repeat} n={c.requests}" for c in server.cells)
+        parts.append(Text(f"\n{server.label}  [{server.id}]  {server.spec.image}\n  {serve_command(server.spec)}\n"
+                          f"  cells: {loads}"))
+    hours, rest = divmod(int(eta_s), 3600)
+    parts.append(Text(f"\nETA {hours} h {rest // 60:02d} min: {model.startup_s:.0f} s per server start, "
+                      f"{model.tokens_per_s:.1f} tok/s at c=1 scaled by c^{model.batching} (refined from earlier "
+                      f"runs of this recipe when there are any)"))
+    return Group(*parts)
+
+
+def sweep_table(store: Any) -> Group:
+    """Done cells: throughput, latency, acceptance, and speed-up over the baseline (method none)."""
+    labels = {s.id: s.config.get("label", f"{s.engine}/{s.method}") for s in store.server_configs()}
+    methods = {s.id: (s.engine, s.method) for s in store.server_configs()}
+    rows: dict[tuple[str, int, str], list[dict[str, Any]]] = {}
+    for cell in store.cells("done"):
+        rows.setdefault((cell.server_config_id, cell.concurrency, cell.workload), []).append(cell.result or {})
+    baseline = {(methods[sid][0], c, w): _mean(r, "aggregate_tps") for (sid, c, w), r in rows.items()
+                if methods[sid][1] == "none"}
+    table = Table("server", "c", "workload", "n", "aggregate tok/s", "per-request tok/s", "TTFT p50 ms",
+                  "accept len", "vs none", box=None, pad_edge=False)
+    for (sid, c, w), results in rows.items():
+        agg = _mean(results, "aggregate_tps")
+        base = baseline.get((methods[sid][0], c, w))
+        per_request = [r["summary"]["per_request_tps"]["mean"] for r in results if r["summary"].get("per_request_tps")]
+        ttft = [r["summary"]["ttft_ms"]["p50"] for r in results if r["summary"].get("ttft_ms")]
+        accept = [r["speculative"]["acceptance_length"] for r in results
+                  if r.get("speculative") and r["speculative"].get("acceptance_length")]
+        table.add_row(labels[sid], str(c), w, str(len(results)), _num(agg),
+                      _num(sum(per_request) / len(per_request)) if per_request else "-",
+                      _num(sum(ttft) / len(ttft), 1) if ttft else "-",
+                      _num(sum(accept) / len(accept)) if accept else "-",
+                      f"{100 * agg / base:.1f}%" if base and agg is not None else "-")
+    failures = store.failures()
+    notes = [Text(f"{len(failures)} failure(s) recorded; first: {failures[0].kind}: "
+                  f"{failures[0].message.splitlines()[0]}")] if failures else []
+    return Group(Text("sweep results (mean over repeats; aggregate = tokens / window, warmup excluded; "
+                      "acceptance from the server's counters)", style="bold"), table, *notes)
+
+
+def _mean(results: list[dict[str, Any]], key: str) -> float | None:
+    values = [r["summary"][key] for r in results if r.get("summary") and r["summary"].get(key) is not None]
+    return sum(values) / len(values) if values else None

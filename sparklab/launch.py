@@ -65,7 +65,7 @@ class Ready:
 
 def start(p: Plan, docker: Docker, *, pull_policy: str = "missing", allow_foreign_platform: bool = False,
           on_pull: PullCallback | None = None, api_key: str | None = None, detach: bool = False,
-          on_wait: Callable[[float], None] | None = None) -> Ready:
+          on_wait: Callable[[float], None] | None = None, log_path: Path | None = None) -> Ready:
     """Pull, run and wait. The returned server is already torn down if anything here fails."""
     host_arch = docker.host_arch()
     p.warnings += preflight.check_platform_tag(p.spec, host_arch, allow_foreign_platform)
@@ -79,7 +79,7 @@ def start(p: Plan, docker: Docker, *, pull_policy: str = "missing", allow_foreig
     api_env = knowledge(spec.kind).api_key_env
     if key and api_env:
         provided[api_env] = key
-    log_path = state_dir() / "logs" / f"{spec.name}.log"
+    log_path = log_path or state_dir() / "logs" / f"{spec.name}.log"
     server = docker.launch(spec, provided, log_path, detach=detach)
     try:
         headers = {"Authorization": f"Bearer {key}"} if key and knowledge(spec.kind).ready_needs_key else None

@@ -95,6 +95,7 @@ class ServerConfig:
     overrides: tuple[str, ...]
     serve_args: tuple[str, ...]
     spec: LaunchSpec
+    recipe: Recipe
     cells: tuple[Cell, ...] = field(default_factory=tuple)
 
     @property
@@ -137,7 +138,7 @@ def _speculative(recipe: Recipe, engine: str, method: str) -> bool:
     return any("num_speculative_tokens" in str(a) for a in args)
 
 
-def build_plan(path: Path, run_id: str = "plan") -> Plan:
+def build_plan(path: Path, run_id: str = "plan", ulimits: tuple[str, ...] = ()) -> Plan:
     sweep = load_sweep(path)
     src = str(path)
     recipe_path = _recipe_path(sweep, path)
@@ -158,19 +159,22 @@ def build_plan(path: Path, run_id: str = "plan") -> Plan:
                 axes = {"engine": engine, "method": method, "num_speculative_tokens": k}
                 if any(m.matches(axes) for m in sweep.exclude):
                     continue
-                servers.append(_server(sweep, recipe_path, engine, method, k, axes, run_id))
+                servers.append(_server(sweep, recipe_path, engine, method, k, axes, run_id, ulimits))
     if not servers:
         raise RecipeError(f"{src}: the matrix is empty after exclusions", "Check exclude:.")
     return Plan(sweep, src, tuple(servers))
 
 
 def _server(sweep: SweepFile, recipe_path: Path, engine: str, method: str, k: int | None,
-            axes: dict[str, Any], run_id: str) -> ServerConfig:
+            axes: dict[str, Any], run_id: str, ulimits: tuple[str, ...]) -> ServerConfig:
     chosen = [o for o in sweep.overrides if o.match.matches(axes)]
     overrides = tuple(sweep.set) + tuple(s for o in chosen for s in o.set)
     serve_args = tuple(a for o in chosen for a in o.serve_args)
     recipe = load_recipe(recipe_path, list(overrides))
-    options = LaunchOptions(num_speculative_tokens=k, extra_args=serve_args, run_id=run_id, mode="sweep")
+    # vLLM serves POST /reset_prefix_cache (between loads) only in dev mode.
+    env = ("VLLM_SERVER_DEV_MODE=1",) if recipe.engines[engine].kind == "vllm" else ()
+    options = LaunchOptions(num_speculative_tokens=k, extra_args=serve_args, run_id=run_id, mode="sweep", env=env,
+                            ulimits=ulimits)
     spec = render(recipe, engine, method, options)
     server_id = _hash({"recipe": recipe.name, "engine": engine, "method": method, "k": k,
                        "argv": list(spec.argv[: spec.recipe_argv_len]) + list(serve_args), "image": spec.image})
@@ -188,7 +192,7 @@ def _server(sweep: SweepFile, recipe_path: Path, engine: str, method: str, k: in
         cell_id = _hash({"server": server_id, "concurrency": concurrency, "workload": workload,
                          "repeat": repeat, "settings": settings})
         cells.append(Cell(cell_id, concurrency, workload, repeat, requests))
-    return ServerConfig(server_id, engine, method, k, overrides, serve_args, spec, tuple(cells))
+    return ServerConfig(server_id, engine, method, k, overrides, serve_args, spec, recipe, tuple(cells))
 
 
 @dataclass(frozen=True)

@@ -119,9 +119,14 @@ def _check_sglang(spec: LaunchSpec, recipe: Recipe) -> list[Finding]:
 
 
 def port_in_use(host: str, port: int) -> bool:
-    """True when something already listens on host:port (a bind attempt, like the server's own)."""
+    """True when something already listens on host:port (a bind attempt, like the server's own).
+
+    SO_REUSEADDR, as uvicorn and SGLang set it: connections of a server just stopped, lingering in TIME_WAIT,
+    do not keep the next server from binding, so they must not fail this check either.
+    """
     bind_host = "0.0.0.0" if host == "0.0.0.0" else "127.0.0.1"
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((bind_host, port))
         except OSError as exc:

@@ -176,7 +176,7 @@ class Store:
         try:
             conn = _connect(path, mode="rw")
         except sqlite3.DatabaseError as exc:
-            raise SparklabError(f"{path}: cannot open the results file ({exc}).", _UNUSABLE_HINT) from None
+            raise SparklabError(f"{path}: not a readable SQLite results file ({exc}).", _UNUSABLE_HINT) from None
         try:
             _check_integrity(conn, path)
         except BaseException:
@@ -388,11 +388,15 @@ def _create_schema(conn: sqlite3.Connection) -> None:
 def _check_integrity(conn: sqlite3.Connection, path: Path) -> None:
     try:
         version = conn.execute("PRAGMA user_version").fetchone()[0]
-        problems = [row[0] for row in conn.execute("PRAGMA quick_check").fetchall()]
+        # One row per problem, or one row holding many lines: flattened, so the message stays one paragraph.
+        problems = [line for (text,) in conn.execute("PRAGMA quick_check(20)").fetchall()
+                    for line in text.splitlines() if line and not line.startswith("***")]
     except sqlite3.DatabaseError as exc:
         raise SparklabError(f"{path}: not a readable SQLite results file ({exc}).", _UNUSABLE_HINT) from None
     if problems != ["ok"]:
-        raise SparklabError(f"{path}: the results file is corrupt: {'; '.join(problems[:3])}.", _UNUSABLE_HINT)
+        more = f" (and {len(problems) - 2} more problems)" if len(problems) > 2 else ""
+        raise SparklabError(f"{path}: the results file is corrupt: {'; '.join(problems[:2])}{more}.",
+                            _UNUSABLE_HINT)
     if version == 0:
         raise SparklabError(f"{path}: an SQLite file, but not a sparklab results file (no schema version).",
                             _UNUSABLE_HINT)

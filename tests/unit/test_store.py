@@ -1,0 +1,294 @@
+"""The sweep's results file: idempotent plans, cell state changes, crash safety and clear errors for bad files."""
+
+from __future__ import annotations
+
+import sqlite3
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from sparklab.errors import SparklabError
+from sparklab.store import SCHEMA_VERSION, PlannedCell, Store
+
+SWEEP = {"name": "seed000", "matrix": {"method": ["none", "dspark"], "concurrency": [1, 8]}}
+RESULT = {
+    "schema": "sparklab.bench/1",
+    "summary": {"output_tps": 123.456789012345, "ttft_ms": {"p50": 41.0, "p99": 97.25}},
+    "requests": [
+        {"index": 0, "prompt_id": "p0", "chunk_times": [0.1, 0.13, 0.15], "chunk_tokens": [1, 3, None],
+         "error": None, "text": "héllo \"world\"\n"},
+        {"index": 1, "prompt_id": "p1", "chunk_times": [], "chunk_tokens": [], "error": "timeout", "text": ""},
+    ],
+}
+
+
+def add_plan(store: Store, configs: tuple[str, ...] = ("sc-a", "sc-b"), concurrencies: tuple[int, ...] = (1, 8)
+             ) -> None:
+    """Server configs outer, loads inner — the order a sweep plans them in."""
+    for sc in configs:
+        store.add_server_config(sc, engine="vllm", method=sc, k=3, config={"method": sc},
+                                argv=["vllm", "serve", "--api-key", "***"], image="vllm/vllm-openai:v0.27.1")
+        store.add_cells(PlannedCell(f"{sc}-c{c}", sc, c, "speedbench-1k", 0, {"max_tokens": 128})
+                        for c in concurrencies)
+
+
+@pytest.fixture
+def path(tmp_path: Path) -> Path:
+    return tmp_path / "runs" / "r1" / "results.sqlite"
+
+
+@pytest.fixture
+def store(path: Path):
+    with Store.create(path, SWEEP, "0.1.0") as s:
+        add_plan(s)
+        yield s
+
+
+def test_create_then_open_round_trips_sweep_meta_and_host_facts(path: Path) -> None:
+    with Store.create(path, SWEEP, "0.1.0") as s:
+        s.set_host_facts({"gpu": "GB10", "memory_gb": 128, "driver": {"version": "580.1"}})
+    with Store.open(path) as s:
+        assert s.sweep() == SWEEP
+        meta = s.meta()
+        assert meta["sparklab_version"] == "0.1.0"
+        assert meta["created_at"].endswith("+00:00")
+        assert s.host_facts() == {"gpu": "GB10", "memory_gb": 128, "driver": {"version": "580.1"}}
+
+
+def test_wal_mode_foreign_keys_and_schema_version(path: Path) -> None:
+    Store.create(path, SWEEP, "0.1.0").close()
+    conn = sqlite3.connect(path)
+    assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+    conn.close()
+    with Store.open(path) as s:
+        assert s._conn.execute("PRAGMA foreign_keys").fetchone()[0] == 1
+
+
+def test_create_refuses_an_existing_run(path: Path) -> None:
+    Store.create(path, SWEEP, "0.1.0").close()
+    with pytest.raises(SparklabError, match="already exists") as err:
+        Store.create(path, SWEEP, "0.1.0")
+    assert str(path) in err.value.message and "--resume" in (err.value.hint or "")
+
+
+def test_adding_the_same_plan_again_duplicates_nothing_and_keeps_state(store: Store) -> None:
+    store.start_cell("sc-a-c1")
+    store.finish_cell("sc-a-c1", {"tps": 1.0}, RESULT)
+    add_plan(store)
+    assert len(store.server_configs()) == 2
+    assert len(store.cells()) == 4
+    assert store.cell("sc-a-c1").status == "done"
+    assert store.counts() == {"pending": 3, "running": 0, "done": 1, "failed": 0, "skipped": 0}
+
+
+def test_add_cells_reports_only_new_cells(store: Store) -> None:
+    assert store.add_cells([PlannedCell("sc-a-c1", "sc-a", 1, "speedbench-1k", 0, {}),
+                            PlannedCell("sc-a-c64", "sc-a", 64, "speedbench-1k", 0, {})]) == 1
+
+
+def test_a_cell_must_belong_to_a_stored_server_config(store: Store) -> None:
+    with pytest.raises(sqlite3.IntegrityError):
+        store.add_cells([PlannedCell("x", "no-such-config", 1, "w", 0, {})])
+    assert len(store.cells()) == 4  # the failed transaction left nothing behind
+
+
+def test_start_then_finish(store: Store) -> None:
+    store.start_cell("sc-a-c1")
+    running = store.cell("sc-a-c1")
+    assert (running.status, running.attempts, running.finished_at) == ("running", 1, None)
+    assert running.started_at is not None
+    store.finish_cell("sc-a-c1", {"tps": 1.0}, RESULT)
+    done = store.cell("sc-a-c1")
+    assert (done.status, done.attempts, done.summary) == ("done", 1, {"tps": 1.0})
+    assert done.finished_at is not None and done.finished_at >= done.started_at
+
+
+def test_finished_result_round_trips_exactly_after_reopen(store: Store, path: Path) -> None:
+    store.start_cell("sc-b-c8")
+    store.finish_cell("sc-b-c8", RESULT["summary"], RESULT)
+    store.close()
+    with Store.open(path) as s:
+        cell = s.cell("sc-b-c8")
+        assert cell.result == RESULT
+        assert cell.summary == RESULT["summary"]
+        assert cell.settings == {"max_tokens": 128}
+
+
+def test_failing_cell_is_retried_until_max_attempts_then_marked_failed(store: Store) -> None:
+    for attempt in (1, 2):
+        store.start_cell("sc-a-c8")
+        assert store.fail_cell("sc-a-c8", "bench_error", f"boom {attempt}", max_attempts=3) == "pending"
+        assert store.cell("sc-a-c8").attempts == attempt
+    store.start_cell("sc-a-c8")
+    assert store.fail_cell("sc-a-c8", "bench_error", "boom 3", exit_code=1, log_tail="last\nlines",
+                           max_attempts=3) == "failed"
+    assert "sc-a-c8" not in [c.id for c in store.pending_cells()]
+    failures = store.failures()
+    assert [(f.cell_id, f.server_config_id, f.kind, f.message) for f in failures] == [
+        ("sc-a-c8", "sc-a", "bench_error", f"boom {n}") for n in (1, 2, 3)]
+    assert (failures[-1].exit_code, failures[-1].log_tail) == (1, "last\nlines")
+
+
+def test_server_failure_fails_its_unfinished_cells_and_counts_attempts(store: Store) -> None:
+    store.start_cell("sc-a-c1")
+    store.finish_cell("sc-a-c1", {}, RESULT)
+    for _ in range(2):
+        store.fail_server_config("sc-b", "not_ready", "not ready after 1800 s", exit_code=137, log_tail="OOM",
+                                 max_attempts=2)
+    assert {c.id: (c.status, c.attempts) for c in store.cells()} == {
+        "sc-a-c1": ("done", 1), "sc-a-c8": ("pending", 0), "sc-b-c1": ("failed", 2), "sc-b-c8": ("failed", 2)}
+    rows = store.failures()
+    assert [(f.cell_id, f.server_config_id, f.kind, f.exit_code) for f in rows] == [(None, "sc-b", "not_ready", 137)] * 2
+
+
+def test_server_failure_does_not_count_the_running_cell_twice(store: Store) -> None:
+    store.start_cell("sc-a-c1")
+    store.fail_server_config("sc-a", "exited", "container exited with 139", exit_code=139, max_attempts=3)
+    assert {c.id: c.attempts for c in store.cells() if c.server_config_id == "sc-a"} == {"sc-a-c1": 1, "sc-a-c8": 1}
+
+
+def test_retry_failed_resets_attempts(store: Store) -> None:
+    store.start_cell("sc-a-c1")
+    store.fail_cell("sc-a-c1", "oom", "killed", max_attempts=1)
+    assert store.counts()["failed"] == 1
+    assert store.retry_failed() == 1
+    cell = store.cell("sc-a-c1")
+    assert (cell.status, cell.attempts) == ("pending", 0)
+
+
+def test_pending_cells_keep_plan_order_with_server_configs_together(path: Path) -> None:
+    with Store.create(path, SWEEP, "0.1.0") as s:
+        add_plan(s, configs=("sc-z", "sc-a"), concurrencies=(8, 1))
+        # A later, idempotent re-plan adds a cell for the first config: it still groups with that config.
+        add_plan(s, configs=("sc-z", "sc-a"), concurrencies=(8, 1, 64))
+        s.start_cell("sc-a-c8")
+        s.fail_cell("sc-a-c8", "bench_error", "retry me")
+        ids = [c.id for c in s.pending_cells()]
+    assert ids == ["sc-z-c8", "sc-z-c1", "sc-z-c64", "sc-a-c8", "sc-a-c1", "sc-a-c64"]
+
+
+def test_unknown_status_or_cell_is_a_programming_error(store: Store) -> None:
+    with pytest.raises(ValueError, match="unknown cell status"):
+        store.cells("finished")
+    with pytest.raises(KeyError):
+        store.start_cell("nope")
+    with pytest.raises(KeyError):
+        store.fail_cell("nope", "bench_error", "x")
+
+
+def test_reset_interrupted_after_a_crash_without_finishing(store: Store, path: Path) -> None:
+    store.start_cell("sc-a-c1")
+    store.close()  # the process dies here: the cell is never finished
+    with Store.open(path) as s:
+        assert s.cell("sc-a-c1").status == "running"
+        assert s.reset_interrupted() == ["sc-a-c1"]
+        cell = s.cell("sc-a-c1")
+        assert (cell.status, cell.attempts) == ("pending", 1)
+        assert [(f.cell_id, f.kind) for f in s.failures()] == [("sc-a-c1", "interrupted")]
+        assert s.reset_interrupted() == []
+
+
+def test_a_cell_that_keeps_killing_sparklab_is_marked_failed(store: Store) -> None:
+    for _ in range(3):
+        store.start_cell("sc-a-c1")
+        store.reset_interrupted(max_attempts=3)
+    assert store.cell("sc-a-c1").status == "failed"
+
+
+CRASHING_SWEEP = """
+    import os, signal, sys
+    from sparklab.store import PlannedCell, Store
+    store = Store.create(sys.argv[1], {"name": "crash"}, "0.1.0")
+    store.add_server_config("sc", engine="vllm", method="none", k=None, config={}, argv=["vllm"], image="img")
+    store.add_cells([PlannedCell("c1", "sc", 1, "w", 0, {}), PlannedCell("c2", "sc", 8, "w", 0, {})])
+    store.start_cell("c1")
+    store.finish_cell("c1", {"tps": 9.5}, {"schema": "sparklab.bench/1", "requests": [{"index": 0}]})
+    store.start_cell("c2")
+    os.kill(os.getpid(), signal.SIGKILL)  # mid-second-cell: no close, no checkpoint, no atexit
+"""
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="SIGKILL is POSIX")
+def test_sigkill_loses_at_most_the_cell_in_flight(path: Path) -> None:
+    path.parent.mkdir(parents=True)
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(CRASHING_SWEEP), str(path)], capture_output=True,
+                          timeout=60)
+    assert proc.returncode == -9, proc.stderr.decode()
+    assert Path(f"{path}-wal").exists()  # the commits live in the WAL, not yet checkpointed into the file
+    with Store.open(path) as s:
+        assert s.reset_interrupted() == ["c2"]
+        first, second = s.cell("c1"), s.cell("c2")
+        assert (first.status, first.summary, first.result["requests"]) == ("done", {"tps": 9.5}, [{"index": 0}])
+        assert (second.status, second.attempts) == ("pending", 1)
+        assert [c.id for c in s.pending_cells()] == ["c2"]
+
+
+def expect_unusable(path: Path, *fragments: str) -> SparklabError:
+    with pytest.raises(SparklabError) as err:
+        Store.open(path)
+    assert type(err.value) is SparklabError
+    assert str(path) in err.value.message
+    assert "\n" not in err.value.message  # one paragraph, however many problems SQLite lists
+    for fragment in fragments:
+        assert fragment in err.value.message
+    assert err.value.hint
+    assert err.value.__cause__ is None  # no sqlite3 traceback chained on
+    assert err.value.__context__ is None or err.value.__suppress_context__
+    return err.value
+
+
+def test_missing_file_is_a_clear_error_and_is_not_created(tmp_path: Path) -> None:
+    missing = tmp_path / "runs" / "nope" / "results.sqlite"
+    with pytest.raises(SparklabError, match="no results file") as err:
+        Store.open(missing)
+    assert str(missing) in err.value.message
+    assert not missing.exists()
+
+
+def test_a_text_file_named_sqlite_is_a_clear_error(tmp_path: Path) -> None:
+    path = tmp_path / "results.sqlite"
+    path.write_text("model,tps\ndspark,512\n" * 100)
+    expect_unusable(path, "not a readable SQLite results file")
+
+
+def test_an_empty_or_foreign_sqlite_file_is_not_a_results_file(tmp_path: Path) -> None:
+    path = tmp_path / "results.sqlite"
+    conn = sqlite3.connect(path)
+    conn.execute("CREATE TABLE t (x)")
+    conn.commit()
+    conn.close()
+    expect_unusable(path, "not a sparklab results file")
+
+
+def test_a_truncated_results_file_is_a_clear_error(store: Store, path: Path) -> None:
+    for i in range(200):
+        store.start_cell("sc-a-c1")
+        store.fail_cell("sc-a-c1", "bench_error", f"failure {i} " + "x" * 2000, max_attempts=10**6)
+    store.close()  # the last connection checkpoints the WAL into the file
+    assert not Path(f"{path}-wal").exists()
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    expect_unusable(path)
+
+
+def test_a_corrupt_results_file_is_a_clear_error(store: Store, path: Path) -> None:
+    for i in range(50):
+        store.add_cells([PlannedCell(f"extra-{i}", "sc-a", i, "w" * 500, 0, {"i": i})])
+    store.close()
+    data = bytearray(path.read_bytes())
+    data[4096:len(data)] = b"\xff" * (len(data) - 4096)  # every page after the first overwritten
+    path.write_bytes(bytes(data))
+    expect_unusable(path, "the results file is corrupt")
+
+
+def test_another_schema_version_is_a_clear_error(path: Path) -> None:
+    Store.create(path, SWEEP, "0.1.0").close()
+    conn = sqlite3.connect(path)
+    conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
+    conn.close()
+    err = expect_unusable(path, f"schema version {SCHEMA_VERSION + 1}", f"reads version {SCHEMA_VERSION}")
+    assert "sparklab version that wrote it" in (err.hint or "")
