@@ -1,0 +1,159 @@
+"""`sparklab sweep` against the stand-in: resume after interruption at each stage, failing servers fail only
+their cells, SIGKILL leaves nothing behind after the next start, bad results files are clear errors."""
+
+from __future__ import annotations
+
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from sparklab.plan import build_plan
+from sparklab.store import Store
+from tests.dockerkit import Cli, Lines, free_port, sparklab_containers, ulimit_args
+
+pytestmark = pytest.mark.docker
+
+
+def _sweep(tmp_path: Path, image: str, **changes: Any) -> Path:
+    doc: dict[str, Any] = {
+        "name": "standin", "recipe": "gb10", "methods": ["none", "dspark"], "num_speculative_tokens": [2, 3],
+        "concurrency": [1, 2], "requests": {1: 3, 2: 4}, "warmup": 1,
+        "sampling": {"max_tokens": 12, "temperature": 0, "top_p": None, "ignore_eos": True},
+        "set": [f"engines.vllm.image={image}", "engines.vllm.gpus=none", "engines.vllm.mount_hf_cache=false",
+                "engines.vllm.ulimits={stack: 67108864}", f"engines.vllm.port={free_port()}",
+                "gpu_memory_utilization=0.01"],
+    }
+    doc.update(changes)
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def _run(cli: Cli, path: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "sparklab", "sweep", str(path), "--runs-dir",
+                           str(path.parent / "runs"), *ulimit_flags(), *args], capture_output=True, text=True,
+                          timeout=timeout, env=cli.env(), cwd=path.parent)
+
+
+def ulimit_flags() -> list[str]:
+    return ulimit_args()
+
+
+def _store(path: Path) -> Store:
+    (db,) = sorted((path.parent / "runs").glob("*/results.sqlite"))
+    return Store.open(db)
+
+
+def test_sweep_runs_every_cell_once_and_a_rerun_does_nothing(cli: Cli, tmp_path: Path, docker_client) -> None:
+    path = _sweep(tmp_path, cli.image)
+    done = _run(cli, path)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.count("server vllm/") == 2 * 3  # starting + ready, for none, dspark K=2, dspark K=3
+    assert "vllm/dspark K=3" in done.stdout and "accept len" in done.stdout
+    with _store(path) as store:
+        assert store.counts()["done"] == 6 and len(store.cells()) == 6
+        assert {c.id for c in store.cells("done")} == {c.id for c in build_plan(path).cells}
+        server = store.server_configs()[0]
+        assert server.image_digest and server.startup_facts["kv_cache_tokens"] == 93184
+        assert all(c.result["schema"] == "sparklab.bench/1" for c in store.cells("done"))
+    again = _run(cli, path)
+    assert again.returncode == 0 and "0 new cell(s)" in again.stderr and "starting" not in again.stderr
+
+
+def test_a_failing_server_fails_only_its_cells(cli: Cli, tmp_path: Path) -> None:
+    faults = [
+        {"match": {"method": "dspark", "num_speculative_tokens": 2}, "set": ["engines.vllm.env={STANDIN_OOM: '1'}"]},
+        {"match": {"method": "dspark", "num_speculative_tokens": 3},
+         "set": ["engines.vllm.env={STANDIN_NEVER_READY: '1'}", "engines.vllm.ready_timeout_s=3"]},
+        {"match": {"method": "mtp"}, "set": ["engines.vllm.env={STANDIN_EXIT_AT_START: '3'}"]},
+    ]
+    path = _sweep(tmp_path, cli.image, methods=["none", "mtp", "dspark"], max_attempts=1, overrides=faults,
+                  num_speculative_tokens=[2, 3])
+    done = _run(cli, path)
+    assert done.returncode == 6, done.stderr
+    with _store(path) as store:
+        counts = store.counts()
+        assert counts["done"] == 2 and counts["failed"] == 8  # none ok; mtp K=2/3, dspark K=2/3 failed
+        kinds = sorted(f.kind for f in store.failures())
+        assert kinds == ["exited", "exited", "not_ready", "oom"]
+        oom = next(f for f in store.failures() if f.kind == "oom")
+        assert oom.exit_code == 137 and oom.log_tail
+
+
+@pytest.mark.parametrize(("stage", "wait_for", "env"), [
+    ("startup", "starting (", "STANDIN_START_DELAY: '4'"),
+    ("load", "ready in", "STANDIN_TOKEN_DELAY: '0.2'"),
+    ("between cells", "seed #0:", "STANDIN_TOKEN_DELAY: '0.05'"),
+])
+def test_interrupt_at_each_stage_then_resume(cli: Cli, tmp_path: Path, docker_client, stage: str, wait_for: str,
+                                             env: str) -> None:
+    path = _sweep(tmp_path, cli.image)
+    doc = yaml.safe_load(path.read_text())
+    doc["set"].append(f"engines.vllm.env={{{env}}}")
+    path.write_text(yaml.safe_dump(doc))
+    before = sparklab_containers(docker_client)
+    proc = subprocess.Popen([sys.executable, "-m", "sparklab", "sweep", str(path), "--runs-dir",
+                             str(tmp_path / "runs"), *ulimit_flags()], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=cli.env(), cwd=tmp_path)
+    lines = Lines(proc)
+    try:
+        lines.wait_for(wait_for, timeout=120)
+        proc.send_signal(signal.SIGINT)
+        code = proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert code == 130, "".join(lines.lines)
+    assert sparklab_containers(docker_client) == before  # the server was torn down
+    with _store(path) as store:
+        assert store.counts()["running"] == 0 and store.counts()["done"] < 6
+    resumed = _run(cli, path)
+    assert resumed.returncode == 0, resumed.stderr
+    with _store(path) as store:
+        assert store.counts()["done"] == 6 and len(store.cells()) == 6  # nothing lost, nothing twice
+        assert {c.id for c in store.cells("done")} == {c.id for c in build_plan(path).cells}
+
+
+def test_sigkill_then_restart_removes_the_orphan_and_finishes(cli: Cli, tmp_path: Path, docker_client) -> None:
+    path = _sweep(tmp_path, cli.image)
+    doc = yaml.safe_load(path.read_text())
+    doc["set"].append("engines.vllm.env={STANDIN_TOKEN_DELAY: '0.2'}")
+    path.write_text(yaml.safe_dump(doc))
+    proc = subprocess.Popen([sys.executable, "-m", "sparklab", "sweep", str(path), "--runs-dir",
+                             str(tmp_path / "runs"), *ulimit_flags()], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=cli.env(), cwd=tmp_path)
+    try:
+        Lines(proc).wait_for("ready in", timeout=120)
+        time.sleep(1)
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
+    assert any(c.labels.get("sparklab.mode") == "sweep" for c in
+               docker_client.containers.list(filters={"label": "sparklab"}))  # the orphan
+    resumed = _run(cli, path)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "removed leftover container" in resumed.stderr and "was in flight" in resumed.stderr
+    with _store(path) as store:
+        assert store.counts()["done"] == 6 and len(store.cells()) == 6
+        assert [f.kind for f in store.failures()] == ["interrupted"]
+
+
+def test_missing_or_corrupt_results_are_clear_errors(cli: Cli, tmp_path: Path) -> None:
+    path = _sweep(tmp_path, cli.image)
+    missing = _run(cli, path, "--resume", "nope")
+    assert missing.returncode == 1 and "no run 'nope'" in missing.stderr and "Traceback" not in missing.stderr
+    bad = tmp_path / "runs" / "standin-broken"
+    bad.mkdir(parents=True)
+    (bad / "results.sqlite").write_bytes(b"SQLite format 3\x00" + b"\xff" * 5000)
+    corrupt = _run(cli, path, "--resume", "standin-broken")
+    assert corrupt.returncode == 1 and "Traceback" not in corrupt.stderr
+    assert str(bad / "results.sqlite") in corrupt.stderr.replace("\n", "")
+    with pytest.raises(sqlite3.DatabaseError):
+        sqlite3.connect(bad / "results.sqlite").execute("select * from cells").fetchall()
