@@ -135,6 +135,11 @@ def run(plan: Plan, store: Store, docker: Docker, run_dir: Path, options: Option
     for info in docker.gc():
         say(f"removed leftover container {info.name} (its sparklab process is gone)")
     baseline, _ = preflight.mem_available_gib()
+    started, done_at_start = time.monotonic(), store.counts()["done"]
+
+    def say_progress(message: str) -> None:
+        say(f"{message} {_progress(store, started, done_at_start)}")
+
     for server in plan.servers:
         pending = {c.id for c in store.pending_cells()}
         cells = [c for c in server.cells if c.id in pending]
@@ -143,7 +148,7 @@ def run(plan: Plan, store: Store, docker: Docker, run_dir: Path, options: Option
         if options.drop_caches:
             _drop_caches(say)
         _wait_memory(baseline, options.memory_wait_s, say)
-        _run_server(plan, store, docker, run_dir, options, server, cells, say)
+        _run_server(plan, store, docker, run_dir, options, server, cells, say_progress)
     return store.counts()
 
 
@@ -166,7 +171,8 @@ def _run_server(plan: Plan, store: Store, docker: Docker, run_dir: Path, options
         say(f"server {server.label}: failed ({kind}): {exc.message.splitlines()[0]}")
         return
     store.record_server_start(server.id, image_digest=ready.image.digest, startup_facts=ready.facts.as_dict(),
-                              ready_s=ready.seconds_to_ready, log_path=str(ready.server.log_path))
+                              ready_s=ready.seconds_to_ready, log_path=str(ready.server.log_path),
+                              engine_version=_engine_version(ready))
     say(f"server {server.label}: ready in {ready.seconds_to_ready:.1f} s")
     with ready.server:
         for cell in cells:
@@ -207,6 +213,26 @@ def _run_cell(plan: Plan, store: Store, ready: launch.Ready, server: ServerConfi
     _reset_prefix_cache(ready.server)
     say(f"cell {name}: {summary['aggregate_tps']:.2f} tok/s aggregate, "
         f"{summary['requests']['ok']}/{summary['requests']['measured']} ok")
+
+
+def _engine_version(ready: launch.Ready) -> str | None:
+    """vLLM's GET /version (SGLang answers /get_model_info instead; then None)."""
+    try:
+        response = requests.get(ready.server.spec.endpoint + "/version", timeout=10)
+        return str(response.json().get("version")) if response.status_code == 200 else None
+    except (requests.RequestException, ValueError):
+        return None
+
+
+def _progress(store: Store, started: float, done_at_start: int) -> str:
+    counts = store.counts()
+    left = counts["pending"] + counts["running"]
+    finished = counts["done"] - done_at_start
+    eta = ""
+    if finished and left:
+        per_cell = (time.monotonic() - started) / finished
+        eta = f", about {per_cell * left / 60:.0f} min left at this run's pace"
+    return f"[{counts['done']} done, {counts['failed']} failed, {left} left{eta}]"
 
 
 def _failure_kind(exc: SparklabError) -> str:

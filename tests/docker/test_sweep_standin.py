@@ -88,6 +88,7 @@ def test_a_failing_server_fails_only_its_cells(cli: Cli, tmp_path: Path) -> None
 
 
 @pytest.mark.parametrize(("stage", "wait_for", "env"), [
+    ("pull", "starting (", "STANDIN_START_DELAY: '1'"),  # the image was removed: the pull begins right then
     ("startup", "starting (", "STANDIN_START_DELAY: '4'"),
     ("load", "ready in", "STANDIN_TOKEN_DELAY: '0.2'"),
     ("between cells", "seed #0:", "STANDIN_TOKEN_DELAY: '0.05'"),
@@ -99,8 +100,12 @@ def test_interrupt_at_each_stage_then_resume(cli: Cli, tmp_path: Path, docker_cl
     doc["set"].append(f"engines.vllm.env={{{env}}}")
     path.write_text(yaml.safe_dump(doc))
     before = sparklab_containers(docker_client)
+    pull = []
+    if stage == "pull":
+        subprocess.run(["docker", "rmi", "-f", cli.image], capture_output=True)
+        pull = ["--pull", "always"]
     proc = subprocess.Popen([sys.executable, "-m", "sparklab", "sweep", str(path), "--runs-dir",
-                             str(tmp_path / "runs"), *ulimit_flags()], stdout=subprocess.PIPE,
+                             str(tmp_path / "runs"), *ulimit_flags(), *pull], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, env=cli.env(), cwd=tmp_path)
     lines = Lines(proc)
     try:
