@@ -334,8 +334,13 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         out.print(plan_table(plan, estimate_seconds(plan, model), model))
         return 0
 
+    status = err.status("starting the sweep…") if err.is_terminal else None
+
     def say(message: str) -> None:
+        """A plain line per event (logs, overnight runs); on a terminal also a live status line."""
         err.print(f"{_time.strftime('%H:%M:%S')} {message}", markup=False, highlight=False)
+        if status is not None:
+            status.update(message)
 
     from sparklab.containers import Docker
 
@@ -351,12 +356,17 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             say(f"{store.retry_failed()} failed cell(s) will run again")
         say(f"run {run_dir} ({'continued' if exists else 'new'}; {added} new cell(s)): {store.counts()}")
         try:
+            if status is not None:
+                status.start()
             counts = sweeper.run(plan, store, docker, run_dir, sweeper.Options(args.pull, args.drop_caches), say)
         except KeyboardInterrupt:
             store.reset_interrupted(plan.sweep.max_attempts)
             say(f"interrupted; the server is down and the run can continue: sparklab sweep {args.file} "
                 f"--resume {run_dir.name} --runs-dir {args.runs_dir}")
             return 130
+        finally:
+            if status is not None:
+                status.stop()
         out.print(sweep_table(store))
         out.print(f"results: {run_dir / 'results.sqlite'} · {counts}")
     return 0 if counts.get("failed", 0) == 0 and counts.get("pending", 0) == 0 else 6
