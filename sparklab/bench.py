@@ -64,6 +64,12 @@ class Endpoint:
 Progress = Callable[[RequestRecord], None]
 
 
+async def _send(client: ChatClient, workload: Workload, sampling: Sampling, load: Load, index: int,
+                warmup: bool = False) -> RequestRecord:
+    prompt = workload.prompt(index)
+    return await client.request(index, prompt.id, list(prompt.messages), sampling, load.stream, warmup=warmup)
+
+
 async def _closed_loop(client: ChatClient, workload: Workload, sampling: Sampling, load: Load,
                        on_done: Progress | None) -> list[RequestRecord]:
     """N workers, each sending its next request as soon as its previous one finishes."""
@@ -78,8 +84,7 @@ async def _closed_loop(client: ChatClient, workload: Workload, sampling: Samplin
                 return
             if deadline is not None and time.perf_counter() >= deadline:
                 return
-            prompt = workload.prompt(index)
-            record = await client.request(index, prompt.id, list(prompt.messages), sampling, load.stream)
+            record = await _send(client, workload, sampling, load, index)
             records.append(record)
             if on_done:
                 on_done(record)
@@ -98,8 +103,7 @@ async def _poisson(client: ChatClient, workload: Workload, sampling: Sampling, l
 
     async def one(index: int) -> None:
         async with gate:
-            prompt = workload.prompt(index)
-            record = await client.request(index, prompt.id, list(prompt.messages), sampling, load.stream)
+            record = await _send(client, workload, sampling, load, index)
         records.append(record)
         if on_done:
             on_done(record)
@@ -121,11 +125,8 @@ async def _run(endpoint: Endpoint, model: str, workload: Workload, sampling: Sam
                on_done: Progress | None, request_timeout_s: float) -> dict[str, Any]:
     client = ChatClient(endpoint.root + "/v1", endpoint.api_key, model, timeout_s=request_timeout_s)
     try:
-        warmup = []
-        for i in range(load.warmup):  # sequential, like seed 000's bench.py
-            prompt = workload.prompt(i)
-            warmup.append(await client.request(i, prompt.id, list(prompt.messages), sampling, load.stream,
-                                               warmup=True))
+        # sequential, like seed 000's bench.py
+        warmup = [await _send(client, workload, sampling, load, i, warmup=True) for i in range(load.warmup)]
         await client.warm(load.concurrency)
         before = await asyncio.to_thread(scrape.server_snapshot, endpoint.root, endpoint.api_key)
         window_start = time.perf_counter()

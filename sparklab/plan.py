@@ -14,18 +14,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field, ValidationError
 
 from sparklab.errors import RecipeError
-from sparklab.recipes import Recipe, explain_validation, load_recipe, read_yaml, recipes_dir
+from sparklab.recipes import Recipe, Strict, explain_validation, load_recipe, read_yaml, recipes_dir
 from sparklab.render import LaunchOptions, LaunchSpec, render
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class SamplingSpec(_Strict):
+class SamplingSpec(Strict):
     max_tokens: int = Field(default=2048, ge=1)
     temperature: float | None = 1.0
     top_p: float | None = 0.95
@@ -35,7 +31,7 @@ class SamplingSpec(_Strict):
     seed: int | None = None
 
 
-class Match(_Strict):
+class Match(Strict):
     engine: str | None = None
     method: str | None = None
     num_speculative_tokens: int | None = None
@@ -46,13 +42,13 @@ class Match(_Strict):
         return all(values.get(k) == v for k, v in self.model_dump(exclude_none=True).items())
 
 
-class Override(_Strict):
+class Override(Strict):
     match: Match
     set: list[str] = Field(default_factory=list)  # recipe overrides, like --set
     serve_args: list[str] = Field(default_factory=list)
 
 
-class SweepFile(_Strict):
+class SweepFile(Strict):
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
     description: str = ""
     recipe: str

@@ -192,20 +192,19 @@ def check_host(spec: LaunchSpec, recipe: Recipe, *, port_busy: Callable[[str, in
         found.append(Finding(
             "error", f"the Hugging Face cache directory {spec.hf_cache} does not exist",
             f"Create it (mkdir -p {spec.hf_cache}) or point to yours with --hf-cache DIR or HF_HOME."))
-    required = _required_gib(spec, recipe, meminfo)
-    if required is not None:
-        available, _total = mem_available_gib(meminfo)
-        if available < required[0]:
-            found.append(Finding(
-                "error",
-                f"only {available:.1f} GiB of memory is available (MemAvailable) but this launch needs "
-                f"{required[0]:.1f} GiB ({required[1]})",
-                "Stop other servers (`sparklab ps`), drop the page cache "
-                "(sync; echo 3 > /proc/sys/vm/drop_caches), or lower the memory settings with --set."))
+    available, total = mem_available_gib(meminfo)
+    required = _required_gib(spec, recipe, total)
+    if required is not None and available < required[0]:
+        found.append(Finding(
+            "error",
+            f"only {available:.1f} GiB of memory is available (MemAvailable) but this launch needs "
+            f"{required[0]:.1f} GiB ({required[1]})",
+            "Stop other servers (`sparklab ps`), drop the page cache "
+            "(sync; echo 3 > /proc/sys/vm/drop_caches), or lower the memory settings with --set."))
     return found
 
 
-def _required_gib(spec: LaunchSpec, recipe: Recipe, meminfo: Path) -> tuple[float, str] | None:
+def _required_gib(spec: LaunchSpec, recipe: Recipe, total: float) -> tuple[float, str] | None:
     needs: list[tuple[float, str]] = []
     if recipe.min_available_gib:
         needs.append((recipe.min_available_gib, "the recipe's min_available_gib"))
@@ -215,7 +214,6 @@ def _required_gib(spec: LaunchSpec, recipe: Recipe, meminfo: Path) -> tuple[floa
             fraction = float(util)
         except ValueError:
             fraction = 0.0
-        _available, total = mem_available_gib(meminfo)
         needs.append((fraction * total, f"--gpu-memory-utilization {util} of {total:.1f} GiB unified memory"))
     return max(needs) if needs else None
 

@@ -20,11 +20,13 @@ METHOD_ARGS_MARKER = "$method_args"
 Scalar = str | int | float | bool
 
 
-class _Strict(BaseModel):
+class Strict(BaseModel):
+    """Frozen, and unknown keys are errors (recipes and sweep files alike)."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class DraftModel(_Strict):
+class DraftModel(Strict):
     id: str
     block_size: int | None = Field(
         default=None, ge=1,
@@ -32,7 +34,7 @@ class DraftModel(_Strict):
     )
 
 
-class ModelFacts(_Strict):
+class ModelFacts(Strict):
     """Facts for the bandwidth roofline; all optional."""
 
     total_params_b: float | None = None
@@ -42,20 +44,20 @@ class ModelFacts(_Strict):
     attention_layers: int | None = None
 
 
-class ModelSpec(_Strict):
+class ModelSpec(Strict):
     id: str
     served_name: str | None = None
     drafts: dict[str, DraftModel] = Field(default_factory=dict)
     facts: ModelFacts = Field(default_factory=ModelFacts)
 
 
-class Method(_Strict):
+class Method(Strict):
     description: str = ""
     args: list[Scalar] = Field(default_factory=list)
     env: dict[str, str] = Field(default_factory=dict)
 
 
-class EngineSpec(_Strict):
+class EngineSpec(Strict):
     kind: Literal["vllm", "sglang"]
     image: str
     image_alternatives: list[str] = Field(default_factory=list)
@@ -84,7 +86,7 @@ class EngineSpec(_Strict):
         return args
 
 
-class Recipe(_Strict):
+class Recipe(Strict):
     name: str
     description: str = ""
     hardware: str | None = None

@@ -104,13 +104,9 @@ class ServerConfigRow:
 
 
 @dataclass(frozen=True)
-class CellRow:
-    id: str
-    server_config_id: str
-    concurrency: int
-    workload: str
-    repeat: int
-    settings: dict[str, Any]
+class CellRow(PlannedCell):
+    """A planned cell with its state in this run."""
+
     status: str
     attempts: int
     started_at: str | None

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
+import platform
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -40,8 +42,6 @@ class Options:
 
 
 def host_facts() -> dict[str, Any]:
-    import platform
-
     available, total = preflight.mem_available_gib()
     return {"hostname": platform.node(), "machine": platform.machine(), "python": platform.python_version(),
             "kernel": platform.release(), "mem_total_gib": round(total, 1),
@@ -72,8 +72,6 @@ def _wait_memory(baseline_gib: float, timeout_s: float, say: Say) -> None:
 
 def _drop_caches(say: Say) -> None:
     try:
-        import os
-
         os.sync()
         Path("/proc/sys/vm/drop_caches").write_text("3\n")
         say("dropped the page cache (drop_caches)")
@@ -113,10 +111,9 @@ def timing_model(plan: Plan, history: list[Path]) -> TimingModel:
 
 def register(plan: Plan, store: Store) -> int:
     """Put the plan into the store (idempotent: a run started again adds only what is new)."""
-    from sparklab.render import API_KEY_PLACEHOLDER
-
     for server in plan.servers:
-        argv = [a if a != API_KEY_PLACEHOLDER else "<redacted>" for a in (*server.spec.entrypoint, *server.spec.argv)]
+        # The spec holds no secret: the API key is the placeholder "<redacted:api-key>" or an env var name.
+        argv = [*server.spec.entrypoint, *server.spec.argv]
         store.add_server_config(server.id, engine=server.engine, method=server.method, k=server.num_speculative_tokens,
                                 config={"recipe": server.recipe.name, "overrides": list(server.overrides),
                                         "serve_args": list(server.serve_args), "kind": server.spec.kind,
