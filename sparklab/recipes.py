@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
 
 from sparklab.errors import RecipeError
 
@@ -35,13 +35,26 @@ class DraftModel(Strict):
 
 
 class ModelFacts(Strict):
-    """Facts for the bandwidth roofline; all optional."""
+    """Facts for the bandwidth roofline in reports; all optional (a report says what it had to leave out)."""
 
-    total_params_b: float | None = None
-    active_params_b: float | None = None
-    weight_bits: float | None = None
-    layers: int | None = None
-    attention_layers: int | None = None
+    total_params_b: float | None = Field(default=None, gt=0)
+    active_params_b: float | None = Field(default=None, gt=0, description="parameters read per decode step")
+    weight_bits: float | None = Field(default=None, gt=0, description="stored width of those weights")
+    layers: int | None = Field(default=None, ge=1)
+    attention_layers: int | None = Field(default=None, ge=0)
+    kv_bytes_per_token: float | None = Field(
+        default=None, ge=0, description="KV cache bytes per token of context, all attention layers, K and V")
+    state_bytes_per_seq: float | None = Field(
+        default=None, ge=0, description="recurrent (Mamba/SSM) state bytes read per sequence per step")
+
+
+class Hardware(Strict):
+    """A device in recipes/hardware.yaml: its memory bandwidth bounds decode speed (the report's roofline)."""
+
+    description: str = ""
+    memory_gib: float | None = Field(default=None, gt=0)
+    bandwidth_gbps: float = Field(gt=0, description="memory bandwidth, GB/s (10^9 bytes per second)")
+    arch: str | None = None
 
 
 class ModelSpec(Strict):
@@ -251,6 +264,21 @@ def recipes_dir() -> Path:
         return Path(env)
     bundled = Path(__file__).resolve().parent.parent / "recipes"
     return bundled if bundled.is_dir() else Path.cwd() / "recipes"
+
+
+def load_hardware(directory: Path | None = None) -> dict[str, Hardware]:
+    """The device table (recipes/hardware.yaml); empty when the file is absent."""
+    path = (directory or recipes_dir()) / "hardware.yaml"
+    if not path.is_file():
+        return {}
+    data = read_yaml(path)
+    if not isinstance(data, dict):
+        raise RecipeError(f"{path}: expected a mapping of device name to its facts",
+                          "Example: gb10: {bandwidth_gbps: 273, memory_gib: 128}")
+    try:
+        return TypeAdapter(dict[str, Hardware]).validate_python(data)
+    except ValidationError as exc:
+        raise explain_validation(exc, str(path)) from None
 
 
 def list_recipes(directory: Path | None = None) -> list[Path]:

@@ -25,6 +25,7 @@ from sparklab.client import Sampling
 from sparklab.containers import Docker, Server
 from sparklab.errors import ContainerError, NotReadyError, PreflightError, SparklabError
 from sparklab.plan import Plan, ServerConfig, TimingModel
+from sparklab.recipes import Hardware, load_hardware
 from sparklab.store import PlannedCell, Store
 from sparklab.workloads import load_workload
 
@@ -109,15 +110,24 @@ def timing_model(plan: Plan, history: list[Path]) -> TimingModel:
     return model
 
 
+def _report_facts(server: ServerConfig, devices: dict[str, Hardware]) -> dict[str, Any]:
+    """What `sparklab report` needs years later without the recipe files: the model's facts, the device."""
+    recipe = server.recipe
+    device = devices.get(recipe.hardware) if recipe.hardware else None
+    return {"model": {"id": recipe.model.id, "facts": recipe.model.facts.model_dump(exclude_none=True)},
+            "hardware": {"name": recipe.hardware, **device.model_dump(exclude_none=True)} if device else None}
+
+
 def register(plan: Plan, store: Store) -> int:
     """Put the plan into the store (idempotent: a run started again adds only what is new)."""
+    devices = load_hardware()
     for server in plan.servers:
         # The spec holds no secret: the API key is the placeholder "<redacted:api-key>" or an env var name.
         argv = [*server.spec.entrypoint, *server.spec.argv]
         store.add_server_config(server.id, engine=server.engine, method=server.method, k=server.num_speculative_tokens,
                                 config={"recipe": server.recipe.name, "overrides": list(server.overrides),
                                         "serve_args": list(server.serve_args), "kind": server.spec.kind,
-                                        "label": server.label},
+                                        "label": server.label, **_report_facts(server, devices)},
                                 argv=argv, image=server.spec.image)
     settings = {"warmup": plan.sweep.warmup, "stream": plan.sweep.stream, "duration_s": plan.sweep.duration_s,
                 "sampling": plan.sweep.sampling.model_dump()}
