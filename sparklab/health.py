@@ -32,7 +32,7 @@ def _indent(text: str) -> str:
 
 
 def wait_ready(probe: Probe, url: str, *, kind: str, timeout_s: float, headers: dict[str, str] | None = None,
-               max_interval_s: float = 5.0, on_try: Callable[[float], None] | None = None,
+               max_interval_s: float = 1.0, on_try: Callable[[float], None] | None = None,
                clock: Callable[[], float] = time.monotonic) -> float:
     """Poll `url` until it answers 200, within a monotonic deadline. Returns seconds waited.
 
