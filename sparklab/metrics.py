@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -159,3 +160,89 @@ def server_latency(before: dict[str, Any] | None, after: dict[str, Any] | None) 
         return None
     return {**out, "source": "vLLM's histograms (sum/count deltas) from /metrics over the window: the engine's "
                              "own timing, without network or client time"}
+
+
+# -- repeats: confidence intervals and speedups ---------------------------------------------------------------
+
+CONFIDENCE = 0.95
+SPREAD_WARN = 0.10  # coefficient of variation across repeats above which a report says the spread is large
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """One metric over repeated runs: mean with a Student-t 95% interval (none from a single run).
+
+    median and sd (sample standard deviation, 0 for a single run) feed a report's conservative score.
+    """
+
+    values: tuple[float, ...]
+    mean: float
+    low: float | None
+    high: float | None
+    median: float
+    mad: float  # median absolute deviation, unscaled
+    sd: float
+    cv: float | None  # sd / mean; None for a single run
+
+    @property
+    def n(self) -> int:
+        return len(self.values)
+
+    @property
+    def spread_is_large(self) -> bool:
+        return self.cv is not None and self.cv > SPREAD_WARN
+
+
+def estimate(values: Iterable[float], confidence: float = CONFIDENCE) -> Estimate | None:
+    data = np.asarray(list(values), dtype=float)
+    if data.size == 0:
+        return None
+    mean, median = float(data.mean()), float(np.median(data))
+    mad = float(np.median(np.abs(data - median)))
+    if data.size < 2:
+        return Estimate(tuple(data.tolist()), mean, None, None, median, mad, 0.0, None)
+    sd = float(data.std(ddof=1))
+    half = _t_quantile((1 + confidence) / 2, data.size - 1) * sd / float(np.sqrt(data.size))
+    return Estimate(tuple(data.tolist()), mean, mean - half, mean + half, median, mad, sd, sd / mean if mean else None)
+
+
+def _t_quantile(q: float, df: float) -> float:
+    from scipy.stats import t  # imported here: scipy.stats takes a noticeable time to import
+
+    return float(t.ppf(q, df))
+
+
+@dataclass(frozen=True)
+class Ratio:
+    """treatment mean / baseline mean with a 95% interval (None when either side has a single run).
+
+    The interval is the delta method on the log of the ratio of means, with Welch-Satterthwaite degrees of
+    freedom: it holds for unequal repeat counts and variances and stays positive.
+    """
+
+    value: float
+    low: float | None
+    high: float | None
+
+    @property
+    def significant(self) -> bool | None:
+        """Whether the interval excludes 1.0 (None: no interval, nothing can be said)."""
+        if self.low is None or self.high is None:
+            return None
+        return not (self.low <= 1.0 <= self.high)
+
+
+def ratio(treatment: Estimate, baseline: Estimate, confidence: float = CONFIDENCE) -> Ratio | None:
+    if baseline.mean <= 0 or treatment.mean <= 0:
+        return None
+    value = treatment.mean / baseline.mean
+    if treatment.n < 2 or baseline.n < 2:
+        return Ratio(value, None, None)
+    # relative variance of each mean: s^2 / (n m^2)
+    parts = [float(np.var(e.values, ddof=1)) / (e.n * e.mean**2) for e in (treatment, baseline)]
+    se = float(np.sqrt(sum(parts)))
+    if se == 0.0:
+        return Ratio(value, value, value)
+    df = se**4 / sum(p**2 / (e.n - 1) for p, e in zip(parts, (treatment, baseline), strict=True) if p > 0)
+    half = _t_quantile((1 + confidence) / 2, df) * se
+    return Ratio(value, value * float(np.exp(-half)), value * float(np.exp(half)))
