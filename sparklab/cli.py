@@ -136,6 +136,19 @@ def build_parser() -> argparse.ArgumentParser:
                    help="override a container ulimit for every server")
     p.set_defaults(func=cmd_sweep)
 
+    p = sub.add_parser("report", help="tables, plots, roofline and the best config from a sweep's results (offline)")
+    p.add_argument("run", metavar="RUN", help="a run id under --runs-dir, a run directory or a results.sqlite file")
+    p.add_argument("--runs-dir", type=Path, default=Path("runs"), help="where runs are kept (default ./runs)")
+    p.add_argument("-f", "--format", default="md", choices=["md", "csv", "json", "html"],
+                   help="what to print on stdout (default md, paste-ready Markdown)")
+    p.add_argument("-o", "--out", type=Path, metavar="DIR",
+                   help="write report.md, .csv, .json, .html and plots/*.png here instead of printing")
+    p.add_argument("--hardware", metavar="NAME", help="roofline for this device of recipes/hardware.yaml")
+    p.add_argument("--bandwidth-gbps", type=float, metavar="GBPS", help="roofline with this memory bandwidth")
+    p.add_argument("--fact", dest="facts", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a model fact for the roofline, e.g. --fact active_params_b=3 (repeatable)")
+    p.set_defaults(func=cmd_report)
+
     p = sub.add_parser("down", help="stop and remove sparklab servers")
     p.add_argument("name", nargs="?", help="container name (see `sparklab ps`)")
     p.add_argument("--all", action="store_true", help="every sparklab container")
@@ -370,6 +383,69 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         out.print(sweep_table(store))
         out.print(f"results: {run_dir / 'results.sqlite'} · {counts}")
     return 0 if counts.get("failed", 0) == 0 and counts.get("pending", 0) == 0 else 6
+
+
+def _results_path(args: argparse.Namespace) -> Path:
+    given = Path(args.run)
+    for candidate in (given, given / "results.sqlite", args.runs_dir / args.run / "results.sqlite"):
+        if candidate.is_file():
+            return candidate
+    runs = sorted(p.parent.name for p in args.runs_dir.glob("*/results.sqlite"))
+    raise SparklabError(f"no results for run {args.run!r}: neither a results.sqlite file, nor a run directory, nor "
+                        f"{args.runs_dir / args.run / 'results.sqlite'}",
+                        f"Runs under {args.runs_dir}: {', '.join(runs) or 'none'} (another place: --runs-dir DIR).")
+
+
+def _report_overrides(args: argparse.Namespace) -> Any:
+    from sparklab.recipes import ModelFacts, load_hardware
+    from sparklab.report import Overrides
+    from sparklab.report.roofline import Device
+
+    device = None
+    if args.hardware:
+        devices = load_hardware()
+        if args.hardware not in devices:
+            raise SparklabError(f"--hardware {args.hardware}: no such device in recipes/hardware.yaml",
+                                f"Known: {', '.join(devices) or 'none'}; add it there, or give --bandwidth-gbps.")
+        device = Device(args.hardware, devices[args.hardware].bandwidth_gbps)
+    if args.bandwidth_gbps is not None:
+        if args.bandwidth_gbps <= 0:
+            raise SparklabError(f"--bandwidth-gbps must be positive, got {args.bandwidth_gbps:g}")
+        device = Device(f"{args.hardware or 'given'} at --bandwidth-gbps", args.bandwidth_gbps)
+    facts: dict[str, float] = {}
+    for text in args.facts:
+        key, _, raw = text.partition("=")
+        try:
+            value = float(raw)
+        except ValueError:
+            value = -1.0
+        if key.strip() not in ModelFacts.model_fields or value < 0:
+            raise SparklabError(f"--fact {text!r}: expected KEY=NUMBER (not negative), KEY one of "
+                                f"{', '.join(ModelFacts.model_fields)}", "Example: --fact active_params_b=3")
+        facts[key.strip()] = value
+    return Overrides(device, facts)
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    import tempfile
+
+    from sparklab import report
+    from sparklab.store import Store
+
+    path = _results_path(args)
+    overrides = _report_overrides(args)
+    with Store.open(path, readonly=True) as store:
+        built = report.build(store, path.parent.name, overrides)
+    if not built.groups:
+        err.print(f"{path}: no finished cells yet; the report has no measurements", markup=False)
+    if args.out:
+        for written in report.write_all(built, args.out):
+            out.print(str(written), markup=False)
+        return 0
+    with tempfile.TemporaryDirectory(prefix="sparklab-report-") as plots:
+        text = report.render(built, args.format, Path(plots))
+    sys.stdout.write(text)
+    return 0
 
 
 def cmd_down(args: argparse.Namespace) -> int:

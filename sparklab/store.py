@@ -164,13 +164,14 @@ class Store:
         return store
 
     @classmethod
-    def open(cls, path: str | Path) -> Store:
+    def open(cls, path: str | Path, readonly: bool = False) -> Store:
+        """readonly: for reports; the file is never written (it may sit on read-only media)."""
         path = Path(path)
         if not path.is_file():
             raise SparklabError(f"{path}: no results file (missing or not a file).",
                                 "Check the run id: each run keeps runs/<sweep-id>/results.sqlite.")
         try:
-            conn = _connect(path, mode="rw")
+            conn = _connect(path, mode="ro" if readonly else "rw")
         except sqlite3.DatabaseError as exc:
             raise SparklabError(f"{path}: not a readable SQLite results file ({exc}).", _UNUSABLE_HINT) from None
         try:

@@ -1,0 +1,303 @@
+"""The report's content: a `Report` → a `Document` of sections and tables (pure; rendered by document.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from sparklab.metrics import CONFIDENCE, SPREAD_WARN, Estimate, Ratio
+from sparklab.report.document import Block, Bullets, Code, Document, Image, Para, Section, Table
+from sparklab.report.model import BEST_TIE, Group, Report, Server, headline_name
+from sparklab.report.roofline import assumptions, model_inputs
+
+DASH = "-"
+
+
+def fmt(e: Estimate | None, digits: int = 2, scale: float = 1.0) -> str:
+    """mean, and ± the half-width of its 95% interval when there are repeats."""
+    if e is None:
+        return DASH
+    text = f"{e.mean * scale:,.{digits}f}"
+    if e.low is not None and e.high is not None:
+        text += f" ± {(e.high - e.mean) * scale:,.{digits}f}"
+    return text
+
+
+def fmt_ratio(group: Group) -> str:
+    if group.is_baseline and group.baseline == group.server.label:
+        return "100.00%"
+    r: Ratio | None = group.speedup
+    if r is None:
+        return DASH
+    text = f"{100 * r.value:.2f}%"
+    if r.low is not None and r.high is not None:
+        text += f" [{100 * r.low:.1f}, {100 * r.high:.1f}]"
+        if not r.significant:
+            text += " n.s."
+    return text
+
+
+def _n(group: Group) -> str:
+    flag = " (spread)" if group.headline and group.headline.spread_is_large else ""
+    return f"{group.n}{flag}"
+
+
+def _k(server: Server) -> str:
+    return DASH if server.k is None else str(server.k)
+
+
+# -- sections ----------------------------------------------------------------------------------------------------
+
+
+def _overview(report: Report) -> Section:
+    sweep, meta, host, counts = report.sweep, report.meta, report.host, report.counts
+    engines = sorted({f"{s.engine} {s.engine_version}" for s in report.servers if s.engine_version})
+    digests = sorted({f"`{s.image}` {s.image_digest}" for s in report.servers if s.image_digest}) or sorted(
+        {f"`{s.image}` (no server started)" for s in report.servers})
+    items = [
+        f"run `{report.run_id}` of sweep `{sweep.get('name', '?')}` (recipe `{sweep.get('recipe', '?')}`), "
+        f"created {meta.get('created_at', '?')} by sparklab {meta.get('sparklab_version', '?')}",
+        f"cells: {counts.get('done', 0)} done, {counts.get('failed', 0)} failed, "
+        f"{counts.get('pending', 0) + counts.get('running', 0)} not run; {len(report.servers)} server configs",
+        f"host: {host.get('hostname', '?')} ({host.get('machine', '?')}, {host.get('mem_total_gib', '?')} GiB)",
+    ]
+    if engines:
+        items.append("engine versions (GET /version): " + ", ".join(engines))
+    items.append("images: " + "; ".join(digests))
+    blocks: list[Block] = []
+    if sweep.get("description"):
+        blocks.append(Para(str(sweep["description"])))
+    blocks.append(Bullets(tuple(items)))
+    return Section("Run", blocks=blocks)
+
+
+def _method(report: Report) -> Section:
+    sweep = report.sweep
+    sampling = sweep.get("sampling") or {}
+    sources = sorted({s for g in report.groups for s in g.token_sources})
+    pct = f"{100 * CONFIDENCE:.0f}%"
+    return Section("How these numbers were measured", blocks=[Bullets((
+        "C=1 per-request tok/s: completion tokens / E2E latency of each request, mean over the cell's requests "
+        "(seed 000's per-request TPS). C>1 aggregate tok/s: all completion tokens / the window, from the first "
+        "measured request's start to the last one's end (seed 000's aggregate TPS).",
+        f"each cell: {sweep.get('warmup', '?')} warmup request(s) excluded, "
+        f"{'streamed' if sweep.get('stream', True) else 'non-streamed'}, max_tokens "
+        f"{sampling.get('max_tokens', '?')}, temperature {sampling.get('temperature')}; tokens counted from "
+        f"{', '.join(sources) or 'unknown'}.",
+        "decode tok/s: tokens after the first chunk / the time after it, mean over requests. TTFT p50: the "
+        "median request's first token - start, averaged over repeats.",
+        "acceptance length (1 + accepted / drafts) and rate (accepted / draft tokens): the server's spec-decode "
+        "counters over each window, not client guesses.",
+        f"repeats: `a ± b` is the mean over repeats and the half-width of its {pct} Student-t interval; a "
+        "single run has no interval. `(spread)` marks a coefficient of variation over "
+        f"{100 * SPREAD_WARN:.0f}%.",
+        f"vs baseline: the mean over the same engine's `none` at the same concurrency and workload; `[low, high]` "
+        f"is its {pct} interval (delta method on the log ratio, Welch degrees of freedom); `n.s.` = the "
+        "interval includes 100%, not a significant difference.",
+    ))])
+
+
+def _seed_tables(report: Report) -> list[Section]:
+    sections = []
+    for workload in report.workloads:
+        concs = report.concurrencies(workload)
+        for engine in report.engines(workload):
+            groups = [g for g in report.groups if g.workload == workload and g.server.engine == engine]
+            servers = sorted({g.server.id: g.server for g in groups}.values(),
+                             key=lambda s: (s.method != "none", s.seq))
+            header = ("method", "K", *(headline_name(c) for c in concs), *(f"vs baseline C={c}" for c in concs))
+            rows = []
+            for server in servers:
+                by_c = {g.concurrency: g for g in groups if g.server.id == server.id}
+                rows.append((server.method_name, _k(server),
+                             *(fmt(by_c[c].headline) if c in by_c else DASH for c in concs),
+                             *(fmt_ratio(by_c[c]) if c in by_c else DASH for c in concs)))
+            numeric = (False, False, *([True] * 2 * len(concs)))
+            sections.append(Section(f"Throughput vs baseline: {engine}, workload {workload}", blocks=[
+                Table(header, tuple(rows), numeric)]))
+    return sections
+
+
+def _detail_tables(report: Report) -> list[Section]:
+    sections = []
+    header = ("config", "K", "n", "aggregate tok/s", "per-request tok/s", "decode tok/s", "TTFT p50 ms",
+              "accept len", "accept rate %", "vs baseline", "% of roofline")
+    numeric = (False, False, True, True, True, True, True, True, True, True, True)
+    for workload in report.workloads:
+        for c in report.concurrencies(workload):
+            rows = []
+            for g in (g for g in report.groups if g.workload == workload and g.concurrency == c):
+                m = g.metrics
+                rows.append((f"{g.server.engine} {g.server.method_name}", _k(g.server), _n(g),
+                             fmt(m["aggregate_tps"]), fmt(m["per_request_tps"]), fmt(m["decode_tps"]),
+                             fmt(m["ttft_p50_ms"], 1), fmt(m["acceptance_length"]),
+                             fmt(m["acceptance_rate"], 1, 100), fmt_ratio(g),
+                             f"{g.roofline.percent:.1f}%" if g.roofline else DASH))
+            sections.append(Section(f"All metrics: workload {workload}, C={c}", level=3,
+                                    blocks=[Table(header, tuple(rows), numeric)]))
+    return [Section("All metrics per concurrency"), *sections]
+
+
+def _k_pivot(report: Report) -> list[Section]:
+    """Speedup by K, when some method ran with several K."""
+    sections = []
+    for workload in report.workloads:
+        groups = [g for g in report.groups if g.workload == workload and g.server.k is not None]
+        ks = sorted({g.server.k for g in groups if g.server.k is not None})
+        methods = list(dict.fromkeys((g.server.engine, g.server.method_name) for g in groups))
+        if len(ks) < 2:
+            continue
+        rows = []
+        for c in report.concurrencies(workload):
+            for engine, method in methods:
+                by_k = {g.server.k: g for g in groups if g.concurrency == c
+                        and (g.server.engine, g.server.method_name) == (engine, method)}
+                if by_k:
+                    rows.append((str(c), f"{engine} {method}", *(fmt_ratio(by_k[k]) if k in by_k else DASH
+                                                                 for k in ks)))
+        header = ("C", "config", *(f"K={k}" for k in ks))
+        sections.append(Section(f"Speedup vs baseline by K: workload {workload}", blocks=[
+            Para("Each cell: that method at that K against the same engine's `none` (the headline tok/s of the "
+                 "tables above)."),
+            Table(header, tuple(rows), (True, False, *([True] * len(ks))))]))
+    return sections
+
+
+def _best(report: Report) -> Section:
+    if not report.best:
+        return Section("Best configuration per concurrency", blocks=[Para("No finished cells.")])
+    rows, commands = [], []
+    for best in report.best:
+        g = best.group
+        why = f"best of {best.candidates}"
+        if best.best_score_group is not g:
+            why = (f"within {100 * BEST_TIE:.0f}% of {best.best_score_group.server.label} and a smaller K "
+                   f"(best of {best.candidates})")
+        single = " (single run: no spread known)" if g.n < 2 else ""
+        if g.speedup and g.speedup.significant is False:
+            why += "; not significantly faster than the baseline"
+        rows.append((best.workload, str(best.concurrency), f"{g.server.engine} {g.server.method_name}",
+                     _k(g.server), f"{best.score:,.2f}{single}", fmt_ratio(g), why))
+        commands.append(f"# {best.workload}, C={best.concurrency}\n{g.server.up_command}")
+    return Section("Best configuration per concurrency", blocks=[
+        Para("Score: the median of the headline tok/s over repeats minus their standard deviation (a "
+             f"configuration that is fast only sometimes scores lower); within {100 * BEST_TIE:.0f}% of the top "
+             "score the smallest K wins (no drafting counts as K=0)."),
+        Table(("workload", "C", "config", "K", "score tok/s", "vs baseline", "why"), tuple(rows),
+              (False, True, False, False, True, True, False)),
+        Para("To run it:"),
+        Code("\n".join(commands)),
+    ])
+
+
+def _facts(report: Report) -> Section:
+    rows = []
+    warnings: dict[str, list[str]] = {}
+    advice: dict[str, list[str]] = {}
+    for s in report.servers:
+        f = s.startup
+        conc = DASH
+        if f.get("max_concurrency") is not None:
+            conc = f"{f['max_concurrency']:g}x at {f.get('concurrency_tokens_per_request') or '?'} tokens"
+        rows.append((s.label, DASH if s.ready_s is None else f"{s.ready_s:.1f}",
+                     DASH if f.get("kv_cache_tokens") is None else f"{f['kv_cache_tokens']:,}", conc,
+                     _opt(f.get("kv_cache_memory_gib"), "{:g}"), _opt(f.get("model_load_seconds"), "{:g}"),
+                     _opt(f.get("model_load_gib"), "{:g}"), _opt(f.get("engine_init_seconds"), "{:g}")))
+        for text in f.get("warnings") or []:
+            warnings.setdefault(text, []).append(s.label)
+        for text in f.get("advice") or []:
+            advice.setdefault(text, []).append(s.label)
+    blocks: list[Block] = [
+        Para("From each server's startup log (the latest start of that config) and sparklab's readiness wait."),
+        Table(("server", "ready s", "KV cache tokens", "max concurrency", "KV cache GiB", "weights load s",
+               "model GiB", "engine init s"), tuple(rows), (False, *([True] * 7))),
+    ]
+    if advice:
+        blocks.append(Para("Advice from these logs:"))
+        blocks.append(Bullets(tuple(f"{text} ({_who(who, report)})" for text, who in advice.items())))
+    if warnings:
+        blocks.append(Para("Startup warnings:"))
+        blocks.append(Bullets(tuple(f"{text} ({_who(who, report)})" for text, who in warnings.items())))
+    return Section("Measured facts per server config", blocks=blocks)
+
+
+def _opt(value: float | None, pattern: str) -> str:
+    return DASH if value is None else pattern.format(value)
+
+
+def _who(labels: list[str], report: Report) -> str:
+    return "every server" if len(labels) == len(report.servers) > 1 else ", ".join(labels)
+
+
+def _roofline(report: Report) -> Section:
+    blocks: list[Block] = []
+    seen: list[list[str]] = []
+    for s in report.servers:
+        if s.device is None:
+            continue
+        inputs, _ = model_inputs(s.model.get("facts") or {}, s.device)
+        if inputs is not None and (lines := assumptions(inputs)) not in seen:
+            seen.append(lines)
+    for lines in seen:
+        blocks.append(Para(f"Assumptions ({len(seen)} model/device set{'s' if len(seen) > 1 else ''}; override "
+                           "with --bandwidth-gbps, --hardware or --fact KEY=VALUE):" if lines is seen[0] else
+                           "Another model/device set:"))
+        blocks.append(Bullets(tuple(lines)))
+    rows = []
+    for g in report.groups:
+        r = g.roofline
+        if r is None:
+            continue
+        rows.append((g.workload, str(g.concurrency), g.server.label, f"{r.acceptance_length:.2f}",
+                     DASH if r.context_tokens is None else f"{r.context_tokens:,.0f}", f"{r.bytes_per_step / 1e6:,.1f}",
+                     f"{r.bound_tps:,.1f}", f"{r.measured_tps:,.2f}", r.measured_source, f"{r.percent:.1f}%",
+                     f"{r.effective_gbps:,.1f}"))
+    if rows:
+        blocks.append(Table(("workload", "C", "config", "tokens/step/seq", "context tokens", "MB/step",
+                             "bound tok/s", "measured tok/s", "measured as", "% of bound", "effective GB/s"),
+                            tuple(rows), (False, True, False, *([True] * 5), False, True, True)))
+    if report.roofline_notes:
+        blocks.append(Bullets(tuple(report.roofline_notes)))
+    return Section("Roofline: measured decode speed against the memory-bandwidth bound", blocks=blocks)
+
+
+def _reliability(report: Report) -> Section:
+    items = []
+    single = [g for g in report.groups if g.n < 2]
+    if single:
+        items.append(f"{len(single)} of {len(report.groups)} measurements come from a single run: they have no "
+                     "confidence interval and their speedups cannot be called significant. Set `repeats: 3` (or "
+                     "more) in the sweep file and resume the run.")
+    spread = [g for g in report.groups if g.headline and g.headline.spread_is_large]
+    for g in spread:
+        values = ", ".join(f"{v:.2f}" for v in g.headline.values) if g.headline else ""
+        items.append(f"{g.server.label} at C={g.concurrency} ({g.workload}): spread "
+                     f"{100 * (g.headline.cv or 0) if g.headline else 0:.0f}% over {g.n} runs ({values}).")
+    ns = [g for g in report.groups if not g.is_baseline and g.speedup and g.speedup.significant is False]
+    if ns:
+        items.append("not significantly different from the baseline (interval includes 100%): " +
+                      "; ".join(f"{g.server.label} C={g.concurrency} {g.workload}" for g in ns) + ".")
+    if not items:
+        n = min((g.n for g in report.groups), default=0)
+        items.append(f"every measurement has at least {n} runs, none with a spread over "
+                     f"{100 * SPREAD_WARN:.0f}%, and every speedup's interval excludes 100%.")
+    return Section("How far to trust this", blocks=[Bullets(tuple(items))])
+
+
+def _failures(report: Report) -> Section | None:
+    if not report.failures:
+        return None
+    labels = {s.id: s.label for s in report.servers}
+    rows = tuple((f.at[:19], labels.get(f.server_config_id or "", "?"), f.kind,
+                  DASH if f.exit_code is None else str(f.exit_code), f.message.splitlines()[0][:160])
+                 for f in report.failures)
+    return Section("Failures (every attempt)", blocks=[Table(("at (UTC)", "server", "kind", "exit", "message"), rows)])
+
+
+def document(report: Report, plots: list[tuple[str, Path]] | None = None) -> Document:
+    sections = [_overview(report), _method(report), *_seed_tables(report), *_k_pivot(report), _best(report),
+                _reliability(report), *_detail_tables(report), _roofline(report), _facts(report)]
+    if failures := _failures(report):
+        sections.append(failures)
+    if plots:
+        sections.append(Section("Plots", blocks=[Image(title, path) for title, path in plots]))
+    return Document(f"sparklab report: {report.sweep.get('name', report.run_id)}", sections)

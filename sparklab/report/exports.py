@@ -1,0 +1,81 @@
+"""Machine-readable exports of a report: one CSV row per measurement, and the whole report as JSON. Pure."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from dataclasses import asdict
+from typing import Any
+
+from sparklab.metrics import Estimate
+from sparklab.report.model import METRICS, Group, Report, headline_name
+
+SCHEMA = "sparklab.report/1"
+
+
+def _estimate(e: Estimate | None) -> dict[str, Any] | None:
+    if e is None:
+        return None
+    return {"n": e.n, "mean": e.mean, "ci95_low": e.low, "ci95_high": e.high, "median": e.median, "sd": e.sd,
+            "mad": e.mad, "cv": e.cv, "values": list(e.values)}
+
+
+def _group_row(g: Group) -> dict[str, Any]:
+    row: dict[str, Any] = {"workload": g.workload, "concurrency": g.concurrency, "engine": g.server.engine,
+                           "method": g.server.method, "k": g.server.k, "server_config_id": g.server.id, "n": g.n,
+                           "headline": headline_name(g.concurrency),
+                           "headline_mean": g.headline.mean if g.headline else None}
+    for name in METRICS:
+        e = g.metrics[name]
+        row[f"{name}_mean"] = e.mean if e else None
+        row[f"{name}_ci95_low"] = e.low if e else None
+        row[f"{name}_ci95_high"] = e.high if e else None
+    s = g.speedup
+    row.update({"baseline": g.baseline, "speedup": s.value if s else None, "speedup_ci95_low": s.low if s else None,
+                "speedup_ci95_high": s.high if s else None,
+                "speedup_significant": s.significant if s else None})
+    r = g.roofline
+    row.update({"roofline_bound_tps": r.bound_tps if r else None,
+                "roofline_measured_tps": r.measured_tps if r else None,
+                "roofline_percent": r.percent if r else None,
+                "effective_gbps": r.effective_gbps if r else None})
+    return row
+
+
+def to_csv(report: Report) -> str:
+    rows = [_group_row(g) for g in report.groups]
+    out = io.StringIO()
+    if rows:
+        writer = csv.DictWriter(out, fieldnames=list(rows[0]), lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)
+    return out.getvalue()
+
+
+def to_json(report: Report) -> str:
+    groups = []
+    for g in report.groups:
+        groups.append({**{k: v for k, v in _group_row(g).items() if not k.startswith(tuple(METRICS))},
+                       "metrics": {name: _estimate(e) for name, e in g.metrics.items()},
+                       "per_position_acceptance": list(g.per_position), "ttft_ms": list(g.ttft_ms),
+                       "token_sources": list(g.token_sources),
+                       "roofline": asdict(g.roofline) if g.roofline else None,
+                       "cells": [c.id for c in g.cells]})
+    doc = {
+        "schema": SCHEMA, "run_id": report.run_id, "sweep": report.sweep, "meta": report.meta, "host": report.host,
+        "counts": report.counts,
+        "servers": [{"id": s.id, "label": s.label, "engine": s.engine, "method": s.method, "k": s.k,
+                     "recipe": s.recipe, "overrides": list(s.overrides), "serve_args": list(s.serve_args),
+                     "image": s.image, "image_digest": s.image_digest, "engine_version": s.engine_version,
+                     "ready_s": s.ready_s, "startup": s.startup, "model": s.model,
+                     "device": asdict(s.device) if s.device else None, "up_command": s.up_command}
+                    for s in report.servers],
+        "groups": groups,
+        "best": [{"workload": b.workload, "concurrency": b.concurrency, "server_config_id": b.group.server.id,
+                  "label": b.group.server.label, "score": b.score, "top_score_label": b.best_score_group.server.label,
+                  "candidates": b.candidates, "up_command": b.group.server.up_command} for b in report.best],
+        "failures": [asdict(f) for f in report.failures],
+        "roofline_notes": report.roofline_notes,
+    }
+    return json.dumps(doc, indent=1, default=str) + "\n"

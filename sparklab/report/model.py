@@ -1,0 +1,289 @@
+"""Stored results → the report's data (pure): repeats grouped, estimates, speedups, roofline, best configs.
+
+A group is one server config at one (workload, concurrency): its repeats are the done cells. Every number
+is a mean over repeats with a 95% interval (see `sparklab.metrics.estimate`); speedups compare a group with
+the same engine's `none` group at the same workload and concurrency.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from sparklab.metrics import Estimate, Ratio, estimate, ratio
+from sparklab.report.roofline import Device, RooflinePoint, bound, model_inputs
+from sparklab.store import CellRow, FailureRow, Store
+
+METHOD_NAMES = {"none": "none", "mtp": "MTP", "dflash": "DFlash", "dspark": "DSpark", "eagle": "EAGLE",
+                "ngram": "ngram", "draft_model": "draft model"}
+BASELINE = "none"
+BEST_TIE = 0.01  # within 1% of the best score, the smaller K wins
+
+
+def headline_name(concurrency: int) -> str:
+    """Seed 000's columns: per-request tok/s at C=1, aggregate tok/s above."""
+    return f"C={concurrency} per-request tok/s" if concurrency == 1 else f"C={concurrency} aggregate tok/s"
+
+
+def _summary(key: str, stat: str | None = None) -> Callable[[dict[str, Any]], float | None]:
+    def read(result: dict[str, Any]) -> float | None:
+        value = (result.get("summary") or {}).get(key)
+        if stat is not None:
+            value = (value or {}).get(stat)
+        return None if value is None else float(value)
+    return read
+
+
+def _speculative(key: str) -> Callable[[dict[str, Any]], float | None]:
+    def read(result: dict[str, Any]) -> float | None:
+        value = (result.get("speculative") or {}).get(key)
+        return None if value is None else float(value)
+    return read
+
+
+# metric → how to read it from one cell's stored result
+METRICS: dict[str, Callable[[dict[str, Any]], float | None]] = {
+    "aggregate_tps": _summary("aggregate_tps"),
+    "per_request_tps": _summary("per_request_tps", "mean"),
+    "decode_tps": _summary("decode_tps", "mean"),
+    "ttft_p50_ms": _summary("ttft_ms", "p50"),
+    "tpot_p50_ms": _summary("tpot_ms", "p50"),
+    "acceptance_length": _speculative("acceptance_length"),
+    "acceptance_rate": _speculative("acceptance_rate"),
+    "prompt_tokens": _summary("prompt_tokens", "mean"),
+    "tokens_per_request": _summary("tokens_per_request"),
+}
+
+
+@dataclass(frozen=True)
+class Server:
+    """One server config as the report sees it (the stored row, with its label and up command)."""
+
+    id: str
+    seq: int
+    engine: str
+    method: str
+    k: int | None
+    recipe: str
+    overrides: tuple[str, ...]
+    serve_args: tuple[str, ...]
+    image: str
+    image_digest: str | None
+    engine_version: str | None
+    ready_s: float | None
+    startup: dict[str, Any]
+    model: dict[str, Any]
+    device: Device | None
+
+    @property
+    def method_name(self) -> str:
+        return METHOD_NAMES.get(self.method, self.method)
+
+    @property
+    def label(self) -> str:
+        k = f" K={self.k}" if self.k is not None else ""
+        return f"{self.engine} {self.method_name}{k}"
+
+    @property
+    def up_command(self) -> str:
+        """The ready-to-run command that starts this configuration on its own."""
+        argv = ["sparklab", "up", f"{self.recipe}:{self.method}", "--engine", self.engine]
+        if self.k is not None:
+            argv += ["-k", str(self.k)]
+        for override in self.overrides:
+            argv += ["--set", override]
+        for arg in self.serve_args:
+            argv.append(f"--serve-arg={arg}")
+        return shlex.join(argv)
+
+
+@dataclass(frozen=True)
+class Group:
+    server: Server
+    workload: str
+    concurrency: int
+    cells: tuple[CellRow, ...]
+    metrics: dict[str, Estimate | None]
+    per_position: tuple[float, ...]
+    ttft_ms: tuple[float, ...]  # every measured request of every repeat
+    token_sources: tuple[str, ...]
+    speedup: Ratio | None = None
+    baseline: str | None = None  # the baseline group's server label
+    roofline: RooflinePoint | None = None
+
+    @property
+    def n(self) -> int:
+        return len(self.cells)
+
+    @property
+    def headline(self) -> Estimate | None:
+        return self.metrics["per_request_tps" if self.concurrency == 1 else "aggregate_tps"]
+
+    @property
+    def is_baseline(self) -> bool:
+        return self.server.method == BASELINE
+
+
+@dataclass(frozen=True)
+class Best:
+    workload: str
+    concurrency: int
+    group: Group
+    score: float
+    best_score_group: Group  # the highest score before the smaller-K preference
+    candidates: int
+
+
+@dataclass
+class Report:
+    run_id: str
+    sweep: dict[str, Any]
+    meta: dict[str, str]
+    host: dict[str, Any]
+    counts: dict[str, int]
+    servers: list[Server]
+    groups: list[Group]
+    best: list[Best]
+    failures: list[FailureRow]
+    roofline_notes: list[str] = field(default_factory=list)
+
+    @property
+    def workloads(self) -> list[str]:
+        return list(dict.fromkeys(g.workload for g in self.groups))
+
+    def concurrencies(self, workload: str) -> list[int]:
+        return sorted({g.concurrency for g in self.groups if g.workload == workload})
+
+    def engines(self, workload: str) -> list[str]:
+        return list(dict.fromkeys(g.server.engine for g in self.groups if g.workload == workload))
+
+
+@dataclass(frozen=True)
+class Overrides:
+    """What the user corrects at report time: the device's bandwidth, or model facts (`--fact KEY=VALUE`)."""
+
+    device: Device | None = None
+    facts: dict[str, float] = field(default_factory=dict)
+
+
+def _servers(store: Store, overrides: Overrides) -> list[Server]:
+    servers = []
+    for seq, row in enumerate(store.server_configs()):
+        config = row.config or {}
+        stored = config.get("hardware")
+        device = overrides.device or (Device(stored["name"], float(stored["bandwidth_gbps"]))
+                                      if stored and stored.get("bandwidth_gbps") else None)
+        model = dict(config.get("model") or {})
+        model["facts"] = {**(model.get("facts") or {}), **overrides.facts}
+        servers.append(Server(row.id, seq, row.engine, row.method, row.k, str(config.get("recipe", "?")),
+                              tuple(config.get("overrides", ())), tuple(config.get("serve_args", ())), row.image,
+                              row.image_digest, row.engine_version, row.ready_s, row.startup_facts or {}, model,
+                              device))
+    return servers
+
+
+def _ttfts(cells: list[CellRow]) -> tuple[float, ...]:
+    out = []
+    for cell in cells:
+        for request in (cell.result or {}).get("requests", []):
+            if not request.get("warmup") and not request.get("error") and request.get("first_token") is not None:
+                out.append(1000 * (request["first_token"] - request["start"]))
+    return tuple(out)
+
+
+def _per_position(cells: list[CellRow]) -> tuple[float, ...]:
+    curves = [c for cell in cells
+              if (c := ((cell.result or {}).get("speculative") or {}).get("per_position_acceptance"))]
+    if not curves:
+        return ()
+    width = min(len(c) for c in curves)
+    return tuple(sum(c[i] or 0.0 for c in curves) / len(curves) for i in range(width))
+
+
+def _group(server: Server, workload: str, concurrency: int, cells: list[CellRow]) -> Group:
+    results = [cell.result or {"summary": cell.summary} for cell in cells]
+    metrics = {name: estimate(v for r in results if (v := read(r)) is not None) for name, read in METRICS.items()}
+    sources = sorted({s for cell in cells for s in ((cell.summary or {}).get("token_sources") or {})})
+    return Group(server, workload, concurrency, tuple(cells), metrics, _per_position(cells), _ttfts(cells),
+                 tuple(sources))
+
+
+def _with_baseline(group: Group, groups: list[Group]) -> Group:
+    candidates = [g for g in groups if g.is_baseline and g.server.engine == group.server.engine
+                  and g.workload == group.workload and g.concurrency == group.concurrency]
+    # several baselines of one engine (different overrides): the one with the same overrides, else the first
+    same = [g for g in candidates if g.server.overrides == group.server.overrides]
+    base = (same or candidates or [None])[0]
+    if base is group:
+        return replace(group, speedup=Ratio(1.0, None, None), baseline=group.server.label)
+    if base is None or group.headline is None or base.headline is None:
+        return group
+    return replace(group, speedup=ratio(group.headline, base.headline), baseline=base.server.label)
+
+
+def _with_roofline(group: Group, notes: list[str]) -> Group:
+    server = group.server
+    if server.device is None:
+        return group
+    inputs, missing = model_inputs(server.model.get("facts") or {}, server.device)
+    if inputs is None:
+        note = f"{server.label}: no roofline, the model facts lack {', '.join(missing)} (set them with --fact)"
+        if note not in notes:
+            notes.append(note)
+        return group
+    m = group.metrics
+    accept = m["acceptance_length"].mean if m["acceptance_length"] else None
+    if accept is None and not group.is_baseline:
+        note = (f"{server.label}: no acceptance length from the server's counters; its roofline assumes 1 token "
+                "per step (a lower bound than the real one)")
+        if note not in notes:
+            notes.append(note)
+    context = None
+    if m["prompt_tokens"] and m["tokens_per_request"]:
+        context = m["prompt_tokens"].mean + m["tokens_per_request"].mean / 2
+    if m["decode_tps"]:
+        measured, source = m["decode_tps"].mean * group.concurrency, "decode tok/s x C"
+    elif group.headline:
+        measured, source = group.headline.mean, headline_name(group.concurrency).split(" ", 1)[1] + " (incl. prefill)"
+    else:
+        return group
+    return replace(group, roofline=bound(inputs, group.concurrency, accept or 1.0, context, measured, source))
+
+
+def _best(groups: list[Group]) -> list[Best]:
+    """Per (workload, concurrency): the highest median - sd of the headline over repeats (a config that is fast
+    only sometimes scores lower; sd, not MAD, so that one slow run in three counts); within 1% of it, the
+    smallest K (no drafting counts as 0)."""
+    out = []
+    keys = list(dict.fromkeys((g.workload, g.concurrency) for g in groups))
+    for workload, concurrency in keys:
+        scored = [(g.headline.median - g.headline.sd, g) for g in groups
+                  if g.workload == workload and g.concurrency == concurrency and g.headline]
+        if not scored:
+            continue
+        top_score, top = max(scored, key=lambda s: s[0])
+        close = [s for s in scored if s[0] >= top_score * (1 - BEST_TIE)]
+        score, chosen = min(close, key=lambda s: (s[1].server.k or 0, -s[0]))
+        out.append(Best(workload, concurrency, chosen, score, top, len(scored)))
+    return out
+
+
+def build(store: Store, run_id: str, overrides: Overrides | None = None) -> Report:
+    overrides = overrides or Overrides()
+    servers = _servers(store, overrides)
+    by_id = {s.id: s for s in servers}
+    cells: dict[tuple[str, str, int], list[CellRow]] = {}
+    for cell in store.cells("done"):
+        cells.setdefault((cell.server_config_id, cell.workload, cell.concurrency), []).append(cell)
+    ordered = sorted(cells, key=lambda key: (key[1], key[2], by_id[key[0]].seq))
+    groups = [_group(by_id[sid], workload, c, sorted(cells[(sid, workload, c)], key=lambda x: x.repeat))
+              for sid, workload, c in ordered]
+    notes: list[str] = []
+    groups = [_with_roofline(_with_baseline(g, groups), notes) for g in groups]
+    if not any(s.device for s in servers):
+        notes.append("no device bandwidth is known for this run (the recipe names no hardware in "
+                     "recipes/hardware.yaml): no roofline. Give one with --hardware NAME or --bandwidth-gbps GBPS.")
+    return Report(run_id, store.sweep(), store.meta(), store.host_facts(), store.counts(), servers, groups,
+                  _best(groups), store.failures(), notes)

@@ -1,0 +1,65 @@
+"""Report fixtures: a stored real CPU-engine run (an SQL dump), and a run built from seed 000's published table."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from sparklab import sweep
+from sparklab.plan import build_plan
+from sparklab.recipes import recipes_dir
+from sparklab.store import SCHEMA_VERSION, Store
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "report"
+GOLDEN = Path(__file__).resolve().parent / "golden" / "report"
+CPU_RUN_ID = "cpu-report-fixture-20261129-161930-13a461"
+
+
+def dump(results: Path, out: Path) -> None:
+    """Write a results file as SQL text (how the CPU fixture was made from its run)."""
+    conn = sqlite3.connect(results)
+    try:
+        text = "\n".join(conn.iterdump())
+    finally:
+        conn.close()
+    out.write_text(f"PRAGMA user_version = {SCHEMA_VERSION};\n{text}\n", encoding="utf-8")
+
+
+def load_dump(sql: Path, run_dir: Path) -> Path:
+    """The results file of a dumped run, recreated under run_dir (its name is the run id)."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / "results.sqlite"
+    conn = sqlite3.connect(path)
+    try:
+        conn.executescript(sql.read_text(encoding="utf-8"))
+    finally:
+        conn.close()
+    return path
+
+
+def cpu_run(tmp_path: Path) -> Path:
+    return load_dump(FIXTURES / "cpu-sweep.sql", tmp_path / CPU_RUN_ID)
+
+
+def seed000_run(tmp_path: Path) -> Path:
+    """recipes/sweeps/seed000.yaml planned and registered as a real sweep would, each cell finished with the
+    number seed 000 published for it (one run each; C=1 per-request tok/s, C=8 aggregate tok/s)."""
+    published: dict[str, Any] = yaml.safe_load((FIXTURES / "seed000.yaml").read_text())
+    plan = build_plan(recipes_dir() / "sweeps" / "seed000.yaml", run_id="seed000-published")
+    path = tmp_path / "seed000-published" / "results.sqlite"
+    with Store.create(path, plan.sweep.model_dump(), "test") as store:
+        sweep.register(plan, store)
+        methods = {s.id: s.method for s in store.server_configs()}
+        for cell in store.cells():
+            row = published["results"][methods[cell.server_config_id]]
+            summary: dict[str, Any] = {"requests": {"measured": cell.settings["requests"],
+                                                    "ok": cell.settings["requests"], "failed": 0}}
+            if cell.concurrency == 1:
+                summary["per_request_tps"] = {"n": cell.settings["requests"], "mean": row[1]}
+            else:
+                summary["aggregate_tps"] = row[cell.concurrency]
+            store.finish_cell(cell.id, summary, {"summary": summary})
+    return path

@@ -1,0 +1,225 @@
+"""`sparklab report`: golden Markdown from a real CPU-engine run, seed 000's published percentages, the
+statistics, the roofline arithmetic, the best-configuration rule, exports and the CLI's errors."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from sparklab import report
+from sparklab.cli import main
+from sparklab.metrics import estimate, ratio
+from sparklab.report.model import Overrides
+from sparklab.report.roofline import Device, bound, model_inputs
+from sparklab.store import Store
+from tests.reportkit import CPU_RUN_ID, GOLDEN, cpu_run, seed000_run
+
+
+def _build(path: Path, overrides: Overrides | None = None) -> report.Report:
+    with Store.open(path, readonly=True) as store:
+        return report.build(store, path.parent.name, overrides)
+
+
+# -- golden files ------------------------------------------------------------------------------------------
+
+
+def test_cpu_run_renders_the_golden_markdown_byte_for_byte(tmp_path: Path) -> None:
+    text = report.render(_build(cpu_run(tmp_path)), "md")
+    golden = GOLDEN / "cpu-sweep.md"
+    if os.environ.get("SPARKLAB_UPDATE_GOLDEN"):
+        golden.parent.mkdir(parents=True, exist_ok=True)
+        golden.write_text(text, encoding="utf-8")
+    assert text == golden.read_text(encoding="utf-8")
+
+
+def test_seed000_published_numbers_give_the_articles_percentages(tmp_path: Path) -> None:
+    text = report.render(_build(seed000_run(tmp_path)), "md")
+    assert "| method | K | C=1 per-request tok/s | C=8 aggregate tok/s | vs baseline C=1 | vs baseline C=8 |" in text
+    for row in ("| none | - | 81.27 | 241.67 | 100.00% | 100.00% |",
+                "| MTP | 3 | 111.36 | 302.27 | 137.02% | 125.08% |",
+                "| DFlash | 3 | 95.48 | 268.61 | 117.48% | 111.15% |",
+                "| DSpark | 3 | 124.24 | 354.56 | 152.87% | 146.71% |"):
+        assert row in text
+    # one run each: said, not hidden
+    assert "8 of 8 measurements come from a single run" in text
+    # DSpark is the best at both concurrencies, with its command
+    assert text.count("sparklab up gb10:dspark --engine vllm -k 3") == 2
+
+
+def test_seed000_roofline_on_gb10(tmp_path: Path) -> None:
+    built = _build(seed000_run(tmp_path))
+    none_c1 = next(g for g in built.groups if g.server.method == "none" and g.concurrency == 1)
+    r = none_c1.roofline
+    assert r is not None
+    # 3 B active x 4 bits = 1.5 GB per step; 273 GB/s / 1.5 GB = 182 steps/s, 1 token each
+    assert r.bytes_per_step == pytest.approx(1.5e9)
+    assert r.bound_tps == pytest.approx(182.0)
+    assert r.percent == pytest.approx(100 * 81.27 / 182.0)
+    assert "incl. prefill" in r.measured_source
+    dspark_c8 = next(g for g in built.groups if g.server.method == "dspark" and g.concurrency == 8)
+    assert dspark_c8.roofline is not None and dspark_c8.roofline.bound_tps == pytest.approx(8 * 182.0)
+    # no acceptance counters in the published numbers: the report says what it assumed
+    assert any("no acceptance length" in note and "DSpark" in note for note in built.roofline_notes)
+
+
+# -- statistics --------------------------------------------------------------------------------------------
+
+
+def test_estimate_is_the_student_t_interval() -> None:
+    e = estimate([98.0, 100.0, 102.0])
+    assert e is not None and e.mean == 100.0 and e.sd == 2.0
+    # t(0.975, df=2) = 4.302653
+    assert e.high - e.mean == pytest.approx(4.302653 * 2.0 / 3**0.5, rel=1e-6)
+    single = estimate([5.0])
+    assert single is not None and single.low is None and single.cv is None
+    assert estimate([]) is None
+
+
+def test_speedup_interval_and_significance() -> None:
+    base = estimate([80.0, 81.0, 79.0])
+    fast = estimate([100.0, 102.0, 98.0])
+    noisy = estimate([70.0, 100.0, 130.0])
+    assert base and fast and noisy
+    clear = ratio(fast, base)
+    assert clear is not None and clear.value == pytest.approx(1.25) and clear.significant is True
+    assert clear.low < 1.25 < clear.high
+    vague = ratio(noisy, base)
+    assert vague is not None and vague.significant is False and vague.low < 1.0 < vague.high
+    one = ratio(estimate([100.0]), base)  # type: ignore[arg-type]
+    assert one is not None and one.low is None and one.significant is None
+
+
+def test_cpu_run_marks_not_significant_and_spread(tmp_path: Path) -> None:
+    built = _build(cpu_run(tmp_path))
+    assert built.groups and all(g.n == 3 for g in built.groups)
+    text = report.render(built, "md")
+    for g in built.groups:
+        if g.speedup and g.speedup.significant is False and not g.is_baseline:
+            assert f"{g.server.label} C={g.concurrency}" in text
+    assert ("n.s." in text) == any(g.speedup and g.speedup.significant is False for g in built.groups)
+
+
+# -- best configuration ------------------------------------------------------------------------------------
+
+
+def _fake_run(tmp_path: Path, values: dict[str, list[float]]) -> Path:
+    """seed000's plan, C=8 only, each method with the given repeat values (aggregate tok/s)."""
+    from sparklab import sweep as sweeper
+    from sparklab.plan import build_plan
+    from sparklab.recipes import recipes_dir
+
+    sweep_file = tmp_path / "fake.yaml"
+    sweep_file.write_text(
+        "name: fake\nrecipe: gb10\nengines: [vllm]\nmethods: [none, mtp, dspark]\nnum_speculative_tokens: [2, 3]\n"
+        f"concurrency: [8]\nrepeats: {len(next(iter(values.values())))}\nrequests: 8\n")
+    plan = build_plan(sweep_file, run_id="fake")
+    assert recipes_dir()
+    path = tmp_path / "fake-run" / "results.sqlite"
+    with Store.create(path, plan.sweep.model_dump(), "test") as store:
+        sweeper.register(plan, store)
+        labels = {s.id: f"{s.method}{s.k or ''}" for s in store.server_configs()}
+        for cell in store.cells():
+            summary = {"aggregate_tps": values[labels[cell.server_config_id]][cell.repeat]}
+            store.finish_cell(cell.id, summary, {"summary": summary})
+    return path
+
+
+def test_best_prefers_the_steady_config_and_the_smaller_k_within_one_percent(tmp_path: Path) -> None:
+    path = _fake_run(tmp_path, {
+        "none": [100.0, 100.5, 99.5],
+        "mtp2": [150.0, 150.2, 149.8],     # steady
+        "mtp3": [151.0, 151.1, 150.9],     # within 1% of mtp2: the smaller K wins
+        "dspark2": [190.0, 100.0, 191.0],  # fastest median, but one slow run in three
+        "dspark3": [90.0, 91.0, 89.0],
+    })
+    (best,) = _build(path).best
+    assert (best.group.server.method, best.group.server.k) == ("mtp", 2)
+    assert best.best_score_group.server.k == 3
+    assert best.group.server.up_command == "sparklab up gb10:mtp --engine vllm -k 2"
+
+
+def test_best_is_the_baseline_when_drafting_does_not_pay(tmp_path: Path) -> None:
+    path = _fake_run(tmp_path, {"none": [100.0, 101.0, 99.0], "mtp2": [100.5, 100.0, 99.5],
+                                "mtp3": [95.0, 96.0, 94.0], "dspark2": [80.0, 81.0, 79.0],
+                                "dspark3": [70.0, 71.0, 69.0]})
+    (best,) = _build(path).best
+    assert best.group.server.method == "none"
+    assert "-k" not in best.group.server.up_command
+
+
+# -- roofline ----------------------------------------------------------------------------------------------
+
+
+def test_roofline_counts_kv_and_state_per_sequence_and_acceptance() -> None:
+    inputs, missing = model_inputs({"active_params_b": 1.0, "weight_bits": 8, "kv_bytes_per_token": 1000,
+                                    "state_bytes_per_seq": 2e6}, Device("x", 100.0))
+    assert inputs is not None and not missing
+    point = bound(inputs, batch=4, acceptance_length=2.5, context_tokens=1000.0, measured_tps=500.0,
+                  measured_source="test")
+    step = 1e9 + 4 * (1000 * 1000 + 2e6)
+    assert point.bytes_per_step == step
+    assert point.bound_tps == pytest.approx(100e9 / step * 4 * 2.5)
+    assert point.effective_gbps == pytest.approx(500.0 / (4 * 2.5) * step / 1e9)
+    assert model_inputs({"active_params_b": 1.0}, Device("x", 1.0)) == (None, ["weight_bits"])
+
+
+def test_fact_and_bandwidth_overrides_change_the_bound(tmp_path: Path) -> None:
+    path = cpu_run(tmp_path)
+    assert all(g.roofline is None for g in _build(path).groups)  # the CPU recipe names no hardware
+    built = _build(path, Overrides(Device("given", 20.0), {"kv_bytes_per_token": 0.0}))
+    none_c1 = next(g for g in built.groups if g.is_baseline and g.concurrency == 1)
+    assert none_c1.roofline is not None
+    assert none_c1.roofline.bytes_per_step == pytest.approx(0.135e9 * 4)  # fp32, KV switched off
+    assert none_c1.roofline.bound_tps == pytest.approx(20e9 / (0.135e9 * 4))
+
+
+# -- exports and the CLI -----------------------------------------------------------------------------------
+
+
+def test_csv_and_json_carry_every_group(tmp_path: Path) -> None:
+    built = _build(cpu_run(tmp_path))
+    rows = list(csv.DictReader(io.StringIO(report.render(built, "csv"))))
+    assert len(rows) == len(built.groups)
+    assert {r["method"] for r in rows} == {"none", "ngram", "draft_model"}
+    doc = json.loads(report.render(built, "json"))
+    assert doc["schema"] == "sparklab.report/1" and len(doc["groups"]) == len(built.groups)
+    assert all(len(g["metrics"]["aggregate_tps"]["values"]) == 3 for g in doc["groups"])
+    assert {b["up_command"].split()[2] for b in doc["best"]} <= {"cpu:none", "cpu:ngram", "cpu:draft_model"}
+
+
+def test_cli_writes_every_format_and_the_plots(tmp_path: Path, capsys) -> None:
+    cpu_run(tmp_path / "runs")
+    out = tmp_path / "out"
+    assert main(["report", CPU_RUN_ID, "--runs-dir", str(tmp_path / "runs"), "-o", str(out),
+                 "--bandwidth-gbps", "20"]) == 0
+    for name in ("report.md", "report.csv", "report.json", "report.html"):
+        assert (out / name).stat().st_size > 0
+    plots = sorted(p.name for p in (out / "plots").glob("*.png"))
+    assert plots == ["acceptance-seed.png", "speedup-seed.png", "throughput-vs-k-seed.png", "ttft-seed.png"]
+    md = (out / "report.md").read_text()
+    assert "![tok/s vs K" in md and "(plots/throughput-vs-k-seed.png)" in md
+    assert "% of bound" in md
+
+
+def test_cli_errors_name_the_fix(tmp_path: Path, capsys) -> None:
+    cpu_run(tmp_path / "runs")
+    assert main(["report", "nope", "--runs-dir", str(tmp_path / "runs")]) != 0
+    err = capsys.readouterr().err
+    assert "no results for run 'nope'" in err and CPU_RUN_ID in err
+    assert main(["report", CPU_RUN_ID, "--runs-dir", str(tmp_path / "runs"), "--fact", "params=3"]) != 0
+    assert "active_params_b" in capsys.readouterr().err
+    assert main(["report", CPU_RUN_ID, "--runs-dir", str(tmp_path / "runs"), "--hardware", "h100"]) != 0
+    assert "gb10" in capsys.readouterr().err
+
+
+def test_report_never_writes_the_results_file(tmp_path: Path, capsys) -> None:
+    path = cpu_run(tmp_path)
+    before = path.read_bytes()
+    assert main(["report", str(path.parent), "-f", "csv"]) == 0
+    assert path.read_bytes() == before
+    assert capsys.readouterr().out.startswith("workload,concurrency,engine,method,k,")
