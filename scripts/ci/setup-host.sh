@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Prepare a Debian 12 host (run as root) for sparklab's Docker tests:
-#   - install docker.io, docker-registry, mmdebstrap from the machine's own apt sources (only if missing)
+#   - install docker.io, docker-registry, mmdebstrap from the machine's own apt sources (only if missing),
+#     and chromium, which opens `sparklab report`'s HTML in a test
 #   - start dockerd in the background if `docker info` fails (no systemd needed)
 #   - start a local registry on 127.0.0.1:5000 as a host process (storage under ~/.cache/sparklab/registry)
 # Idempotent: a re-run on a ready host only checks and prints status.
@@ -21,7 +22,8 @@ die() { printf '[setup-host] ERROR: %s\n' "$*" >&2; exit 1; }
 pkg_installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q 'install ok installed'; }
 
 missing=()
-for p in docker.io docker-registry mmdebstrap curl python3-venv; do
+PACKAGES=(docker.io docker-registry mmdebstrap curl python3-venv chromium)
+for p in "${PACKAGES[@]}"; do
   pkg_installed "$p" || missing+=("$p")
 done
 if [ "${#missing[@]}" -gt 0 ]; then
@@ -30,7 +32,7 @@ if [ "${#missing[@]}" -gt 0 ]; then
   apt-get update -qq
   apt-get install -y -qq "${missing[@]}" </dev/null
 else
-  say "packages present: docker.io docker-registry mmdebstrap curl python3-venv"
+  say "packages present: ${PACKAGES[*]}"
 fi
 
 # --- dockerd ---------------------------------------------------------------------------------------
