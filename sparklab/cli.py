@@ -137,7 +137,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_sweep)
 
     p = sub.add_parser("report", help="tables, plots, roofline and the best config from a sweep's results (offline)")
-    p.add_argument("run", metavar="RUN", help="a run id under --runs-dir, a run directory or a results.sqlite file")
+    p.add_argument("run", metavar="RUN",
+                   help="a run id or sweep name (its newest run) under --runs-dir, a run directory or a results.sqlite")
     p.add_argument("--runs-dir", type=Path, default=Path("runs"), help="where runs are kept (default ./runs)")
     p.add_argument("-f", "--format", default="md", choices=["md", "csv", "json", "html"],
                    help="what to print on stdout (default md, paste-ready Markdown)")
@@ -382,6 +383,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                 status.stop()
         out.print(sweep_table(store))
         out.print(f"results: {run_dir / 'results.sqlite'} · {counts}")
+        out.print(f"report (tables, intervals, roofline, plots): sparklab report {run_dir.name} --runs-dir "
+                  f"{args.runs_dir} -o {run_dir / 'report'}", markup=False)
     return 0 if counts.get("failed", 0) == 0 and counts.get("pending", 0) == 0 else 6
 
 
@@ -390,6 +393,10 @@ def _results_path(args: argparse.Namespace) -> Path:
     for candidate in (given, given / "results.sqlite", args.runs_dir / args.run / "results.sqlite"):
         if candidate.is_file():
             return candidate
+    newest = sorted(args.runs_dir.glob(f"{args.run}-*/results.sqlite"))  # a sweep name: its newest run
+    if newest:
+        err.print(f"newest run of sweep {args.run}: {newest[-1].parent.name}", markup=False)
+        return newest[-1]
     runs = sorted(p.parent.name for p in args.runs_dir.glob("*/results.sqlite"))
     raise SparklabError(f"no results for run {args.run!r}: neither a results.sqlite file, nor a run directory, nor "
                         f"{args.runs_dir / args.run / 'results.sqlite'}",

@@ -388,6 +388,13 @@ class Server:
                 return "\n".join(self.log_path.read_text("utf-8", "replace").splitlines()[-lines:])
             return ""
 
+    def log_since(self, since: float) -> str:
+        """The log from a wall-clock time (epoch seconds) on, redacted; empty when Docker cannot give it."""
+        try:
+            return redact(self.container.logs(since=since), self._secrets).decode("utf-8", "replace")
+        except (docker.errors.APIError, requests.RequestException):
+            return ""
+
     def full_log(self) -> str:
         try:
             return redact(self.container.logs(), self._secrets).decode("utf-8", "replace")

@@ -20,7 +20,7 @@ from typing import Any
 
 import requests
 
-from sparklab import __version__, bench, launch, preflight
+from sparklab import __version__, bench, launch, preflight, scrape
 from sparklab.client import Sampling
 from sparklab.containers import Docker, Server
 from sparklab.errors import ContainerError, NotReadyError, PreflightError, SparklabError
@@ -210,6 +210,9 @@ def _run_cell(plan: Plan, store: Store, ready: launch.Ready, server: ServerConfi
         store.fail_cell(cell.id, "bench_error", exc.message, max_attempts=sweep.max_attempts)
         say(f"cell {name}: failed: {exc.message}")
         return
+    if ready.server.spec.kind == "sglang":  # no acceptance counters: its `accept len` log lines in the window
+        since = result["measurement"]["window_started_at"]
+        result["speculative_log"] = scrape.log_acceptance(ready.server.log_since(since))
     summary = result["summary"]
     if not summary["requests"]["ok"]:
         errors = "; ".join(summary["requests"]["first_errors"]) or "no request succeeded"

@@ -74,6 +74,7 @@ def _method(report: Report) -> Section:
     sweep = report.sweep
     sampling = sweep.get("sampling") or {}
     sources = sorted({s for g in report.groups for s in g.token_sources})
+    accept = sorted({s for g in report.groups for s in g.acceptance_sources})
     pct = f"{100 * CONFIDENCE:.0f}%"
     return Section("How these numbers were measured", blocks=[Bullets((
         "C=1 per-request tok/s: completion tokens / E2E latency of each request, mean over the cell's requests "
@@ -85,8 +86,8 @@ def _method(report: Report) -> Section:
         f"{', '.join(sources) or 'unknown'}.",
         "decode tok/s: tokens after the first chunk / the time after it, mean over requests. TTFT p50: the "
         "median request's first token - start, averaged over repeats.",
-        "acceptance length (1 + accepted / drafts) and rate (accepted / draft tokens): the server's spec-decode "
-        "counters over each window, not client guesses.",
+        "acceptance length (1 + accepted / drafts) and rate (accepted / draft tokens): the server's own figures "
+        "over each window, not client guesses; here from " + ("; ".join(accept) if accept else "no drafting") + ".",
         f"repeats: `a ± b` is the mean over repeats and the half-width of its {pct} Student-t interval; a "
         "single run has no interval. `(spread)` marks a coefficient of variation over "
         f"{100 * SPREAD_WARN:.0f}%.",

@@ -59,7 +59,7 @@ def to_json(report: Report) -> str:
         groups.append({**{k: v for k, v in _group_row(g).items() if not k.startswith(tuple(METRICS))},
                        "metrics": {name: _estimate(e) for name, e in g.metrics.items()},
                        "per_position_acceptance": list(g.per_position), "ttft_ms": list(g.ttft_ms),
-                       "token_sources": list(g.token_sources),
+                       "token_sources": list(g.token_sources), "acceptance_sources": list(g.acceptance_sources),
                        "roofline": asdict(g.roofline) if g.roofline else None,
                        "cells": [c.id for c in g.cells]})
     doc = {

@@ -43,6 +43,21 @@ def _speculative(key: str) -> Callable[[dict[str, Any]], float | None]:
     return read
 
 
+def acceptance(result: dict[str, Any]) -> tuple[float | None, str | None]:
+    """Acceptance length and where it came from: vLLM's counters over the window; for SGLang, the mean of
+    its `accept len` log lines in the window, else /server_info's avg_spec_accept_length."""
+    spec = result.get("speculative") or {}
+    if spec.get("acceptance_length") is not None:
+        return float(spec["acceptance_length"]), "vLLM spec-decode counters (/metrics delta over the window)"
+    log = result.get("speculative_log") or {}
+    if log.get("mean") is not None:
+        return float(log["mean"]), "SGLang `accept len` log lines in the window (mean over batches)"
+    info = ((result.get("server") or {}).get("after") or {}).get("sglang_avg_spec_accept_length")
+    if info is not None:
+        return float(info), "SGLang /server_info avg_spec_accept_length after the window"
+    return None, None
+
+
 # metric → how to read it from one cell's stored result
 METRICS: dict[str, Callable[[dict[str, Any]], float | None]] = {
     "aggregate_tps": _summary("aggregate_tps"),
@@ -50,7 +65,7 @@ METRICS: dict[str, Callable[[dict[str, Any]], float | None]] = {
     "decode_tps": _summary("decode_tps", "mean"),
     "ttft_p50_ms": _summary("ttft_ms", "p50"),
     "tpot_p50_ms": _summary("tpot_ms", "p50"),
-    "acceptance_length": _speculative("acceptance_length"),
+    "acceptance_length": lambda result: acceptance(result)[0],
     "acceptance_rate": _speculative("acceptance_rate"),
     "prompt_tokens": _summary("prompt_tokens", "mean"),
     "tokens_per_request": _summary("tokens_per_request"),
@@ -109,6 +124,7 @@ class Group:
     per_position: tuple[float, ...]
     ttft_ms: tuple[float, ...]  # every measured request of every repeat
     token_sources: tuple[str, ...]
+    acceptance_sources: tuple[str, ...]
     speedup: Ratio | None = None
     baseline: str | None = None  # the baseline group's server label
     roofline: RooflinePoint | None = None
@@ -206,8 +222,9 @@ def _group(server: Server, workload: str, concurrency: int, cells: list[CellRow]
     results = [cell.result or {"summary": cell.summary} for cell in cells]
     metrics = {name: estimate(v for r in results if (v := read(r)) is not None) for name, read in METRICS.items()}
     sources = sorted({s for cell in cells for s in ((cell.summary or {}).get("token_sources") or {})})
+    accepted = sorted({source for r in results if (source := acceptance(r)[1])})
     return Group(server, workload, concurrency, tuple(cells), metrics, _per_position(cells), _ttfts(cells),
-                 tuple(sources))
+                 tuple(sources), tuple(accepted))
 
 
 def _with_baseline(group: Group, groups: list[Group]) -> Group:

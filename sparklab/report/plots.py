@@ -44,6 +44,10 @@ def _config(g: Group) -> str:
     return f"{g.server.engine} {g.server.method_name}"
 
 
+def _tick(g: Group) -> str:
+    return g.server.method_name + (f"\nK={g.server.k}" if g.server.k is not None else "")
+
+
 def _per_panel(report: Report, workload: str, out: Path, name: str, title: str,
                draw: Callable[[Any, list[Group], int], bool]) -> list[Plot]:
     plt = _pyplot()
@@ -105,10 +109,9 @@ def speedup_bars(report: Report, workload: str, out: Path) -> list[Plot]:
                for g in bars]
         high = [100 * (g.speedup.high - g.speedup.value) if g.speedup and g.speedup.high is not None else 0.0
                 for g in bars]
-        labels = [f"{g.server.method_name}" + (f"\nK={g.server.k}" if g.server.k is not None else "") for g in bars]
         ax.bar(range(len(bars)), values, yerr=[low, high], capsize=4, color="#4c78a8")
         ax.axhline(100, color="black", linewidth=1)
-        ax.set_xticks(range(len(bars)), labels, fontsize=7)
+        ax.set_xticks(range(len(bars)), [_tick(g) for g in bars], fontsize=7)
         ax.set_ylabel("% of baseline (none)")
         return True
 
@@ -139,9 +142,7 @@ def ttft(report: Report, workload: str, out: Path) -> list[Plot]:
         if not shown:
             return False
         ax.boxplot([list(g.ttft_ms) for g in shown], showfliers=True)
-        ax.set_xticks(range(1, len(shown) + 1),
-                      [g.server.method_name + (f"\nK={g.server.k}" if g.server.k is not None else "") for g in shown],
-                      fontsize=7)
+        ax.set_xticks(range(1, len(shown) + 1), [_tick(g) for g in shown], fontsize=7)
         ax.set_ylabel("TTFT ms (every measured request)")
         return True
 

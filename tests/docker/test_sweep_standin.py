@@ -3,6 +3,7 @@ their cells, SIGKILL leaves nothing behind after the next start, bad results fil
 
 from __future__ import annotations
 
+import json
 import signal
 import sqlite3
 import subprocess
@@ -65,6 +66,34 @@ def test_sweep_runs_every_cell_once_and_a_rerun_does_nothing(cli: Cli, tmp_path:
         assert all(c.result["schema"] == "sparklab.bench/1" for c in store.cells("done"))
     again = _run(cli, path)
     assert again.returncode == 0 and "0 new cell(s)" in again.stderr and "starting" not in again.stderr
+
+
+def test_sglang_sweep_keeps_the_accept_len_lines_and_reports_them(cli: Cli, tmp_path: Path) -> None:
+    """SGLang has no acceptance counters: the sweep keeps its `accept len` log lines of each window, and the
+    report (offline, from the results file alone) shows them, their source, and a speedup per repeat set."""
+    sglang = [f"engines.sglang.image={cli.image}", "engines.sglang.gpus=none", "engines.sglang.mount_hf_cache=false",
+              "engines.sglang.ulimits={stack: 67108864}", f"engines.sglang.port={free_port()}",
+              "engines.sglang.env={STANDIN_TOKENS_PER_CHUNK: '1,3,2', STANDIN_TOKEN_DELAY: '0.002'}",
+              "unified_memory=false"]
+    path = _sweep(tmp_path, cli.image, engines=["sglang"], num_speculative_tokens=[3], concurrency=[1],
+                  requests={1: 4}, repeats=2, set=sglang)
+    done = _run(cli, path)
+    assert done.returncode == 0, done.stderr
+    with _store(path) as store:
+        assert store.counts()["done"] == 4
+        logs = [c.result.get("speculative_log") for c in store.cells("done")]
+        run_dir = store.path.parent
+    assert sum(1 for log in logs if log) == 2  # the dspark cells; none prints no accept len lines
+    assert all(log["samples"] == 4 and log["mean"] == pytest.approx(2.0) for log in logs if log)
+    shown = subprocess.run([sys.executable, "-m", "sparklab", "report", str(run_dir), "-f", "json"],
+                           capture_output=True, text=True, timeout=120)
+    assert shown.returncode == 0, shown.stderr
+    doc = json.loads(shown.stdout)
+    dspark = next(g for g in doc["groups"] if g["method"] == "dspark")
+    assert dspark["n"] == 2 and dspark["metrics"]["acceptance_length"]["mean"] == pytest.approx(2.0)
+    assert dspark["acceptance_sources"] == ["SGLang `accept len` log lines in the window (mean over batches)"]
+    assert dspark["speedup"] and dspark["speedup_ci95_low"] is not None
+    assert doc["best"][0]["up_command"].startswith("sparklab up gb10:")
 
 
 def test_a_failing_server_fails_only_its_cells(cli: Cli, tmp_path: Path) -> None:

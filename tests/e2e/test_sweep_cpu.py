@@ -1,8 +1,10 @@
 """The main job on this machine, for real: the CPU demo sweep (none vs ngram vs SmolLM2 drafting for itself,
-K 1-3, concurrency 1 and 4) through real Docker, resumable, ending with the results table."""
+K 1-3, concurrency 1 and 4) through real Docker, resumable, ending with the results table, then the report
+made from the stored run."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -41,3 +43,25 @@ def test_cpu_demo_sweep(engine_cli: Cli, tmp_path: Path, measured) -> None:
         measured[f"cpu demo: {label} c={c} tok/s (vs none)"] = f"{value:.2f} ({value / tps[('vllm-cpu/none', c)]:.2f}x)"
     measured["cpu demo: server ready (s), min-max"] = f"{min(ready):.1f}-{max(ready):.1f}"
     assert "vs none" in done.stdout and "vllm-cpu/draft_model K=3" in done.stdout
+
+    # The report from the same run, offline: its speedups agree with the stored cells, every format is written.
+    out = tmp_path / "report"
+    shown = subprocess.run([sys.executable, "-m", "sparklab", "report", str(db.parent), "-o", str(out),
+                            "--bandwidth-gbps", "20"], capture_output=True, text=True, timeout=300)
+    assert shown.returncode == 0, shown.stderr[-4000:]
+    doc = json.loads((out / "report.json").read_text())
+    with Store.open(db, readonly=True) as store:  # one repeat per cell in this sweep
+        headline = {(c.server_config_id, c.concurrency): (c.summary["per_request_tps"]["mean"] if c.concurrency == 1
+                                                          else c.summary["aggregate_tps"]) for c in store.cells("done")}
+    base = {c: v for (sid, c), v in headline.items() if labels[sid] == "vllm-cpu/none"}
+    assert len(doc["groups"]) == 14
+    for group in doc["groups"]:
+        stored = headline[(group["server_config_id"], group["concurrency"])]
+        assert group["speedup"] == pytest.approx(stored / base[group["concurrency"]])
+        assert group["roofline_percent"] is not None
+    assert {b["concurrency"] for b in doc["best"]} == {1, 4}
+    md = (out / "report.md").read_text()
+    assert md.count("| draft model | ") == 3 and md.count("| ngram | ") == 3
+    assert sorted(p.name for p in (out / "plots").glob("*.png")) == [
+        "acceptance-seed.png", "speedup-seed.png", "throughput-vs-k-seed.png", "ttft-seed.png"]
+    measured["cpu demo: best per concurrency"] = "; ".join(f"C={b['concurrency']}: {b['label']}" for b in doc["best"])

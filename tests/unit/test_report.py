@@ -223,3 +223,35 @@ def test_report_never_writes_the_results_file(tmp_path: Path, capsys) -> None:
     assert main(["report", str(path.parent), "-f", "csv"]) == 0
     assert path.read_bytes() == before
     assert capsys.readouterr().out.startswith("workload,concurrency,engine,method,k,")
+
+
+def test_failures_and_missing_cells_are_shown_not_hidden(tmp_path: Path) -> None:
+    from sparklab import sweep as sweeper
+    from sparklab.plan import build_plan
+    from sparklab.recipes import recipes_dir
+
+    plan = build_plan(recipes_dir() / "sweeps" / "seed000.yaml", run_id="partial")
+    path = tmp_path / "partial" / "results.sqlite"
+    with Store.create(path, plan.sweep.model_dump(), "test") as store:
+        sweeper.register(plan, store)
+        empty = report.render(report.build(store, "partial"), "md")
+        assert "No finished cells." in empty and "0 done" in empty
+        ids = {s.method: s.id for s in store.server_configs()}
+        store.fail_server_config(ids["dflash"], "oom", "the server exited with code 137\nmore", exit_code=137,
+                                 max_attempts=1)
+        for cell in store.cells("pending"):
+            if cell.server_config_id == ids["none"]:
+                summary = {"aggregate_tps": 100.0, "per_request_tps": {"mean": 50.0}}
+                store.finish_cell(cell.id, summary, {"summary": summary})
+    text = report.render(_build(path), "md")
+    assert "2 done, 2 failed, 4 not run" in text
+    assert "| vllm DFlash K=3 | oom | 137 | the server exited with code 137 |" in text
+    assert "| none | - | 50.00 | 100.00 | 100.00% | 100.00% |" in text
+
+
+def test_a_sweep_name_means_its_newest_run(tmp_path: Path, capsys) -> None:
+    cpu_run(tmp_path / "runs")
+    assert main(["report", "cpu-report-fixture", "--runs-dir", str(tmp_path / "runs"), "-f", "csv"]) == 0
+    captured = capsys.readouterr()
+    assert f"newest run of sweep cpu-report-fixture: {CPU_RUN_ID}" in captured.err
+    assert captured.out.count("\n") == 11  # header + 10 measurements
