@@ -253,10 +253,12 @@ def _with_roofline(group: Group, notes: list[str]) -> Group:
     m = group.metrics
     accept = m["acceptance_length"].mean if m["acceptance_length"] else None
     if accept is None and not group.is_baseline:
-        note = (f"{server.label}: no acceptance length from the server's counters; its roofline assumes 1 token "
-                "per step (a lower bound than the real one)")
+        # tokens per step unknown: a bound at 1 token per step would not bound a drafting engine
+        note = (f"{server.label}: no roofline, no acceptance length was measured (tokens per target step "
+                "unknown)")
         if note not in notes:
             notes.append(note)
+        return group
     context = None
     if m["prompt_tokens"] and m["tokens_per_request"]:
         context = m["prompt_tokens"].mean + m["tokens_per_request"].mean / 2
