@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Set everything up on a fresh Debian/Ubuntu machine (as root) and run the demo sweep on the real vLLM 0.27.1
 # CPU engine: Docker and a local registry, the engine image (built from packages, nothing pulled from a hub),
-# sparklab itself, then `sparklab sweep recipes/sweeps/cpu-demo.yaml`, which ends with the results table.
+# sparklab itself, then `sparklab sweep recipes/sweeps/cpu-demo.yaml`, which ends with the results table, and
+# `sparklab report` of that run: Markdown on stdout, and report.html, CSV, JSON and plots under runs/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/ci/setup-host.sh
@@ -9,4 +10,9 @@ bash docker/base/build.sh
 bash docker/vllm-cpu/build.sh
 bash scripts/install.sh
 export PATH="$HOME/.local/bin:$PATH"
-exec sparklab sweep recipes/sweeps/cpu-demo.yaml "$@"
+status=0
+sparklab sweep recipes/sweeps/cpu-demo.yaml "$@" || status=$?  # failed cells are in the report too
+# This CPU is not in recipes/hardware.yaml: the report has no roofline unless you add --bandwidth-gbps GBPS.
+sparklab report cpu-demo --out runs/cpu-demo-report
+sparklab report cpu-demo
+exit "$status"

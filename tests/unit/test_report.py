@@ -257,3 +257,32 @@ def test_a_sweep_name_means_its_newest_run(tmp_path: Path, capsys) -> None:
     captured = capsys.readouterr()
     assert f"newest run of sweep cpu-report-fixture: {CPU_RUN_ID}" in captured.err
     assert captured.out.count("\n") == 11  # header + 10 measurements
+
+
+def test_two_engines_get_their_own_baselines_and_one_best_across_both(tmp_path: Path) -> None:
+    """Seed 002's plan (vLLM and SGLang, DSpark K=3 and K=8, C=1..8) with seed 002's C=1 figures where it
+    published them, synthetic elsewhere: each engine compared with its own none, the best picked across both."""
+    from sparklab import sweep as sweeper
+    from sparklab.plan import build_plan
+    from sparklab.recipes import recipes_dir
+
+    plan = build_plan(recipes_dir() / "sweeps" / "seed002.yaml", run_id="two-engines")
+    path = tmp_path / "two-engines" / "results.sqlite"
+    c1 = {("vllm", "none", None): 79.59, ("vllm", "dspark", 3): 115.75, ("vllm", "dspark", 8): 93.54,
+          ("sglang", "none", None): 78.0, ("sglang", "dspark", 3): 113.9}
+    with Store.create(path, plan.sweep.model_dump(), "test") as store:
+        sweeper.register(plan, store)
+        servers = {s.id: (s.engine, s.method, s.k) for s in store.server_configs()}
+        for cell in store.cells():
+            value = c1[servers[cell.server_config_id]] * cell.concurrency ** 0.8
+            summary = {"aggregate_tps": value, "per_request_tps": {"mean": value / cell.concurrency}}
+            store.finish_cell(cell.id, summary, {"summary": summary})
+    built = _build(path)
+    text = report.render(built, "md")
+    assert "## Throughput vs baseline: vllm, workload seed" in text
+    assert "## Throughput vs baseline: sglang, workload seed" in text
+    assert "| DSpark | 3 | 115.75 |" in text and "145.43%" in text  # 115.75 / 79.59
+    assert "146.03%" in text  # SGLang against its own none: 113.9 / 78.0
+    assert [(b.concurrency, b.group.server.engine, b.group.server.k) for b in built.best] == [
+        (1, "vllm", 3), (2, "vllm", 3), (4, "vllm", 3), (8, "vllm", 3)]
+    assert "| 1 | vllm DSpark |" in text  # the K pivot: K=3 and K=8 side by side
