@@ -163,6 +163,23 @@ def _k_pivot(report: Report) -> list[Section]:
     return sections
 
 
+def _acceptance(report: Report) -> Section | None:
+    """Per-position acceptance (vLLM's per-position counters), the table behind the acceptance plot."""
+    shown = [g for g in report.groups if g.per_position]
+    if not shown:
+        return None
+    width = max(len(g.per_position) for g in shown)
+    rows = tuple((g.workload, str(g.concurrency), g.server.label, fmt(g.metrics["acceptance_length"]),
+                  *(f"{g.per_position[i]:.3f}" if i < len(g.per_position) else DASH for i in range(width)))
+                 for g in shown)
+    header = ("workload", "C", "config", "accept len", *(f"pos {i + 1}" for i in range(width)))
+    return Section("Acceptance per draft position", blocks=[
+        Para("The share of drafts whose token at that position was accepted, from the server's per-position "
+             "counters over each window, mean over repeats. Position 1's share is the chance the first draft "
+             "token survives; a steep fall says a smaller K costs little."),
+        Table(header, rows, (False, True, False, *([True] * (width + 1))))])
+
+
 def _best(report: Report) -> Section:
     if not report.best:
         return Section("Best configuration per concurrency", blocks=[Para("No finished cells.")])
@@ -296,7 +313,10 @@ def _failures(report: Report) -> Section | None:
 
 def document(report: Report, plots: list[tuple[str, Path]] | None = None) -> Document:
     sections = [_overview(report), _method(report), *_seed_tables(report), *_k_pivot(report), _best(report),
-                _reliability(report), *_detail_tables(report), _roofline(report), _facts(report)]
+                _reliability(report), *_detail_tables(report)]
+    if acceptance := _acceptance(report):
+        sections.append(acceptance)
+    sections += [_roofline(report), _facts(report)]
     if failures := _failures(report):
         sections.append(failures)
     if plots:

@@ -184,10 +184,31 @@ class Overrides:
     facts: dict[str, float] = field(default_factory=dict)
 
 
-def _servers(store: Store, overrides: Overrides) -> list[Server]:
+def _recipe_facts(name: str, notes: list[str]) -> dict[str, Any]:
+    """For runs stored before sparklab kept model facts and the device with them: today's recipe file."""
+    from sparklab.errors import SparklabError
+    from sparklab.recipes import load_hardware, load_recipe, recipes_dir
+
+    path = recipes_dir() / f"{name}.yaml"
+    try:
+        recipe = load_recipe(path)
+        device = load_hardware().get(recipe.hardware) if recipe.hardware else None
+    except SparklabError:
+        return {}
+    note = (f"this run did not store its model facts and device: they come from {path} as it is today "
+            "(check them, or give --fact / --hardware)")
+    if note not in notes:
+        notes.append(note)
+    return {"model": {"id": recipe.model.id, "facts": recipe.model.facts.model_dump(exclude_none=True)},
+            "hardware": {"name": recipe.hardware, **device.model_dump(exclude_none=True)} if device else None}
+
+
+def _servers(store: Store, overrides: Overrides, notes: list[str]) -> list[Server]:
     servers = []
     for seq, row in enumerate(store.server_configs()):
         config = row.config or {}
+        if "model" not in config:
+            config = {**config, **_recipe_facts(str(config.get("recipe", "")), notes)}
         stored = config.get("hardware")
         device = overrides.device or (Device(stored["name"], float(stored["bandwidth_gbps"]))
                                       if stored and stored.get("bandwidth_gbps") else None)
@@ -291,7 +312,8 @@ def _best(groups: list[Group]) -> list[Best]:
 
 def build(store: Store, run_id: str, overrides: Overrides | None = None) -> Report:
     overrides = overrides or Overrides()
-    servers = _servers(store, overrides)
+    notes: list[str] = []
+    servers = _servers(store, overrides, notes)
     by_id = {s.id: s for s in servers}
     cells: dict[tuple[str, str, int], list[CellRow]] = {}
     for cell in store.cells("done"):
@@ -299,7 +321,6 @@ def build(store: Store, run_id: str, overrides: Overrides | None = None) -> Repo
     ordered = sorted(cells, key=lambda key: (key[1], key[2], by_id[key[0]].seq))
     groups = [_group(by_id[sid], workload, c, sorted(cells[(sid, workload, c)], key=lambda x: x.repeat))
               for sid, workload, c in ordered]
-    notes: list[str] = []
     groups = [_with_roofline(_with_baseline(g, groups), notes) for g in groups]
     if not any(s.device for s in servers):
         notes.append("no device bandwidth is known for this run (the recipe names no hardware in "

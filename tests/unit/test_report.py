@@ -286,3 +286,20 @@ def test_two_engines_get_their_own_baselines_and_one_best_across_both(tmp_path: 
     assert [(b.concurrency, b.group.server.engine, b.group.server.k) for b in built.best] == [
         (1, "vllm", 3), (2, "vllm", 3), (4, "vllm", 3), (8, "vllm", 3)]
     assert "| 1 | vllm DSpark |" in text  # the K pivot: K=3 and K=8 side by side
+
+
+def test_a_run_without_stored_facts_takes_todays_recipe_and_says_so(tmp_path: Path) -> None:
+    import sqlite3
+
+    path = seed000_run(tmp_path)
+    conn = sqlite3.connect(path)
+    rows = conn.execute("SELECT id, config_json FROM server_configs").fetchall()
+    for sid, config in rows:
+        old = {k: v for k, v in json.loads(config).items() if k not in ("model", "hardware")}
+        conn.execute("UPDATE server_configs SET config_json = ? WHERE id = ?", (json.dumps(old), sid))
+    conn.commit()
+    conn.close()
+    built = _build(path)
+    none_c1 = next(g for g in built.groups if g.server.method == "none" and g.concurrency == 1)
+    assert none_c1.roofline is not None and none_c1.roofline.bound_tps == pytest.approx(182.0)
+    assert any("did not store its model facts" in note and "gb10.yaml" in note for note in built.roofline_notes)
