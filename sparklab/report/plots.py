@@ -21,10 +21,15 @@ def _pyplot() -> Any:
     return plt
 
 
-def _integer_ticks() -> Any:
+def _axes(ax: Any, xlabel: str, ylabel: str, legend: bool) -> None:
+    """Labels, whole-number ticks on x (K, draft position), and a legend when something was drawn."""
     from matplotlib.ticker import MaxNLocator
 
-    return MaxNLocator(integer=True)
+    ax.set_xlabel(xlabel)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_ylabel(ylabel)
+    if legend:
+        ax.legend(fontsize=7)
 
 
 def _panels(plt: Any, count: int) -> tuple[Any, list[Any]]:
@@ -89,11 +94,7 @@ def throughput_vs_k(report: Report, workload: str, out: Path) -> list[Plot]:
         for g in groups:
             if g.is_baseline and g.headline:
                 ax.axhline(g.headline.mean, linestyle="--", color="grey", label=f"{_config(g)} (baseline)")
-        ax.set_xlabel("K (num_speculative_tokens)")
-        ax.xaxis.set_major_locator(_integer_ticks())
-        ax.set_ylabel(headline_name(c).split(" ", 1)[1])
-        if drew:
-            ax.legend(fontsize=7)
+        _axes(ax, "K (num_speculative_tokens)", headline_name(c).split(" ", 1)[1], legend=drew)
         return drew
 
     return _per_panel(report, workload, out, "throughput-vs-k", "tok/s vs K, mean and 95% CI over repeats", draw)
@@ -125,12 +126,8 @@ def acceptance(report: Report, workload: str, out: Path) -> list[Plot]:
             if g.per_position:
                 ax.plot(range(1, len(g.per_position) + 1), g.per_position, marker="o", label=g.server.label)
                 drew = True
-        ax.set_xlabel("draft position")
-        ax.xaxis.set_major_locator(_integer_ticks())
-        ax.set_ylabel("acceptance (server counters)")
+        _axes(ax, "draft position", "acceptance (server counters)", legend=drew)
         ax.set_ylim(0, 1.05)
-        if drew:
-            ax.legend(fontsize=7)
         return drew
 
     return _per_panel(report, workload, out, "acceptance", "per-position acceptance", draw)
