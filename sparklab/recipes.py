@@ -281,6 +281,13 @@ def load_hardware(directory: Path | None = None) -> dict[str, Hardware]:
         raise explain_validation(exc, str(path)) from None
 
 
+def stored_facts(recipe: Recipe, devices: dict[str, Hardware]) -> dict[str, Any]:
+    """What a report needs years later without the recipe files: the model's facts and the device."""
+    device = devices.get(recipe.hardware) if recipe.hardware else None
+    return {"model": {"id": recipe.model.id, "facts": recipe.model.facts.model_dump(exclude_none=True)},
+            "hardware": {"name": recipe.hardware, **device.model_dump(exclude_none=True)} if device else None}
+
+
 def list_recipes(directory: Path | None = None) -> list[Path]:
     return sorted(p for p in (directory or recipes_dir()).glob("*.yaml") if p.name != "hardware.yaml")
 

@@ -25,7 +25,7 @@ from sparklab.client import Sampling
 from sparklab.containers import Docker, Server
 from sparklab.errors import ContainerError, NotReadyError, PreflightError, SparklabError
 from sparklab.plan import Plan, ServerConfig, TimingModel
-from sparklab.recipes import Hardware, load_hardware
+from sparklab.recipes import load_hardware, stored_facts
 from sparklab.store import PlannedCell, Store
 from sparklab.workloads import load_workload
 
@@ -110,14 +110,6 @@ def timing_model(plan: Plan, history: list[Path]) -> TimingModel:
     return model
 
 
-def _report_facts(server: ServerConfig, devices: dict[str, Hardware]) -> dict[str, Any]:
-    """What `sparklab report` needs years later without the recipe files: the model's facts, the device."""
-    recipe = server.recipe
-    device = devices.get(recipe.hardware) if recipe.hardware else None
-    return {"model": {"id": recipe.model.id, "facts": recipe.model.facts.model_dump(exclude_none=True)},
-            "hardware": {"name": recipe.hardware, **device.model_dump(exclude_none=True)} if device else None}
-
-
 def register(plan: Plan, store: Store) -> int:
     """Put the plan into the store (idempotent: a run started again adds only what is new)."""
     devices = load_hardware()
@@ -127,7 +119,7 @@ def register(plan: Plan, store: Store) -> int:
         store.add_server_config(server.id, engine=server.engine, method=server.method, k=server.num_speculative_tokens,
                                 config={"recipe": server.recipe.name, "overrides": list(server.overrides),
                                         "serve_args": list(server.serve_args), "kind": server.spec.kind,
-                                        "label": server.label, **_report_facts(server, devices)},
+                                        "label": server.label, **stored_facts(server.recipe, devices)},
                                 argv=argv, image=server.spec.image)
     settings = {"warmup": plan.sweep.warmup, "stream": plan.sweep.stream, "duration_s": plan.sweep.duration_s,
                 "sampling": plan.sweep.sampling.model_dump()}

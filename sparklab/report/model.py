@@ -187,20 +187,21 @@ class Overrides:
 def _recipe_facts(name: str, notes: list[str]) -> dict[str, Any]:
     """For runs stored before sparklab kept model facts and the device with them: today's recipe file."""
     from sparklab.errors import SparklabError
-    from sparklab.recipes import load_hardware, load_recipe, recipes_dir
+    from sparklab.recipes import load_hardware, load_recipe, recipes_dir, stored_facts
 
     path = recipes_dir() / f"{name}.yaml"
     try:
-        recipe = load_recipe(path)
-        device = load_hardware().get(recipe.hardware) if recipe.hardware else None
+        facts = stored_facts(load_recipe(path), load_hardware())
     except SparklabError:
         return {}
-    note = (f"this run did not store its model facts and device: they come from {path} as it is today "
-            "(check them, or give --fact / --hardware)")
-    if note not in notes:
-        notes.append(note)
-    return {"model": {"id": recipe.model.id, "facts": recipe.model.facts.model_dump(exclude_none=True)},
-            "hardware": {"name": recipe.hardware, **device.model_dump(exclude_none=True)} if device else None}
+    _note(notes, f"this run did not store its model facts and device: they come from {path} as it is today "
+                 "(check them, or give --fact / --hardware)")
+    return facts
+
+
+def _note(notes: list[str], text: str) -> None:
+    if text not in notes:
+        notes.append(text)
 
 
 def _servers(store: Store, overrides: Overrides, notes: list[str]) -> list[Server]:
@@ -267,18 +268,14 @@ def _with_roofline(group: Group, notes: list[str]) -> Group:
         return group
     inputs, missing = model_inputs(server.model.get("facts") or {}, server.device)
     if inputs is None:
-        note = f"{server.label}: no roofline, the model facts lack {', '.join(missing)} (set them with --fact)"
-        if note not in notes:
-            notes.append(note)
+        _note(notes, f"{server.label}: no roofline, the model facts lack {', '.join(missing)} (set them with --fact)")
         return group
     m = group.metrics
     accept = m["acceptance_length"].mean if m["acceptance_length"] else None
     if accept is None and not group.is_baseline:
         # tokens per step unknown: a bound at 1 token per step would not bound a drafting engine
-        note = (f"{server.label}: no roofline, no acceptance length was measured (tokens per target step "
-                "unknown)")
-        if note not in notes:
-            notes.append(note)
+        _note(notes, f"{server.label}: no roofline, no acceptance length was measured (tokens per target step "
+                     "unknown)")
         return group
     context = None
     if m["prompt_tokens"] and m["tokens_per_request"]:
