@@ -239,7 +239,7 @@ def ratio(treatment: Estimate, baseline: Estimate, confidence: float = CONFIDENC
     if treatment.n < 2 or baseline.n < 2:
         return Ratio(value, None, None)
     # relative variance of each mean: s^2 / (n m^2)
-    parts = [float(np.var(e.values, ddof=1)) / (e.n * e.mean**2) for e in (treatment, baseline)]
+    parts = [e.sd**2 / (e.n * e.mean**2) for e in (treatment, baseline)]
     se = float(np.sqrt(sum(parts)))
     if se == 0.0:
         return Ratio(value, value, value)
