@@ -449,9 +449,11 @@ def cmd_report(args: argparse.Namespace) -> int:
         for written in report.write_all(built, args.out):
             out.print(str(written), markup=False)
         return 0
-    with tempfile.TemporaryDirectory(prefix="sparklab-report-") as plots:
-        text = report.render(built, args.format, Path(plots))
-    sys.stdout.write(text)
+    if args.format != "html":
+        sys.stdout.write(report.render(built, args.format))
+        return 0
+    with tempfile.TemporaryDirectory(prefix="sparklab-report-") as plots:  # drawn, then inlined in the page
+        sys.stdout.write(report.render(built, "html", Path(plots)))
     return 0
 
 
