@@ -22,9 +22,13 @@ BASELINE = "none"
 BEST_TIE = 0.01  # within 1% of the best score, the smaller K wins
 
 
-def headline_name(concurrency: int) -> str:
+def headline_metric(concurrency: int) -> str:
     """Seed 000's columns: per-request tok/s at C=1, aggregate tok/s above."""
-    return f"C={concurrency} per-request tok/s" if concurrency == 1 else f"C={concurrency} aggregate tok/s"
+    return "per-request tok/s" if concurrency == 1 else "aggregate tok/s"
+
+
+def headline_name(concurrency: int) -> str:
+    return f"C={concurrency} {headline_metric(concurrency)}"
 
 
 def _summary(key: str, stat: str | None = None) -> Callable[[dict[str, Any]], float | None]:
@@ -283,7 +287,7 @@ def _with_roofline(group: Group, notes: list[str]) -> Group:
     if m["decode_tps"]:
         measured, source = m["decode_tps"].mean * group.concurrency, "decode tok/s x C"
     elif group.headline:
-        measured, source = group.headline.mean, headline_name(group.concurrency).split(" ", 1)[1] + " (incl. prefill)"
+        measured, source = group.headline.mean, headline_metric(group.concurrency) + " (incl. prefill)"
     else:
         return group
     return replace(group, roofline=bound(inputs, group.concurrency, accept or 1.0, context, measured, source))

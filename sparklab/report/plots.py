@@ -7,7 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from sparklab.report.model import Group, Report, headline_name
+from sparklab.report.model import Group, Report, headline_metric
 
 Plot = tuple[str, Path]
 
@@ -94,7 +94,7 @@ def throughput_vs_k(report: Report, workload: str, out: Path) -> list[Plot]:
         for g in groups:
             if g.is_baseline and g.headline:
                 ax.axhline(g.headline.mean, linestyle="--", color="grey", label=f"{_config(g)} (baseline)")
-        _axes(ax, "K (num_speculative_tokens)", headline_name(c).split(" ", 1)[1], legend=drew)
+        _axes(ax, "K (num_speculative_tokens)", headline_metric(c), legend=drew)
         return drew
 
     return _per_panel(report, workload, out, "throughput-vs-k", "tok/s vs K, mean and 95% CI over repeats", draw)
