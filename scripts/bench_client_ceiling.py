@@ -282,7 +282,7 @@ class ClientRun:
 
 def run_sparklab(cell: Cell, port: int, prompts_file: Path) -> ClientRun:
     from sparklab import bench
-    from sparklab.client import RequestRecord, Sampling
+    from sparklab.records import RequestRecord, Sampling
     from sparklab.workloads import load_workload
 
     endpoint = bench.Endpoint.from_url(f"http://127.0.0.1:{port}/v1", model=MODEL)

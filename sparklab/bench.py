@@ -16,7 +16,8 @@ from datetime import datetime, timezone
 from typing import Any
 
 from sparklab import __version__, metrics, scrape
-from sparklab.client import TRANSPORT, ChatClient, RequestRecord, Sampling
+from sparklab.client import TRANSPORT, ChatClient
+from sparklab.records import RequestRecord, Sampling
 from sparklab.errors import SparklabError
 from sparklab.workloads import Workload
 

@@ -13,92 +13,16 @@ otherwise only the total is known, from `usage.completion_tokens`.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field, fields
 from typing import Any
 
 import openai
 import orjson
 
+from sparklab.records import RequestRecord, Sampling, settle_tokens
 from sparklab.sse import HTTPStatusError, SSEClient
 
 TRANSPORT = (f"streaming over sparklab.sse (keep-alive HTTP/1.1, one perf_counter stamp per socket read, "
              f"orjson); https and non-streaming through openai {openai.__version__}")
-TOKEN_IDS = "server token_ids per chunk"
-USAGE_ONLY = "usage.completion_tokens (tokens per chunk unknown: spread evenly over chunks)"
-CHUNK_COUNT = "chunk count (usage missing; one token per chunk assumed)"
-
-
-@dataclass(frozen=True)
-class Sampling:
-    """Request parameters shared by every request of a run."""
-
-    max_tokens: int = 2048
-    temperature: float | None = 1.0
-    top_p: float | None = 0.95
-    ignore_eos: bool = False
-    min_tokens: int | None = None
-    enable_thinking: bool | None = False
-    seed: int | None = None
-    token_ids: bool = True  # ask vLLM for per-chunk token ids (exact tokens per chunk)
-
-    def body(self, model: str, messages: list[dict[str, str]], stream: bool) -> dict[str, Any]:
-        body: dict[str, Any] = {"model": model, "messages": messages, "max_tokens": self.max_tokens}
-        if self.temperature is not None:
-            body["temperature"] = self.temperature
-        if self.top_p is not None:
-            body["top_p"] = self.top_p
-        if self.seed is not None:
-            body["seed"] = self.seed
-        extra: dict[str, Any] = {}
-        if self.enable_thinking is not None:
-            extra["chat_template_kwargs"] = {"enable_thinking": self.enable_thinking}
-        if self.ignore_eos:
-            extra["ignore_eos"] = True
-        if self.min_tokens is not None:
-            extra["min_tokens"] = self.min_tokens
-        if stream:
-            body["stream"] = True
-            body["stream_options"] = {"include_usage": True}
-            if self.token_ids:
-                extra["return_token_ids"] = True
-        return {**body, **extra}
-
-
-@dataclass
-class RequestRecord:
-    """One request, timed on the client's monotonic clock (seconds, time.perf_counter)."""
-
-    index: int
-    prompt_id: str
-    warmup: bool
-    start: float
-    end: float = 0.0
-    first_chunk: float | None = None  # first event with choices, even the empty role chunk
-    first_token: float | None = None  # first chunk carrying tokens, reasoning or answer
-    first_content: float | None = None  # first chunk carrying answer (non-reasoning) text
-    chunk_times: list[float] = field(default_factory=list)  # chunks that carried tokens
-    chunk_tokens: list[int | None] = field(default_factory=list)  # their token counts, None if unknown
-    chunk_reasoning: list[bool] = field(default_factory=list)
-    completion_tokens: int | None = None
-    prompt_tokens: int | None = None
-    token_source: str = USAGE_ONLY
-    finish_reason: str | None = None
-    error: str | None = None
-    output_chars: int = 0
-    streamed: bool = True
-
-    @property
-    def ok(self) -> bool:
-        return self.error is None
-
-    def as_dict(self) -> dict[str, Any]:
-        """Shallow copy (dataclasses.asdict deep-copies every chunk list, which is slow for long runs)."""
-        out = {f.name: getattr(self, f.name) for f in fields(self)}
-        for key in ("chunk_times", "chunk_tokens", "chunk_reasoning"):
-            out[key] = list(out[key])
-        return out
-
-
 class ChatClient:
     """Sends chat completions to one OpenAI-compatible endpoint."""
 
@@ -143,7 +67,7 @@ class ChatClient:
         except Exception as exc:  # a transport error mid-stream is a failed request, not a crash
             record.error = f"{type(exc).__name__}: {_short(str(exc))}"
         record.end = record.end or time.perf_counter()
-        _settle_tokens(record)
+        settle_tokens(record)
         return record
 
     async def _whole(self, record: RequestRecord, body: dict[str, Any]) -> None:
@@ -233,20 +157,3 @@ def _on_event(record: RequestRecord, event: dict[str, Any], now: float) -> None:
             record.first_token = now
         if content and record.first_content is None:
             record.first_content = now
-
-
-def _settle_tokens(record: RequestRecord) -> None:
-    """Decide the token count and say where it came from."""
-    if not record.streamed:
-        record.token_source = "usage.completion_tokens (non-streaming)"
-        return
-    known = [t for t in record.chunk_tokens if t is not None]
-    if record.chunk_tokens and len(known) == len(record.chunk_tokens):
-        record.token_source = TOKEN_IDS
-        if record.completion_tokens is None:
-            record.completion_tokens = sum(known)
-    elif record.completion_tokens is not None:
-        record.token_source = USAGE_ONLY
-    else:
-        record.token_source = CHUNK_COUNT
-        record.completion_tokens = len(record.chunk_times)

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from sparklab.client import RequestRecord
+from sparklab.records import RequestRecord
 
 PERCENTILES = (50, 90, 99)
 

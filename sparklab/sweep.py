@@ -21,7 +21,7 @@ from typing import Any
 import requests
 
 from sparklab import __version__, bench, launch, preflight, scrape
-from sparklab.client import Sampling
+from sparklab.records import Sampling
 from sparklab.containers import Docker, Server
 from sparklab.errors import ContainerError, NotReadyError, PreflightError, SparklabError
 from sparklab.plan import Plan, ServerConfig, TimingModel

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from sparklab import bench
-from sparklab.client import Sampling
+from sparklab.records import Sampling
 from sparklab.errors import SparklabError
 from sparklab.workloads import load_workload
 from tests.scripted_server import Scripted, Step, chunk, usage

@@ -7,7 +7,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from sparklab.client import CHUNK_COUNT, TOKEN_IDS, USAGE_ONLY, ChatClient, RequestRecord, Sampling
+from sparklab.client import ChatClient
+from sparklab.records import CHUNK_COUNT, TOKEN_IDS, USAGE_ONLY, RequestRecord, Sampling
 from tests.scripted_server import Scripted, Step, chunk, usage
 
 MESSAGES = [{"role": "user", "content": "hi"}]
