@@ -15,10 +15,11 @@ from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-from sparklab import __version__, metrics, scrape
+from sparklab import __version__, engines, metrics
 from sparklab.client import TRANSPORT, ChatClient
-from sparklab.records import RequestRecord, Sampling
+from sparklab.engine_api import EngineAPI
 from sparklab.errors import SparklabError
+from sparklab.records import BenchResult, RequestRecord, Sampling
 from sparklab.workloads import Workload
 
 SCHEMA = "sparklab.bench/1"
@@ -52,14 +53,19 @@ class Endpoint:
     root: str  # http://host:port, without /v1
     api_key: str | None = None
     model: str | None = None
+    kind: str | None = None  # the engine's kind when known (a sparklab server); None: ask every adapter
+
+    @property
+    def api(self) -> EngineAPI:
+        return EngineAPI(self.root, self.api_key)
 
     @staticmethod
-    def from_url(url: str, api_key: str | None = None, model: str | None = None) -> Endpoint:
+    def from_url(url: str, api_key: str | None = None, model: str | None = None, kind: str | None = None) -> Endpoint:
         root = url.rstrip("/")
         root = root[: -len("/v1")] if root.endswith("/v1") else root
         if not root.startswith(("http://", "https://")):
             raise SparklabError(f"--url {url!r} is not an http(s) URL", "Example: --url http://127.0.0.1:8000/v1")
-        return Endpoint(root, api_key, model)
+        return Endpoint(root, api_key, model, kind)
 
 
 Progress = Callable[[RequestRecord], None]
@@ -123,19 +129,19 @@ async def _poisson(client: ChatClient, workload: Workload, sampling: Sampling, l
 
 
 async def _run(endpoint: Endpoint, model: str, workload: Workload, sampling: Sampling, load: Load,
-               on_done: Progress | None, request_timeout_s: float) -> dict[str, Any]:
+               on_done: Progress | None, request_timeout_s: float) -> BenchResult:
     client = ChatClient(endpoint.root + "/v1", endpoint.api_key, model, timeout_s=request_timeout_s)
     try:
         # sequential, like seed 000's bench.py
         warmup = [await _send(client, workload, sampling, load, i, warmup=True) for i in range(load.warmup)]
         await client.warm(load.concurrency)
-        before = await asyncio.to_thread(scrape.server_snapshot, endpoint.root, endpoint.api_key)
+        before = await asyncio.to_thread(engines.snapshot, endpoint.api, endpoint.kind)
         window_start = time.perf_counter()
         window_wall = time.time()
         runner = _poisson if load.rate else _closed_loop
         measured = await runner(client, workload, sampling, load, on_done)
         window_end = max([r.end for r in measured], default=time.perf_counter())
-        after = await asyncio.to_thread(scrape.server_snapshot, endpoint.root, endpoint.api_key)
+        after = await asyncio.to_thread(engines.snapshot, endpoint.api, endpoint.kind)
     finally:
         await client.close()
     records = warmup + sorted(measured, key=lambda r: r.index)
@@ -145,17 +151,19 @@ async def _run(endpoint: Endpoint, model: str, workload: Workload, sampling: Sam
     return result
 
 
+def add_log_acceptance(result: BenchResult, kind: str | None, log_text: Callable[[], str]) -> None:
+    """For engines that state acceptance only in their log (SGLang), the window's lines into the result."""
+    if kind is not None and engines.engine(kind).reads_log_acceptance:
+        result["speculative_log"] = engines.engine(kind).log_acceptance(log_text())
+
+
 def discover_model(endpoint: Endpoint) -> str:
     """The first model the server lists, when the user did not name one."""
-    models = scrape.get_json(endpoint.root + "/v1/models", endpoint.api_key)
-    data = models.get("data") if isinstance(models, dict) else None
-    if not data:
-        raise SparklabError(f"{endpoint.root}/v1/models lists no model", "Name one with --model.")
-    return str(data[0]["id"])
+    return endpoint.api.first_model()
 
 
 def run(endpoint: Endpoint, workload: Workload, sampling: Sampling, load: Load,
-        on_done: Progress | None = None, request_timeout_s: float = 1800) -> dict[str, Any]:
+        on_done: Progress | None = None, request_timeout_s: float = 1800) -> BenchResult:
     model = endpoint.model or discover_model(endpoint)
     return asyncio.run(_run(endpoint, model, workload, sampling, load, on_done, request_timeout_s))
 
@@ -171,8 +179,9 @@ def _relative(record: RequestRecord, origin: float) -> dict[str, Any]:
 
 def _result(endpoint: Endpoint, model: str, workload: Workload, sampling: Sampling, load: Load,
             records: list[RequestRecord], window: tuple[float, float], before: dict[str, Any],
-            after: dict[str, Any]) -> dict[str, Any]:
+            after: dict[str, Any]) -> BenchResult:
     summary = metrics.summarize(records, window)
+    counters = engines.window(before, after, endpoint.kind)
     return {
         "schema": SCHEMA,
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -192,8 +201,8 @@ def _result(endpoint: Endpoint, model: str, workload: Workload, sampling: Sampli
             "server_counters": "snapshots after warmup and after the window; deltas only",
         },
         "summary": summary,
-        "speculative": metrics.spec_delta(before.get("spec"), after.get("spec")),
-        "server_latency": metrics.server_latency(before, after),
+        "speculative": counters["speculative"],
+        "server_latency": counters["server_latency"],
         "server": {"before": before, "after": after},
         "requests": [_relative(r, window[0]) for r in records],
     }

@@ -177,8 +177,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def cmd_render(args: argparse.Namespace) -> int:
     options = _options(args, mode="render")
-    p = launch.plan(args.spec, target=args.target, engine=args.engine, overrides=args.overrides,
-                    options=options, check_host=args.host_checks)
+    p = launch.prepare(args.spec, target=args.target, engine_name=args.engine, overrides=args.overrides,
+                       options=options, check_host=args.host_checks)
     _print_warnings(p.warnings)
     spec = p.spec
     out.print(f"# {spec.recipe_path}: engine {spec.engine}, method {spec.method}")
@@ -198,8 +198,8 @@ def cmd_up(args: argparse.Namespace) -> int:
     from sparklab.containers import Docker
 
     options = _options(args)
-    p = launch.plan(args.spec, target=args.target, engine=args.engine, overrides=args.overrides,
-                    options=options, check_host=True)
+    p = launch.prepare(args.spec, target=args.target, engine_name=args.engine, overrides=args.overrides,
+                       options=options, check_host=True)
     _print_warnings(p.warnings)
     spec = p.spec
     if args.dry_run:
@@ -240,36 +240,9 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 
 def _print_ready(ready: launch.Ready) -> None:
-    spec = ready.server.spec
-    facts = ready.facts
-    out.print(f"ready in {ready.seconds_to_ready:.1f} s "
-              f"(from container start until {spec.ready_path} answered 200; sparklab's monotonic clock)")
-    out.print(f"  container   {ready.server.name}")
-    out.print(f"  image       {ready.image.ref}" + (f" ({ready.image.digest})" if ready.image.digest else ""))
-    out.print(f"  endpoint    {spec.endpoint}/v1")
-    if ready.api_key:
-        out.print(f"  api key     {ready.api_key}   (shown once; not stored or logged)")
-    out.print(f"  log file    {ready.server.log_path}")
-    lines = []
-    if facts.kv_cache_tokens is not None:
-        lines.append(f"  KV cache        {facts.kv_cache_tokens:,} tokens")
-    if facts.max_concurrency is not None:
-        per = (f" at {facts.concurrency_tokens_per_request:,} tokens per request"
-               if facts.concurrency_tokens_per_request else "")
-        lines.append(f"  max concurrency {facts.max_concurrency:.2f}x{per}")
-    if facts.kv_cache_memory_gib is not None:
-        lines.append(f"  KV cache memory {facts.kv_cache_memory_gib:.2f} GiB")
-    if facts.model_load_seconds is not None:
-        mem = f"{facts.model_load_gib:.2f} GiB in " if facts.model_load_gib is not None else ""
-        lines.append(f"  model load      {mem}{facts.model_load_seconds:.1f} s")
-    if facts.engine_init_seconds is not None:
-        lines.append(f"  engine init     {facts.engine_init_seconds:.1f} s (profile, KV cache, warmup)")
-    if lines:
-        out.print(f"from the {facts.source}:")
-        for line in lines:
-            out.print(line)
-    for advice in facts.advice:
-        out.print("[yellow]advice:[/] " + escape(advice), markup=True)
+    from sparklab.console import ready_summary
+
+    out.print(ready_summary(ready))
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -278,19 +251,20 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from sparklab import bench
-    from sparklab.records import Sampling
     from sparklab.console import bench_result
+    from sparklab.records import Sampling
     from sparklab.workloads import load_workload
 
-    name = None
+    docker, target = None, None
     if args.url:
         endpoint = bench.Endpoint.from_url(args.url, args.api_key or os.environ.get("SPARKLAB_API_KEY"), args.model)
     else:
         from sparklab.containers import Docker
 
-        url, key, name = Docker().endpoint_of(args.container)
-        err.print(f"benchmarking {name} at {url}")
-        endpoint = bench.Endpoint.from_url(url, key, args.model)
+        docker = Docker()
+        target = docker.endpoint_of(args.container)
+        err.print(f"benchmarking {target.name} at {target.url}")
+        endpoint = bench.Endpoint.from_url(target.url, target.api_key, args.model, target.kind)
     requests = args.requests if args.requests is not None or args.duration is not None else 10
     load = bench.Load(concurrency=args.concurrency, requests=requests, duration_s=args.duration,
                       rate=args.rate, warmup=args.warmup, stream=args.stream)
@@ -304,13 +278,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
         task = progress.add_task(f"{workload.name} c={load.concurrency}", total=load.requests)
         result = bench.run(endpoint, workload, sampling, load, on_done=lambda r: progress.advance(task),
                            request_timeout_s=args.request_timeout)
-    if name is not None:  # a sparklab server: its log may say more (SGLang's accept len lines)
-        from sparklab.containers import Docker
-        from sparklab.scrape import log_acceptance
-
+    if docker is not None and target is not None:  # a sparklab server: its log may say more (SGLang's lines)
         since = result["measurement"]["window_started_at"]
-        log_text = b"".join(Docker().logs(name, since=since)).decode("utf-8", "replace")
-        result["speculative_log"] = log_acceptance(log_text)
+        bench.add_log_acceptance(result, endpoint.kind, lambda: docker.log_text(target.name, since=since))
     out.print(bench_result(result))
     if args.json_path:
         args.json_path.write_text(json.dumps(result, indent=1))
@@ -318,131 +288,61 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0 if result["summary"]["requests"]["ok"] else 5
 
 
-def _run_dir(args: argparse.Namespace, name: str) -> tuple[Path, bool]:
-    """(run directory, whether it exists already): --resume RUN, else the newest run of this sweep, else new."""
-    if args.resume:
-        run = args.runs_dir / args.resume
-        if not (run / "results.sqlite").exists():
-            raise SparklabError(f"no run {args.resume!r} under {args.runs_dir} (no {run / 'results.sqlite'})",
-                                f"List them with: ls {args.runs_dir}")
-        return run, True
-    earlier = sorted(args.runs_dir.glob(f"{name}-*/results.sqlite"))
-    if earlier and not args.new:
-        return earlier[-1].parent, True
-    return args.runs_dir / f"{name}-{launch.new_run_id()}", False
-
-
 def cmd_sweep(args: argparse.Namespace) -> int:
-    import time as _time
+    import time
 
-    from sparklab import sweep as sweeper
+    from sparklab import sweep
     from sparklab.console import plan_table, sweep_table
-    from sparklab.plan import build_plan, estimate_seconds, load_sweep
-    from sparklab.store import Store
 
-    name = load_sweep(args.file).name
-    run_dir, exists = _run_dir(args, name)
-    plan = build_plan(args.file, run_id=run_dir.name, ulimits=tuple(args.ulimits))
+    request = sweep.Request(args.file, args.runs_dir, args.resume, args.new, args.retry_failed, tuple(args.ulimits),
+                            sweep.Options(args.pull, args.drop_caches))
     if args.dry_run:
-        model = sweeper.timing_model(plan, sorted(args.runs_dir.glob("*/results.sqlite")))
-        out.print(plan_table(plan, estimate_seconds(plan, model), model))
+        out.print(plan_table(*sweep.dry_run(request)))
         return 0
-
     status = err.status("starting the sweep…") if err.is_terminal else None
 
     def say(message: str) -> None:
         """A plain line per event (logs, overnight runs); on a terminal also a live status line."""
-        err.print(f"{_time.strftime('%H:%M:%S')} {message}", markup=False, highlight=False)
+        err.print(f"{time.strftime('%H:%M:%S')} {message}", markup=False, highlight=False)
         if status is not None:
             status.update(message)
 
-    from sparklab.containers import Docker
-
-    docker = Docker()
-    run_dir.mkdir(parents=True, exist_ok=True)
-    store = Store.open(run_dir / "results.sqlite") if exists else Store.create(
-        run_dir / "results.sqlite", plan.sweep.model_dump(), __version__)
-    with store:
-        added = sweeper.register(plan, store)
-        if not exists:
-            store.set_host_facts(sweeper.host_facts())
-        if args.retry_failed:
-            say(f"{store.retry_failed()} failed cell(s) will run again")
-        say(f"run {run_dir} ({'continued' if exists else 'new'}; {added} new cell(s)): {store.counts()}")
-        try:
-            if status is not None:
-                status.start()
-            counts = sweeper.run(plan, store, docker, run_dir, sweeper.Options(args.pull, args.drop_caches), say)
-        except KeyboardInterrupt:
-            store.reset_interrupted(plan.sweep.max_attempts)
-            say(f"interrupted; the server is down and the run can continue: sparklab sweep {args.file} "
-                f"--resume {run_dir.name} --runs-dir {args.runs_dir}")
-            return 130
-        finally:
-            if status is not None:
-                status.stop()
-        out.print(sweep_table(store))
-        out.print(f"results: {run_dir / 'results.sqlite'} · {counts}")
-        out.print(f"report (tables, intervals, roofline, plots): sparklab report {run_dir.name} --runs-dir "
-                  f"{args.runs_dir} -o {run_dir / 'report'}", markup=False)
-    return 0 if counts.get("failed", 0) == 0 and counts.get("pending", 0) == 0 else 6
+    if status is not None:
+        status.start()
+    try:
+        outcome = sweep.sweep(request, say)
+    finally:
+        if status is not None:
+            status.stop()
+    run = outcome.run_dir
+    if outcome.interrupted:
+        say(f"interrupted; the server is down and the run can continue: sparklab sweep {args.file} "
+            f"--resume {run.name} --runs-dir {args.runs_dir}")
+        return 130
+    out.print(sweep_table(_built_report(run / "results.sqlite")))
+    out.print(f"results: {run / 'results.sqlite'} · {outcome.counts}")
+    out.print(f"report (tables, intervals, roofline, plots): sparklab report {run.name} --runs-dir "
+              f"{args.runs_dir} -o {run / 'report'}", markup=False)
+    return 0 if outcome.complete else 6
 
 
-def _results_path(args: argparse.Namespace) -> Path:
-    given = Path(args.run)
-    for candidate in (given, given / "results.sqlite", args.runs_dir / args.run / "results.sqlite"):
-        if candidate.is_file():
-            return candidate
-    newest = sorted(args.runs_dir.glob(f"{args.run}-*/results.sqlite"))  # a sweep name: its newest run
-    if newest:
-        err.print(f"newest run of sweep {args.run}: {newest[-1].parent.name}", markup=False)
-        return newest[-1]
-    runs = sorted(p.parent.name for p in args.runs_dir.glob("*/results.sqlite"))
-    raise SparklabError(f"no results for run {args.run!r}: neither a results.sqlite file, nor a run directory, nor "
-                        f"{args.runs_dir / args.run / 'results.sqlite'}",
-                        f"Runs under {args.runs_dir}: {', '.join(runs) or 'none'} (another place: --runs-dir DIR).")
+def _built_report(path: Path, overrides: Any = None) -> Any:
+    from sparklab import report
+    from sparklab.store import Store
 
-
-def _report_overrides(args: argparse.Namespace) -> Any:
-    from sparklab.recipes import ModelFacts, load_hardware
-    from sparklab.report import Overrides
-    from sparklab.report.roofline import Device
-
-    device = None
-    if args.hardware:
-        devices = load_hardware()
-        if args.hardware not in devices:
-            raise SparklabError(f"--hardware {args.hardware}: no such device in recipes/hardware.yaml",
-                                f"Known: {', '.join(devices) or 'none'}; add it there, or give --bandwidth-gbps.")
-        device = Device(args.hardware, devices[args.hardware].bandwidth_gbps)
-    if args.bandwidth_gbps is not None:
-        if args.bandwidth_gbps <= 0:
-            raise SparklabError(f"--bandwidth-gbps must be positive, got {args.bandwidth_gbps:g}")
-        device = Device(f"{args.hardware or 'given'} at --bandwidth-gbps", args.bandwidth_gbps)
-    facts: dict[str, float] = {}
-    for text in args.facts:
-        key, _, raw = text.partition("=")
-        try:
-            value = float(raw)
-        except ValueError:
-            value = -1.0
-        if key.strip() not in ModelFacts.model_fields or value < 0:
-            raise SparklabError(f"--fact {text!r}: expected KEY=NUMBER (not negative), KEY one of "
-                                f"{', '.join(ModelFacts.model_fields)}", "Example: --fact active_params_b=3")
-        facts[key.strip()] = value
-    return Overrides(device, facts)
+    with Store.open(path, readonly=True) as store:
+        return report.build(store, path.parent.name, overrides)
 
 
 def cmd_report(args: argparse.Namespace) -> int:
     import tempfile
 
     from sparklab import report
-    from sparklab.store import Store
 
-    path = _results_path(args)
-    overrides = _report_overrides(args)
-    with Store.open(path, readonly=True) as store:
-        built = report.build(store, path.parent.name, overrides)
+    path, note = report.locate(args.run, args.runs_dir)
+    if note:
+        err.print(note, markup=False)
+    built = _built_report(path, report.overrides_from(args.hardware, args.bandwidth_gbps, args.facts))
     if not built.groups:
         err.print(f"{path}: no finished cells yet; the report has no measurements", markup=False)
     if args.out:

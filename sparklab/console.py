@@ -94,36 +94,62 @@ def plan_table(plan: Any, eta_s: float, model: Any) -> Group:
     return Group(*parts)
 
 
-def sweep_table(store: Any) -> Group:
-    """Done cells: throughput, latency, acceptance, and speed-up over the baseline (method none)."""
-    labels = {s.id: s.config.get("label", f"{s.engine}/{s.method}") for s in store.server_configs()}
-    methods = {s.id: (s.engine, s.method) for s in store.server_configs()}
-    rows: dict[tuple[str, int, str], list[dict[str, Any]]] = {}
-    for cell in store.cells("done"):
-        rows.setdefault((cell.server_config_id, cell.concurrency, cell.workload), []).append(cell.result or {})
-    baseline = {(methods[sid][0], c, w): _mean(r, "aggregate_tps") for (sid, c, w), r in rows.items()
-                if methods[sid][1] == "none"}
+def sweep_table(report: Any) -> Group:
+    """The closing table of a sweep, drawn from the report's model (sparklab.report.model.Report), so the two
+    can never disagree: per server config and load, the mean over repeats of each figure, acceptance from
+    whichever source the engine reported, and the headline speed-up over the same engine's `none`."""
     table = Table("server", "c", "workload", "n", "aggregate tok/s", "per-request tok/s", "TTFT p50 ms",
                   "accept len", "vs none", box=None, pad_edge=False)
-    for (sid, c, w), results in rows.items():
-        agg = _mean(results, "aggregate_tps")
-        base = baseline.get((methods[sid][0], c, w))
-        per_request = [r["summary"]["per_request_tps"]["mean"] for r in results if r["summary"].get("per_request_tps")]
-        ttft = [r["summary"]["ttft_ms"]["p50"] for r in results if r["summary"].get("ttft_ms")]
-        accept = [r["speculative"]["acceptance_length"] for r in results
-                  if r.get("speculative") and r["speculative"].get("acceptance_length")]
-        table.add_row(labels[sid], str(c), w, str(len(results)), _num(agg),
-                      _num(sum(per_request) / len(per_request)) if per_request else "-",
-                      _num(sum(ttft) / len(ttft), 1) if ttft else "-",
-                      _num(sum(accept) / len(accept)) if accept else "-",
-                      f"{100 * agg / base:.1f}%" if base and agg is not None else "-")
-    failures = store.failures()
-    notes = [Text(f"{len(failures)} failure(s) recorded over all attempts; first: {failures[0].kind}: "
-                  f"{failures[0].message.splitlines()[0]}")] if failures else []
-    return Group(Text("sweep results (mean over repeats; aggregate = tokens / window, warmup excluded; "
-                      "acceptance from the server's counters)", style="bold"), table, *notes)
+    for group in report.groups:
+        m = group.metrics
+        table.add_row(group.server.label, str(group.concurrency), group.workload, str(group.n),
+                      _mean(m["aggregate_tps"]), _mean(m["per_request_tps"]), _mean(m["ttft_p50_ms"], 1),
+                      _mean(m["acceptance_length"]), _speedup(group))
+    notes = [Text(f"{len(report.failures)} failure(s) recorded over all attempts; first: {report.failures[0].kind}: "
+                  f"{report.failures[0].message.splitlines()[0]}")] if report.failures else []
+    return Group(Text("sweep results (mean over repeats; aggregate = tokens / window, warmup excluded; vs none = "
+                      "per-request tok/s at c=1, aggregate above, as in the report)", style="bold"), table, *notes)
 
 
-def _mean(results: list[dict[str, Any]], key: str) -> float | None:
-    values = [r["summary"][key] for r in results if r.get("summary") and r["summary"].get(key) is not None]
-    return sum(values) / len(values) if values else None
+def _mean(estimate: Any, digits: int = 2) -> str:
+    return "-" if estimate is None else _num(estimate.mean, digits)
+
+
+def _speedup(group: Any) -> str:
+    if group.speedup is None:
+        return "-"
+    mark = " (n.s.)" if group.speedup.significant is False else ""
+    return f"{100 * group.speedup.value:.1f}%{mark}"
+
+
+def ready_summary(ready: Any) -> Group:
+    """`sparklab up`: where the ready server is, how long it took, and what its startup log said."""
+    spec = ready.server.spec
+    facts = ready.facts
+    lines = [f"ready in {ready.seconds_to_ready:.1f} s "
+             f"(from container start until {spec.ready_path} answered 200; sparklab's monotonic clock)",
+             f"  container   {ready.server.name}",
+             f"  image       {ready.image.ref}" + (f" ({ready.image.digest})" if ready.image.digest else ""),
+             f"  endpoint    {spec.endpoint}/v1"]
+    if ready.api_key:
+        lines.append(f"  api key     {ready.api_key}   (shown once; not stored or logged)")
+    lines.append(f"  log file    {ready.server.log_path}")
+    found = []
+    if facts.kv_cache_tokens is not None:
+        found.append(f"  KV cache        {facts.kv_cache_tokens:,} tokens")
+    if facts.max_concurrency is not None:
+        per = (f" at {facts.concurrency_tokens_per_request:,} tokens per request"
+               if facts.concurrency_tokens_per_request else "")
+        found.append(f"  max concurrency {facts.max_concurrency:.2f}x{per}")
+    if facts.kv_cache_memory_gib is not None:
+        found.append(f"  KV cache memory {facts.kv_cache_memory_gib:.2f} GiB")
+    if facts.model_load_seconds is not None:
+        mem = f"{facts.model_load_gib:.2f} GiB in " if facts.model_load_gib is not None else ""
+        found.append(f"  model load      {mem}{facts.model_load_seconds:.1f} s")
+    if facts.engine_init_seconds is not None:
+        found.append(f"  engine init     {facts.engine_init_seconds:.1f} s (profile, KV cache, warmup)")
+    if found:
+        lines += [f"from the {facts.source}:", *found]
+    parts: list[Any] = [Text(line) for line in lines]
+    parts += [Text.assemble(("advice:", "yellow"), " " + advice) for advice in facts.advice]
+    return Group(*parts)

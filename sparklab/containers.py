@@ -22,6 +22,7 @@ import requests
 from docker.models.containers import Container
 from docker.types import DeviceRequest, Ulimit
 
+from sparklab.engines import ENGINES, candidates
 from sparklab.errors import ContainerError, ImageUnavailableError
 from sparklab.owners import owner_alive, owner_token
 from sparklab.redaction import redact, redacted_lines
@@ -99,6 +100,16 @@ def container_secrets(container: Container) -> list[bytes]:
 
 
 # ---------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Target:
+    """A running sparklab server as `sparklab bench` needs it."""
+
+    url: str
+    api_key: str | None
+    name: str
+    kind: str | None  # the engine kind (None for containers started before sparklab labelled it)
 
 
 class Docker:
@@ -270,8 +281,8 @@ class Docker:
     def remove(self, name: str, grace_s: float = 10) -> None:
         teardown(self.get(name), grace_s)
 
-    def endpoint_of(self, name: str | None) -> tuple[str, str | None, str]:
-        """(endpoint, API key, name) of a running sparklab server: the named one, or the only one."""
+    def endpoint_of(self, name: str | None) -> Target:
+        """Where a running sparklab server answers and with which key: the named one, or the only one."""
         if name is None:
             running = [c.name for c in self.containers(include_stopped=False)]
             if len(running) != 1:
@@ -285,9 +296,10 @@ class Docker:
         config = container.attrs.get("Config", {})
         env = dict(item.partition("=")[::2] for item in config.get("Env") or [])
         command = list(config.get("Cmd") or [])
-        key = env.get("VLLM_API_KEY") or next(
-            (command[i + 1] for i, arg in enumerate(command[:-1]) if arg == "--api-key"), None)
-        return container.labels.get("sparklab.endpoint", ""), key, name
+        kind = container.labels.get("sparklab.kind")
+        adapters = candidates(kind if kind in ENGINES else None)  # containers from before the kind label: ask all
+        key = next((k for a in adapters if (k := a.api_key_from(env, command))), None)
+        return Target(container.labels.get("sparklab.endpoint", ""), key, name, kind if kind in ENGINES else None)
 
     def orphans(self) -> list[ContainerInfo]:
         """Containers left behind by a sparklab process that no longer runs (never detached ones)."""
@@ -311,6 +323,11 @@ class Docker:
             yield from redacted_lines(container.logs(stream=True, follow=True, tail=tail, **extra), secrets)
         else:
             yield redact(container.logs(tail=tail, **extra), secrets)
+
+
+    def log_text(self, name: str, since: float | None = None) -> str:
+        """A container's log (since a wall-clock time), redacted, as text."""
+        return b"".join(self.logs(name, since=since)).decode("utf-8", "replace")
 
 
 def teardown(container: Container, grace_s: float = 10) -> None:

@@ -47,3 +47,7 @@ class NotReadyError(ContainerError):
         super().__init__(message, hint)
         self.container_exit_code = exit_code
         self.log_tail = log_tail
+
+
+class EngineUnreachable(Exception):
+    """An engine did not answer an HTTP request (refused, reset, timed out); internal, never shown raw."""

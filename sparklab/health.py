@@ -6,11 +6,12 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
-import requests
 from tenacity import RetryCallState, Retrying, retry_if_exception_type, wait_exponential
 
+from sparklab import engine_api
+from sparklab.engines import engine
 from sparklab.errors import NotReadyError
-from sparklab.scrape import exit_code_meaning, explain_failure
+from sparklab.scrape import exit_code_meaning
 
 LOG_TAIL_LINES = 50
 
@@ -33,7 +34,7 @@ def _indent(text: str) -> str:
 
 def wait_ready(probe: Probe, url: str, *, kind: str, timeout_s: float, headers: dict[str, str] | None = None,
                max_interval_s: float = 1.0, on_try: Callable[[float], None] | None = None,
-               clock: Callable[[], float] = time.monotonic) -> float:
+               clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> float:
     """Poll `url` until it answers 200, within a monotonic deadline. Returns seconds waited.
 
     Every try first checks that the container still runs; if it exited, fail at once with its exit code
@@ -46,7 +47,7 @@ def wait_ready(probe: Probe, url: str, *, kind: str, timeout_s: float, headers: 
         running, code = probe.state()
         if not running:
             tail = probe.log_tail(LOG_TAIL_LINES)
-            why = explain_failure(kind, tail)
+            why = engine(kind).explain_failure(tail)
             raise NotReadyError(
                 f"the server container exited with code {code}{exit_code_meaning(code)} before it was ready "
                 f"({clock() - started:.0f} s after start). Last {LOG_TAIL_LINES} log lines:\n{_indent(tail)}",
@@ -54,15 +55,15 @@ def wait_ready(probe: Probe, url: str, *, kind: str, timeout_s: float, headers: 
         if on_try is not None:
             on_try(clock() - started)
         try:
-            response = requests.get(url, headers=headers, timeout=5)
-        except requests.RequestException as exc:
+            status = engine_api.probe(url, headers)
+        except engine_api.Unreachable as exc:
             raise _NotYet(str(exc)) from None
-        if response.status_code in (401, 403):
+        if status in (401, 403):
             raise NotReadyError(
-                f"{url} answered {response.status_code}: the server rejects sparklab's API key",
+                f"{url} answered {status}: the server rejects sparklab's API key",
                 "Another server may own this port: check `sparklab ps` and `docker ps`.")
-        if response.status_code != 200:
-            raise _NotYet(f"HTTP {response.status_code}")
+        if status != 200:
+            raise _NotYet(f"HTTP {status}")
 
     def stop(state: RetryCallState) -> bool:
         return clock() >= deadline
@@ -80,7 +81,7 @@ def wait_ready(probe: Probe, url: str, *, kind: str, timeout_s: float, headers: 
         wait=wait_exponential(multiplier=0.25, min=0.25, max=max_interval_s),
         stop=stop,
         retry_error_callback=give_up,
-        sleep=lambda seconds: time.sleep(max(0.0, min(seconds, deadline - clock()))),
+        sleep=lambda seconds: sleep(max(0.0, min(seconds, deadline - clock()))),
         reraise=True,
     )
     retrying(attempt)

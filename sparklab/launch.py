@@ -14,12 +14,12 @@ from pathlib import Path
 
 from sparklab import preflight
 from sparklab.containers import Docker, ImageInfo, PullCallback, Server
-from sparklab.engines import knowledge
+from sparklab.engines import engine
 from sparklab.errors import ImageUnavailableError, NotReadyError
 from sparklab.health import wait_ready
 from sparklab.recipes import Recipe, load_recipe, resolve
 from sparklab.render import LaunchOptions, LaunchSpec, render
-from sparklab.scrape import StartupFacts, exit_code_meaning, explain_failure, parse_startup
+from sparklab.scrape import StartupFacts, exit_code_meaning
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +35,7 @@ def new_run_id() -> str:
 
 
 @dataclass
-class Plan:
+class Launch:
     """A rendered, preflighted launch: what `--dry-run` prints and `up` runs."""
 
     recipe: Recipe
@@ -43,15 +43,20 @@ class Plan:
     warnings: list[preflight.Finding] = field(default_factory=list)
 
 
-def plan(spec_text: str, *, target: str | None, engine: str | None, overrides: list[str],
-         options: LaunchOptions, check_host: bool = True) -> Plan:
+def prepare(spec_text: str, *, target: str | None, engine_name: str | None, overrides: list[str],
+            options: LaunchOptions, check_host: bool = True) -> Launch:
+    """Resolve, load, render and preflight: everything up to the first side effect."""
     path, method = resolve(spec_text, target)
     recipe = load_recipe(path, overrides)
-    spec = render(recipe, engine, method, options)
-    findings = preflight.check_spec(spec, recipe)
+    return checked(recipe, render(recipe, engine_name, method, options), check_host)
+
+
+def checked(recipe: Recipe, spec: LaunchSpec, check_host: bool = True) -> Launch:
+    """The engine's own checks of the rendered launch, then the host's; errors raise, warnings are kept."""
+    findings = engine(spec.kind).check_spec(spec, recipe)
     if check_host:
         findings += preflight.check_host(spec, recipe)
-    return Plan(recipe, spec, preflight.raise_errors(findings))
+    return Launch(recipe, spec, preflight.raise_errors(findings))
 
 
 @dataclass
@@ -63,7 +68,7 @@ class Ready:
     facts: StartupFacts
 
 
-def start(p: Plan, docker: Docker, *, pull_policy: str = "missing", allow_foreign_platform: bool = False,
+def start(p: Launch, docker: Docker, *, pull_policy: str = "missing", allow_foreign_platform: bool = False,
           on_pull: PullCallback | None = None, api_key: str | None = None, detach: bool = False,
           on_wait: Callable[[float], None] | None = None, log_path: Path | None = None) -> Ready:
     """Pull, run and wait. The returned server is already torn down if anything here fails."""
@@ -76,13 +81,14 @@ def start(p: Plan, docker: Docker, *, pull_policy: str = "missing", allow_foreig
                                                           allow_foreign_platform))
     key = (api_key or secrets.token_urlsafe(24)) if spec.needs_api_key else None
     provided = {"api_key": key} if key else {}
-    api_env = knowledge(spec.kind).api_key_env
+    adapter = engine(spec.kind)
+    api_env = adapter.api_key_env
     if key and api_env:
         provided[api_env] = key
     log_path = log_path or state_dir() / "logs" / f"{spec.name}.log"
     server = docker.launch(spec, provided, log_path, detach=detach)
     try:
-        headers = {"Authorization": f"Bearer {key}"} if key and knowledge(spec.kind).ready_needs_key else None
+        headers = {"Authorization": f"Bearer {key}"} if key and adapter.ready_needs_key else None
         seconds = wait_ready(server, spec.endpoint + spec.ready_path, kind=spec.kind,
                              timeout_s=spec.ready_timeout_s, headers=headers, on_try=on_wait)
         facts = _facts_after_ready(server, spec)
@@ -92,7 +98,7 @@ def start(p: Plan, docker: Docker, *, pull_policy: str = "missing", allow_foreig
     return Ready(server, image, seconds, key, facts)
 
 
-def _ensure_image(p: Plan, docker: Docker, policy: str, on_pull: PullCallback | None,
+def _ensure_image(p: Launch, docker: Docker, policy: str, on_pull: PullCallback | None,
                   platform: str | None) -> ImageInfo:
     """Pull the recipe's image; if the registry has no such image, try its alternatives in order."""
     candidates = [p.spec.image, *p.spec.image_alternatives]
@@ -113,10 +119,11 @@ def _ensure_image(p: Plan, docker: Docker, policy: str, on_pull: PullCallback | 
 def _facts_after_ready(server: Server, spec: LaunchSpec, settle_s: float = 2.0) -> StartupFacts:
     """Parse the startup log; the ready line may trail the first 200 by a moment."""
     deadline = time.monotonic() + settle_s
-    facts = parse_startup(spec.kind, server.full_log())
+    adapter = engine(spec.kind)
+    facts = adapter.parse_startup(server.full_log())
     while not facts.startup_complete and time.monotonic() < deadline:
         time.sleep(0.2)
-        facts = parse_startup(spec.kind, server.full_log())
+        facts = adapter.parse_startup(server.full_log())
     return facts
 
 
@@ -126,7 +133,7 @@ def watch(server: Server, poll_s: float = 1.0) -> None:
         running, code = server.state()
         if not running:
             tail = server.log_tail(50)
-            why = explain_failure(server.spec.kind, tail)
+            why = engine(server.spec.kind).explain_failure(tail)
             raise NotReadyError(
                 f"the server exited with code {code}{exit_code_meaning(code)} while serving. "
                 f"Last 50 log lines:\n{tail}", f"Likely cause: {why}" if why else None,

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from sparklab.records import RequestRecord
+from sparklab.records import RequestRecord, Summary
 
 PERCENTILES = (50, 90, 99)
 
@@ -88,7 +88,7 @@ def tpot(record: RequestRecord) -> float | None:
     return (record.end - record.first_token) / (n - 1)
 
 
-def summarize(records: Sequence[RequestRecord], window: tuple[float, float]) -> dict[str, Any]:
+def summarize(records: Sequence[RequestRecord], window: tuple[float, float]) -> Summary:
     """The summary of the measured (non-warmup) requests within `window` (start, end)."""
     measured = [r for r in records if not r.warmup]
     ok = [r for r in measured if r.ok]
@@ -99,7 +99,7 @@ def summarize(records: Sequence[RequestRecord], window: tuple[float, float]) -> 
     streamed = [r for r in ok if r.streamed]
     all_chunks = sum(len(r.chunk_times) for r in streamed)
     errors = Counter(r.error for r in failed)
-    summary: dict[str, Any] = {
+    summary: Summary = {
         "requests": {"measured": len(measured), "ok": len(ok), "failed": len(failed),
                      "warmup": sum(1 for r in records if r.warmup),
                      "first_errors": [f"{count}x {message}" for message, count in errors.most_common(5)]},
@@ -143,23 +143,6 @@ def spec_delta(before: dict[str, Any] | None, after: dict[str, Any] | None) -> d
         "per_position_acceptance": per_position,
         "source": "vllm:spec_decode_* counters from /metrics, after warmup and after the window (delta)",
     }
-
-
-def server_latency(before: dict[str, Any] | None, after: dict[str, Any] | None) -> dict[str, Any] | None:
-    """The engine's own mean TTFT, TPOT and E2E latency over the window, from vLLM's histograms."""
-    a, b = (before or {}).get("latency") or {}, (after or {}).get("latency") or {}
-
-    def mean_ms(name: str) -> float | None:
-        count = b.get(f"vllm:{name}_seconds_count", 0.0) - a.get(f"vllm:{name}_seconds_count", 0.0)
-        total = b.get(f"vllm:{name}_seconds_sum", 0.0) - a.get(f"vllm:{name}_seconds_sum", 0.0)
-        return 1000 * total / count if count > 0 else None
-
-    out = {"ttft_ms": mean_ms("time_to_first_token"), "tpot_ms": mean_ms("request_time_per_output_token"),
-           "e2e_ms": mean_ms("e2e_request_latency")}
-    if all(v is None for v in out.values()):
-        return None
-    return {**out, "source": "vLLM's histograms (sum/count deltas) from /metrics over the window: the engine's "
-                             "own timing, without network or client time"}
 
 
 # -- repeats: confidence intervals and speedups ---------------------------------------------------------------

@@ -16,19 +16,25 @@ from typing import Any
 
 from pydantic import Field, ValidationError
 
+from sparklab.engines import engine as engine_adapter
 from sparklab.errors import RecipeError
 from sparklab.recipes import Recipe, Strict, explain_validation, load_recipe, read_yaml, recipes_dir
+from sparklab.records import Sampling
 from sparklab.render import LaunchOptions, LaunchSpec, render
+
+_SAMPLING = Sampling()  # the one place sampling defaults are written (sparklab.records.Sampling)
 
 
 class SamplingSpec(Strict):
-    max_tokens: int = Field(default=2048, ge=1)
-    temperature: float | None = 1.0
-    top_p: float | None = 0.95
-    ignore_eos: bool = False
-    min_tokens: int | None = Field(default=None, ge=1)
-    enable_thinking: bool | None = False
-    seed: int | None = None
+    """A sweep file's `sampling:`; every field and default is sparklab.records.Sampling's."""
+
+    max_tokens: int = Field(default=_SAMPLING.max_tokens, ge=1)
+    temperature: float | None = _SAMPLING.temperature
+    top_p: float | None = _SAMPLING.top_p
+    ignore_eos: bool = _SAMPLING.ignore_eos
+    min_tokens: int | None = Field(default=_SAMPLING.min_tokens, ge=1)
+    enable_thinking: bool | None = _SAMPLING.enable_thinking
+    seed: int | None = _SAMPLING.seed
 
 
 class Match(Strict):
@@ -167,8 +173,7 @@ def _server(sweep: SweepFile, recipe_path: Path, engine: str, method: str, k: in
     overrides = tuple(sweep.set) + tuple(s for o in chosen for s in o.set)
     serve_args = tuple(a for o in chosen for a in o.serve_args)
     recipe = load_recipe(recipe_path, list(overrides))
-    # vLLM serves POST /reset_prefix_cache (between loads) only in dev mode.
-    env = ("VLLM_SERVER_DEV_MODE=1",) if recipe.engines[engine].kind == "vllm" else ()
+    env = engine_adapter(recipe.engines[engine].kind).sweep_env()
     options = LaunchOptions(num_speculative_tokens=k, extra_args=serve_args, run_id=run_id, mode="sweep", env=env,
                             ulimits=ulimits)
     spec = render(recipe, engine, method, options)

@@ -1,118 +1,17 @@
-"""Checks before any container starts. Spec checks are pure; host checks take their probes as arguments."""
+"""Host checks before any container starts (each takes its probes as arguments); the engine's own checks of
+a rendered launch are its adapter's `check_spec`. `Finding` is re-exported for callers."""
 
 from __future__ import annotations
 
 import errno
 import socket
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
-from sparklab.engines import sglang, vllm
-from sparklab.engines.base import flag_value
+from sparklab.engines.base import Finding, flag_value
 from sparklab.errors import PreflightError
 from sparklab.recipes import Recipe
 from sparklab.render import LaunchSpec
-
-
-@dataclass(frozen=True)
-class Finding:
-    level: str  # "error" | "warning"
-    message: str
-    hint: str = ""
-
-
-def _where(spec: LaunchSpec) -> str:
-    return f"{spec.recipe_path}: engines.{spec.engine}.methods.{spec.method}"
-
-
-def check_spec(spec: LaunchSpec, recipe: Recipe) -> list[Finding]:
-    """What would make the engine refuse or die after loading, judged from the rendered argv."""
-    if spec.kind == "vllm":
-        return _check_vllm(spec, recipe)
-    return _check_sglang(spec, recipe)
-
-
-def _draft_block_size(recipe: Recipe, draft: str | None) -> tuple[str, int] | None:
-    for name, entry in recipe.model.drafts.items():
-        if entry.id == draft and entry.block_size:
-            return name, entry.block_size
-    return None
-
-
-def _check_k(spec: LaunchSpec, recipe: Recipe, k: int | None, flag: str) -> list[Finding]:
-    sp = spec.speculative
-    if sp is None:
-        return []
-    if k is None or k < 1:
-        return [Finding("error", f"{_where(spec)}: {flag} must be a positive integer, got {k!r}",
-                        "Give --num-speculative-tokens N (N >= 1).")]
-    known = _draft_block_size(recipe, sp.draft_model)
-    if known and k < known[1]:
-        name, size = known
-        return [Finding(
-            "error",
-            f"{_where(spec)}: {flag} is {k}, below the {name} draft's block size {size} "
-            f"(model.drafts.{name}.block_size); the engine refuses to start below it",
-            f"Use --num-speculative-tokens {size} or more.")]
-    return []
-
-
-def _check_vllm(spec: LaunchSpec, recipe: Recipe) -> list[Finding]:
-    sp = spec.speculative
-    if sp is None:
-        return []
-    where = _where(spec)
-    found: list[Finding] = []
-    if sp.method not in vllm.METHODS:
-        found.append(Finding(
-            "error", f"{where}: vLLM 0.27.1 has no speculative method {sp.method!r}",
-            f"Known methods: {', '.join(sorted(vllm.METHODS))}."))
-    if sp.method in ("dspark", "dflash") and not sp.draft_model:
-        found.append(Finding(
-            "error",
-            f"{where}: speculative method {sp.method} has no draft model (--speculative_config.model). "
-            f"vLLM would load the target, fall back to its built-in MTP head and die after loading with: "
-            f"{vllm.PARALLEL_DRAFTING_ERROR}",
-            f"Name the draft: --speculative_config.model <the {sp.method} checkpoint> "
-            f"(in the recipe: {{{{ drafts.{sp.method} }}}}).",
-        ))
-    moe = sp.options.get("moe_backend")
-    target_moe = flag_value(spec.argv, "--moe-backend")
-    if sp.method == "mtp" and target_moe == "marlin" and moe is None:
-        found.append(Finding(
-            "error",
-            f"{where}: MTP with --moe-backend marlin needs a speculative moe_backend: the MTP drafter "
-            f"inherits the target's marlin, which it does not support, and vLLM fails at start-up",
-            "Add --speculative_config.moe_backend triton (seed 000's MTP line has it)."))
-    if moe is not None and moe not in vllm.SPEC_MOE_BACKENDS:
-        found.append(Finding(
-            "error", f"{where}: --speculative_config.moe_backend {moe!r} is not one vLLM accepts",
-            f"Use one of: {', '.join(vllm.SPEC_MOE_BACKENDS)}."))
-    if sp.method != "ngram" or sp.num_speculative_tokens is not None:
-        found += _check_k(spec, recipe, sp.num_speculative_tokens, "num_speculative_tokens")
-    return found
-
-
-def _check_sglang(spec: LaunchSpec, recipe: Recipe) -> list[Finding]:
-    sp = spec.speculative
-    if sp is None:
-        return []
-    where = _where(spec)
-    found: list[Finding] = []
-    if sp.method not in sglang.METHODS:
-        found.append(Finding(
-            "error", f"{where}: SGLang has no speculative algorithm {sp.method!r}",
-            f"Known algorithms: {', '.join(sorted(sglang.METHODS))}."))
-    if sp.method in sglang.NEEDS_DRAFT and not sp.draft_model:
-        found.append(Finding(
-            "error", f"{where}: --speculative-algorithm {sp.method} needs --speculative-draft-model-path",
-            "Add --speculative-draft-model-path <draft checkpoint>."))
-    flag = "--speculative-dspark-block-size" if sp.method == "DSPARK" else "--speculative-num-steps"
-    if sp.method in ("DSPARK", "EAGLE", "EAGLE3", "NEXTN") and sp.num_speculative_tokens is not None:
-        found += _check_k(spec, recipe, sp.num_speculative_tokens, flag)
-    return found
-
 
 # ---------------------------------------------------------------------------------------------------
 # Host checks
@@ -226,3 +125,7 @@ def raise_errors(findings: list[Finding]) -> list[Finding]:
         hint = "\n".join(f"  fix: {f.hint}" for f in errors if f.hint)
         raise PreflightError(message, hint or None)
     return [f for f in findings if f.level != "error"]
+
+
+__all__ = ["Finding", "check_host", "check_image_platform", "check_platform_tag", "mem_available_gib",
+           "port_in_use", "raise_errors", "tag_platform"]

@@ -7,7 +7,7 @@ needs the network client (or the openai package) to import.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, TypedDict
 
 TOKEN_IDS = "server token_ids per chunk"
 USAGE_ONLY = "usage.completion_tokens (tokens per chunk unknown: spread evenly over chunks)"
@@ -100,3 +100,52 @@ def settle_tokens(record: RequestRecord) -> None:
     else:
         record.token_source = CHUNK_COUNT
         record.completion_tokens = len(record.chunk_times)
+
+
+class RequestCounts(TypedDict):
+    measured: int
+    ok: int
+    failed: int
+    warmup: int
+    first_errors: list[str]
+
+
+class Summary(TypedDict, total=False):
+    """metrics.summarize: one cell's figures over its measured requests (stats are {n, mean, p50, …})."""
+
+    requests: RequestCounts
+    wall_s: float
+    output_tokens: int
+    aggregate_tps: float
+    per_request_tps: dict[str, float] | None
+    tokens_per_request: float | None
+    prompt_tokens: dict[str, float] | None
+    e2e_ms: dict[str, float] | None
+    ttft_ms: dict[str, float] | None
+    ttfa_ms: dict[str, float] | None
+    tpot_ms: dict[str, float] | None
+    decode_tps: dict[str, float] | None
+    itl_ms: dict[str, float] | None
+    chunk_gap_ms: dict[str, float] | None
+    tokens_per_chunk: float | None
+    finish_reasons: dict[str, int]
+    token_sources: dict[str, int]
+
+
+class BenchResult(TypedDict, total=False):
+    """One benchmark cell as `sparklab bench --json` writes it and the store keeps it (sparklab.bench/1)."""
+
+    schema: str
+    created: str
+    endpoint: str
+    model: str
+    workload: dict[str, Any]
+    sampling: dict[str, Any]
+    load: dict[str, Any]
+    measurement: dict[str, Any]
+    summary: Summary
+    speculative: dict[str, Any] | None  # server counters over the window (engine adapter)
+    server_latency: dict[str, Any] | None
+    speculative_log: dict[str, Any] | None  # acceptance from the window's log lines (engines that print it)
+    server: dict[str, Any]  # the raw snapshots before and after the window
+    requests: list[dict[str, Any]]

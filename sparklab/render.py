@@ -15,7 +15,7 @@ from typing import Any
 import jinja2
 
 from sparklab import __version__
-from sparklab.engines import knowledge
+from sparklab.engines import engine as engine_adapter
 from sparklab.engines.base import Speculative
 from sparklab.errors import RecipeError
 from sparklab.recipes import METHOD_ARGS_MARKER, EngineSpec, Recipe
@@ -184,7 +184,7 @@ def render(recipe: Recipe, engine: str | None = None, method: str | None = None,
         raise RecipeError(
             f"{recipe.source}: engines.{engine_name}.methods: engine {engine_name!r} has no method {method!r}",
             f"Methods of {engine_name} in this recipe: {', '.join(spec.methods)}."
-            + _method_hint(spec.kind, method))
+            + engine_adapter(spec.kind).method_hint(method))
     if options.num_speculative_tokens is not None:
         recipe = recipe.model_copy(update={"vars": {**recipe.vars,
                                                     "num_speculative_tokens": options.num_speculative_tokens}})
@@ -194,7 +194,7 @@ def render(recipe: Recipe, engine: str | None = None, method: str | None = None,
     recipe_argv_len = len(argv)
     argv.extend(options.extra_args)
 
-    known = knowledge(spec.kind)
+    known = engine_adapter(spec.kind)
     host = "0.0.0.0" if options.public or spec.network == "bridge" else "127.0.0.1"
     argv.extend(known.network_args(host, port))
     if options.api_key:
@@ -215,6 +215,7 @@ def render(recipe: Recipe, engine: str | None = None, method: str | None = None,
         "sparklab.run_id": options.run_id,
         "sparklab.recipe": recipe.name,
         "sparklab.engine": engine_name,
+        "sparklab.kind": spec.kind,
         "sparklab.method": method,
         "sparklab.mode": options.mode,
         "sparklab.endpoint": f"http://{'127.0.0.1' if host in ('0.0.0.0', '127.0.0.1') else host}:{port}",
@@ -247,12 +248,6 @@ def _ulimit_overrides(items: tuple[str, ...]) -> dict[str, tuple[int, int]]:
             raise RecipeError(f"--ulimit {item!r}: expected NAME=SOFT[:HARD] with integers",
                               "Example: --ulimit memlock=-1 --ulimit stack=67108864") from None
     return out
-
-
-def _method_hint(kind: str, method: str) -> str:
-    if kind == "sglang" and method.lower() == "mtp":
-        return " SGLang runs a model's built-in MTP layers through its EAGLE worker: use method eagle."
-    return ""
 
 
 # ---------------------------------------------------------------------------------------------------

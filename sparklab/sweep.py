@@ -8,24 +8,23 @@ cell in flight pending. SIGKILL loses at most that cell: the next run resets it 
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import platform
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import requests
-
-from sparklab import __version__, bench, launch, preflight, scrape
-from sparklab.records import Sampling
-from sparklab.containers import Docker, Server
+from sparklab import __version__, bench, launch, preflight
+from sparklab.containers import Docker
+from sparklab.engine_api import EngineAPI
+from sparklab.engines import engine
 from sparklab.errors import ContainerError, NotReadyError, PreflightError, SparklabError
-from sparklab.plan import Plan, ServerConfig, TimingModel
+from sparklab.plan import Plan, ServerConfig, TimingModel, build_plan, estimate_seconds, load_sweep
 from sparklab.recipes import load_hardware, stored_facts
+from sparklab.records import Sampling
 from sparklab.store import PlannedCell, Store
 from sparklab.workloads import load_workload
 
@@ -40,6 +39,30 @@ class Options:
     drop_caches: bool = False
     port_wait_s: float = 60.0
     memory_wait_s: float = 120.0
+
+
+@dataclass(frozen=True)
+class Request:
+    """What `sparklab sweep` was asked: the file, where runs live, which run, and how to run it."""
+
+    file: Path
+    runs_dir: Path = Path("runs")
+    resume: str | None = None  # a run directory name under runs_dir
+    new: bool = False  # a new run even if an earlier one of this sweep can continue
+    retry_failed: bool = False
+    ulimits: tuple[str, ...] = ()
+    options: Options = field(default_factory=Options)
+
+
+@dataclass
+class Outcome:
+    run_dir: Path
+    counts: dict[str, int]
+    interrupted: bool = False
+
+    @property
+    def complete(self) -> bool:
+        return not self.interrupted and self.counts.get("failed", 0) == 0 and self.counts.get("pending", 0) == 0
 
 
 def host_facts() -> dict[str, Any]:
@@ -78,14 +101,6 @@ def _drop_caches(say: Say) -> None:
         say("dropped the page cache (drop_caches)")
     except OSError as exc:
         say(f"could not drop the page cache ({exc}); run as root or leave --drop-caches off")
-
-
-def _reset_prefix_cache(server: Server) -> None:
-    """vLLM serves POST /reset_prefix_cache when VLLM_SERVER_DEV_MODE=1 (the sweep sets it)."""
-    if server.spec.kind != "vllm":
-        return
-    with contextlib.suppress(requests.RequestException):
-        requests.post(server.spec.endpoint + "/reset_prefix_cache", timeout=30)
 
 
 def timing_model(plan: Plan, history: list[Path]) -> TimingModel:
@@ -158,9 +173,8 @@ def _run_server(plan: Plan, store: Store, docker: Docker, run_dir: Path, options
     say(f"server {server.label}: starting ({len(cells)} cells; {spec.image})")
     try:
         _wait_port_free(spec.host, spec.port, options.port_wait_s)
-        preflight.raise_errors(preflight.check_host(spec, server.recipe))
-        p = launch.Plan(server.recipe, spec)
-        ready = launch.start(p, docker, pull_policy=options.pull_policy,
+        prepared = launch.checked(server.recipe, spec)
+        ready = launch.start(prepared, docker, pull_policy=options.pull_policy,
                              log_path=run_dir / "logs" / f"{server.id}-{server.engine}-{server.method}.log")
     except (NotReadyError, ContainerError, PreflightError) as exc:
         kind = _failure_kind(exc)
@@ -169,9 +183,10 @@ def _run_server(plan: Plan, store: Store, docker: Docker, run_dir: Path, options
                                  log_tail=getattr(exc, "log_tail", None), max_attempts=max_attempts)
         say(f"server {server.label}: failed ({kind}): {exc.message.splitlines()[0]}")
         return
+    api = EngineAPI(spec.endpoint, ready.api_key)
     store.record_server_start(server.id, image_digest=ready.image.digest, startup_facts=ready.facts.as_dict(),
                               ready_s=ready.seconds_to_ready, log_path=str(ready.server.log_path),
-                              engine_version=_engine_version(ready))
+                              engine_version=engine(spec.kind).version(api))
     say(f"server {server.label}: ready in {ready.seconds_to_ready:.1f} s")
     with ready.server:
         for cell in cells:
@@ -189,12 +204,12 @@ def _run_server(plan: Plan, store: Store, docker: Docker, run_dir: Path, options
 def _run_cell(plan: Plan, store: Store, ready: launch.Ready, server: ServerConfig, cell: Any, say: Say) -> None:
     sweep = plan.sweep
     store.start_cell(cell.id)
-    s = sweep.sampling
-    sampling = Sampling(max_tokens=s.max_tokens, temperature=s.temperature, top_p=s.top_p, ignore_eos=s.ignore_eos,
-                        min_tokens=s.min_tokens, enable_thinking=s.enable_thinking, seed=s.seed)
+    sampling = Sampling(**sweep.sampling.model_dump())
     load = bench.Load(concurrency=cell.concurrency, requests=cell.requests, duration_s=sweep.duration_s,
                       warmup=sweep.warmup, stream=sweep.stream)
-    endpoint = bench.Endpoint(ready.server.spec.endpoint, ready.api_key, None)
+    spec = ready.server.spec
+    adapter = engine(spec.kind)
+    endpoint = bench.Endpoint(spec.endpoint, ready.api_key, None, spec.kind)
     name = f"{server.label} c={cell.concurrency} {cell.workload} #{cell.repeat}"
     try:
         result = bench.run(endpoint, load_workload(cell.workload), sampling, load)
@@ -202,9 +217,8 @@ def _run_cell(plan: Plan, store: Store, ready: launch.Ready, server: ServerConfi
         store.fail_cell(cell.id, "bench_error", exc.message, max_attempts=sweep.max_attempts)
         say(f"cell {name}: failed: {exc.message}")
         return
-    if ready.server.spec.kind == "sglang":  # no acceptance counters: its `accept len` log lines in the window
-        since = result["measurement"]["window_started_at"]
-        result["speculative_log"] = scrape.log_acceptance(ready.server.log_since(since))
+    since = result["measurement"]["window_started_at"]
+    bench.add_log_acceptance(result, spec.kind, lambda: ready.server.log_since(since))
     summary = result["summary"]
     if not summary["requests"]["ok"]:
         errors = "; ".join(summary["requests"]["first_errors"]) or "no request succeeded"
@@ -212,18 +226,58 @@ def _run_cell(plan: Plan, store: Store, ready: launch.Ready, server: ServerConfi
         say(f"cell {name}: every request failed: {errors}")
         return
     store.finish_cell(cell.id, summary, result)
-    _reset_prefix_cache(ready.server)
+    adapter.reset_prefix_cache(endpoint.api)
     say(f"cell {name}: {summary['aggregate_tps']:.2f} tok/s aggregate, "
         f"{summary['requests']['ok']}/{summary['requests']['measured']} ok")
 
 
-def _engine_version(ready: launch.Ready) -> str | None:
-    """vLLM's GET /version (SGLang answers /get_model_info instead; then None)."""
-    try:
-        response = requests.get(ready.server.spec.endpoint + "/version", timeout=10)
-        return str(response.json().get("version")) if response.status_code == 200 else None
-    except (requests.RequestException, ValueError):
-        return None
+def resolve_run(request: Request, name: str) -> tuple[Path, bool]:
+    """(run directory, whether it exists): --resume RUN, else the newest run of this sweep, else a new one."""
+    if request.resume:
+        run = request.runs_dir / request.resume
+        if not (run / "results.sqlite").exists():
+            raise SparklabError(f"no run {request.resume!r} under {request.runs_dir} (no {run / 'results.sqlite'})",
+                                f"List them with: ls {request.runs_dir}")
+        return run, True
+    earlier = sorted(request.runs_dir.glob(f"{name}-*/results.sqlite"))
+    if earlier and not request.new:
+        return earlier[-1].parent, True
+    return request.runs_dir / f"{name}-{launch.new_run_id()}", False
+
+
+def dry_run(request: Request) -> tuple[Plan, float, TimingModel]:
+    """The plan, its ETA and the timing model behind it: the same code path as a run, up to the first start."""
+    run_dir, _ = resolve_run(request, load_sweep(request.file).name)
+    plan = build_plan(request.file, run_id=run_dir.name, ulimits=request.ulimits)
+    model = timing_model(plan, sorted(request.runs_dir.glob("*/results.sqlite")))
+    return plan, estimate_seconds(plan, model), model
+
+
+def sweep(request: Request, say: Say, docker: Docker | None = None) -> Outcome:
+    """Run (or continue) a sweep: plan, open or create its run, run what is pending, record everything.
+
+    Ctrl-C and SIGTERM (as KeyboardInterrupt) tear the current server down and return an interrupted outcome
+    that can be resumed; the cell in flight goes back to pending.
+    """
+    run_dir, exists = resolve_run(request, load_sweep(request.file).name)
+    plan = build_plan(request.file, run_id=run_dir.name, ulimits=request.ulimits)
+    docker = docker or Docker()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / "results.sqlite"
+    store = Store.open(path) if exists else Store.create(path, plan.sweep.model_dump(), __version__)
+    with store:
+        added = register(plan, store)
+        if not exists:
+            store.set_host_facts(host_facts())
+        if request.retry_failed:
+            say(f"{store.retry_failed()} failed cell(s) will run again")
+        say(f"run {run_dir} ({'continued' if exists else 'new'}; {added} new cell(s)): {store.counts()}")
+        try:
+            counts = run(plan, store, docker, run_dir, request.options, say)
+        except KeyboardInterrupt:
+            store.reset_interrupted(plan.sweep.max_attempts)
+            return Outcome(run_dir, store.counts(), interrupted=True)
+    return Outcome(run_dir, counts)
 
 
 def _progress(store: Store, started: float, done_at_start: int) -> str:

@@ -1,12 +1,54 @@
-"""Per-engine knowledge: flags, endpoints, speculative methods, startup-log facts and known failures."""
+"""The engine adapters, by kind. Everything engine-specific lives in one module per engine."""
 
 from __future__ import annotations
 
+import time
+from typing import TYPE_CHECKING, Any
+
 from sparklab.engines import sglang, vllm
-from sparklab.engines.base import EngineKnowledge
+from sparklab.engines.base import Acceptance, Engine
+from sparklab.errors import SparklabError
 
-ENGINES: dict[str, EngineKnowledge] = {"vllm": vllm.KNOWLEDGE, "sglang": sglang.KNOWLEDGE}
+if TYPE_CHECKING:
+    from sparklab.engine_api import EngineAPI
+
+ENGINES: dict[str, Engine] = {e.kind: e for e in (vllm.ENGINE, sglang.ENGINE)}
 
 
-def knowledge(kind: str) -> EngineKnowledge:
-    return ENGINES[kind]
+def engine(kind: str) -> Engine:
+    try:
+        return ENGINES[kind]
+    except KeyError:
+        raise SparklabError(f"no engine adapter for kind {kind!r}", f"Known kinds: {', '.join(ENGINES)}.") from None
+
+
+def candidates(kind: str | None) -> list[Engine]:
+    """The adapter of `kind`, or every adapter when the kind is unknown (`sparklab bench --url`)."""
+    return [engine(kind)] if kind else list(ENGINES.values())
+
+
+def snapshot(api: EngineAPI, kind: str | None) -> dict[str, Any]:
+    """Server-side counters at one instant, from the adapter (or every adapter) of the engine."""
+    snap: dict[str, Any] = {"at": time.time()}
+    for adapter in candidates(kind):
+        snap.update(adapter.snapshot(api))
+    return snap
+
+
+def window(before: dict[str, Any], after: dict[str, Any], kind: str | None) -> dict[str, Any]:
+    """`speculative` and `server_latency` over the window (None where no adapter can say)."""
+    out: dict[str, Any] = {"speculative": None, "server_latency": None}
+    for adapter in candidates(kind):
+        for key, value in adapter.window(before, after).items():
+            if out.get(key) is None:
+                out[key] = value
+    return out
+
+
+def acceptance(result: dict[str, Any]) -> Acceptance | tuple[None, None]:
+    """Acceptance length of a stored bench result and its source, from whichever engine reported it."""
+    for adapter in ENGINES.values():
+        found = adapter.acceptance(result)
+        if found is not None:
+            return found
+    return None, None

@@ -1,12 +1,27 @@
-"""What every engine module provides, and argv helpers shared by them."""
+"""The engine adapter: everything sparklab knows about one engine, behind one class.
+
+An adapter says how the engine is launched (network and API-key flags, its sweep-time environment), how its
+speculative flags read, what to check before it starts, what its startup log says, which log lines explain a
+death, when it is ready, and how to read its counters, acceptance, version and prefix-cache reset. It is
+pure: HTTP goes through the `EngineAPI` it is handed (sparklab.engine_api). A new engine is one module
+subclassing `Engine`, registered in sparklab/engines/__init__.py, plus a recipe.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from sparklab.scrape import StartupFacts, collect_warnings
+
+if TYPE_CHECKING:
+    from sparklab.engine_api import EngineAPI
+    from sparklab.recipes import Recipe
+    from sparklab.render import LaunchSpec
 
 
 @dataclass(frozen=True)
@@ -28,19 +43,105 @@ class KnownFailure:
 
 
 @dataclass(frozen=True)
-class EngineKnowledge:
-    kind: str
-    ready_path: str
-    ready_needs_key: bool
-    api_key_env: str | None
-    methods: frozenset[str]
-    speculative: Callable[[Sequence[str]], Speculative | None]
-    network_args: Callable[[str, int], list[str]]
-    api_key_args: Callable[[str], list[str]]
+class Finding:
+    """One preflight result: an error stops the launch, a warning is printed."""
+
+    level: str  # "error" | "warning"
+    message: str
+    hint: str = ""
+
+
+Acceptance = tuple[float, str]  # (acceptance length incl. the bonus token, where it came from)
+
+
+class Engine:
+    """Defaults shared by the engines; each adapter overrides what differs."""
+
+    kind: str = ""
+    ready_path: str = "/v1/models"
+    ready_needs_key: bool = True
+    ready_line: re.Pattern[str] = re.compile(r"(?!)")  # the startup log's "ready" line
+    api_key_env: str | None = None  # the variable the engine reads its key from (None: a flag)
+    methods: frozenset[str] = frozenset()
     failures: tuple[KnownFailure, ...] = ()
+    reads_log_acceptance: bool = False  # acceptance must be read from the log of the window
+
+    # -- launch ------------------------------------------------------------------------------------------
+    def network_args(self, host: str, port: int) -> list[str]:
+        return ["--host", host, "--port", str(port)]
+
+    def api_key_args(self, key: str) -> list[str]:
+        return []
+
+    def sweep_env(self) -> tuple[str, ...]:
+        """Environment a sweep adds (e.g. what enables the prefix-cache reset between loads)."""
+        return ()
+
+    def method_hint(self, method: str) -> str:
+        """A hint when a recipe names a method this engine spells differently."""
+        return ""
+
+    def api_key_from(self, env: dict[str, str], command: Sequence[str]) -> str | None:
+        """The key a running container was started with (for `sparklab bench` against it)."""
+        if self.api_key_env and env.get(self.api_key_env):
+            return env[self.api_key_env]
+        return flag_value(command, "--api-key")
+
+    # -- before the start --------------------------------------------------------------------------------
+    def speculative(self, argv: Sequence[str]) -> Speculative | None:
+        return None
+
+    def check_spec(self, spec: LaunchSpec, recipe: Recipe) -> list[Finding]:
+        """What would make the engine refuse or die after loading, judged from the rendered argv."""
+        return []
+
+    # -- startup log ---------------------------------------------------------------------------------------
+    def parse_startup(self, text: str) -> StartupFacts:
+        facts = StartupFacts(source=f"{self.kind} startup log")
+        self.read_startup(text, facts)
+        facts.startup_complete = bool(self.ready_line.search(text))
+        facts.warnings = collect_warnings(text)
+        return facts
+
+    def read_startup(self, text: str, facts: StartupFacts) -> None:
+        """Fill in the facts this engine's startup log states."""
+
+    def explain_failure(self, log_tail: str) -> str | None:
+        """A known cause for a death, from the last log lines."""
+        for failure in self.failures:
+            if failure.pattern.search(log_tail):
+                return failure.explanation
+        return None
+
+    # -- while serving -------------------------------------------------------------------------------------
+    def snapshot(self, api: EngineAPI) -> dict[str, Any]:
+        """Server-side counters at one instant (merged into the bench result's before/after)."""
+        return {}
+
+    def window(self, before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+        """What the counters say about the window between two snapshots: `speculative`, `server_latency`."""
+        return {}
+
+    def log_acceptance(self, text: str) -> dict[str, Any] | None:
+        """Acceptance stated by the log lines of the window, for engines that print it."""
+        return None
+
+    def acceptance(self, result: dict[str, Any]) -> Acceptance | None:
+        """The acceptance length of a stored bench result, from what this engine reported."""
+        return None
+
+    def reset_prefix_cache(self, api: EngineAPI) -> None:
+        """Between loads, so a later load's prefixes are not already cached."""
+
+    def version(self, api: EngineAPI) -> str | None:
+        return None
 
 
-def _norm(flag: str) -> str:
+# ---------------------------------------------------------------------------------------------------
+# argv helpers shared by the adapters
+
+
+def norm_flag(flag: str) -> str:
     """`--speculative_config.model` → `--speculative-config.model` (vLLM normalises before the dot only)."""
     head, dot, tail = flag.partition(".")
     return head.replace("_", "-") + dot + tail
@@ -48,11 +149,11 @@ def _norm(flag: str) -> str:
 
 def flag_values(argv: Sequence[str], flag: str) -> list[str]:
     """Every value given to `flag` as `--flag value` or `--flag=value` (underscores and dashes alike)."""
-    want = _norm(flag)
+    want = norm_flag(flag)
     values = []
     for i, arg in enumerate(argv):
         name, eq, value = arg.partition("=")
-        if _norm(name) != want:
+        if norm_flag(name) != want:
             continue
         if eq:
             values.append(value)
@@ -64,11 +165,6 @@ def flag_values(argv: Sequence[str], flag: str) -> list[str]:
 def flag_value(argv: Sequence[str], flag: str) -> str | None:
     values = flag_values(argv, flag)
     return values[-1] if values else None
-
-
-def has_flag(argv: Sequence[str], flag: str) -> bool:
-    want = _norm(flag)
-    return any(_norm(a.partition("=")[0]) == want for a in argv)
 
 
 def json_or_text(value: str) -> Any:
@@ -87,3 +183,45 @@ def as_int(value: Any) -> int | None:
         return int(str(value))
     except ValueError:
         return None
+
+
+def as_float(value: Any) -> float | None:
+    if isinstance(value, bool) or value is None:
+        return None
+    with contextlib.suppress(TypeError, ValueError):
+        return float(value)
+    return None
+
+
+# ---------------------------------------------------------------------------------------------------
+# checks shared by the adapters
+
+
+def where(spec: LaunchSpec) -> str:
+    return f"{spec.recipe_path}: engines.{spec.engine}.methods.{spec.method}"
+
+
+def _draft_block_size(recipe: Recipe, draft: str | None) -> tuple[str, int] | None:
+    for name, entry in recipe.model.drafts.items():
+        if entry.id == draft and entry.block_size:
+            return name, entry.block_size
+    return None
+
+
+def check_k(spec: LaunchSpec, recipe: Recipe, k: int | None, flag: str) -> list[Finding]:
+    """K must be positive and, for a block drafter, at least the draft's block size."""
+    sp = spec.speculative
+    if sp is None:
+        return []
+    if k is None or k < 1:
+        return [Finding("error", f"{where(spec)}: {flag} must be a positive integer, got {k!r}",
+                        "Give --num-speculative-tokens N (N >= 1).")]
+    known = _draft_block_size(recipe, sp.draft_model)
+    if known and k < known[1]:
+        name, size = known
+        return [Finding(
+            "error",
+            f"{where(spec)}: {flag} is {k}, below the {name} draft's block size {size} "
+            f"(model.drafts.{name}.block_size); the engine refuses to start below it",
+            f"Use --num-speculative-tokens {size} or more.")]
+    return []

@@ -1,11 +1,30 @@
-"""SGLang: speculative flags, readiness endpoint, known startup deaths."""
+"""SGLang: speculative flags, preflight, startup log, acceptance (log lines, /server_info), known deaths."""
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
-from sparklab.engines.base import EngineKnowledge, KnownFailure, Speculative, as_int, flag_value
+from sparklab.engines.base import (
+    Acceptance,
+    Engine,
+    Finding,
+    KnownFailure,
+    Speculative,
+    as_int,
+    check_k,
+    flag_value,
+    where,
+)
+from sparklab.errors import EngineUnreachable as Unreachable
+from sparklab.scrape import StartupFacts, to_int
+
+if TYPE_CHECKING:
+    from sparklab.engine_api import EngineAPI
+    from sparklab.recipes import Recipe
+    from sparklab.render import LaunchSpec
 
 # server_args.py's built-in speculative algorithms.
 METHODS = frozenset({"EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM", "DFLASH", "DSPARK"})
@@ -34,14 +53,6 @@ def speculative(argv: Sequence[str]) -> Speculative | None:
     return Speculative(method=upper, num_speculative_tokens=k, draft_model=draft, options=options)
 
 
-def network_args(host: str, port: int) -> list[str]:
-    return ["--host", host, "--port", str(port)]
-
-
-def api_key_args(key: str) -> list[str]:
-    return ["--api-key", key]
-
-
 FAILURES = (
     KnownFailure(re.compile(r"out of memory|CUDA error: out of memory", re.IGNORECASE),
                  "the GPU ran out of memory: lower --mem-fraction-static or --context-length."),
@@ -49,8 +60,108 @@ FAILURES = (
                  "the DSpark block size must be a positive integer."),
 )
 
-KNOWLEDGE = EngineKnowledge(
-    kind="sglang", ready_path="/health", ready_needs_key=False, api_key_env=None,
-    methods=METHODS, speculative=speculative, network_args=network_args, api_key_args=api_key_args,
-    failures=FAILURES,
-)
+
+_KV = re.compile(r"KV Cache is allocated\. #tokens: ([\d,]+)")
+_MAX_TOKENS = re.compile(r"max_total_num_tokens=(\d+)")
+_MAX_RUNNING = re.compile(r"max_running_requests=(\d+)")
+_CONTEXT = re.compile(r"context_len=(\d+)")
+_LOAD_TIME = re.compile(r"Load weight end\..*?elapsed=([\d.]+) s")
+_LOAD_MEM = re.compile(r"Load weight end\..*?mem usage=([\d.]+) GB")
+_ACCEPT_LEN = re.compile(r"accept len: ([\d.]+)")
+
+
+def log_acceptance(text: str) -> dict[str, Any] | None:
+    """SGLang's per-batch `accept len: X` log lines (acceptance length incl. the bonus token), summarised."""
+    values = [float(v) for v in _ACCEPT_LEN.findall(text)]
+    if not values:
+        return None
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    median = ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+    return {"samples": len(values), "median": median, "mean": sum(values) / len(values), "max": ordered[-1],
+            "source": "SGLang decode log lines 'accept len: X' within the window (per batch, not per token)"}
+
+
+class SGLang(Engine):
+    kind = "sglang"
+    ready_path = "/health"
+    ready_needs_key = False
+    ready_line = re.compile(r"The server is fired up and ready to roll!")
+    api_key_env = None  # SGLang reads its key only from --api-key (see README: security)
+    methods = METHODS
+    failures = FAILURES
+    reads_log_acceptance = True
+
+    def speculative(self, argv: Sequence[str]) -> Speculative | None:
+        return speculative(argv)
+
+    def api_key_args(self, key: str) -> list[str]:
+        return ["--api-key", key]
+
+    def method_hint(self, method: str) -> str:
+        if method.lower() == "mtp":
+            return " SGLang runs a model's built-in MTP layers through its EAGLE worker: use method eagle."
+        return ""
+
+    def check_spec(self, spec: LaunchSpec, recipe: Recipe) -> list[Finding]:
+        sp = spec.speculative
+        if sp is None:
+            return []
+        here = where(spec)
+        found: list[Finding] = []
+        if sp.method not in METHODS:
+            found.append(Finding(
+                "error", f"{here}: SGLang has no speculative algorithm {sp.method!r}",
+                f"Known algorithms: {', '.join(sorted(METHODS))}."))
+        if sp.method in NEEDS_DRAFT and not sp.draft_model:
+            found.append(Finding(
+                "error", f"{here}: --speculative-algorithm {sp.method} needs --speculative-draft-model-path",
+                "Add --speculative-draft-model-path <draft checkpoint>."))
+        flag = "--speculative-dspark-block-size" if sp.method == "DSPARK" else "--speculative-num-steps"
+        if sp.method in ("DSPARK", "EAGLE", "EAGLE3", "NEXTN") and sp.num_speculative_tokens is not None:
+            found += check_k(spec, recipe, sp.num_speculative_tokens, flag)
+        return found
+
+    def read_startup(self, text: str, facts: StartupFacts) -> None:
+        if m := _KV.search(text):
+            facts.kv_cache_tokens = to_int(m.group(1))
+        elif m := _MAX_TOKENS.search(text):
+            facts.kv_cache_tokens = int(m.group(1))
+        if (m := _MAX_RUNNING.search(text)) is not None:
+            facts.max_concurrency = float(m.group(1))
+            if c := _CONTEXT.search(text):
+                facts.concurrency_tokens_per_request = int(c.group(1))
+        if m := _LOAD_TIME.search(text):
+            facts.model_load_seconds = float(m.group(1))
+        if m := _LOAD_MEM.search(text):
+            facts.model_load_gib = float(m.group(1))
+
+    def snapshot(self, api: EngineAPI) -> dict[str, Any]:
+        """/server_info's internal_states[0].avg_spec_accept_length (cumulative over the server's life)."""
+        try:
+            answer = api.get("/server_info")
+            if answer.status == 200:
+                states = answer.json().get("internal_states") or [{}]
+                return {"sglang_avg_spec_accept_length": states[0].get("avg_spec_accept_length")}
+        except (Unreachable, ValueError, AttributeError, IndexError):
+            pass
+        return {}
+
+    def log_acceptance(self, text: str) -> dict[str, Any] | None:
+        return log_acceptance(text)
+
+    def acceptance(self, result: dict[str, Any]) -> Acceptance | None:
+        log = result.get("speculative_log") or {}
+        if log.get("mean") is not None:
+            return float(log["mean"]), "SGLang `accept len` log lines in the window (mean over batches)"
+        info = ((result.get("server") or {}).get("after") or {}).get("sglang_avg_spec_accept_length")
+        if info is not None:
+            return float(info), "SGLang /server_info avg_spec_accept_length after the window"
+        return None
+
+    def reset_prefix_cache(self, api: EngineAPI) -> None:
+        with contextlib.suppress(Unreachable):
+            api.post("/flush_cache")  # also resets /server_info's cumulative acceptance (while idle)
+
+
+ENGINE = SGLang()

@@ -1,12 +1,33 @@
-"""vLLM 0.27.1: speculative flags (JSON and dotted forms), readiness endpoint, known startup deaths."""
+"""vLLM 0.27.1: speculative flags (JSON and dotted forms), preflight, startup log, counters, known deaths."""
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sparklab.engines.base import EngineKnowledge, KnownFailure, Speculative, _norm, as_int, json_or_text
+from sparklab.engines.base import (
+    Acceptance,
+    Engine,
+    Finding,
+    KnownFailure,
+    Speculative,
+    as_int,
+    check_k,
+    flag_value,
+    json_or_text,
+    norm_flag,
+    where,
+)
+from sparklab.errors import EngineUnreachable as Unreachable
+from sparklab.metrics import spec_delta
+from sparklab.scrape import StartupFacts, parse_metrics, to_int
+
+if TYPE_CHECKING:
+    from sparklab.engine_api import EngineAPI
+    from sparklab.recipes import Recipe
+    from sparklab.render import LaunchSpec
 
 # SpeculativeConfig's method Literal in vLLM 0.27.1 (vllm/config/speculative.py), per-model MTP aliases aside.
 METHODS = frozenset({
@@ -30,7 +51,7 @@ def speculative(argv: Sequence[str]) -> Speculative | None:
     while i < len(argv):
         arg = argv[i]
         name, eq, inline = arg.partition("=")
-        norm = _norm(name)
+        norm = norm_flag(name)
         value: str | None = inline if eq else (argv[i + 1] if i + 1 < len(argv) else None)
         step = 1 if eq else 2
         if norm in (_SPEC, "-sc") and value is not None:
@@ -73,14 +94,6 @@ def _infer_method(model: str) -> str:
     return "draft_model"
 
 
-def network_args(host: str, port: int) -> list[str]:
-    return ["--host", host, "--port", str(port)]
-
-
-def api_key_args(_key: str) -> list[str]:
-    return []  # vLLM reads VLLM_API_KEY, so the key never appears in argv
-
-
 FAILURES = (
     KnownFailure(re.compile(r"for parallel drafting"),
                  "the speculative method needs a draft checkpoint with a mask token; vLLM fell back to the "
@@ -100,8 +113,172 @@ FAILURES = (
                  "this vLLM build does not support the speculative method."),
 )
 
-KNOWLEDGE = EngineKnowledge(
-    kind="vllm", ready_path="/v1/models", ready_needs_key=True, api_key_env="VLLM_API_KEY",
-    methods=METHODS, speculative=speculative, network_args=network_args, api_key_args=api_key_args,
-    failures=FAILURES,
-)
+
+_NUM = r"([\d,]+)"
+_KV = re.compile(r"GPU KV cache size: " + _NUM + r" tokens")
+_CONCURRENCY = re.compile(r"Maximum concurrency for " + _NUM + r" tokens per request: ([\d.]+)x")
+_LOAD = re.compile(r"Model loading took ([\d.]+) GiB(?: memory)? and ([\d.]+) seconds")
+_WEIGHTS = re.compile(r"Loading weights took ([\d.]+) seconds")  # the CPU build prints only this
+_KV_MEMORY = re.compile(r"Available KV cache memory: ([\d.]+) GiB")
+_KV_MEMORY_CPU = re.compile(r"Explicitly set \(([\d.]+)/[\d.]+\) GiB for KV cache")
+_ENGINE_INIT = re.compile(r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+) s")
+_SPEC_BUDGET = re.compile(r"max_num_scheduled_tokens is set to (-?\d+) based on the speculative decoding")
+
+_SPEC_COUNTERS = {
+    "vllm:spec_decode_num_drafts_total": "drafts",
+    "vllm:spec_decode_num_draft_tokens_total": "draft_tokens",
+    "vllm:spec_decode_num_accepted_tokens_total": "accepted",
+}
+_PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+# vLLM's own per-request latency histograms (sum and count), for a server-side cross-check of the client.
+_LATENCY = tuple(f"vllm:{name}_seconds_{part}" for name in (
+    "time_to_first_token", "request_time_per_output_token", "e2e_request_latency") for part in ("sum", "count"))
+
+
+def spec_counters(text: str) -> dict[str, Any]:
+    """vLLM's speculative-decoding counters (summed over engines), per-position by position label.
+
+    Matched on sample names, so it does not depend on how the exposition declares the family.
+    Empty when the server has no speculative config (vLLM registers them only then).
+    """
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[str, Any] = {}
+    per_position: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if key := _SPEC_COUNTERS.get(sample.name):
+                out[key] = out.get(key, 0.0) + float(sample.value)
+            elif sample.name == _PER_POSITION:
+                pos = sample.labels.get("position", "0")
+                per_position[pos] = per_position.get(pos, 0.0) + float(sample.value)
+    if out:
+        out["per_position"] = per_position
+    return out
+
+
+def server_latency(before: dict[str, Any] | None, after: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The engine's own mean TTFT, TPOT and E2E latency over the window, from vLLM's histograms."""
+    a, b = (before or {}).get("latency") or {}, (after or {}).get("latency") or {}
+
+    def mean_ms(name: str) -> float | None:
+        count = b.get(f"vllm:{name}_seconds_count", 0.0) - a.get(f"vllm:{name}_seconds_count", 0.0)
+        total = b.get(f"vllm:{name}_seconds_sum", 0.0) - a.get(f"vllm:{name}_seconds_sum", 0.0)
+        return 1000 * total / count if count > 0 else None
+
+    out = {"ttft_ms": mean_ms("time_to_first_token"), "tpot_ms": mean_ms("request_time_per_output_token"),
+           "e2e_ms": mean_ms("e2e_request_latency")}
+    if all(v is None for v in out.values()):
+        return None
+    return {**out, "source": "vLLM's histograms (sum/count deltas) from /metrics over the window: the engine's "
+                             "own timing, without network or client time"}
+
+
+class VLLM(Engine):
+    kind = "vllm"
+    ready_path = "/v1/models"
+    ready_needs_key = True
+    ready_line = re.compile(r"Application startup complete\.")
+    api_key_env = "VLLM_API_KEY"  # vLLM reads its key from here, so the key never appears in argv
+    methods = METHODS
+    failures = FAILURES
+
+    def speculative(self, argv: Sequence[str]) -> Speculative | None:
+        return speculative(argv)
+
+    def sweep_env(self) -> tuple[str, ...]:
+        return ("VLLM_SERVER_DEV_MODE=1",)  # vLLM serves POST /reset_prefix_cache only in dev mode
+
+    def check_spec(self, spec: LaunchSpec, recipe: Recipe) -> list[Finding]:
+        sp = spec.speculative
+        if sp is None:
+            return []
+        here = where(spec)
+        found: list[Finding] = []
+        if sp.method not in METHODS:
+            found.append(Finding(
+                "error", f"{here}: vLLM 0.27.1 has no speculative method {sp.method!r}",
+                f"Known methods: {', '.join(sorted(METHODS))}."))
+        if sp.method in ("dspark", "dflash") and not sp.draft_model:
+            found.append(Finding(
+                "error",
+                f"{here}: speculative method {sp.method} has no draft model (--speculative_config.model). "
+                f"vLLM would load the target, fall back to its built-in MTP head and die after loading with: "
+                f"{PARALLEL_DRAFTING_ERROR}",
+                f"Name the draft: --speculative_config.model <the {sp.method} checkpoint> "
+                f"(in the recipe: {{{{ drafts.{sp.method} }}}}).",
+            ))
+        moe = sp.options.get("moe_backend")
+        target_moe = flag_value(spec.argv, "--moe-backend")
+        if sp.method == "mtp" and target_moe == "marlin" and moe is None:
+            found.append(Finding(
+                "error",
+                f"{here}: MTP with --moe-backend marlin needs a speculative moe_backend: the MTP drafter "
+                f"inherits the target's marlin, which it does not support, and vLLM fails at start-up",
+                "Add --speculative_config.moe_backend triton (seed 000's MTP line has it)."))
+        if moe is not None and moe not in SPEC_MOE_BACKENDS:
+            found.append(Finding(
+                "error", f"{here}: --speculative_config.moe_backend {moe!r} is not one vLLM accepts",
+                f"Use one of: {', '.join(SPEC_MOE_BACKENDS)}."))
+        if sp.method != "ngram" or sp.num_speculative_tokens is not None:
+            found += check_k(spec, recipe, sp.num_speculative_tokens, "num_speculative_tokens")
+        return found
+
+    def read_startup(self, text: str, facts: StartupFacts) -> None:
+        if m := _KV.search(text):
+            facts.kv_cache_tokens = to_int(m.group(1))
+        if m := _CONCURRENCY.search(text):
+            facts.concurrency_tokens_per_request = to_int(m.group(1))
+            facts.max_concurrency = float(m.group(2))
+        if m := _LOAD.search(text):
+            facts.model_load_gib = float(m.group(1))
+            facts.model_load_seconds = float(m.group(2))
+        elif m := _WEIGHTS.search(text):
+            facts.model_load_seconds = float(m.group(1))
+        if m := _KV_MEMORY.search(text) or _KV_MEMORY_CPU.search(text):
+            facts.kv_cache_memory_gib = float(m.group(1))
+        if m := _ENGINE_INIT.search(text):
+            facts.engine_init_seconds = float(m.group(1))
+        if m := _SPEC_BUDGET.search(text):
+            facts.max_num_scheduled_tokens = int(m.group(1))
+            facts.advice.append(
+                f"vLLM capped max_num_scheduled_tokens at {m.group(1)} for the draft slots, which limits the "
+                f"speculative speed-up: raise --max-num-batched-tokens (or lower K / --max-num-seqs).")
+
+    def snapshot(self, api: EngineAPI) -> dict[str, Any]:
+        snap: dict[str, Any] = {}
+        try:
+            answer = api.get("/metrics")
+            if answer.status == 200:
+                snap["spec"] = spec_counters(answer.text)
+                values = parse_metrics(answer.text)
+                snap["generation_tokens"] = values.get("vllm:generation_tokens_total")
+                snap["latency"] = {k: values[k] for k in _LATENCY if k in values}
+        except (Unreachable, ValueError) as exc:
+            snap["metrics_error"] = str(exc)
+        return snap
+
+    def window(self, before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+        return {"speculative": spec_delta(before.get("spec"), after.get("spec")),
+                "server_latency": server_latency(before, after)}
+
+    def acceptance(self, result: dict[str, Any]) -> Acceptance | None:
+        spec = result.get("speculative") or {}
+        if spec.get("acceptance_length") is not None:
+            return float(spec["acceptance_length"]), "vLLM spec-decode counters (/metrics delta over the window)"
+        return None
+
+    def reset_prefix_cache(self, api: EngineAPI) -> None:
+        with contextlib.suppress(Unreachable):
+            api.post("/reset_prefix_cache")  # served with VLLM_SERVER_DEV_MODE=1 (sweep_env)
+
+    def version(self, api: EngineAPI) -> str | None:
+        """GET /version: {"version": VLLM_VERSION}."""
+        try:
+            answer = api.get("/version")
+            return str(answer.json().get("version")) if answer.status == 200 else None
+        except (Unreachable, ValueError, AttributeError):
+            return None
+
+
+ENGINE = VLLM()

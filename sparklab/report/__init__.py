@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from sparklab.errors import SparklabError
 from sparklab.report.content import document
 from sparklab.report.document import markdown, to_html
 from sparklab.report.exports import to_csv, to_json
@@ -15,7 +16,7 @@ from sparklab.report.model import Overrides, Report, build
 
 FORMATS = ("md", "csv", "json", "html")
 
-__all__ = ["FORMATS", "Overrides", "Report", "build", "render", "write_all"]
+__all__ = ["FORMATS", "Overrides", "Report", "build", "locate", "overrides_from", "render", "write_all"]
 
 
 def render(report: Report, fmt: str, plot_dir: Path | None = None) -> str:
@@ -49,3 +50,49 @@ def write_all(report: Report, out: Path) -> list[Path]:
         (out / name).write_text(text, encoding="utf-8")
         written.append(out / name)
     return written + [path for _, path in plots]
+
+
+def locate(run: str, runs_dir: Path) -> tuple[Path, str | None]:
+    """(results.sqlite, a note) for RUN: a results file, a run directory, a run id under runs_dir, or a sweep
+    name (its newest run, which the note names)."""
+    given = Path(run)
+    for candidate in (given, given / "results.sqlite", runs_dir / run / "results.sqlite"):
+        if candidate.is_file():
+            return candidate, None
+    newest = sorted(runs_dir.glob(f"{run}-*/results.sqlite"))
+    if newest:
+        return newest[-1], f"newest run of sweep {run}: {newest[-1].parent.name}"
+    runs = sorted(p.parent.name for p in runs_dir.glob("*/results.sqlite"))
+    raise SparklabError(f"no results for run {run!r}: neither a results.sqlite file, nor a run directory, nor "
+                        f"{runs_dir / run / 'results.sqlite'}",
+                        f"Runs under {runs_dir}: {', '.join(runs) or 'none'} (another place: --runs-dir DIR).")
+
+
+def overrides_from(hardware: str | None, bandwidth_gbps: float | None, facts: list[str]) -> Overrides:
+    """The report-time corrections `--hardware`, `--bandwidth-gbps` and `--fact KEY=VALUE`, checked."""
+    from sparklab.recipes import ModelFacts, load_hardware
+    from sparklab.report.roofline import Device
+
+    device = None
+    if hardware:
+        devices = load_hardware()
+        if hardware not in devices:
+            raise SparklabError(f"--hardware {hardware}: no such device in recipes/hardware.yaml",
+                                f"Known: {', '.join(devices) or 'none'}; add it there, or give --bandwidth-gbps.")
+        device = Device(hardware, devices[hardware].bandwidth_gbps)
+    if bandwidth_gbps is not None:
+        if not bandwidth_gbps > 0:
+            raise SparklabError(f"--bandwidth-gbps must be positive, got {bandwidth_gbps:g}")
+        device = Device(f"{hardware or 'given'} at --bandwidth-gbps", bandwidth_gbps)
+    values: dict[str, float] = {}
+    for text in facts:
+        key, _, raw = text.partition("=")
+        try:
+            value = float(raw)
+        except ValueError:
+            value = -1.0
+        if key.strip() not in ModelFacts.model_fields or not value >= 0:
+            raise SparklabError(f"--fact {text!r}: expected KEY=NUMBER (not negative), KEY one of "
+                                f"{', '.join(ModelFacts.model_fields)}", "Example: --fact active_params_b=3")
+        values[key.strip()] = value
+    return Overrides(device, values)

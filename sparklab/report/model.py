@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from sparklab import engines
 from sparklab.metrics import Estimate, Ratio, estimate, ratio
 from sparklab.report.roofline import Device, RooflinePoint, bound, model_inputs
 from sparklab.store import CellRow, FailureRow, Store
@@ -48,18 +49,9 @@ def _speculative(key: str) -> Callable[[dict[str, Any]], float | None]:
 
 
 def acceptance(result: dict[str, Any]) -> tuple[float | None, str | None]:
-    """Acceptance length and where it came from: vLLM's counters over the window; for SGLang, the mean of
-    its `accept len` log lines in the window, else /server_info's avg_spec_accept_length."""
-    spec = result.get("speculative") or {}
-    if spec.get("acceptance_length") is not None:
-        return float(spec["acceptance_length"]), "vLLM spec-decode counters (/metrics delta over the window)"
-    log = result.get("speculative_log") or {}
-    if log.get("mean") is not None:
-        return float(log["mean"]), "SGLang `accept len` log lines in the window (mean over batches)"
-    info = ((result.get("server") or {}).get("after") or {}).get("sglang_avg_spec_accept_length")
-    if info is not None:
-        return float(info), "SGLang /server_info avg_spec_accept_length after the window"
-    return None, None
+    """Acceptance length and where it came from, as the engine's adapter reads its stored result (vLLM: its
+    counters over the window; SGLang: its `accept len` log lines in the window, else /server_info)."""
+    return engines.acceptance(result)
 
 
 # metric → how to read it from one cell's stored result

@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 import requests
 
-from sparklab.metrics import server_latency
-from sparklab.scrape import server_snapshot, spec_counters
+from sparklab import engines
+from sparklab.engine_api import EngineAPI
+from sparklab.engines.vllm import server_latency, spec_counters
 from tests.dockerkit import Cli, field, free_port
 
 pytestmark = pytest.mark.engine
@@ -86,9 +87,9 @@ def test_sparklab_bench_agrees_with_vllm_bench_serve(engine_cli: Cli, tmp_path: 
         for turn in range(ROUNDS):
             out = tmp_path / f"vllm{turn}"
             out.mkdir()
-            before = server_snapshot(f"http://127.0.0.1:{port}", key)
+            before = engines.snapshot(EngineAPI(f"http://127.0.0.1:{port}", key), "vllm")
             theirs = _vllm_bench(engine_cli.image, port, key, prompts, out)
-            engine = server_latency(before, server_snapshot(f"http://127.0.0.1:{port}", key))
+            engine = server_latency(before, engines.snapshot(EngineAPI(f"http://127.0.0.1:{port}", key), "vllm"))
             assert engine is not None
             vllm_runs.append((theirs, engine))
             if turn == ROUNDS - 1:

@@ -18,6 +18,8 @@ def _importers(module: str) -> set[str]:
 @pytest.mark.parametrize(("module", "only"), [
     ("docker", {"containers.py"}),
     ("openai", {"client.py"}),
+    ("requests", {"engine_api.py", "containers.py"}),  # engine HTTP; docker-py's own transport errors
+    ("sparklab.sse", {"client.py"}),
     ("jinja2", {"render.py", "report/document.py"}),  # recipes' templates; the report's HTML page
     ("rich", {"cli.py", "console.py", "progress.py"}),
     ("matplotlib", {"report/plots.py"}),
@@ -30,3 +32,33 @@ def test_one_module_per_external_system(module: str, only: set[str]) -> None:
 def test_library_code_never_prints() -> None:
     printing = {p.name for p in PACKAGE.rglob("*.py") if re.search(r"^\s*print\(", p.read_text(), re.MULTILINE)}
     assert printing == set()
+
+
+def test_engine_knowledge_lives_in_the_adapters() -> None:
+    """No module outside sparklab/engines/ branches on an engine's kind or names an engine's variables."""
+    pattern = re.compile(r"""kind\s*[!=]=\s*["']|["'](vllm|sglang)["']\s*(==|!=|in)|VLLM_[A-Z_]+|SGLANG_[A-Z_]+""")
+    offenders = {p.relative_to(PACKAGE).as_posix() for p in PACKAGE.rglob("*.py")
+                 if "engines" not in p.parts and pattern.search(p.read_text())}
+    assert offenders == {"render.py"}  # its comment lists VLLM_API_KEY among the names treated as secrets
+
+
+def test_the_offline_report_imports_nothing_that_talks_to_a_network() -> None:
+    """`sparklab report` must work where neither the chat client nor Docker nor requests is installed."""
+    import subprocess
+    import sys
+
+    blocked = ["openai", "requests", "docker", "httpx", "sparklab.client", "sparklab.sse", "sparklab.engine_api",
+               "sparklab.containers"]
+    code = (
+        "import sys\n"
+        f"blocked = {blocked!r}\n"
+        "class Block:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if any(name == b or name.startswith(b + '.') for b in blocked):\n"
+        "            raise ImportError('blocked: ' + name)\n"
+        "sys.meta_path.insert(0, Block())\n"
+        "import sparklab.report, sparklab.report.plots, sparklab.console\n"
+        "print('ok')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr

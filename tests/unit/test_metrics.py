@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from sparklab.records import CHUNK_COUNT, TOKEN_IDS, USAGE_ONLY, RequestRecord
 from sparklab.metrics import chunk_gaps, decode_tps, itl_per_token, spec_delta, stats, summarize, tpot
+from sparklab.records import CHUNK_COUNT, TOKEN_IDS, USAGE_ONLY, RequestRecord
 
 
 def rec(index: int = 0, start: float = 10.0, chunks: list[tuple[float, int | None]] | None = None,
@@ -112,7 +112,7 @@ def test_chunk_count_fallback_is_labelled() -> None:
 
 
 def test_server_latency_from_vllm_histograms() -> None:
-    from sparklab.metrics import server_latency
+    from sparklab.engines.vllm import server_latency
 
     def snap(n: float, ttft: float, tpot: float, e2e: float) -> dict:
         return {"latency": {"vllm:time_to_first_token_seconds_count": n, "vllm:time_to_first_token_seconds_sum": ttft,

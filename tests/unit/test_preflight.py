@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from sparklab import preflight
+from sparklab.engines import engine
 from sparklab.errors import PreflightError, RecipeError
 from sparklab.recipes import Recipe, load_recipe, recipes_dir
 from sparklab.render import LaunchOptions, LaunchSpec, render
@@ -23,7 +24,7 @@ def _spec(doc_or_name: Any, write_recipe=None, engine: str = "vllm", method: str
 
 def _errors(spec: LaunchSpec, recipe: Recipe) -> str:
     with pytest.raises(PreflightError) as exc:
-        preflight.raise_errors(preflight.check_spec(spec, recipe))
+        preflight.raise_errors(engine(spec.kind).check_spec(spec, recipe))
     return str(exc.value)
 
 
@@ -33,10 +34,10 @@ def _drop(args: list[Any], flag: str) -> None:
 
 
 def test_bundled_recipes_pass_the_spec_checks() -> None:
-    for name, engine, method in [("gb10", "vllm", m) for m in ("none", "mtp", "dflash", "dspark")] + [
+    for name, engine_name, method in [("gb10", "vllm", m) for m in ("none", "mtp", "dflash", "dspark")] + [
             ("gb10", "sglang", m) for m in ("none", "dspark", "eagle")] + [("gb10-modelcard", "vllm", "dspark")]:
-        spec, recipe = _spec(name, engine=engine, method=method)
-        assert preflight.check_spec(spec, recipe) == [], (name, engine, method)
+        spec, recipe = _spec(name, engine=engine_name, method=method)
+        assert engine(spec.kind).check_spec(spec, recipe) == [], (name, engine_name, method)
 
 
 @pytest.mark.parametrize("method", ["dspark", "dflash"])
@@ -70,7 +71,7 @@ def test_k_below_the_drafts_block_size() -> None:
     assert "num_speculative_tokens is 3, below the dspark draft's block size 5" in text
     assert "--num-speculative-tokens 5" in text
     ok, recipe = _spec("gb10", overrides=["model.drafts.dspark.block_size=5"], num_speculative_tokens=5)
-    assert preflight.check_spec(ok, recipe) == []
+    assert engine(ok.kind).check_spec(ok, recipe) == []
 
 
 def test_k_must_be_positive() -> None:

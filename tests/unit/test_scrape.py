@@ -1,4 +1,5 @@
-"""Startup-log facts in the engines' real formats, and explanations of known deaths."""
+"""Startup-log facts in the engines' real formats (read by each engine's adapter), and explanations of known
+deaths."""
 
 from __future__ import annotations
 
@@ -6,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from sparklab.scrape import exit_code_meaning, explain_failure, parse_startup
+from sparklab.engines import engine
+from sparklab.scrape import exit_code_meaning
 
 VLLM_LOG = """\
 (APIServer pid=1) INFO 11-29 13:05:01 [api_server.py:1900] vLLM API server version 0.27.1
@@ -27,7 +29,7 @@ SGLANG_LOG = """\
 
 
 def test_vllm_facts() -> None:
-    facts = parse_startup("vllm", VLLM_LOG)
+    facts = engine("vllm").parse_startup(VLLM_LOG)
     assert facts.kv_cache_tokens == 18_448_384
     assert facts.max_concurrency == 281.50
     assert facts.concurrency_tokens_per_request == 65_536
@@ -42,13 +44,13 @@ def test_vllm_facts() -> None:
 
 
 def test_vllm_older_load_line_and_missing_facts() -> None:
-    facts = parse_startup("vllm", "Model loading took 0.2534 GiB and 1.234567 seconds\n")
+    facts = engine("vllm").parse_startup("Model loading took 0.2534 GiB and 1.234567 seconds\n")
     assert facts.model_load_gib == 0.2534 and facts.model_load_seconds == 1.234567
     assert facts.kv_cache_tokens is None and not facts.startup_complete and facts.advice == []
 
 
 def test_sglang_facts() -> None:
-    facts = parse_startup("sglang", SGLANG_LOG)
+    facts = engine("sglang").parse_startup(SGLANG_LOG)
     assert facts.kv_cache_tokens == 5_440_000
     assert facts.max_concurrency == 48
     assert facts.concurrency_tokens_per_request == 1_048_576
@@ -60,10 +62,10 @@ def test_sglang_facts() -> None:
 def test_known_deaths_are_explained() -> None:
     tail = ("ValueError: Model config must specify `dflash_config.mask_token_id`, `mask_token_id`, "
             "`dspark_noise_token_id`, `pard_token`, or `ptd_token_id` for parallel drafting.")
-    assert "Name the draft with --speculative_config.model" in (explain_failure("vllm", tail) or "")
+    assert "Name the draft with --speculative_config.model" in (engine("vllm").explain_failure(tail) or "")
     shm = "RuntimeError: Insufficient space in /dev/shm: 160 MiB required, 64 MiB free."
-    assert "ipc: host" in (explain_failure("vllm", shm) or "")
-    assert explain_failure("vllm", "all good") is None
+    assert "ipc: host" in (engine("vllm").explain_failure(shm) or "")
+    assert engine("vllm").explain_failure("all good") is None
 
 
 def test_exit_codes() -> None:
@@ -93,7 +95,7 @@ SAMPLES = Path(__file__).resolve().parents[2] / "docker" / "vllm-cpu" / "sample-
 
 def test_real_vllm_0_27_1_cpu_startup_log() -> None:
     """Lines captured from the real engine (docker/vllm-cpu/sample-logs), not written by hand."""
-    facts = parse_startup("vllm", (SAMPLES / "ngram-startup.log").read_text())
+    facts = engine("vllm").parse_startup((SAMPLES / "ngram-startup.log").read_text())
     assert facts.kv_cache_tokens == 46_592
     assert facts.max_concurrency == 22.75 and facts.concurrency_tokens_per_request == 2_048
     assert facts.model_load_seconds == 0.33 and facts.model_load_gib is None  # the CPU build omits GiB
@@ -102,12 +104,12 @@ def test_real_vllm_0_27_1_cpu_startup_log() -> None:
     assert facts.max_num_scheduled_tokens == 2048 and len(facts.advice) == 1
     assert facts.startup_complete
     assert sum("max_num_scheduled_tokens" in w for w in facts.warnings) == 1  # deduplicated across processes
-    plain = parse_startup("vllm", (SAMPLES / "plain-startup.log").read_text())
+    plain = engine("vllm").parse_startup((SAMPLES / "plain-startup.log").read_text())
     assert plain.kv_cache_tokens == 46_592 and plain.max_num_scheduled_tokens is None and plain.startup_complete
 
 
 def test_sglang_accept_len_log_lines() -> None:
-    from sparklab.scrape import log_acceptance
+    from sparklab.engines.sglang import log_acceptance
 
     text = "\n".join(
         f"[2026-11-29 13:10:0{i} TP0] Decode batch, #running-req: 1, #full token: 900, full token usage: 0.01, "
