@@ -51,3 +51,9 @@ class NotReadyError(ContainerError):
 
 class EngineUnreachable(Exception):
     """An engine did not answer an HTTP request (refused, reset, timed out); internal, never shown raw."""
+
+
+class DiskFullError(SparklabError):
+    """The disk under the runs directory is (nearly) full: the sweep stops cleanly, resumable."""
+
+    exit_code = 7

@@ -7,7 +7,10 @@ Secrets: the caller redacts argv, startup facts and log tails before they get he
 
 from __future__ import annotations
 
+import errno
 import json
+import os
+import shutil
 import sqlite3
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -16,10 +19,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from sparklab.errors import SparklabError
+from sparklab.errors import DiskFullError, SparklabError
 
-SCHEMA_VERSION = 1
-STATUSES = ("pending", "running", "done", "failed", "skipped")
+SCHEMA_VERSION = 2
+# partial: every attempt ended with failed requests; the last attempt's numbers are kept, and flagged.
+STATUSES = ("pending", "running", "done", "failed", "skipped", "partial")
 _UNUSABLE_HINT = ("Keep the file for inspection and start a new run (`sparklab sweep FILE` with another run id); "
                   "sparklab cannot resume or report from it.")
 
@@ -155,13 +159,26 @@ class Store:
             raise SparklabError(f"{path}: a results file already exists here.",
                                 "Resume that run with `sparklab sweep --resume`, or choose another run id.")
         path.parent.mkdir(parents=True, exist_ok=True)
-        store = cls(_connect(path, mode="rwc"), path)
-        with store._transaction() as conn:
-            _create_schema(conn)
-            conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-            conn.executemany("INSERT INTO meta (key, value) VALUES (?, ?)", [
-                ("sweep", _dumps(sweep)), ("created_at", utc_now()), ("sparklab_version", sparklab_version)])
-        return store
+        # Built beside its final name and renamed when whole: a full disk never leaves a half-made results file.
+        partial = path.with_name(f".{path.name}.creating-{os.getpid()}")
+        try:
+            store = cls(_connect(partial, mode="rwc"), partial)
+            try:
+                with store._transaction() as conn:
+                    _create_schema(conn)
+                    conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+                    conn.executemany("INSERT INTO meta (key, value) VALUES (?, ?)", [
+                        ("sweep", _dumps(sweep)), ("created_at", utc_now()), ("sparklab_version", sparklab_version)])
+            finally:
+                store.close()
+            os.replace(partial, path)
+        except (sqlite3.OperationalError, OSError, DiskFullError) as exc:
+            for leftover in partial.parent.glob(partial.name + "*"):
+                leftover.unlink(missing_ok=True)
+            if isinstance(exc, DiskFullError) or _is_disk_full(exc, partial):
+                raise _disk_full(path) from None
+            raise
+        return cls.open(path)
 
     @classmethod
     def open(cls, path: str | Path, readonly: bool = False) -> Store:
@@ -175,7 +192,9 @@ class Store:
         except sqlite3.DatabaseError as exc:
             raise SparklabError(f"{path}: not a readable SQLite results file ({exc}).", _UNUSABLE_HINT) from None
         try:
-            _check_integrity(conn, path)
+            version = _check_integrity(conn, path)
+            if version < SCHEMA_VERSION and not readonly:
+                _migrate(conn, version)
         except BaseException:
             conn.close()
             raise
@@ -193,13 +212,20 @@ class Store:
     @contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
         """One write transaction; BEGIN IMMEDIATE takes the write lock up front, so a commit is all or nothing."""
-        self._conn.execute("BEGIN IMMEDIATE")
         try:
-            yield self._conn
-        except BaseException:
-            self._conn.execute("ROLLBACK")
+            self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._conn
+            except BaseException:
+                self._conn.execute("ROLLBACK")
+                raise
+            self._conn.execute("COMMIT")
+        except sqlite3.OperationalError as exc:
+            if _is_disk_full(exc, self.path):
+                if self._conn.in_transaction:
+                    self._conn.execute("ROLLBACK")
+                raise _disk_full(self.path) from None
             raise
-        self._conn.execute("COMMIT")
 
     # -- the plan ---------------------------------------------------------------------------------------------
 
@@ -268,6 +294,21 @@ class Store:
             conn.execute("UPDATE cells SET status = ?, finished_at = ? WHERE id = ?", (status, utc_now(), cell_id))
         return status
 
+    def partial_cell(self, cell_id: str, summary: dict[str, Any], result: dict[str, Any], message: str,
+                     max_attempts: int = 3) -> str:
+        """Some requests failed: a 'partial' failure row; the cell runs again (pending), or after max_attempts
+        stays 'partial' with this attempt's numbers, which reports show flagged. Returns the new status."""
+        with self._transaction() as conn:
+            row = conn.execute("SELECT server_config_id, attempts FROM cells WHERE id = ?", (cell_id,)).fetchone()
+            if row is None:
+                raise KeyError(f"no cell {cell_id!r} in {self.path}")
+            server_config_id, attempts = row
+            _insert_failure(conn, cell_id, server_config_id, "partial", message, None, None)
+            status = "partial" if attempts >= max_attempts else "pending"
+            conn.execute("UPDATE cells SET status = ?, finished_at = ?, summary_json = ?, result_json = ? WHERE id = ?",
+                         (status, utc_now(), _dumps(summary), _dumps(result), cell_id))
+        return status
+
     def fail_server_config(self, server_config_id: str, kind: str, message: str, exit_code: int | None = None,
                            log_tail: str | None = None, max_attempts: int = 3) -> None:
         """The server failed (not ready, exited, OOM): one failure row, and an attempt on each unfinished cell.
@@ -302,7 +343,8 @@ class Store:
     def retry_failed(self) -> int:
         """Failed cells back to pending with their attempts reset (`--retry-failed`). Returns how many."""
         with self._transaction() as conn:
-            return conn.execute("UPDATE cells SET status = 'pending', attempts = 0 WHERE status = 'failed'").rowcount
+            return conn.execute(
+                "UPDATE cells SET status = 'pending', attempts = 0 WHERE status IN ('failed', 'partial')").rowcount
 
     # -- reading ----------------------------------------------------------------------------------------------
 
@@ -382,7 +424,7 @@ def _create_schema(conn: sqlite3.Connection) -> None:
             conn.execute(statement)
 
 
-def _check_integrity(conn: sqlite3.Connection, path: Path) -> None:
+def _check_integrity(conn: sqlite3.Connection, path: Path) -> int:
     try:
         version = conn.execute("PRAGMA user_version").fetchone()[0]
         # One row per problem, or one row holding many lines: flattened, so the message stays one paragraph.
@@ -397,11 +439,71 @@ def _check_integrity(conn: sqlite3.Connection, path: Path) -> None:
     if version == 0:
         raise SparklabError(f"{path}: an SQLite file, but not a sparklab results file (no schema version).",
                             _UNUSABLE_HINT)
-    if version != SCHEMA_VERSION:
+    if version > SCHEMA_VERSION:
         raise SparklabError(
-            f"{path}: results schema version {version}, but this sparklab reads version {SCHEMA_VERSION}.",
+            f"{path}: results schema version {version}, newer than this sparklab's {SCHEMA_VERSION}.",
             "Open it with the sparklab version that wrote it (its version is in the file's meta table), "
             "or start a new run.")
+    # An older file is read as it is (each version's tables are a subset of the next one's) and migrated
+    # when opened for writing.
+    return int(version)
+
+
+def _migrate_1_to_2(conn: sqlite3.Connection) -> None:
+    """Cells may be 'partial': SQLite cannot alter a CHECK constraint, so the table is rebuilt (the documented
+    create-copy-drop-rename procedure, foreign keys off meanwhile)."""
+    new = _SCHEMA[_SCHEMA.index("CREATE TABLE cells ("):_SCHEMA.index("CREATE INDEX cells_status")]
+    conn.execute(new.replace("CREATE TABLE cells (", "CREATE TABLE cells_v2 (").rstrip().rstrip(";"))
+    conn.execute("INSERT INTO cells_v2 SELECT * FROM cells")
+    conn.execute("DROP TABLE cells")
+    conn.execute("ALTER TABLE cells_v2 RENAME TO cells")
+    conn.execute("CREATE INDEX cells_status ON cells(status, seq)")
+    conn.execute("CREATE INDEX cells_server_config ON cells(server_config_id)")
+
+
+# MIGRATIONS[v] takes a file from schema version v + 1 to v + 2 (simonw/llm's list-of-functions style).
+MIGRATIONS = [_migrate_1_to_2]
+
+
+def _migrate(conn: sqlite3.Connection, version: int) -> None:
+    conn.execute("PRAGMA foreign_keys = OFF")
+    try:
+        for step in range(version, SCHEMA_VERSION):
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                MIGRATIONS[step - 1](conn)
+                if conn.execute("PRAGMA foreign_key_check").fetchall():
+                    raise SparklabError("a results file migration broke a foreign key", _UNUSABLE_HINT)
+                conn.execute(f"PRAGMA user_version = {step + 1}")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
+    finally:
+        conn.execute("PRAGMA foreign_keys = ON")
+
+
+def _is_disk_full(exc: BaseException, path: Path | None = None) -> bool:
+    """ENOSPC, SQLite's "database or disk is full", or its "disk I/O error" on a filesystem with (almost) no
+    space left (what SQLite says when it cannot even create its WAL file)."""
+    if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+        return True
+    if not isinstance(exc, sqlite3.OperationalError):
+        return False
+    text = str(exc).lower()
+    return "full" in text or ("i/o error" in text and path is not None and _free_bytes(path) < 1024 * 1024)
+
+
+def _free_bytes(path: Path) -> int:
+    for candidate in (path, *path.parents):
+        if candidate.exists():
+            return shutil.disk_usage(candidate).free
+    return 0
+
+
+def _disk_full(path: Path) -> DiskFullError:
+    return DiskFullError(f"the disk holding {path} is full: sparklab stopped the sweep (finished cells are kept)",
+                         f"Free space there (df -h {path.parent}), then run the same sweep again to continue.")
 
 
 def _require(cursor: sqlite3.Cursor, what: str, key: str) -> None:

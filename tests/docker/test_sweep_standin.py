@@ -57,7 +57,7 @@ def test_sweep_runs_every_cell_once_and_a_rerun_does_nothing(cli: Cli, tmp_path:
     done = _run(cli, path)
     assert done.returncode == 0, done.stderr
     assert done.stderr.count("server vllm/") == 2 * 3  # starting + ready, for none, dspark K=2, dspark K=3
-    assert "vllm/dspark K=3" in done.stdout and "accept len" in done.stdout
+    assert "vllm DSpark K=3" in done.stdout and "accept len" in done.stdout  # the report's labels
     with _store(path) as store:
         assert store.counts()["done"] == 6 and len(store.cells()) == 6
         assert {c.id for c in store.cells("done")} == {c.id for c in build_plan(path).cells}
@@ -94,6 +94,10 @@ def test_sglang_sweep_keeps_the_accept_len_lines_and_reports_them(cli: Cli, tmp_
     assert dspark["acceptance_sources"] == ["SGLang `accept len` log lines in the window (mean over batches)"]
     assert dspark["speedup"] and dspark["speedup_ci95_low"] is not None
     assert doc["best"][0]["up_command"].startswith("sparklab up gb10:")
+    # The sweep's closing table is drawn from the same model: it shows the acceptance the report found (it
+    # used to show "-" for SGLang) and the report's speed-up.
+    row = next(line for line in done.stdout.splitlines() if line.startswith("sglang DSpark K=3"))
+    assert " 2.00 " in row and f"{100 * dspark['speedup']:.1f}%" in row
 
 
 def test_a_failing_server_fails_only_its_cells(cli: Cli, tmp_path: Path) -> None:

@@ -82,7 +82,8 @@ def test_adding_the_same_plan_again_duplicates_nothing_and_keeps_state(store: St
     assert len(store.server_configs()) == 2
     assert len(store.cells()) == 4
     assert store.cell("sc-a-c1").status == "done"
-    assert store.counts() == {"pending": 3, "running": 0, "done": 1, "failed": 0, "skipped": 0}
+    assert store.counts() == {"pending": 3, "running": 0, "done": 1, "failed": 0, "skipped": 0,
+                              "partial": 0}
 
 
 def test_add_cells_reports_only_new_cells(store: Store) -> None:
@@ -290,5 +291,95 @@ def test_another_schema_version_is_a_clear_error(path: Path) -> None:
     conn = sqlite3.connect(path)
     conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
     conn.close()
-    err = expect_unusable(path, f"schema version {SCHEMA_VERSION + 1}", f"reads version {SCHEMA_VERSION}")
+    err = expect_unusable(path, f"schema version {SCHEMA_VERSION + 1}", f"newer than this sparklab's {SCHEMA_VERSION}")
     assert "sparklab version that wrote it" in (err.hint or "")
+
+
+# -- schema migrations, partial cells, a full disk ----------------------------------------------------------
+
+
+def _as_version_1(path: Path) -> None:
+    """Rewrite a fresh file the way sparklab 0.1 (schema 1) made it: cells without the 'partial' status."""
+    conn = sqlite3.connect(path)
+    conn.execute("PRAGMA foreign_keys = OFF")
+    sql = conn.execute("SELECT sql FROM sqlite_master WHERE name = 'cells'").fetchone()[0]
+    conn.execute(sql.replace(", 'partial'", "").replace("CREATE TABLE cells", "CREATE TABLE cells_v1"))
+    conn.execute("INSERT INTO cells_v1 SELECT * FROM cells")
+    conn.execute("DROP TABLE cells")
+    conn.execute("ALTER TABLE cells_v1 RENAME TO cells")
+    conn.execute("PRAGMA user_version = 1")
+    conn.commit()
+    conn.close()
+
+
+def test_a_version_1_file_is_read_as_it_is_and_migrated_when_opened_for_writing(path: Path) -> None:
+    with Store.create(path, SWEEP, "0.1.0") as s:
+        add_plan(s)
+        s.start_cell("sc-a-c1")
+        s.finish_cell("sc-a-c1", {"aggregate_tps": 1.0}, RESULT)
+        s.fail_cell("sc-b-c1", "bench_error", "boom")
+    _as_version_1(path)
+    with Store.open(path, readonly=True) as s:  # a report never writes
+        assert s.cell("sc-a-c1").status == "done"
+    assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == 1
+    with Store.open(path) as s:
+        assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+        assert s.cell("sc-a-c1").result == RESULT and len(s.failures()) == 1
+        s.start_cell("sc-b-c8")
+        assert s.partial_cell("sc-b-c8", {"aggregate_tps": 2.0}, RESULT, "2 of 6 requests failed", 1) == "partial"
+        assert s.failures()[-1].cell_id == "sc-b-c8"  # the failures' foreign key still points at cells
+
+
+def test_partial_cells_run_again_then_stay_partial_with_their_numbers(store: Store) -> None:
+    store.start_cell("sc-a-c1")
+    assert store.partial_cell("sc-a-c1", {"aggregate_tps": 1.0}, RESULT, "4 of 6 requests failed", 2) == "pending"
+    store.start_cell("sc-a-c1")
+    assert store.partial_cell("sc-a-c1", {"aggregate_tps": 1.5}, RESULT, "1 of 6 requests failed", 2) == "partial"
+    cell = store.cell("sc-a-c1")
+    assert cell.status == "partial" and cell.summary == {"aggregate_tps": 1.5} and cell.attempts == 2
+    assert [f.kind for f in store.failures()] == ["partial", "partial"]
+    assert store.counts()["partial"] == 1
+    assert store.retry_failed() == 1 and store.cell("sc-a-c1").status == "pending"
+
+
+@pytest.fixture
+def tiny_disk(tmp_path: Path):
+    """A 1 MiB tmpfs (root only): the disk under a run directory filling up."""
+    mount = tmp_path / "tiny"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], capture_output=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here (needs root): {done.stderr.decode().strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_a_full_disk_is_a_disk_full_error_and_never_leaves_a_half_made_file(tiny_disk: Path) -> None:
+    from sparklab.errors import DiskFullError
+
+    (tiny_disk / "filler").write_bytes(b"\0" * (1024 * 1024 - 8192))  # all but 8 KiB
+    path = tiny_disk / "run" / "results.sqlite"
+    with pytest.raises(DiskFullError, match="is full"):
+        Store.create(path, {"name": "big", "blob": "x" * 200_000}, "0.1.0")
+    assert sorted(p.name for p in path.parent.iterdir()) == []
+
+
+def test_a_disk_that_fills_during_a_run_is_a_disk_full_error_and_keeps_what_was_stored(tiny_disk: Path) -> None:
+    from sparklab.errors import DiskFullError
+
+    path = tiny_disk / "run" / "results.sqlite"
+    with Store.create(path, SWEEP, "0.1.0") as s:
+        add_plan(s)
+        s.start_cell("sc-a-c1")
+        s.finish_cell("sc-a-c1", {"aggregate_tps": 1.0}, RESULT)
+        free = 1024 * 1024 - sum(p.stat().st_size for p in tiny_disk.rglob("*") if p.is_file())
+        (tiny_disk / "filler").write_bytes(b"\0" * max(0, free - 96 * 1024))
+        s.start_cell("sc-a-c8")
+        with pytest.raises(DiskFullError, match="is full"):
+            s.finish_cell("sc-a-c8", {"aggregate_tps": 2.0}, {**RESULT, "blob": "y" * 400_000})
+    (tiny_disk / "filler").unlink()
+    with Store.open(path) as s:
+        assert s.cell("sc-a-c1").status == "done" and s.cell("sc-a-c1").result == RESULT
+        assert s.cell("sc-a-c8").status == "running"  # resumable: the next run resets it
