@@ -325,6 +325,23 @@ class Docker:
             yield redact(container.logs(tail=tail, **extra), secrets)
 
 
+    def remove_run_containers(self, run_id: str, wait_s: float = 120.0) -> list[str]:
+        """Remove every container of one sweep run, waiting (with backoff) for a daemon that is restarting.
+
+        What a sweep calls after an unexpected fault, when its own handle on the server may be stale."""
+        from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_exponential
+
+        retrying = Retrying(retry=retry_if_exception_type((docker.errors.DockerException, requests.RequestException)),
+                            wait=wait_exponential(multiplier=0.5, max=10), stop=stop_after_delay(wait_s), reraise=True)
+        removed: list[str] = []
+        for attempt in retrying:
+            with attempt:
+                self.client.ping()
+                for container in self.client.containers.list(all=True, filters={"label": f"sparklab.run_id={run_id}"}):
+                    teardown(container, grace_s=5)
+                    removed.append(container.name)
+        return removed
+
     def log_text(self, name: str, since: float | None = None) -> str:
         """A container's log (since a wall-clock time), redacted, as text."""
         return b"".join(self.logs(name, since=since)).decode("utf-8", "replace")
@@ -396,6 +413,14 @@ class Server:
         if self.container.status in ("exited", "dead"):
             return False, state.get("ExitCode")
         return True, None
+
+    def oom_killed(self) -> bool:
+        """Whether the kernel's OOM killer ended it (Docker's State.OOMKilled), not only an exit code of 137."""
+        try:
+            self.container.reload()
+        except (docker.errors.DockerException, requests.RequestException):
+            return False
+        return bool(self.container.attrs.get("State", {}).get("OOMKilled"))
 
     def log_tail(self, lines: int = 50) -> str:
         try:

@@ -43,10 +43,11 @@ class NotReadyError(ContainerError):
     """The server did not become ready: it exited, or the deadline passed."""
 
     def __init__(self, message: str, hint: str | None = None, exit_code: int | None = None,
-                 log_tail: str = "") -> None:
+                 log_tail: str = "", oom_killed: bool | None = None) -> None:
         super().__init__(message, hint)
         self.container_exit_code = exit_code
         self.log_tail = log_tail
+        self.oom_killed = oom_killed  # Docker's State.OOMKilled (None: not read): the OOM killer, not any SIGKILL
 
 
 class EngineUnreachable(Exception):

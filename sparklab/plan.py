@@ -73,6 +73,10 @@ class SweepFile(Strict):
     exclude: list[Match] = Field(default_factory=list)
     overrides: list[Override] = Field(default_factory=list)
     max_attempts: int = Field(default=3, ge=1)
+    # A cell is whole when at least this share of its measured requests succeeded (1.0: every one); a cell
+    # below it is partial: it runs again, and after max_attempts its numbers are kept flagged.
+    require_ok: float = Field(default=1.0, gt=0, le=1)
+    request_timeout_s: float = Field(default=1800.0, gt=0, le=86400)
 
 
 def _hash(data: Any) -> str:

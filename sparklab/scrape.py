@@ -61,9 +61,15 @@ def parse_metrics(text: str) -> dict[str, float]:
     return totals
 
 
-def exit_code_meaning(code: int | None) -> str:
+def exit_code_meaning(code: int | None, oom_killed: bool | None = None) -> str:
+    """What an exit code says; oom_killed is Docker's State.OOMKilled where it was read (None: unknown)."""
     if code is None:
         return ""
+    if oom_killed:
+        return " (killed by the kernel's OOM killer: out of memory)"
+    if code == 137 and oom_killed is False:
+        return (" (SIGKILL from outside the container, not the kernel's OOM killer: `docker kill`, earlyoom or a "
+                "memory watchdog)")
     if code == 137:
         return " (SIGKILL: most likely out of memory — the kernel OOM killer or earlyoom)"
     if code == 143:

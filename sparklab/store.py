@@ -294,6 +294,11 @@ class Store:
             conn.execute("UPDATE cells SET status = ?, finished_at = ? WHERE id = ?", (status, utc_now(), cell_id))
         return status
 
+    def record_failure(self, kind: str, message: str) -> None:
+        """A run-level failure row (no cell, no server), e.g. why the sweep stopped."""
+        with self._transaction() as conn:
+            _insert_failure(conn, None, None, kind, message, None, None)
+
     def partial_cell(self, cell_id: str, summary: dict[str, Any], result: dict[str, Any], message: str,
                      max_attempts: int = 3) -> str:
         """Some requests failed: a 'partial' failure row; the cell runs again (pending), or after max_attempts

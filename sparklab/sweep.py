@@ -8,11 +8,14 @@ cell in flight pending. SIGKILL loses at most that cell: the next run resets it 
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import logging
 import os
 import platform
+import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -21,10 +24,11 @@ from sparklab import __version__, bench, launch, preflight
 from sparklab.containers import Docker
 from sparklab.engine_api import EngineAPI
 from sparklab.engines import engine
-from sparklab.errors import ContainerError, NotReadyError, PreflightError, SparklabError
+from sparklab.errors import ContainerError, DiskFullError, NotReadyError, PreflightError, SparklabError
 from sparklab.plan import Plan, ServerConfig, TimingModel, build_plan, estimate_seconds, load_sweep
 from sparklab.recipes import load_hardware, stored_facts
 from sparklab.records import Sampling
+from sparklab.scrape import exit_code_meaning
 from sparklab.store import PlannedCell, Store
 from sparklab.workloads import load_workload
 
@@ -39,6 +43,7 @@ class Options:
     drop_caches: bool = False
     port_wait_s: float = 60.0
     memory_wait_s: float = 120.0
+    min_free_mib: float = 256.0  # free space the runs directory needs before each server
 
 
 @dataclass(frozen=True)
@@ -159,11 +164,50 @@ def run(plan: Plan, store: Store, docker: Docker, run_dir: Path, options: Option
         cells = [c for c in server.cells if c.id in pending]
         if not cells:
             continue
+        check_free_space(run_dir, options.min_free_mib)
         if options.drop_caches:
             _drop_caches(say)
         _wait_memory(baseline, options.memory_wait_s, say)
-        _run_server(plan, store, docker, run_dir, options, server, cells, say_progress)
+        try:
+            _run_server(plan, store, docker, run_dir, options, server, cells, say_progress)
+        except (KeyboardInterrupt, DiskFullError):
+            raise
+        except Exception as exc:  # one fault ends this server's work, never the sweep
+            _contain(plan, store, docker, run_dir, server, exc, say_progress)
     return store.counts()
+
+
+def _contain(plan: Plan, store: Store, docker: Docker, run_dir: Path, server: ServerConfig, exc: Exception,
+             say: Say) -> None:
+    """An unexpected fault in one server's work: its traceback goes to the run's log file (not the console),
+    its containers are removed (waiting for a restarting Docker daemon), its unfinished cells fail with one line."""
+    reason = _one_line(exc)
+    faults.error("server %s (%s): %s", server.label, server.id, reason, exc_info=exc)
+    store.fail_server_config(server.id, "error", f"{reason} (traceback in {run_dir / LOG_NAME})",
+                             max_attempts=plan.sweep.max_attempts)
+    say(f"server {server.label}: failed (error): {reason}; its unfinished cells go back to the queue; "
+        f"details in {run_dir / LOG_NAME}")
+    try:
+        for name in docker.remove_run_containers(run_dir.name):
+            say(f"removed {name} after the fault")
+    except Exception as cleanup:  # the daemon stayed away: say so, the next run's gc removes it
+        faults.error("cleanup after the fault failed: %s", _one_line(cleanup), exc_info=cleanup)
+        say(f"could not remove the server's container ({_one_line(cleanup)}); `sparklab gc` removes it later")
+
+
+def _one_line(exc: BaseException) -> str:
+    text = exc.message if isinstance(exc, SparklabError) else str(exc)
+    first = (text.strip().splitlines() or [""])[0]
+    return f"{type(exc).__name__}: {first}"[:300] if not isinstance(exc, SparklabError) else first[:300]
+
+
+def check_free_space(run_dir: Path, min_free_mib: float) -> None:
+    """Stop before a server starts when the disk under the run has less than min_free_mib left."""
+    free = shutil.disk_usage(run_dir).free / 2**20
+    if free < min_free_mib:
+        raise DiskFullError(f"only {free:.0f} MiB free under {run_dir} (the sweep wants {min_free_mib:.0f} MiB before "
+                            "each server): sparklab stopped the sweep (finished cells are kept)",
+                            f"Free space there (df -h {run_dir}), then run the same sweep again to continue.")
 
 
 def _run_server(plan: Plan, store: Store, docker: Docker, run_dir: Path, options: Options, server: ServerConfig,
@@ -193,9 +237,10 @@ def _run_server(plan: Plan, store: Store, docker: Docker, run_dir: Path, options
             running, code = ready.server.state()
             if not running:
                 tail = ready.server.log_tail(50)
-                store.fail_server_config(server.id, "oom" if code == 137 else "exited",
-                                         f"the server exited with code {code} during the sweep", exit_code=code,
-                                         log_tail=tail, max_attempts=max_attempts)
+                oom = ready.server.oom_killed()
+                store.fail_server_config(server.id, _exit_kind(code, oom),
+                                         f"the server exited with code {code}{exit_code_meaning(code, oom)} during "
+                                         f"the sweep", exit_code=code, log_tail=tail, max_attempts=max_attempts)
                 say(f"server {server.label}: exited with code {code}; its remaining cells failed")
                 return
             _run_cell(plan, store, ready, server, cell, say)
@@ -212,20 +257,34 @@ def _run_cell(plan: Plan, store: Store, ready: launch.Ready, server: ServerConfi
     endpoint = bench.Endpoint(spec.endpoint, ready.api_key, None, spec.kind)
     name = f"{server.label} c={cell.concurrency} {cell.workload} #{cell.repeat}"
     try:
-        result = bench.run(endpoint, load_workload(cell.workload), sampling, load)
-    except SparklabError as exc:
-        store.fail_cell(cell.id, "bench_error", exc.message, max_attempts=sweep.max_attempts)
-        say(f"cell {name}: failed: {exc.message}")
+        result = bench.run(endpoint, load_workload(cell.workload), sampling, load,
+                           request_timeout_s=sweep.request_timeout_s)
+        since = result["measurement"]["window_started_at"]
+        bench.add_log_acceptance(result, spec.kind, lambda: ready.server.log_since(since))
+    except (KeyboardInterrupt, DiskFullError):
+        raise
+    except Exception as exc:  # a dead engine mid-warmup, a broken server: this cell fails, the sweep goes on
+        if not isinstance(exc, SparklabError):
+            faults.error("cell %s (%s): %s", name, cell.id, _one_line(exc), exc_info=exc)
+        store.fail_cell(cell.id, "bench_error", _one_line(exc), max_attempts=sweep.max_attempts)
+        say(f"cell {name}: failed: {_one_line(exc)}")
         return
-    since = result["measurement"]["window_started_at"]
-    bench.add_log_acceptance(result, spec.kind, lambda: ready.server.log_since(since))
     summary = result["summary"]
-    if not summary["requests"]["ok"]:
-        errors = "; ".join(summary["requests"]["first_errors"]) or "no request succeeded"
+    counts = summary["requests"]
+    if not counts["ok"]:
+        errors = "; ".join(counts["first_errors"]) or "no request succeeded"
         store.fail_cell(cell.id, "bench_error", errors, max_attempts=sweep.max_attempts)
         say(f"cell {name}: every request failed: {errors}")
         return
-    store.finish_cell(cell.id, summary, result)
+    if counts["ok"] < sweep.require_ok * counts["measured"]:
+        errors = "; ".join(counts["first_errors"])
+        message = (f"{counts['failed']} of {counts['measured']} requests failed (require_ok {sweep.require_ok:g}): "
+                   f"{errors}")
+        status = store.partial_cell(cell.id, dict(summary), dict(result), message, max_attempts=sweep.max_attempts)
+        say(f"cell {name}: partial, {message}; " + ("it runs again" if status == "pending" else
+                                                     "kept as partial (flagged in the report)"))
+        return
+    store.finish_cell(cell.id, dict(summary), dict(result))
     adapter.reset_prefix_cache(endpoint.api)
     say(f"cell {name}: {summary['aggregate_tps']:.2f} tok/s aggregate, "
         f"{summary['requests']['ok']}/{summary['requests']['measured']} ok")
@@ -261,23 +320,79 @@ def sweep(request: Request, say: Say, docker: Docker | None = None) -> Outcome:
     """
     run_dir, exists = resolve_run(request, load_sweep(request.file).name)
     plan = build_plan(request.file, run_id=run_dir.name, ulimits=request.ulimits)
-    docker = docker or Docker()
     run_dir.mkdir(parents=True, exist_ok=True)
-    path = run_dir / "results.sqlite"
-    store = Store.open(path) if exists else Store.create(path, plan.sweep.model_dump(), __version__)
-    with store:
-        added = register(plan, store)
-        if not exists:
-            store.set_host_facts(host_facts())
-        if request.retry_failed:
-            say(f"{store.retry_failed()} failed cell(s) will run again")
-        say(f"run {run_dir} ({'continued' if exists else 'new'}; {added} new cell(s)): {store.counts()}")
-        try:
-            counts = run(plan, store, docker, run_dir, request.options, say)
-        except KeyboardInterrupt:
-            store.reset_interrupted(plan.sweep.max_attempts)
-            return Outcome(run_dir, store.counts(), interrupted=True)
+    with RunLock(run_dir), _fault_log(run_dir):
+        check_free_space(run_dir, request.options.min_free_mib)
+        docker = docker or Docker()
+        path = run_dir / "results.sqlite"
+        store = Store.open(path) if exists else Store.create(path, plan.sweep.model_dump(), __version__)
+        with store:
+            added = register(plan, store)
+            if not exists:
+                store.set_host_facts(host_facts())
+            if request.retry_failed:
+                say(f"{store.retry_failed()} failed or partial cell(s) will run again")
+            say(f"run {run_dir} ({'continued' if exists else 'new'}; {added} new cell(s)): {store.counts()}")
+            try:
+                counts = run(plan, store, docker, run_dir, request.options, say)
+            except KeyboardInterrupt:
+                store.reset_interrupted(plan.sweep.max_attempts)
+                return Outcome(run_dir, store.counts(), interrupted=True)
+            except DiskFullError as exc:
+                with contextlib.suppress(SparklabError):
+                    store.record_failure("disk_full", exc.message)
+                with contextlib.suppress(SparklabError):
+                    store.reset_interrupted(plan.sweep.max_attempts)
+                raise
     return Outcome(run_dir, counts)
+
+
+LOG_NAME = "sweep.log"
+faults = logging.getLogger("sparklab.faults")  # tracebacks of contained faults: the run's log file, not the console
+faults.propagate = False
+
+
+@contextlib.contextmanager
+def _fault_log(run_dir: Path) -> Iterator[None]:
+    handler = logging.FileHandler(run_dir / LOG_NAME, encoding="utf-8", delay=True)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    faults.addHandler(handler)
+    try:
+        yield
+    finally:
+        faults.removeHandler(handler)
+        handler.close()
+
+
+class RunLock:
+    """One sweep process per run: an exclusive flock on runs/<id>/lock, holding the holder's pid.
+
+    The kernel drops a flock when its process dies (even by SIGKILL), so a lock left by a dead sweep is never
+    stale: the next sweep simply takes it.
+    """
+
+    def __init__(self, run_dir: Path) -> None:
+        self.path = run_dir / "lock"
+        self._fd: int | None = None
+
+    def __enter__(self) -> RunLock:
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise SparklabError(f"run {self.path.parent.name} is in use by pid {holder} (another `sparklab sweep` "
+                                "is running it)", f"Wait for it to finish, or stop it: kill -TERM {holder}") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._fd = fd
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # releases the flock
+            self._fd = None
 
 
 def _progress(store: Store, started: float, done_at_start: int) -> str:
@@ -291,9 +406,16 @@ def _progress(store: Store, started: float, done_at_start: int) -> str:
     return f"[{counts['done']} done, {counts['failed']} failed, {left} left{eta}]"
 
 
+def _exit_kind(code: int | None, oom_killed: bool | None) -> str:
+    """oom only when Docker says the kernel's OOM killer did it; another SIGKILL (docker kill, earlyoom) is killed."""
+    if oom_killed:
+        return "oom"
+    return "killed" if code == 137 else "exited"
+
+
 def _failure_kind(exc: SparklabError) -> str:
     if isinstance(exc, NotReadyError):
-        if exc.container_exit_code == 137:
-            return "oom"
-        return "exited" if exc.container_exit_code is not None else "not_ready"
+        if exc.container_exit_code is None:
+            return "not_ready"
+        return _exit_kind(exc.container_exit_code, exc.oom_killed)
     return "preflight" if isinstance(exc, PreflightError) else "container"
