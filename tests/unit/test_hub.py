@@ -96,6 +96,16 @@ def test_a_second_pull_downloads_nothing(tmp_path: Path) -> None:
     assert again.bytes_received == 0
 
 
+def test_a_complete_cache_is_enough_when_the_hub_is_unreachable(tmp_path: Path) -> None:
+    with FakeHub({"acme/tiny-model": small_repo()}) as fake:
+        first = hub.download(_checkpoint(tmp_path), endpoint=fake.endpoint)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = f"http://127.0.0.1:{s.getsockname()[1]}"
+    again = hub.download(_checkpoint(tmp_path), endpoint=closed)
+    assert (again.commit, again.path, again.bytes_received) == (first.commit, first.path, 0)
+
+
 def test_a_dropped_connection_resumes_with_a_range_request(tmp_path: Path) -> None:
     # huggingface_hub writes in 10 MiB chunks and resumes from the last whole chunk, so the file is larger.
     size, chunk = 12 * 1024 * 1024 + 5, 10 * 1024 * 1024
