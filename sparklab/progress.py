@@ -1,8 +1,9 @@
-"""Console progress for image pulls (rich). Library code never prints; the CLI passes this in."""
+"""Console progress for image pulls and model downloads (rich). Library code never prints; the CLI passes this in."""
 
 from __future__ import annotations
 
 from types import TracebackType
+from typing import Any
 
 from rich.console import Console
 from rich.progress import (
@@ -12,6 +13,7 @@ from rich.progress import (
     TaskID,
     TextColumn,
     TimeRemainingColumn,
+    TransferSpeedColumn,
 )
 
 
@@ -43,6 +45,44 @@ class PullProgress:
             self.progress.update(task, description=label)
 
     def __enter__(self) -> PullProgress:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        if self.started:
+            self.progress.stop()
+
+
+class DownloadProgress:
+    """One bar per model repository: bytes written of the snapshot's total, and files finished of all."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+        self.progress = Progress(
+            TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+            TimeRemainingColumn(), console=console, transient=False)
+        self.tasks: dict[str, TaskID] = {}
+        self.started = False
+
+    @classmethod
+    def to_stderr(cls) -> DownloadProgress:
+        return cls(Console(stderr=True, highlight=False, soft_wrap=True))
+
+    def say(self, message: str) -> None:
+        self.console.print(message, markup=False, highlight=False)
+
+    def update(self, event: Any) -> None:
+        """A hub.Progress: repo_id, files_done, files_total, bytes_done, bytes_total."""
+        if not self.started:
+            self.progress.start()
+            self.started = True
+        label = f"{event.repo_id} {event.files_done}/{event.files_total if event.files_total else '?'} files"
+        if event.repo_id not in self.tasks:
+            self.tasks[event.repo_id] = self.progress.add_task(label, total=None)
+        self.progress.update(self.tasks[event.repo_id], description=label, completed=event.bytes_done,
+                             total=event.bytes_total)
+
+    def __enter__(self) -> DownloadProgress:
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,

@@ -24,6 +24,7 @@ def _importers(module: str) -> set[str]:
     ("rich", {"cli.py", "console.py", "progress.py"}),
     ("matplotlib", {"report/plots.py"}),
     ("scipy", {"metrics.py"}),
+    ("huggingface_hub", {"hub.py"}),
 ])
 def test_one_module_per_external_system(module: str, only: set[str]) -> None:
     assert _importers(module) == only
