@@ -90,6 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--allow-foreign-platform", action="store_true",
                    help="run an image built for another CPU architecture (needs emulation)")
     p.add_argument("--dry-run", action="store_true", help="render and preflight only")
+    p.add_argument("--no-download", dest="download", action="store_false",
+                   help="do not fetch the model and drafts into the Hugging Face cache first (`sparklab pull`)")
     p.set_defaults(func=cmd_up)
 
     p = sub.add_parser("bench", help="benchmark an OpenAI-compatible endpoint (or a sparklab server)")
@@ -134,6 +136,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="drop the page cache before each server (root; GB10 unified memory)")
     p.add_argument("--ulimit", dest="ulimits", action="append", default=[], metavar="NAME=SOFT[:HARD]",
                    help="override a container ulimit for every server")
+    p.add_argument("--no-download", dest="download", action="store_false",
+                   help="do not fetch every model and draft into the Hugging Face cache before the first server")
+    p.add_argument("--min-free-mib", type=float, default=256.0, metavar="MIB",
+                   help="stop cleanly when the runs directory's disk has less free space before a server (256)")
     p.set_defaults(func=cmd_sweep)
 
     p = sub.add_parser("report", help="tables, plots, roofline and the best config from a sweep's results (offline)")
@@ -149,6 +155,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fact", dest="facts", action="append", default=[], metavar="KEY=VALUE",
                    help="override a model fact for the roofline, e.g. --fact active_params_b=3 (repeatable)")
     p.set_defaults(func=cmd_report)
+
+    from sparklab.pull import add_pull_parser
+
+    add_pull_parser(sub)
 
     p = sub.add_parser("down", help="stop and remove sparklab servers")
     p.add_argument("name", nargs="?", help="container name (see `sparklab ps`)")
@@ -209,6 +219,12 @@ def cmd_up(args: argparse.Namespace) -> int:
     docker = Docker()
     for info in docker.gc():
         err.print(f"removed leftover container {info.name} (its sparklab process is gone)")
+    if args.download:  # before the clock starts: a download never counts as time to ready
+        from sparklab.progress import DownloadProgress
+        from sparklab.pull import pull
+
+        with DownloadProgress.to_stderr() as downloads:
+            pull([(p.recipe, spec)], pull_image=None, on_progress=downloads.update, say=downloads.say)
     err.print(f"starting {spec.name}: {spec.recipe} / {spec.engine} / {spec.method} ({spec.image})")
     from sparklab.progress import PullProgress
 
@@ -295,7 +311,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from sparklab.console import plan_table, sweep_table
 
     request = sweep.Request(args.file, args.runs_dir, args.resume, args.new, args.retry_failed, tuple(args.ulimits),
-                            sweep.Options(args.pull, args.drop_caches))
+                            sweep.Options(args.pull, args.drop_caches, min_free_mib=args.min_free_mib),
+                            download=args.download)
     if args.dry_run:
         out.print(plan_table(*sweep.dry_run(request)))
         return 0

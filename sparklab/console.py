@@ -119,6 +119,7 @@ def _speedup(group: Any) -> str:
     if group.speedup is None:
         return "-"
     mark = " (n.s.)" if group.speedup.significant is False else ""
+    mark += " (partial)" if group.rests_on_partial else ""
     return f"{100 * group.speedup.value:.1f}%{mark}"
 
 

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sparklab import preflight
+from sparklab import hub, preflight
 from sparklab.containers import Docker, ImageInfo, PullCallback, Server
 from sparklab.engines import engine
 from sparklab.errors import ImageUnavailableError, NotReadyError
@@ -86,6 +86,8 @@ def start(p: Launch, docker: Docker, *, pull_policy: str = "missing", allow_fore
     if key and api_env:
         provided[api_env] = key
     log_path = log_path or state_dir() / "logs" / f"{spec.name}.log"
+    if hub.host_hub_cache(spec) is not None:  # models were fetched first: a missing file fails at start
+        spec = dataclasses.replace(spec, env={**hub.offline_env(), **spec.env})
     server = docker.launch(spec, provided, log_path, detach=detach)
     try:
         headers = {"Authorization": f"Bearer {key}"} if key and adapter.ready_needs_key else None

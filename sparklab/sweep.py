@@ -57,6 +57,7 @@ class Request:
     retry_failed: bool = False
     ulimits: tuple[str, ...] = ()
     options: Options = field(default_factory=Options)
+    download: bool = True  # every model and draft into the Hugging Face cache before the first server
 
 
 @dataclass
@@ -332,6 +333,8 @@ def sweep(request: Request, say: Say, docker: Docker | None = None) -> Outcome:
                 store.set_host_facts(host_facts())
             if request.retry_failed:
                 say(f"{store.retry_failed()} failed or partial cell(s) will run again")
+            if request.download and store.pending_cells():
+                _download(plan, store, say)
             say(f"run {run_dir} ({'continued' if exists else 'new'}; {added} new cell(s)): {store.counts()}")
             try:
                 counts = run(plan, store, docker, run_dir, request.options, say)
@@ -345,6 +348,15 @@ def sweep(request: Request, say: Say, docker: Docker | None = None) -> Outcome:
                     store.reset_interrupted(plan.sweep.max_attempts)
                 raise
     return Outcome(run_dir, counts)
+
+
+def _download(plan: Plan, store: Store, say: Say) -> None:
+    """Every checkpoint the servers mount into the cache, before any clock starts; revisions kept with the run."""
+    from sparklab import pull
+
+    fetched = pull.pull([(s.recipe, s.spec) for s in plan.servers], pull_image=None, say=say)
+    if fetched.models:
+        store.set_host_facts({"model_revisions": fetched.revisions()})
 
 
 LOG_NAME = "sweep.log"

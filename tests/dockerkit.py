@@ -86,7 +86,7 @@ class Cli:
         return env
 
     def launch_args(self, port: int, *extra: str) -> list[str]:
-        return ["--image", self.image, "--no-gpus", "--hf-cache", str(self.hf_cache), "--port", str(port),
+        return ["--image", self.image, "--no-gpus", "--hf-cache", str(self.hf_cache), "--no-download", "--port", str(port),
                 "--set", "gpu_memory_utilization=0.01", *ulimit_args(), *extra]
 
     def run(self, *args: str, timeout: float = 120, env: dict[str, str] | None = None

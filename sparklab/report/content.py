@@ -33,6 +33,8 @@ def fmt_ratio(group: Group) -> str:
         text += f" [{100 * r.low:.1f}, {100 * r.high:.1f}]"
         if not r.significant:
             text += " n.s."
+    if group.rests_on_partial:
+        text += " (partial)"
     return text
 
 
@@ -57,7 +59,8 @@ def _overview(report: Report) -> Section:
         f"run `{report.run_id}` of sweep `{sweep.get('name', '?')}` (recipe `{sweep.get('recipe', '?')}`), "
         f"created {meta.get('created_at', '?')} by sparklab {meta.get('sparklab_version', '?')}",
         f"cells: {counts.get('done', 0)} done, {counts.get('failed', 0)} failed, "
-        f"{counts.get('pending', 0) + counts.get('running', 0)} not run; {len(report.servers)} server configs",
+        + (f"{counts['partial']} partial (kept with failed requests), " if counts.get("partial") else "")
+        + f"{counts.get('pending', 0) + counts.get('running', 0)} not run; {len(report.servers)} server configs",
         f"host: {host.get('hostname', '?')} ({host.get('machine', '?')}, {host.get('mem_total_gib', '?')} GiB)",
     ]
     if engines:
@@ -290,6 +293,11 @@ def _reliability(report: Report) -> Section:
         values = ", ".join(f"{v:.2f}" for v in g.headline.values) if g.headline else ""
         items.append(f"{g.server.label} at C={g.concurrency} ({g.workload}): spread "
                      f"{100 * (g.headline.cv or 0) if g.headline else 0:.0f}% over {g.n} runs ({values}).")
+    for g in (g for g in report.groups if g.partial):
+        measured = sum(int(((c.summary or {}).get("requests") or {}).get("measured") or 0) for c in g.cells)
+        items.append(f"{g.server.label} at C={g.concurrency} ({g.workload}): {g.failed_requests} of {measured} "
+                     "measured requests failed; its numbers, and every speedup marked (partial), rest on "
+                     "incomplete cells. Rerun them: `sparklab sweep FILE --retry-failed`.")
     ns = [g for g in report.groups if not g.is_baseline and g.speedup and g.speedup.significant is False]
     if ns:
         items.append("not significantly different from the baseline (interval includes 100%): " +

@@ -34,7 +34,8 @@ def _group_row(g: Group) -> dict[str, Any]:
     s = g.speedup
     row.update({"baseline": g.baseline, "speedup": s.value if s else None, "speedup_ci95_low": s.low if s else None,
                 "speedup_ci95_high": s.high if s else None,
-                "speedup_significant": s.significant if s else None})
+                "speedup_significant": s.significant if s else None, "failed_requests": g.failed_requests,
+                "rests_on_partial": g.rests_on_partial})
     r = g.roofline
     row.update({"roofline_bound_tps": r.bound_tps if r else None,
                 "roofline_measured_tps": r.measured_tps if r else None,

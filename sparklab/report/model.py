@@ -124,10 +124,21 @@ class Group:
     speedup: Ratio | None = None
     baseline: str | None = None  # the baseline group's server label
     roofline: RooflinePoint | None = None
+    rests_on_partial: bool = False  # this group or its baseline has cells with failed requests
 
     @property
     def n(self) -> int:
         return len(self.cells)
+
+    @property
+    def failed_requests(self) -> int:
+        """Measured requests that failed, over every cell of the group (0 for whole cells)."""
+        return sum(int(((c.summary or {}).get("requests") or {}).get("failed") or 0) for c in self.cells)
+
+    @property
+    def partial(self) -> bool:
+        """Some cell ended partial (kept after max_attempts) or counted failed requests."""
+        return self.failed_requests > 0 or any(c.status == "partial" for c in self.cells)
 
     @property
     def headline(self) -> Estimate | None:
@@ -252,10 +263,12 @@ def _with_baseline(group: Group, groups: list[Group]) -> Group:
     same = [g for g in candidates if g.server.overrides == group.server.overrides]
     base = (same or candidates or [None])[0]
     if base is group:
-        return replace(group, speedup=Ratio(1.0, None, None), baseline=group.server.label)
+        return replace(group, speedup=Ratio(1.0, None, None), baseline=group.server.label,
+                       rests_on_partial=group.partial)
     if base is None or group.headline is None or base.headline is None:
         return group
-    return replace(group, speedup=ratio(group.headline, base.headline), baseline=base.server.label)
+    return replace(group, speedup=ratio(group.headline, base.headline), baseline=base.server.label,
+                   rests_on_partial=group.partial or base.partial)
 
 
 def _with_roofline(group: Group, notes: list[str]) -> Group:
@@ -309,7 +322,7 @@ def build(store: Store, run_id: str, overrides: Overrides | None = None) -> Repo
     servers = _servers(store, overrides, notes)
     by_id = {s.id: s for s in servers}
     cells: dict[tuple[str, str, int], list[CellRow]] = {}
-    for cell in store.cells("done"):
+    for cell in [*store.cells("done"), *store.cells("partial")]:  # partial: kept after max_attempts, flagged
         cells.setdefault((cell.server_config_id, cell.workload, cell.concurrency), []).append(cell)
     ordered = sorted(cells, key=lambda key: (key[1], key[2], by_id[key[0]].seq))
     groups = [_group(by_id[sid], workload, c, sorted(cells[(sid, workload, c)], key=lambda x: x.repeat))

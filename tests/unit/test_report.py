@@ -303,3 +303,23 @@ def test_a_run_without_stored_facts_takes_todays_recipe_and_says_so(tmp_path: Pa
     none_c1 = next(g for g in built.groups if g.server.method == "none" and g.concurrency == 1)
     assert none_c1.roofline is not None and none_c1.roofline.bound_tps == pytest.approx(182.0)
     assert any("did not store its model facts" in note and "gb10.yaml" in note for note in built.roofline_notes)
+
+
+def test_partial_cells_show_their_failed_requests_and_flag_every_speedup_that_rests_on_them(tmp_path: Path) -> None:
+    """A baseline whose container was killed halfway used to give "none 17.41 tok/s → DSpark 114%" with no word
+    about its failed requests. Partial cells are kept (after max_attempts) but every number they feed is flagged."""
+    path = seed000_run(tmp_path)
+    with Store.open(path) as store:
+        methods = {s.id: s.method for s in store.server_configs()}
+        base = next(c for c in store.cells() if methods[c.server_config_id] == "none" and c.concurrency == 8)
+        summary = {**base.summary, "requests": {"measured": 80, "ok": 31, "failed": 49}}
+        store.start_cell(base.id)
+        assert store.partial_cell(base.id, summary, {"summary": summary}, "49 of 80 requests failed", 1) == "partial"
+    built = _build(path)
+    flagged = {(g.server.method, g.concurrency) for g in built.groups if g.rests_on_partial}
+    assert flagged == {(m, 8) for m in ("none", "mtp", "dflash", "dspark")}  # C=1 rests on whole cells
+    text = report.render(built, "md")
+    assert "1 partial (kept with failed requests)" in text
+    assert "49 of 80 measured requests failed" in text and "(partial)" in text
+    rows = list(csv.DictReader(io.StringIO(report.render(built, "csv"))))
+    assert {r["failed_requests"] for r in rows if r["method"] == "none" and r["concurrency"] == "8"} == {"49"}
