@@ -315,21 +315,30 @@ class Store:
         return status
 
     def fail_server_config(self, server_config_id: str, kind: str, message: str, exit_code: int | None = None,
-                           log_tail: str | None = None, max_attempts: int = 3) -> None:
+                           log_tail: str | None = None, max_attempts: int = 3,
+                           cell_ids: Iterable[str] | None = None) -> None:
         """The server failed (not ready, exited, OOM): one failure row, and an attempt on each unfinished cell.
 
         A running cell already counted its attempt in `start_cell`; pending ones count one here, so a server
         that never starts marks its cells failed after max_attempts runs instead of retrying them forever.
+        cell_ids: only these pending cells count the attempt (those this server start never reached; a cell it
+        ran and sent back to pending has counted its attempt already). None: every pending cell of the server.
         """
         with self._transaction() as conn:
             _insert_failure(conn, None, server_config_id, kind, message, exit_code, log_tail)
-            conn.execute(
-                "UPDATE cells SET attempts = attempts + (status = 'pending') WHERE server_config_id = ?"
-                " AND status IN ('pending', 'running')", (server_config_id,))
-            conn.execute(
-                "UPDATE cells SET status = CASE WHEN attempts >= ? THEN 'failed' ELSE 'pending' END, finished_at = ?"
-                " WHERE server_config_id = ? AND status IN ('pending', 'running')",
-                (max_attempts, utc_now(), server_config_id))
+            if cell_ids is None:
+                targets = [r[0] for r in conn.execute(
+                    "SELECT id FROM cells WHERE server_config_id = ? AND status IN ('pending', 'running')",
+                    (server_config_id,))]
+            else:
+                wanted = set(cell_ids)
+                targets = [r[0] for r in conn.execute(
+                    "SELECT id, status FROM cells WHERE server_config_id = ? AND status IN ('pending', 'running')",
+                    (server_config_id,)) if r[1] == "running" or r[0] in wanted]
+            for cell_id in targets:
+                conn.execute("UPDATE cells SET attempts = attempts + (status = 'pending') WHERE id = ?", (cell_id,))
+                conn.execute("UPDATE cells SET status = CASE WHEN attempts >= ? THEN 'failed' ELSE 'pending' END,"
+                             " finished_at = ? WHERE id = ?", (max_attempts, utc_now(), cell_id))
 
     def reset_interrupted(self, max_attempts: int = 3) -> list[str]:
         """Cells left running by a crash or kill go back to pending (failed after max_attempts), each with an

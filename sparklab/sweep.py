@@ -169,23 +169,25 @@ def run(plan: Plan, store: Store, docker: Docker, run_dir: Path, options: Option
         if options.drop_caches:
             _drop_caches(say)
         _wait_memory(baseline, options.memory_wait_s, say)
+        attempted: set[str] = set()  # cells this server start ran (they counted their attempt)
         try:
-            _run_server(plan, store, docker, run_dir, options, server, cells, say_progress)
+            _run_server(plan, store, docker, run_dir, options, server, cells, say_progress, attempted)
         except (KeyboardInterrupt, DiskFullError):
             raise
         except Exception as exc:  # one fault ends this server's work, never the sweep
-            _contain(plan, store, docker, run_dir, server, exc, say_progress)
+            _contain(plan, store, docker, run_dir, server, exc, say_progress,
+                     [c.id for c in cells if c.id not in attempted])
     return store.counts()
 
 
 def _contain(plan: Plan, store: Store, docker: Docker, run_dir: Path, server: ServerConfig, exc: Exception,
-             say: Say) -> None:
+             say: Say, not_reached: list[str]) -> None:
     """An unexpected fault in one server's work: its traceback goes to the run's log file (not the console),
     its containers are removed (waiting for a restarting Docker daemon), its unfinished cells fail with one line."""
     reason = _one_line(exc)
     faults.error("server %s (%s): %s", server.label, server.id, reason, exc_info=exc)
     store.fail_server_config(server.id, "error", f"{reason} (traceback in {run_dir / LOG_NAME})",
-                             max_attempts=plan.sweep.max_attempts)
+                             max_attempts=plan.sweep.max_attempts, cell_ids=not_reached)
     say(f"server {server.label}: failed (error): {reason}; its unfinished cells go back to the queue; "
         f"details in {run_dir / LOG_NAME}")
     try:
@@ -212,7 +214,7 @@ def check_free_space(run_dir: Path, min_free_mib: float) -> None:
 
 
 def _run_server(plan: Plan, store: Store, docker: Docker, run_dir: Path, options: Options, server: ServerConfig,
-                cells: list, say: Say) -> None:
+                cells: list, say: Say, attempted: set[str]) -> None:
     spec = server.spec
     max_attempts = plan.sweep.max_attempts
     say(f"server {server.label}: starting ({len(cells)} cells; {spec.image})")
@@ -234,16 +236,18 @@ def _run_server(plan: Plan, store: Store, docker: Docker, run_dir: Path, options
                               engine_version=engine(spec.kind).version(api))
     say(f"server {server.label}: ready in {ready.seconds_to_ready:.1f} s")
     with ready.server:
-        for cell in cells:
+        for i, cell in enumerate(cells):
             running, code = ready.server.state()
             if not running:
                 tail = ready.server.log_tail(50)
                 oom = ready.server.oom_killed()
                 store.fail_server_config(server.id, _exit_kind(code, oom),
                                          f"the server exited with code {code}{exit_code_meaning(code, oom)} during "
-                                         f"the sweep", exit_code=code, log_tail=tail, max_attempts=max_attempts)
+                                         f"the sweep", exit_code=code, log_tail=tail, max_attempts=max_attempts,
+                                         cell_ids=[c.id for c in cells[i:]])
                 say(f"server {server.label}: exited with code {code}; its remaining cells failed")
                 return
+            attempted.add(cell.id)
             _run_cell(plan, store, ready, server, cell, say)
 
 

@@ -45,13 +45,13 @@ def _container_of(docker_client, run_dir_name: str) -> str:
 
 
 def test_an_engine_dying_during_warmup_fails_its_cell_and_the_sweep_goes_on(cli: Cli, tmp_path: Path) -> None:
-    """The none server dies 1 s after ready, while its first warmup request streams: the warm-up of the
-    connections is refused. Before, that ConnectionRefusedError ended the sweep with a traceback and left the
+    """The none server dies 5 s after ready, while its warmup requests (3.6 s each) stream: the warm-up of the
+    measured window's connections is then refused. Before, that ConnectionRefusedError ended the sweep with a traceback and left the
     cell running; now the cell fails with one line (traceback in the run's log file) and dspark still runs."""
     slow = {"match": {"method": "none"},
-            "set": ["engines.vllm.env={STANDIN_DIE_AFTER: '1', STANDIN_TOKEN_DELAY: '0.2'}"]}
+            "set": ["engines.vllm.env={STANDIN_DIE_AFTER: '5', STANDIN_TOKEN_DELAY: '0.3'}"]}
     path = _sweep(tmp_path, cli.image, num_speculative_tokens=[3], concurrency=[1], requests={1: 2},
-                  warmup=2, max_attempts=1, overrides=[slow])
+                  warmup=3, max_attempts=1, overrides=[slow])
     done = _run(cli, path)
     assert done.returncode == 6, done.stderr
     _no_traceback(done.stderr + done.stdout)
@@ -135,11 +135,11 @@ def small_disk(tmp_path: Path):
 def test_a_disk_that_fills_up_stops_the_sweep_cleanly(cli: Cli, tmp_path: Path, small_disk: Path) -> None:
     """The runs directory on a 4 MiB tmpfs that fills during the sweep: before, a raw sqlite3 traceback and a
     cell recorded as 'interrupted'. Now: 'disk full', exit 7, what finished is kept, nothing left running."""
-    path = _sweep(tmp_path, cli.image, num_speculative_tokens=[3], concurrency=[1], requests={1: 3}, repeats=4,
-                  warmup=0)
+    path = _sweep(tmp_path, cli.image, num_speculative_tokens=[3], concurrency=[1], requests={1: 3}, repeats=12,
+                  warmup=0, sampling={"max_tokens": 64, "temperature": 0, "top_p": None, "ignore_eos": True})
     runs = small_disk / "runs"
     filler = small_disk / "filler"
-    filler.write_bytes(b"\0" * (4 * 2**20 - 400 * 1024))  # about 400 KiB left: a few cells' results
+    filler.write_bytes(b"\0" * (4 * 2**20 - 240 * 1024))  # about 240 KiB left: a few cells' results
     done = subprocess.run([sys.executable, "-m", "sparklab", "sweep", str(path), "--runs-dir", str(runs),
                            *ulimit_flags(), "--min-free-mib", "0"], capture_output=True, text=True, timeout=600,
                           env=cli.env(), cwd=path.parent)
