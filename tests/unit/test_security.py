@@ -3,16 +3,20 @@ secret; `down --all` touches only the caller's containers."""
 
 from __future__ import annotations
 
+import sqlite3
 from pathlib import Path
 
 import pytest
 import yaml
 
+from sparklab import report
 from sparklab.cli import main
 from sparklab.errors import RecipeError
 from sparklab.plan import build_plan
 from sparklab.recipes import load_recipe, recipes_dir
 from sparklab.render import render
+from sparklab.store import Store
+from tests.reportkit import cpu_run
 
 # -- templates run in a sandbox ----------------------------------------------------------------------------------
 
@@ -83,3 +87,52 @@ def test_the_report_page_template_is_sandboxed() -> None:
 
     page = importlib.import_module("sparklab.report.document")  # the package's `document` is a function
     assert isinstance(page._PAGE.environment, SandboxedEnvironment)
+
+
+# -- names read from a store never form paths -------------------------------------------------------------------
+
+
+def _craft(path: Path, workload: str) -> None:
+    conn = sqlite3.connect(path)
+    try:
+        conn.execute("UPDATE cells SET workload = ?", (workload,))
+        conn.commit()
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize("workload", ["a/../../../../escaped/x", "../../escaped", "/tmp/escaped-abs/x", "..",
+                                      "file:prompts/mine.jsonl", "a\\..\\..\\x", "-rf"])
+def test_a_crafted_store_cannot_make_report_write_outside_its_directory(tmp_path: Path, workload: str) -> None:
+    results = cpu_run(tmp_path / "runs")
+    _craft(results, workload)
+    out = tmp_path / "deep" / "er" / "out"
+    with Store.open(results, readonly=True) as store:
+        built = report.build(store, results.parent.name, None)
+    written = report.write_all(built, out)
+    everything = {p for p in tmp_path.rglob("*") if p.is_file()}
+    outside = {p for p in everything if out not in p.parents and results.parent not in p.parents}
+    assert outside == set()
+    assert all(out.resolve() in p.resolve().parents for p in written)
+    assert not Path("/tmp/escaped-abs").exists()
+    plots = [p for p in written if p.suffix == ".png"]
+    assert plots and all(p.parent == out / "plots" for p in plots)
+
+
+def test_a_recipe_name_from_a_store_is_never_a_path(tmp_path: Path, monkeypatch) -> None:
+    from sparklab.report.model import _recipe_facts
+
+    (tmp_path / "recipes").mkdir()
+    (tmp_path / "outside.yaml").write_bytes((recipes_dir() / "cpu.yaml").read_bytes())
+    monkeypatch.setenv("SPARKLAB_RECIPES", str(tmp_path / "recipes"))
+    notes: list[str] = []
+    assert _recipe_facts("../outside", notes) == {} and notes == []
+
+
+def test_distinct_workloads_keep_distinct_plot_files() -> None:
+    from sparklab.report.plots import safe_filename
+
+    names = ["a/b", "a-b", "a:b", "seed", "../x", "x"]
+    assert safe_filename("seed") == "seed" and safe_filename("speedbench-1k") == "speedbench-1k"
+    assert len({safe_filename(n) for n in names}) == len(names)
+    assert all("/" not in safe_filename(n) and not safe_filename(n).startswith(".") for n in names)
