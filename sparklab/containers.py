@@ -308,7 +308,8 @@ class Docker:
         secrets = container_secrets(container)
         extra = {"since": since} if since is not None else {}
         if follow:
-            yield from redacted_lines(container.logs(stream=True, follow=True, tail=tail, **extra), secrets)
+            yield from redacted_lines(container.logs(stream=True, follow=True, tail=tail, **extra), secrets,
+                                      starts_mid_log=tail != "all" or since is not None)
         else:
             yield redact(container.logs(tail=tail, **extra), secrets)
 

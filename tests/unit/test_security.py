@@ -14,6 +14,7 @@ from sparklab.cli import main
 from sparklab.errors import RecipeError
 from sparklab.plan import build_plan
 from sparklab.recipes import load_recipe, recipes_dir
+from sparklab.redaction import redact, redacted_lines
 from sparklab.render import render
 from sparklab.store import Store
 from tests.reportkit import cpu_run
@@ -136,3 +137,45 @@ def test_distinct_workloads_keep_distinct_plot_files() -> None:
     assert safe_filename("seed") == "seed" and safe_filename("speedbench-1k") == "speedbench-1k"
     assert len({safe_filename(n) for n in names}) == len(names)
     assert all("/" not in safe_filename(n) and not safe_filename(n).startswith(".") for n in names)
+
+
+# -- secrets ---------------------------------------------------------------------------------------------------
+
+SECRET = b"sk-Secret_0123456789abcdef"
+
+
+@pytest.mark.parametrize("cut", range(1, len(SECRET)))
+def test_a_secret_split_across_two_chunks_is_redacted_at_every_position(cut: int) -> None:
+    chunks = [b"INFO api_key='" + SECRET[:cut], SECRET[cut:] + b"' port=30000\nnext line\n"]
+    out = b"".join(redacted_lines(iter(chunks), [SECRET]))
+    assert out == b"INFO api_key='***' port=30000\nnext line\n"
+
+
+@pytest.mark.parametrize("cut", range(1, len(SECRET)))
+@pytest.mark.parametrize("wrap", [b"\n", b"\r\n", b"\n    "])
+def test_a_secret_split_across_two_log_lines_is_redacted(cut: int, wrap: bytes) -> None:
+    """An engine that wraps long lines (rich logging, server_args dumps) puts a newline inside the key."""
+    text = b"ServerArgs(api_key='" + SECRET[:cut] + wrap + SECRET[cut:] + b"', port=1)\n"
+    chunks = [text[:i] for i in (len(text) // 2,)] + [text[len(text) // 2:]]
+    for out in (b"".join(redacted_lines(iter(chunks), [SECRET])), redact(text, [SECRET])):
+        assert out == b"ServerArgs(api_key='***" + wrap + b"', port=1)\n"
+
+
+def test_every_byte_boundary_of_a_wrapped_secret() -> None:
+    text = b"x " + SECRET[:9] + b"\n  " + SECRET[9:] + b" y\nz\n"
+    for cut in range(len(text) + 1):
+        out = b"".join(redacted_lines(iter([text[:cut], text[cut:]]), [SECRET]))
+        assert out == b"x ***\n   y\nz\n", (cut, out)
+
+
+@pytest.mark.parametrize("cut", range(1, len(SECRET) - 5))
+def test_a_read_that_starts_inside_a_wrapped_secret_hides_its_second_half(cut: int) -> None:
+    """`docker logs --tail N` (a failure's log tail) may begin with the second line of a wrapped key."""
+    text = SECRET[cut:] + b"', port=1)\nnext\n"
+    assert redact(text, [SECRET]) == b"***', port=1)\nnext\n"
+    assert b"".join(redacted_lines(iter([text]), [SECRET], starts_mid_log=True)) == b"***', port=1)\nnext\n"
+
+
+def test_redaction_leaves_ordinary_text_and_flushes_a_held_tail() -> None:
+    out = b"".join(redacted_lines(iter([b"ready\n", b"sk-Sec"]), [SECRET]))
+    assert out == b"ready\nsk-Sec"  # a prefix that turned out not to be the key is written at the end
