@@ -202,6 +202,10 @@ def cmd_up(args: argparse.Namespace) -> int:
                     options=options, check_host=True)
     _print_warnings(p.warnings)
     spec = p.spec
+    if spec.kind == "sglang" and spec.needs_api_key:
+        from sparklab.engines.sglang import API_KEY_ON_COMMAND_LINE
+
+        err.print("[yellow]warning:[/] " + escape(API_KEY_ON_COMMAND_LINE), markup=True)
     if args.dry_run:
         out.print(docker_command(spec), markup=False)
         out.print("dry run: preflight passed, nothing started.")
@@ -217,13 +221,13 @@ def cmd_up(args: argparse.Namespace) -> int:
         def on_wait(elapsed: float) -> None:
             status.update(f"waiting for {spec.endpoint}{spec.ready_path} ({elapsed:.0f} s)…")
 
+        given_key = args.api_key_value or os.environ.get("SPARKLAB_API_KEY")
         ready = launch.start(p, docker, pull_policy=args.pull,
                              allow_foreign_platform=args.allow_foreign_platform, on_pull=pull_progress.update,
-                             api_key=args.api_key_value or os.environ.get("SPARKLAB_API_KEY"),
-                             detach=args.detach, on_wait=on_wait)
+                             api_key=given_key, detach=args.detach, on_wait=on_wait)
     _print_warnings(p.warnings[shown:])
     with ready.server:
-        _print_ready(ready)
+        _print_ready(ready, key_given=bool(given_key))
         if args.detach:
             ready.server.keep()
             out.print(f"left running (detached). Stop it with: sparklab down {ready.server.name}")
@@ -239,7 +243,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print_ready(ready: launch.Ready) -> None:
+def _print_ready(ready: launch.Ready, key_given: bool = False) -> None:
     spec = ready.server.spec
     facts = ready.facts
     out.print(f"ready in {ready.seconds_to_ready:.1f} s "
@@ -247,7 +251,9 @@ def _print_ready(ready: launch.Ready) -> None:
     out.print(f"  container   {ready.server.name}")
     out.print(f"  image       {ready.image.ref}" + (f" ({ready.image.digest})" if ready.image.digest else ""))
     out.print(f"  endpoint    {spec.endpoint}/v1")
-    if ready.api_key:
+    if ready.api_key and key_given:  # never echo a secret the user already has (terminal logs, screen shares)
+        out.print("  api key     the one you gave (--api-key or SPARKLAB_API_KEY)")
+    elif ready.api_key:
         out.print(f"  api key     {ready.api_key}   (shown once; not stored or logged)")
     out.print(f"  log file    {ready.server.log_path}")
     lines = []

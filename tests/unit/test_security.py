@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sqlite3
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import yaml
@@ -179,3 +180,37 @@ def test_a_read_that_starts_inside_a_wrapped_secret_hides_its_second_half(cut: i
 def test_redaction_leaves_ordinary_text_and_flushes_a_held_tail() -> None:
     out = b"".join(redacted_lines(iter([b"ready\n", b"sk-Sec"]), [SECRET]))
     assert out == b"ready\nsk-Sec"  # a prefix that turned out not to be the key is written at the end
+
+
+def test_up_does_not_print_a_key_it_was_given(capsys, monkeypatch) -> None:
+    from sparklab import cli
+
+    ready = SimpleNamespace(
+        seconds_to_ready=1.0, api_key="my-own-key-123",
+        server=SimpleNamespace(spec=SimpleNamespace(ready_path="/health", endpoint="http://127.0.0.1:1"),
+                               name="c", log_path=Path("x.log")),
+        image=SimpleNamespace(ref="img", digest=None),
+        facts=SimpleNamespace(kv_cache_tokens=None, max_concurrency=None, kv_cache_memory_gib=None,
+                              model_load_seconds=None, engine_init_seconds=None, advice=[], source="log"))
+    cli._print_ready(ready, key_given=True)  # type: ignore[arg-type]
+    printed = capsys.readouterr().out
+    assert "my-own-key-123" not in printed and "api key     the one you gave" in printed
+    cli._print_ready(ready, key_given=False)  # type: ignore[arg-type]
+    assert "my-own-key-123" in capsys.readouterr().out  # a generated key is shown once
+
+
+def test_sglang_cannot_take_its_key_from_the_environment_and_up_says_so() -> None:
+    from sparklab.engines import sglang
+
+    spec = render(load_recipe(recipes_dir() / "gb10.yaml"), "sglang", "none")
+    assert "--api-key" in spec.argv and spec.api_key_env is None
+    assert "ps" in sglang.API_KEY_ON_COMMAND_LINE and "server_args" in sglang.API_KEY_ON_COMMAND_LINE
+
+
+def test_up_says_an_sglang_key_is_visible_in_ps(capsys, tmp_path: Path) -> None:
+    assert main(["up", "gb10:none", "--engine", "sglang", "--dry-run", "--hf-cache", str(tmp_path),
+                 "--port", "18998"]) == 0
+    assert "every local user can read the key with `ps`" in capsys.readouterr().err.replace("\n", " ")
+    assert main(["up", "gb10:none", "--engine", "sglang", "--dry-run", "--hf-cache", str(tmp_path),
+                 "--port", "18998", "--no-api-key"]) == 0
+    assert "ps" not in capsys.readouterr().err
