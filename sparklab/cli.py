@@ -152,7 +152,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("down", help="stop and remove sparklab servers")
     p.add_argument("name", nargs="?", help="container name (see `sparklab ps`)")
-    p.add_argument("--all", action="store_true", help="every sparklab container")
+    p.add_argument("--all", action="store_true", help="every sparklab container you started")
+    p.add_argument("--all-users", action="store_true", help="every sparklab container, other users' too")
     p.set_defaults(func=cmd_down)
 
     p = sub.add_parser("ps", help="list sparklab containers")
@@ -468,12 +469,16 @@ def cmd_down(args: argparse.Namespace) -> int:
 
     docker = Docker()
     containers = docker.containers()
-    if args.all:
-        targets = [c.name for c in containers]
+    if args.all_users or args.all:
+        targets = [c.name for c in containers if args.all_users or c.mine]
+        others = len(containers) - len(targets)
+        if others:
+            err.print(f"left {others} container(s) of other users (or from before sparklab labelled users): "
+                      "sparklab down --all-users removes them too", markup=False)
     elif args.name:
         targets = [args.name]
     else:
-        running = [c.name for c in containers if c.labels.get("sparklab.mode") == "up"]
+        running = [c.name for c in containers if c.labels.get("sparklab.mode") == "up" and c.mine]
         if len(running) != 1:
             names = ", ".join(running) or "none"
             raise SparklabError(f"say which server to stop (sparklab up containers: {names})",

@@ -6,6 +6,7 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 import yaml
@@ -214,3 +215,68 @@ def test_up_says_an_sglang_key_is_visible_in_ps(capsys, tmp_path: Path) -> None:
     assert main(["up", "gb10:none", "--engine", "sglang", "--dry-run", "--hf-cache", str(tmp_path),
                  "--port", "18998", "--no-api-key"]) == 0
     assert "ps" not in capsys.readouterr().err
+
+
+# -- down --all is the caller's ----------------------------------------------------------------------------------
+
+
+class FakeDocker:
+    def __init__(self, infos: list[Any]) -> None:
+        self.infos = infos
+        self.removed: list[str] = []
+
+    def containers(self, include_stopped: bool = True) -> list[Any]:
+        return self.infos
+
+    def remove(self, name: str, grace_s: float = 10) -> None:
+        self.removed.append(name)
+
+
+def _info(name: str, uid: str | None, mode: str = "up") -> Any:
+    from sparklab.containers import ContainerInfo
+
+    labels = {"sparklab": "1", "sparklab.mode": mode}
+    if uid is not None:
+        labels["sparklab.uid"] = uid
+    return ContainerInfo(id=name, name=name, status="running", exit_code=None, labels=labels, created="")
+
+
+@pytest.mark.parametrize(("flags", "removed"), [
+    (["--all"], ["mine-1", "mine-2"]),
+    (["--all-users"], ["mine-1", "theirs", "mine-2", "unlabelled"]),
+    ([], ["mine-1"]),
+])
+def test_down_all_removes_only_the_callers_containers(flags: list[str], removed: list[str], monkeypatch,
+                                                       capsys) -> None:
+    import os
+
+    import sparklab.containers
+
+    me, other = str(os.getuid()), str(os.getuid() + 1)
+    fake = FakeDocker([_info("mine-1", me), _info("theirs", other), _info("mine-2", me, mode="sweep"),
+                       _info("unlabelled", None)])
+    monkeypatch.setattr(sparklab.containers, "Docker", lambda: fake)
+    assert main(["down", *flags]) == 0
+    assert fake.removed == removed
+
+
+def test_launch_labels_the_container_with_its_user() -> None:
+    import os
+
+    from sparklab.containers import USER_ID, Docker
+
+    created: dict[str, Any] = {}
+
+    def create(image: str, **kwargs: Any) -> Any:
+        created.update(kwargs)
+        return SimpleNamespace(name=kwargs["name"], id="abc", start=lambda: None, attrs={"Config": {}})
+
+    def get(name: str) -> Any:
+        import docker.errors
+
+        raise docker.errors.NotFound("none")
+
+    client = SimpleNamespace(containers=SimpleNamespace(create=create, get=get))
+    spec = render(load_recipe(recipes_dir() / "cpu.yaml"), "vllm-cpu", "none")
+    Docker(client).launch(spec, {})  # type: ignore[arg-type]
+    assert created["labels"][USER_ID] == str(os.getuid())
