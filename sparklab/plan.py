@@ -17,16 +17,30 @@ from typing import Any
 from pydantic import Field, ValidationError
 
 from sparklab.errors import RecipeError
-from sparklab.recipes import Recipe, Strict, explain_validation, load_recipe, read_yaml, recipes_dir
+from sparklab.recipes import (
+    MAX_REPEATS,
+    MAX_WARMUP,
+    Concurrency,
+    Recipe,
+    RequestsSpec,
+    Seconds,
+    SpeculativeTokens,
+    Strict,
+    TokenCount,
+    explain_validation,
+    load_recipe,
+    read_yaml,
+    recipes_dir,
+)
 from sparklab.render import LaunchOptions, LaunchSpec, render
 
 
 class SamplingSpec(Strict):
-    max_tokens: int = Field(default=2048, ge=1)
-    temperature: float | None = 1.0
-    top_p: float | None = 0.95
+    max_tokens: TokenCount = 2048
+    temperature: float | None = Field(default=1.0, ge=0, le=100, allow_inf_nan=False)
+    top_p: float | None = Field(default=0.95, gt=0, le=1)
     ignore_eos: bool = False
-    min_tokens: int | None = Field(default=None, ge=1)
+    min_tokens: TokenCount | None = None
     enable_thinking: bool | None = False
     seed: int | None = None
 
@@ -54,19 +68,19 @@ class SweepFile(Strict):
     recipe: str
     engines: list[str] | None = None
     methods: list[str] = Field(min_length=1)
-    num_speculative_tokens: list[int] = Field(default_factory=lambda: [3], min_length=1)
-    concurrency: list[int] = Field(min_length=1)
+    num_speculative_tokens: list[SpeculativeTokens] = Field(default_factory=lambda: [3], min_length=1)
+    concurrency: list[Concurrency] = Field(min_length=1)
     workloads: list[str] = Field(default_factory=lambda: ["seed"], min_length=1)
-    repeats: int = Field(default=1, ge=1)
-    requests: int | dict[int, int] | None = 10
-    duration_s: float | None = Field(default=None, gt=0)
-    warmup: int = Field(default=2, ge=0)
+    repeats: int = Field(default=1, strict=True, ge=1, le=MAX_REPEATS)
+    requests: RequestsSpec | None = 10
+    duration_s: Seconds | None = None
+    warmup: int = Field(default=2, strict=True, ge=0, le=MAX_WARMUP)
     stream: bool = True
     sampling: SamplingSpec = Field(default_factory=SamplingSpec)
     set: list[str] = Field(default_factory=list)
     exclude: list[Match] = Field(default_factory=list)
     overrides: list[Override] = Field(default_factory=list)
-    max_attempts: int = Field(default=3, ge=1)
+    max_attempts: int = Field(default=3, strict=True, ge=1, le=100)
 
 
 def _hash(data: Any) -> str:

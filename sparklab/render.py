@@ -216,7 +216,10 @@ def render(recipe: Recipe, engine: str | None = None, method: str | None = None,
     if options.num_speculative_tokens is not None:
         recipe = recipe.model_copy(update={"vars": {**recipe.vars,
                                                     "num_speculative_tokens": options.num_speculative_tokens}})
-    port = options.port or spec.port
+    port = spec.port if options.port is None else options.port
+    if not 1 <= port <= 65535:
+        raise RecipeError(f"port {port} is not a TCP port",
+                          f"Give a port from 1 to 65535, or leave --port out for the recipe's {spec.port}.")
     context = template_context(recipe, engine_name, method, port)
     argv = _args(recipe, engine_name, spec, method, context)
     recipe_argv_len = len(argv)
