@@ -6,6 +6,7 @@ argv template and the speculative methods. Every error names the file, the key p
 
 from __future__ import annotations
 
+import codecs
 import copy
 import os
 from pathlib import Path
@@ -213,11 +214,28 @@ def _check_references(recipe: Recipe) -> None:
             f"{recipe.default_engine!r}", f"Use one of: {', '.join(default.methods)}.")
 
 
+def read_utf8(path: Path, allow_bom: bool = False) -> str:
+    """A text file that must be UTF-8: anything else is a RecipeError naming the file and the first bad byte."""
+    data = path.read_bytes()
+    skip = len(codecs.BOM_UTF8) if allow_bom and data.startswith(codecs.BOM_UTF8) else 0
+    try:
+        return data[skip:].decode("utf-8")
+    except UnicodeDecodeError as exc:
+        offset = skip + exc.start
+        line = data.count(b"\n", 0, offset) + 1
+        raise RecipeError(
+            f"{path}: not UTF-8 text: byte 0x{data[offset]:02x} at offset {offset} (line {line}) is not valid "
+            "UTF-8", "Save the file as UTF-8, e.g. iconv -f latin1 -t utf-8 FILE > NEW (if it was Latin-1).",
+        ) from None
+
+
 def read_yaml(path: Path) -> Any:
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_utf8(path)
     except FileNotFoundError:
         raise RecipeError(f"{path}: no such recipe file", "Check the path, or run `sparklab recipes`.") from None
+    except OSError as exc:  # a directory, no permission
+        raise RecipeError(f"{path}: cannot read it: {exc.strerror}", "Give the path of a YAML file.") from None
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError as exc:

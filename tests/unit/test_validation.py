@@ -10,9 +10,10 @@ import yaml
 
 from sparklab.cli import main
 from sparklab.errors import RecipeError
-from sparklab.plan import build_plan
+from sparklab.plan import build_plan, load_sweep
 from sparklab.recipes import load_recipe, recipes_dir
 from sparklab.render import LaunchOptions, render
+from sparklab.workloads import load_workload
 
 BASE: dict[str, Any] = {"name": "t", "recipe": "cpu", "methods": ["none"], "concurrency": [1, 4], "requests": 4}
 
@@ -117,3 +118,30 @@ def test_cli_numbers_are_checked_by_argparse(argv: list[str], message: str, caps
 def test_cli_port_is_used_as_given() -> None:
     recipe = load_recipe(recipes_dir() / "cpu.yaml")
     assert render(recipe, options=LaunchOptions(port=1)).port == 1
+
+
+# -- files that are not UTF-8 ----------------------------------------------------------------------------------
+
+
+def test_a_sweep_file_that_is_not_utf8(tmp_path: Path) -> None:
+    path = tmp_path / "latin1.yaml"
+    path.write_bytes((yaml.safe_dump(BASE) + "description: café\n").encode("latin-1"))
+    with pytest.raises(RecipeError, match=rf"{path}: not UTF-8 text: byte 0xe9 at offset \d+") as info:
+        load_sweep(path)
+    assert "UTF-8" in (info.value.hint or "")
+
+
+def test_a_recipe_file_that_is_not_utf8(tmp_path: Path, capsys) -> None:
+    path = tmp_path / "cpu-latin1.yaml"
+    path.write_bytes((recipes_dir() / "cpu.yaml").read_bytes() + "# Señor\n".encode("latin-1"))
+    with pytest.raises(RecipeError, match=r"not UTF-8 text: byte 0xf1 at offset \d+"):
+        load_recipe(path)
+    assert main(["render", str(path)]) == 2
+    assert "Traceback" not in capsys.readouterr().err
+
+
+def test_a_workload_file_that_is_not_utf8(tmp_path: Path) -> None:
+    path = tmp_path / "prompts.jsonl"
+    path.write_bytes(b'"hello"\n"\xff\xfe oops"\n')
+    with pytest.raises(RecipeError, match=rf"{path}: not UTF-8 text: byte 0xff at offset 9 \(line 2\)"):
+        load_workload(str(path))
