@@ -33,6 +33,7 @@ from sparklab.recipes import (
     recipes_dir,
 )
 from sparklab.render import LaunchOptions, LaunchSpec, render
+from sparklab.workloads import load_workload
 
 
 class SamplingSpec(Strict):
@@ -148,9 +149,19 @@ def _speculative(recipe: Recipe, engine: str, method: str) -> bool:
     return any("num_speculative_tokens" in str(a) for a in args)
 
 
+def _check_workloads(sweep: SweepFile, src: str) -> None:
+    """Every workload loads now, before any server starts (not after a model has loaded for its first cell)."""
+    for i, workload in enumerate(sweep.workloads):
+        try:
+            load_workload(workload)
+        except RecipeError as exc:
+            raise RecipeError(f"{src}: workloads[{i}]: {exc.message}", exc.hint) from None
+
+
 def build_plan(path: Path, run_id: str = "plan", ulimits: tuple[str, ...] = ()) -> Plan:
     sweep = load_sweep(path)
     src = str(path)
+    _check_workloads(sweep, src)
     recipe_path = _recipe_path(sweep, path)
     base = load_recipe(recipe_path, list(sweep.set))
     engines = sweep.engines or [base.default_engine]

@@ -145,3 +145,30 @@ def test_a_workload_file_that_is_not_utf8(tmp_path: Path) -> None:
     path.write_bytes(b'"hello"\n"\xff\xfe oops"\n')
     with pytest.raises(RecipeError, match=rf"{path}: not UTF-8 text: byte 0xff at offset 9 \(line 2\)"):
         load_workload(str(path))
+
+
+# -- workload files are checked when the sweep is planned ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(("content", "problem"), [
+    (None, "no such prompts file"),
+    (b"", "no prompts"),
+    (b'"ok"\n{not json\n', r"prompts.jsonl:2: not valid JSON"),
+    (b'"ok"\n\xff\n', "not UTF-8 text"),
+])
+def test_every_workload_of_a_sweep_loads_at_plan_time(tmp_path: Path, content: bytes | None, problem: str,
+                                                      monkeypatch, capsys) -> None:
+    monkeypatch.chdir(tmp_path)
+    if content is not None:
+        (tmp_path / "prompts.jsonl").write_bytes(content)
+    path = _write(tmp_path, {**BASE, "workloads": ["seed", "prompts.jsonl"]})
+    with pytest.raises(RecipeError, match=rf"{path}: workloads\[1\]: .*{problem}"):
+        build_plan(path)
+    assert main(["sweep", str(path), "--dry-run", "--runs-dir", str(tmp_path / "runs")]) == 2
+    assert "workloads[1]" in capsys.readouterr().err
+
+
+def test_an_unknown_builtin_workload_is_a_plan_error(tmp_path: Path) -> None:
+    path = _write(tmp_path, {**BASE, "workloads": ["sede"]})
+    with pytest.raises(RecipeError, match=rf"{path}: workloads\[0\]: unknown workload 'sede'"):
+        build_plan(path)
