@@ -17,8 +17,8 @@ from typing import Any
 
 from sparklab import __version__, metrics, scrape
 from sparklab.client import TRANSPORT, ChatClient
-from sparklab.records import RequestRecord, Sampling
 from sparklab.errors import SparklabError
+from sparklab.records import RequestRecord, Sampling
 from sparklab.workloads import Workload
 
 SCHEMA = "sparklab.bench/1"

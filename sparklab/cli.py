@@ -327,8 +327,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from sparklab import bench
-    from sparklab.records import Sampling
     from sparklab.console import bench_result
+    from sparklab.records import Sampling
     from sparklab.workloads import load_workload
 
     name = None

@@ -21,11 +21,11 @@ from typing import Any
 import requests
 
 from sparklab import __version__, bench, launch, preflight, scrape
-from sparklab.records import Sampling
 from sparklab.containers import Docker, Server
 from sparklab.errors import ContainerError, NotReadyError, PreflightError, SparklabError
 from sparklab.plan import Plan, ServerConfig, TimingModel
 from sparklab.recipes import load_hardware, stored_facts
+from sparklab.records import Sampling
 from sparklab.store import PlannedCell, Store
 from sparklab.workloads import load_workload
 
