@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,8 +17,18 @@ from rich.markup import escape
 from rich.table import Table
 
 from sparklab import __version__, launch, preflight
+from sparklab.engines import engine as engine_adapter
 from sparklab.errors import SparklabError
-from sparklab.recipes import list_recipes, load_recipe
+from sparklab.recipes import (
+    MAX_CONCURRENCY,
+    MAX_DURATION_S,
+    MAX_REQUESTS,
+    MAX_SPECULATIVE_TOKENS,
+    MAX_TOKENS,
+    MAX_WARMUP,
+    list_recipes,
+    load_recipe,
+)
 from sparklab.render import LaunchOptions, docker_command, serve_command
 
 # Piped output keeps whole lines (rich would wrap tables at 80 columns) so it can be grepped.
@@ -30,6 +42,32 @@ def _default_hf_cache() -> Path:
     return Path(home).expanduser() if home else Path("~/.cache/huggingface").expanduser()
 
 
+def _whole(low: int, high: int) -> Callable[[str], int]:
+    """An argparse type: a whole number from low to high, else a usage error now rather than a traceback later."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = low - 1
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"expected a whole number from {low} to {high}, got {text}")
+        return value
+    return parse
+
+
+def _positive(high: float) -> Callable[[str], float]:
+    """An argparse type: a number above 0 and at most high (not nan or inf)."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not 0 < value <= high:
+            raise argparse.ArgumentTypeError(f"expected a number above 0 and at most {high:g}, got {text}")
+        return value
+    return parse
+
+
 def _launch_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("spec", metavar="RECIPE|METHOD",
                    help="a method of the target recipe (dspark), a recipe name (gb10-modelcard), "
@@ -39,8 +77,9 @@ def _launch_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a recipe variable (max_model_len=32768), model=ID, or a dotted recipe path")
     p.add_argument("--image", help="run this image instead of the recipe's")
-    p.add_argument("--port", type=int, help="serve on this port")
-    p.add_argument("-k", "--num-speculative-tokens", type=int, metavar="K", help="speculative tokens per step")
+    p.add_argument("--port", type=_whole(1, 65535), help="serve on this port")
+    p.add_argument("-k", "--num-speculative-tokens", type=_whole(1, MAX_SPECULATIVE_TOKENS), metavar="K",
+                   help="speculative tokens per step")
     p.add_argument("--serve-arg", dest="extra_args", action="append", default=[], metavar="ARG",
                    help="append one argument to the serve command (repeat; use --serve-arg=--flag)")
     p.add_argument("-e", "--env", action="append", default=[], metavar="NAME[=VALUE]",
@@ -55,7 +94,7 @@ def _launch_args(p: argparse.ArgumentParser) -> None:
                    help="listen on all interfaces instead of 127.0.0.1")
     p.add_argument("--no-api-key", dest="api_key", action="store_false",
                    help="do not protect the endpoint with a generated API key")
-    p.add_argument("--ready-timeout", type=float, metavar="SECONDS",
+    p.add_argument("--ready-timeout", type=_positive(MAX_DURATION_S), metavar="SECONDS",
                    help="readiness deadline (default: the recipe's, 1800 s)")
 
 
@@ -102,17 +141,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--api-key", help="API key for --url (or set SPARKLAB_API_KEY)")
     p.add_argument("--model", help="model name (default: the first in /v1/models)")
     p.add_argument("-w", "--workload", default="seed", help="built-in workload or a JSONL file (default: seed)")
-    p.add_argument("-c", "--concurrency", type=int, default=1, help="requests in flight (default 1)")
+    p.add_argument("-c", "--concurrency", type=_whole(1, MAX_CONCURRENCY), default=1,
+                   help="requests in flight (default 1)")
     amount = p.add_mutually_exclusive_group()
-    amount.add_argument("-n", "--requests", type=int, help="measured requests (default 10)")
-    amount.add_argument("--duration", type=float, metavar="SECONDS", help="send requests for this long instead")
-    p.add_argument("--rate", type=float, metavar="REQ_PER_S", help="Poisson arrivals instead of a closed loop")
-    p.add_argument("--warmup", type=int, default=2, help="requests before the window, excluded (default 2)")
-    p.add_argument("--max-tokens", type=int, default=2048)
+    amount.add_argument("-n", "--requests", type=_whole(1, MAX_REQUESTS), help="measured requests (default 10)")
+    amount.add_argument("--duration", type=_positive(MAX_DURATION_S), metavar="SECONDS",
+                        help="send requests for this long instead")
+    p.add_argument("--rate", type=_positive(1e6), metavar="REQ_PER_S",
+                   help="Poisson arrivals instead of a closed loop")
+    p.add_argument("--warmup", type=_whole(0, MAX_WARMUP), default=2,
+                   help="requests before the window, excluded (default 2)")
+    p.add_argument("--max-tokens", type=_whole(1, MAX_TOKENS), default=2048)
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--top-p", type=float, default=0.95)
     p.add_argument("--ignore-eos", action="store_true", help="generate max-tokens tokens (vLLM, SGLang)")
-    p.add_argument("--min-tokens", type=int, help="at least this many tokens before EOS")
+    p.add_argument("--min-tokens", type=_whole(1, MAX_TOKENS), help="at least this many tokens before EOS")
     p.add_argument("--thinking", choices=["on", "off", "default"], default="off",
                    help="chat_template_kwargs.enable_thinking (default off, as seed 000)")
     p.add_argument("--seed", type=int, help="sampling seed sent with each request")
@@ -120,7 +163,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="non-streaming requests: seed 000's bench.py exactly (no TTFT or ITL)")
     p.add_argument("--no-token-ids", dest="token_ids", action="store_false",
                    help="do not ask for per-chunk token ids (then tokens per chunk are estimated)")
-    p.add_argument("--request-timeout", type=float, default=1800, metavar="SECONDS")
+    p.add_argument("--request-timeout", type=_positive(MAX_DURATION_S), default=1800, metavar="SECONDS")
     p.add_argument("--json", dest="json_path", type=Path, metavar="FILE", help="write the result here")
     p.set_defaults(func=cmd_bench)
 
@@ -162,7 +205,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("down", help="stop and remove sparklab servers")
     p.add_argument("name", nargs="?", help="container name (see `sparklab ps`)")
-    p.add_argument("--all", action="store_true", help="every sparklab container")
+    p.add_argument("--all", action="store_true", help="every sparklab container you started")
+    p.add_argument("--all-users", action="store_true", help="every sparklab container, other users' too")
     p.set_defaults(func=cmd_down)
 
     p = sub.add_parser("ps", help="list sparklab containers")
@@ -212,6 +256,9 @@ def cmd_up(args: argparse.Namespace) -> int:
                        options=options, check_host=True)
     _print_warnings(p.warnings)
     spec = p.spec
+    key_warning = engine_adapter(spec.kind).api_key_warning
+    if spec.needs_api_key and key_warning:
+        err.print("[yellow]warning:[/] " + escape(key_warning), markup=True)
     if args.dry_run:
         out.print(docker_command(spec), markup=False)
         out.print("dry run: preflight passed, nothing started.")
@@ -233,13 +280,13 @@ def cmd_up(args: argparse.Namespace) -> int:
         def on_wait(elapsed: float) -> None:
             status.update(f"waiting for {spec.endpoint}{spec.ready_path} ({elapsed:.0f} s)…")
 
+        given_key = args.api_key_value or os.environ.get("SPARKLAB_API_KEY")
         ready = launch.start(p, docker, pull_policy=args.pull,
                              allow_foreign_platform=args.allow_foreign_platform, on_pull=pull_progress.update,
-                             api_key=args.api_key_value or os.environ.get("SPARKLAB_API_KEY"),
-                             detach=args.detach, on_wait=on_wait)
+                             api_key=given_key, detach=args.detach, on_wait=on_wait)
     _print_warnings(p.warnings[shown:])
     with ready.server:
-        _print_ready(ready)
+        _print_ready(ready, key_given=bool(given_key))
         if args.detach:
             ready.server.keep()
             out.print(f"left running (detached). Stop it with: sparklab down {ready.server.name}")
@@ -255,10 +302,10 @@ def cmd_up(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print_ready(ready: launch.Ready) -> None:
+def _print_ready(ready: launch.Ready, key_given: bool = False) -> None:
     from sparklab.console import ready_summary
 
-    out.print(ready_summary(ready))
+    out.print(ready_summary(ready, key_given))
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -379,12 +426,16 @@ def cmd_down(args: argparse.Namespace) -> int:
 
     docker = Docker()
     containers = docker.containers()
-    if args.all:
-        targets = [c.name for c in containers]
+    if args.all_users or args.all:
+        targets = [c.name for c in containers if args.all_users or c.mine]
+        others = len(containers) - len(targets)
+        if others:
+            err.print(f"left {others} container(s) of other users (or from before sparklab labelled users): "
+                      "sparklab down --all-users removes them too", markup=False)
     elif args.name:
         targets = [args.name]
     else:
-        running = [c.name for c in containers if c.labels.get("sparklab.mode") == "up"]
+        running = [c.name for c in containers if c.labels.get("sparklab.mode") == "up" and c.mine]
         if len(running) != 1:
             names = ", ".join(running) or "none"
             raise SparklabError(f"say which server to stop (sparklab up containers: {names})",

@@ -123,8 +123,9 @@ def _speedup(group: Any) -> str:
     return f"{100 * group.speedup.value:.1f}%{mark}"
 
 
-def ready_summary(ready: Any) -> Group:
-    """`sparklab up`: where the ready server is, how long it took, and what its startup log said."""
+def ready_summary(ready: Any, key_given: bool = False) -> Group:
+    """`sparklab up`: where the ready server is, how long it took, and what its startup log said.
+    A key the user gave is never echoed (terminal logs, screen shares); a generated one is shown once."""
     spec = ready.server.spec
     facts = ready.facts
     lines = [f"ready in {ready.seconds_to_ready:.1f} s "
@@ -132,7 +133,9 @@ def ready_summary(ready: Any) -> Group:
              f"  container   {ready.server.name}",
              f"  image       {ready.image.ref}" + (f" ({ready.image.digest})" if ready.image.digest else ""),
              f"  endpoint    {spec.endpoint}/v1"]
-    if ready.api_key:
+    if ready.api_key and key_given:
+        lines.append("  api key     the one you gave (--api-key or SPARKLAB_API_KEY)")
+    elif ready.api_key:
         lines.append(f"  api key     {ready.api_key}   (shown once; not stored or logged)")
     lines.append(f"  log file    {ready.server.log_path}")
     found = []

@@ -6,6 +6,7 @@ This is the only module that imports docker.
 from __future__ import annotations
 
 import contextlib
+import getpass
 import logging
 import os
 import signal
@@ -33,6 +34,8 @@ log = logging.getLogger(__name__)
 LABEL = "sparklab"
 OWNER = "sparklab.owner"
 DETACHED = "sparklab.detached"
+USER_ID = "sparklab.uid"  # who started it: `down --all` removes only the caller's containers
+USER_NAME = "sparklab.user"
 
 # (layer id, status, current bytes or None, total bytes or None)
 PullCallback = Callable[[str, str, int | None, int | None], None]
@@ -58,6 +61,18 @@ class ContainerInfo:
     @property
     def detached(self) -> bool:
         return self.labels.get(DETACHED) == "1"
+
+    @property
+    def mine(self) -> bool:
+        """Started by this user (containers from before sparklab labelled users count as someone else's)."""
+        return self.labels.get(USER_ID) == str(os.getuid())
+
+
+def _user_name() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # no passwd entry (some containers)
+        return str(os.getuid())
 
 
 def _split_ref(image: str) -> tuple[str, str | None]:
@@ -199,7 +214,8 @@ class Docker:
                 env[name] = value
         api_key = secrets.get("api_key", "")
         command = [api_key if a == API_KEY_PLACEHOLDER else a for a in (*spec.entrypoint[1:], *spec.argv)]
-        labels = {**spec.labels, OWNER: owner_token(), DETACHED: "1" if detach else "0"}
+        labels = {**spec.labels, OWNER: owner_token(), DETACHED: "1" if detach else "0",
+                  USER_ID: str(os.getuid()), USER_NAME: _user_name()}
         kwargs: dict[str, Any] = {
             "name": spec.name, "entrypoint": [spec.entrypoint[0]], "command": command, "environment": env,
             "labels": labels, "init": True, "detach": True,
@@ -320,7 +336,8 @@ class Docker:
         secrets = container_secrets(container)
         extra = {"since": since} if since is not None else {}
         if follow:
-            yield from redacted_lines(container.logs(stream=True, follow=True, tail=tail, **extra), secrets)
+            yield from redacted_lines(container.logs(stream=True, follow=True, tail=tail, **extra), secrets,
+                                      starts_mid_log=tail != "all" or since is not None)
         else:
             yield redact(container.logs(tail=tail, **extra), secrets)
 

@@ -18,21 +18,36 @@ from pydantic import Field, ValidationError
 
 from sparklab.engines import engine as engine_adapter
 from sparklab.errors import RecipeError
-from sparklab.recipes import Recipe, Strict, explain_validation, load_recipe, read_yaml, recipes_dir
+from sparklab.recipes import (
+    MAX_REPEATS,
+    MAX_WARMUP,
+    Concurrency,
+    Recipe,
+    RequestsSpec,
+    Seconds,
+    SpeculativeTokens,
+    Strict,
+    TokenCount,
+    explain_validation,
+    load_recipe,
+    read_yaml,
+    recipes_dir,
+)
 from sparklab.records import Sampling
 from sparklab.render import LaunchOptions, LaunchSpec, render
+from sparklab.workloads import load_workload
 
 _SAMPLING = Sampling()  # the one place sampling defaults are written (sparklab.records.Sampling)
 
 
 class SamplingSpec(Strict):
-    """A sweep file's `sampling:`; every field and default is sparklab.records.Sampling's."""
+    """A sweep file's `sampling:`; every default is sparklab.records.Sampling's."""
 
-    max_tokens: int = Field(default=_SAMPLING.max_tokens, ge=1)
-    temperature: float | None = _SAMPLING.temperature
-    top_p: float | None = _SAMPLING.top_p
+    max_tokens: TokenCount = _SAMPLING.max_tokens
+    temperature: float | None = Field(default=_SAMPLING.temperature, ge=0, le=100, allow_inf_nan=False)
+    top_p: float | None = Field(default=_SAMPLING.top_p, gt=0, le=1)
     ignore_eos: bool = _SAMPLING.ignore_eos
-    min_tokens: int | None = Field(default=_SAMPLING.min_tokens, ge=1)
+    min_tokens: TokenCount | None = _SAMPLING.min_tokens
     enable_thinking: bool | None = _SAMPLING.enable_thinking
     seed: int | None = _SAMPLING.seed
 
@@ -60,23 +75,23 @@ class SweepFile(Strict):
     recipe: str
     engines: list[str] | None = None
     methods: list[str] = Field(min_length=1)
-    num_speculative_tokens: list[int] = Field(default_factory=lambda: [3], min_length=1)
-    concurrency: list[int] = Field(min_length=1)
+    num_speculative_tokens: list[SpeculativeTokens] = Field(default_factory=lambda: [3], min_length=1)
+    concurrency: list[Concurrency] = Field(min_length=1)
     workloads: list[str] = Field(default_factory=lambda: ["seed"], min_length=1)
-    repeats: int = Field(default=1, ge=1)
-    requests: int | dict[int, int] | None = 10
-    duration_s: float | None = Field(default=None, gt=0)
-    warmup: int = Field(default=2, ge=0)
+    repeats: int = Field(default=1, strict=True, ge=1, le=MAX_REPEATS)
+    requests: RequestsSpec | None = 10
+    duration_s: Seconds | None = None
+    warmup: int = Field(default=2, strict=True, ge=0, le=MAX_WARMUP)
     stream: bool = True
     sampling: SamplingSpec = Field(default_factory=SamplingSpec)
     set: list[str] = Field(default_factory=list)
     exclude: list[Match] = Field(default_factory=list)
     overrides: list[Override] = Field(default_factory=list)
-    max_attempts: int = Field(default=3, ge=1)
+    max_attempts: int = Field(default=3, strict=True, ge=1, le=100)
     # A cell is whole when at least this share of its measured requests succeeded (1.0: every one); a cell
     # below it is partial: it runs again, and after max_attempts its numbers are kept flagged.
     require_ok: float = Field(default=1.0, gt=0, le=1)
-    request_timeout_s: float = Field(default=1800.0, gt=0, le=86400)
+    request_timeout_s: Seconds = 1800.0
 
 
 def _hash(data: Any) -> str:
@@ -144,9 +159,19 @@ def _speculative(recipe: Recipe, engine: str, method: str) -> bool:
     return any("num_speculative_tokens" in str(a) for a in args)
 
 
+def _check_workloads(sweep: SweepFile, src: str) -> None:
+    """Every workload loads now, before any server starts (not after a model has loaded for its first cell)."""
+    for i, workload in enumerate(sweep.workloads):
+        try:
+            load_workload(workload)
+        except RecipeError as exc:
+            raise RecipeError(f"{src}: workloads[{i}]: {exc.message}", exc.hint) from None
+
+
 def build_plan(path: Path, run_id: str = "plan", ulimits: tuple[str, ...] = ()) -> Plan:
     sweep = load_sweep(path)
     src = str(path)
+    _check_workloads(sweep, src)
     recipe_path = _recipe_path(sweep, path)
     base = load_recipe(recipe_path, list(sweep.set))
     engines = sweep.engines or [base.default_engine]

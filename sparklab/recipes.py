@@ -6,18 +6,44 @@ argv template and the speculative methods. Every error names the file, the key p
 
 from __future__ import annotations
 
+import codecs
 import copy
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, TypeAdapter, ValidationError, field_validator
 
 from sparklab.errors import RecipeError
 
 METHOD_ARGS_MARKER = "$method_args"
 Scalar = str | int | float | bool
+
+
+# Sensible bounds: a value outside them is a typo or a unit mistake, not a benchmark.
+MAX_CONCURRENCY = 4096
+MAX_REQUESTS = 1_000_000
+MAX_REPEATS = 1000
+MAX_WARMUP = 10_000
+MAX_TOKENS = 2_097_152  # output tokens per request (2 Mi)
+MAX_SPECULATIVE_TOKENS = 64
+MAX_DURATION_S = 7 * 24 * 3600
+
+# Whole numbers are strict: 4.0, 1.0e+29, true and "4" are errors, not silently converted.
+Port = Annotated[int, Field(strict=True, ge=1, le=65535)]
+Concurrency = Annotated[int, Field(strict=True, ge=1, le=MAX_CONCURRENCY)]
+RequestCount = Annotated[int, Field(strict=True, ge=1, le=MAX_REQUESTS)]
+TokenCount = Annotated[int, Field(strict=True, ge=1, le=MAX_TOKENS)]
+SpeculativeTokens = Annotated[int, Field(strict=True, ge=1, le=MAX_SPECULATIVE_TOKENS)]
+Seconds = Annotated[float, Field(gt=0, le=MAX_DURATION_S, allow_inf_nan=False)]
+
+# Union members are told apart by shape, and their tags are left out of error locations.
+_ONE, _PER_CONCURRENCY = "one count", "per concurrency"
+RequestsSpec = Annotated[
+    Annotated[RequestCount, Tag(_ONE)] | Annotated[dict[Concurrency, RequestCount], Tag(_PER_CONCURRENCY)],
+    Discriminator(lambda v: _PER_CONCURRENCY if isinstance(v, dict) else _ONE),
+]
 
 
 class Strict(BaseModel):
@@ -28,8 +54,8 @@ class Strict(BaseModel):
 
 class DraftModel(Strict):
     id: str
-    block_size: int | None = Field(
-        default=None, ge=1,
+    block_size: SpeculativeTokens | None = Field(
+        default=None,
         description="the draft's dspark_block_size when known: vLLM refuses num_speculative_tokens below it",
     )
 
@@ -77,7 +103,7 @@ class EngineSpec(Strict):
     digest: str | None = Field(default=None, pattern=r"^sha256:[0-9a-f]{64}$")
     platform: str | None = Field(default=None, pattern=r"^linux/(amd64|arm64)$")
     entrypoint: list[str] = Field(min_length=1)
-    port: int = Field(ge=1, le=65535)
+    port: Port
     args: list[Scalar] = Field(default_factory=list)
     env: dict[str, str] = Field(default_factory=dict)
     gpus: Literal["all", "none"] = "all"
@@ -88,7 +114,7 @@ class EngineSpec(Strict):
         default_factory=lambda: {"memlock": -1, "stack": 67108864})
     hf_cache_target: str = "/root/.cache/huggingface"
     mount_hf_cache: bool = True
-    ready_timeout_s: float = Field(default=1800, gt=0)
+    ready_timeout_s: Seconds = 1800
     methods: dict[str, Method] = Field(min_length=1)
 
     @field_validator("args")
@@ -130,13 +156,24 @@ class Recipe(Strict):
 def _location(loc: tuple[Any, ...]) -> str:
     path = ""
     for part in loc:
+        if part in (_ONE, _PER_CONCURRENCY):
+            continue
+        if part == "[key]":
+            path += " (the key)"
+            continue
         path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
     return path or "(top level)"
 
 
+_WHOLE_NUMBER = "write a whole number, without quotes or a decimal point"
 _FIXES = {
     "extra_forbidden": "remove it or fix its spelling (unknown keys are errors)",
     "missing": "add it",
+    "int_type": _WHOLE_NUMBER,
+    "int_from_float": _WHOLE_NUMBER,
+    "int_parsing": _WHOLE_NUMBER,
+    "int_parsing_size": _WHOLE_NUMBER,
+    "finite_number": "write a finite number",
 }
 
 
@@ -177,11 +214,28 @@ def _check_references(recipe: Recipe) -> None:
             f"{recipe.default_engine!r}", f"Use one of: {', '.join(default.methods)}.")
 
 
+def read_utf8(path: Path, allow_bom: bool = False) -> str:
+    """A text file that must be UTF-8: anything else is a RecipeError naming the file and the first bad byte."""
+    data = path.read_bytes()
+    skip = len(codecs.BOM_UTF8) if allow_bom and data.startswith(codecs.BOM_UTF8) else 0
+    try:
+        return data[skip:].decode("utf-8")
+    except UnicodeDecodeError as exc:
+        offset = skip + exc.start
+        line = data.count(b"\n", 0, offset) + 1
+        raise RecipeError(
+            f"{path}: not UTF-8 text: byte 0x{data[offset]:02x} at offset {offset} (line {line}) is not valid "
+            "UTF-8", "Save the file as UTF-8, e.g. iconv -f latin1 -t utf-8 FILE > NEW (if it was Latin-1).",
+        ) from None
+
+
 def read_yaml(path: Path) -> Any:
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_utf8(path)
     except FileNotFoundError:
         raise RecipeError(f"{path}: no such recipe file", "Check the path, or run `sparklab recipes`.") from None
+    except OSError as exc:  # a directory, no permission
+        raise RecipeError(f"{path}: cannot read it: {exc.strerror}", "Give the path of a YAML file.") from None
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError as exc:

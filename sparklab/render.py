@@ -1,4 +1,4 @@
-"""Recipe → LaunchSpec: Jinja (StrictUndefined) renders an argv list, never a shell string (pure).
+"""Recipe → LaunchSpec: sandboxed Jinja (StrictUndefined) renders an argv list, never a shell string (pure).
 
 Shell quoting happens only in `docker_command`, which prints a command a human can paste.
 """
@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import jinja2
+from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
 
 from sparklab import __version__
 from sparklab.engines import engine as engine_adapter
@@ -111,7 +112,27 @@ def template_context(recipe: Recipe, engine: str, method: str, port: int) -> dic
     }
 
 
-_JINJA = jinja2.Environment(undefined=jinja2.StrictUndefined, autoescape=False, keep_trailing_newline=False)
+_MAX_TEMPLATE_RESULT = 1_000_000  # characters or items a `*` or `**` in a template may produce
+
+
+class _Sandbox(ImmutableSandboxedEnvironment):
+    """A recipe, sweep file or --set value may come from someone else: its templates see data, never Python
+    internals (no `_` attributes, no mutation), and cannot build huge values to exhaust memory."""
+
+    intercepted_binops = frozenset({"*", "**"})
+
+    def call_binop(self, context: jinja2.runtime.Context, operator: str, left: Any, right: Any) -> Any:
+        if operator == "**" and isinstance(right, int | float) and abs(right) > 64:
+            raise SecurityError(f"an exponent of {right} is too large")
+        if operator == "*" and isinstance(left, int) and isinstance(right, str | list | tuple):
+            left, right = right, left
+        if (operator == "*" and isinstance(left, str | list | tuple) and isinstance(right, int)
+                and len(left) * right > _MAX_TEMPLATE_RESULT):
+            raise SecurityError(f"repeating a value {right} times is too large")
+        return super().call_binop(context, operator, left, right)
+
+
+_JINJA = _Sandbox(undefined=jinja2.StrictUndefined, autoescape=False, keep_trailing_newline=False)
 
 
 def _render_one(value: Any, context: dict[str, Any], where: str) -> str:
@@ -122,12 +143,19 @@ def _render_one(value: Any, context: dict[str, Any], where: str) -> str:
         return text
     try:
         return _JINJA.from_string(text).render(context)
+    except SecurityError as exc:
+        raise RecipeError(
+            f"{where}: template {text!r} is refused by the sandbox: {exc}",
+            "Templates may use variables, filters and plain expressions, not Python internals.") from None
     except jinja2.UndefinedError as exc:
         raise RecipeError(
             f"{where}: template {text!r} uses something undefined: {exc.message}",
             "Define it under vars (or model.drafts), or give it with --set NAME=VALUE.") from None
     except jinja2.TemplateError as exc:
         raise RecipeError(f"{where}: template {text!r} is not valid Jinja: {exc}") from None
+    except (ArithmeticError, LookupError, TypeError, ValueError) as exc:  # `1/0`, `range(10**9)`, `x[99]`
+        raise RecipeError(f"{where}: template {text!r} failed: {exc}",
+                          "Fix the expression (or give the value itself, without a template).") from None
 
 
 def _args(recipe: Recipe, engine_name: str, spec: EngineSpec, method: str,
@@ -188,7 +216,10 @@ def render(recipe: Recipe, engine: str | None = None, method: str | None = None,
     if options.num_speculative_tokens is not None:
         recipe = recipe.model_copy(update={"vars": {**recipe.vars,
                                                     "num_speculative_tokens": options.num_speculative_tokens}})
-    port = options.port or spec.port
+    port = spec.port if options.port is None else options.port
+    if not 1 <= port <= 65535:
+        raise RecipeError(f"port {port} is not a TCP port",
+                          f"Give a port from 1 to 65535, or leave --port out for the recipe's {spec.port}.")
     context = template_context(recipe, engine_name, method, port)
     argv = _args(recipe, engine_name, spec, method, context)
     recipe_argv_len = len(argv)

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from sparklab.errors import RecipeError
+from sparklab.recipes import read_utf8
 
 CHARS_PER_TOKEN = 4
 
@@ -246,10 +247,10 @@ def _humaneval() -> Workload:
 def load_jsonl(path: Path) -> Workload:
     """The prompts of a JSONL file; every problem is a RecipeError naming the file and line."""
     try:
-        text = path.read_text(encoding="utf-8-sig")
+        text = read_utf8(path, allow_bom=True)
     except FileNotFoundError:
         raise RecipeError(f"{path}: no such prompts file", hint=_JSONL_HINT) from None
-    except (OSError, UnicodeDecodeError) as exc:
+    except OSError as exc:
         raise RecipeError(f"{path}: cannot read the prompts file ({exc})", hint=_JSONL_HINT) from exc
     prompts: list[Prompt] = []
     first_line_of: dict[str, int] = {}

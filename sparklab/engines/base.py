@@ -62,6 +62,7 @@ class Engine:
     ready_needs_key: bool = True
     ready_line: re.Pattern[str] = re.compile(r"(?!)")  # the startup log's "ready" line
     api_key_env: str | None = None  # the variable the engine reads its key from (None: a flag)
+    api_key_warning: str | None = None  # what `up` says when the key cannot be kept out of `ps`
     methods: frozenset[str] = frozenset()
     failures: tuple[KnownFailure, ...] = ()
     reads_log_acceptance: bool = False  # acceptance must be read from the log of the window

@@ -53,6 +53,17 @@ def speculative(argv: Sequence[str]) -> Speculative | None:
     return Speculative(method=upper, num_speculative_tokens=k, draft_model=draft, options=options)
 
 
+# SGLang 0.5.23 has no environment variable for its key: `api_key` is a command-line field
+# (sglang/srt/arg_groups/fields/serving.py:160), the middleware reads it from the parsed server args
+# (sglang/srt/entrypoints/http_server.py:2887-2897), and sglang/srt/environ.py names no such variable. The only
+# other way in is `--config FILE.yaml` (sglang/srt/server_args.py:401 and 683), a file sparklab would have to
+# write and mount; until it does, `up` says where the key is visible.
+API_KEY_ON_COMMAND_LINE = (
+    "SGLang reads its API key only from its command line (--api-key; no environment variable, see "
+    "sglang/srt/arg_groups/fields/serving.py:160 and server_args.py in SGLang 0.5.23), so every local user can "
+    "read the key with `ps`. On a shared host, treat the endpoint as open to local users.")
+
+
 FAILURES = (
     KnownFailure(re.compile(r"out of memory|CUDA error: out of memory", re.IGNORECASE),
                  "the GPU ran out of memory: lower --mem-fraction-static or --context-length."),
@@ -88,6 +99,7 @@ class SGLang(Engine):
     ready_needs_key = False
     ready_line = re.compile(r"The server is fired up and ready to roll!")
     api_key_env = None  # SGLang reads its key only from --api-key (see README: security)
+    api_key_warning = API_KEY_ON_COMMAND_LINE
     methods = METHODS
     failures = FAILURES
     reads_log_acceptance = True

@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from jinja2 import Environment
+from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 
 @dataclass(frozen=True)
@@ -127,7 +127,7 @@ def _html_block(block: Block) -> str:
             f"<figcaption>{html.escape(block.title)}</figcaption></figure>")
 
 
-_PAGE = Environment(autoescape=True).from_string("""<!doctype html>
+_PAGE = ImmutableSandboxedEnvironment(autoescape=True).from_string("""<!doctype html>
 <html lang="en">
 <head>
 <meta charset="utf-8">

@@ -7,6 +7,7 @@ the same engine's `none` group at the same workload and concurrency.
 
 from __future__ import annotations
 
+import re
 import shlex
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -196,6 +197,8 @@ def _recipe_facts(name: str, notes: list[str]) -> dict[str, Any]:
     from sparklab.errors import SparklabError
     from sparklab.recipes import load_hardware, load_recipe, recipes_dir, stored_facts
 
+    if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*", name):  # a name from the store, never a path
+        return {}
     path = recipes_dir() / f"{name}.yaml"
     try:
         facts = stored_facts(load_recipe(path), load_hardware())

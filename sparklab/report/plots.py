@@ -3,6 +3,8 @@ concurrency. Each function returns the files it wrote (none when the run has not
 
 from __future__ import annotations
 
+import hashlib
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -10,6 +12,17 @@ from typing import Any
 from sparklab.report.model import Group, Report, headline_metric
 
 Plot = tuple[str, Path]
+
+
+def safe_filename(name: str) -> str:
+    """A name read from a store as one plain file-name part: never a path (`a/../../x`, `/abs`, `..`).
+
+    A name that needed changing gets a short hash of the original, so distinct names stay distinct files.
+    """
+    safe = re.sub(r"[^A-Za-z0-9_.-]+", "-", name).strip(".-") or "unnamed"
+    if safe == name:
+        return name
+    return f"{safe[:60]}-{hashlib.sha256(name.encode()).hexdigest()[:8]}"
 
 
 def _pyplot() -> Any:
@@ -68,7 +81,7 @@ def _per_panel(report: Report, workload: str, out: Path, name: str, title: str,
     if not drew:
         plt.close(fig)
         return []
-    path = _save(fig, out / f"{name}-{workload}.png")
+    path = _save(fig, out / f"{name}-{safe_filename(workload)}.png")
     plt.close(fig)
     return [(f"{title}, workload {workload}", path)]
 
