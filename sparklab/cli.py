@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import math
 import os
 import signal
 import sys
@@ -14,22 +13,12 @@ from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 
-from sparklab import __version__, launch, preflight
+from sparklab import launch, preflight
+from sparklab.cli_args import build_parser, launch_options
 from sparklab.engines import engine as engine_adapter
 from sparklab.errors import SparklabError
-from sparklab.recipes import (
-    MAX_CONCURRENCY,
-    MAX_DURATION_S,
-    MAX_REQUESTS,
-    MAX_SPECULATIVE_TOKENS,
-    MAX_TOKENS,
-    MAX_WARMUP,
-    list_recipes,
-    load_recipe,
-)
-from sparklab.render import LaunchOptions, docker_command, serve_command
+from sparklab.render import docker_command, serve_command
 
 # Piped output keeps whole lines (rich would wrap tables at 80 columns) so it can be grepped.
 _WIDTH = None if sys.stdout.isatty() or "COLUMNS" in os.environ else 200
@@ -37,200 +26,8 @@ out = Console(highlight=False, soft_wrap=True, width=_WIDTH)
 err = Console(stderr=True, highlight=False, soft_wrap=True, width=_WIDTH)
 
 
-def _default_hf_cache() -> Path:
-    home = os.environ.get("HF_HOME")
-    return Path(home).expanduser() if home else Path("~/.cache/huggingface").expanduser()
-
-
-def _whole(low: int, high: int) -> Callable[[str], int]:
-    """An argparse type: a whole number from low to high, else a usage error now rather than a traceback later."""
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            value = low - 1
-        if not low <= value <= high:
-            raise argparse.ArgumentTypeError(f"expected a whole number from {low} to {high}, got {text}")
-        return value
-    return parse
-
-
-def _positive(high: float) -> Callable[[str], float]:
-    """An argparse type: a number above 0 and at most high (not nan or inf)."""
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            value = math.nan
-        if not 0 < value <= high:
-            raise argparse.ArgumentTypeError(f"expected a number above 0 and at most {high:g}, got {text}")
-        return value
-    return parse
-
-
-def _launch_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("spec", metavar="RECIPE|METHOD",
-                   help="a method of the target recipe (dspark), a recipe name (gb10-modelcard), "
-                        "recipe:method, or a recipe file path")
-    p.add_argument("-t", "--target", help="recipe to take METHOD from (default: gb10)")
-    p.add_argument("--engine", help="engine of the recipe (vllm, sglang, …; default: the recipe's)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a recipe variable (max_model_len=32768), model=ID, or a dotted recipe path")
-    p.add_argument("--image", help="run this image instead of the recipe's")
-    p.add_argument("--port", type=_whole(1, 65535), help="serve on this port")
-    p.add_argument("-k", "--num-speculative-tokens", type=_whole(1, MAX_SPECULATIVE_TOKENS), metavar="K",
-                   help="speculative tokens per step")
-    p.add_argument("--serve-arg", dest="extra_args", action="append", default=[], metavar="ARG",
-                   help="append one argument to the serve command (repeat; use --serve-arg=--flag)")
-    p.add_argument("-e", "--env", action="append", default=[], metavar="NAME[=VALUE]",
-                   help="environment for the server; NAME alone passes the host's value (never printed)")
-    p.add_argument("--hf-cache", type=Path, default=_default_hf_cache(),
-                   help="Hugging Face cache to mount (default: $HF_HOME or ~/.cache/huggingface)")
-    p.add_argument("--ulimit", dest="ulimits", action="append", default=[], metavar="NAME=SOFT[:HARD]",
-                   help="override a container ulimit (the recipes ask memlock=-1, stack=67108864)")
-    p.add_argument("--no-gpus", dest="gpus", action="store_false", default=None,
-                   help="do not request GPUs (CPU images)")
-    p.add_argument("--public", action="store_true",
-                   help="listen on all interfaces instead of 127.0.0.1")
-    p.add_argument("--no-api-key", dest="api_key", action="store_false",
-                   help="do not protect the endpoint with a generated API key")
-    p.add_argument("--ready-timeout", type=_positive(MAX_DURATION_S), metavar="SECONDS",
-                   help="readiness deadline (default: the recipe's, 1800 s)")
-
-
-def _options(args: argparse.Namespace, mode: str = "up") -> LaunchOptions:
-    return LaunchOptions(
-        image=args.image, port=args.port, num_speculative_tokens=args.num_speculative_tokens,
-        public=args.public, api_key=args.api_key, hf_cache=args.hf_cache.expanduser(), gpus=args.gpus,
-        extra_args=tuple(args.extra_args), env=tuple(args.env), ulimits=tuple(args.ulimits),
-        run_id="" if mode == "render" else launch.new_run_id(),
-        mode=mode, ready_timeout_s=args.ready_timeout)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="sparklab", description="Benchmark LLM serving with speculative decoding on NVIDIA DGX Spark.")
-    parser.add_argument("--version", action="version", version=f"sparklab {__version__}")
-    parser.add_argument("--debug", action="store_true", help="show tracebacks and debug logs")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    p = sub.add_parser("render", help="print the docker run and serve command a recipe gives")
-    _launch_args(p)
-    p.add_argument("--host-checks", action="store_true", help="also run the host preflight checks")
-    p.set_defaults(func=cmd_render)
-
-    p = sub.add_parser("up", help="start a server from a recipe and wait until it is ready")
-    _launch_args(p)
-    p.add_argument("-d", "--detach", action="store_true", help="leave it running and return")
-    p.add_argument("--pull", default="missing", choices=["missing", "always", "never"],
-                   help="when to pull the image (default: missing)")
-    p.add_argument("--api-key", dest="api_key_value", metavar="KEY",
-                   help="use this API key instead of a generated one (or set SPARKLAB_API_KEY)")
-    p.add_argument("--allow-foreign-platform", action="store_true",
-                   help="run an image built for another CPU architecture (needs emulation)")
-    p.add_argument("--dry-run", action="store_true", help="render and preflight only")
-    p.add_argument("--no-download", dest="download", action="store_false",
-                   help="do not fetch the model and drafts into the Hugging Face cache first (`sparklab pull`)")
-    p.set_defaults(func=cmd_up)
-
-    p = sub.add_parser("bench", help="benchmark an OpenAI-compatible endpoint (or a sparklab server)")
-    where = p.add_mutually_exclusive_group()
-    where.add_argument("--url", help="endpoint, e.g. http://127.0.0.1:8000/v1")
-    where.add_argument("--container", metavar="NAME",
-                       help="a running `sparklab up` server (default: the only one); its key is used")
-    p.add_argument("--api-key", help="API key for --url (or set SPARKLAB_API_KEY)")
-    p.add_argument("--model", help="model name (default: the first in /v1/models)")
-    p.add_argument("-w", "--workload", default="seed", help="built-in workload or a JSONL file (default: seed)")
-    p.add_argument("-c", "--concurrency", type=_whole(1, MAX_CONCURRENCY), default=1,
-                   help="requests in flight (default 1)")
-    amount = p.add_mutually_exclusive_group()
-    amount.add_argument("-n", "--requests", type=_whole(1, MAX_REQUESTS), help="measured requests (default 10)")
-    amount.add_argument("--duration", type=_positive(MAX_DURATION_S), metavar="SECONDS",
-                        help="send requests for this long instead")
-    p.add_argument("--rate", type=_positive(1e6), metavar="REQ_PER_S",
-                   help="Poisson arrivals instead of a closed loop")
-    p.add_argument("--warmup", type=_whole(0, MAX_WARMUP), default=2,
-                   help="requests before the window, excluded (default 2)")
-    p.add_argument("--max-tokens", type=_whole(1, MAX_TOKENS), default=2048)
-    p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--top-p", type=float, default=0.95)
-    p.add_argument("--ignore-eos", action="store_true", help="generate max-tokens tokens (vLLM, SGLang)")
-    p.add_argument("--min-tokens", type=_whole(1, MAX_TOKENS), help="at least this many tokens before EOS")
-    p.add_argument("--thinking", choices=["on", "off", "default"], default="off",
-                   help="chat_template_kwargs.enable_thinking (default off, as seed 000)")
-    p.add_argument("--seed", type=int, help="sampling seed sent with each request")
-    p.add_argument("--no-stream", dest="stream", action="store_false",
-                   help="non-streaming requests: seed 000's bench.py exactly (no TTFT or ITL)")
-    p.add_argument("--no-token-ids", dest="token_ids", action="store_false",
-                   help="do not ask for per-chunk token ids (then tokens per chunk are estimated)")
-    p.add_argument("--request-timeout", type=_positive(MAX_DURATION_S), default=1800, metavar="SECONDS")
-    p.add_argument("--json", dest="json_path", type=Path, metavar="FILE", help="write the result here")
-    p.set_defaults(func=cmd_bench)
-
-    p = sub.add_parser("sweep", help="run a sweep file: servers x loads, resumable, results in SQLite")
-    p.add_argument("file", type=Path, help="a sweep file (recipes/sweeps/*.yaml)")
-    p.add_argument("--dry-run", action="store_true", help="print the plan, the commands and an ETA; run nothing")
-    p.add_argument("--resume", metavar="RUN", help="continue this run (a directory under --runs-dir)")
-    p.add_argument("--new", action="store_true", help="start a new run even if an earlier one can continue")
-    p.add_argument("--retry-failed", action="store_true", help="run cells that failed max_attempts times again")
-    p.add_argument("--runs-dir", type=Path, default=Path("runs"), help="where runs are kept (default ./runs)")
-    p.add_argument("--pull", default="missing", choices=["missing", "always", "never"])
-    p.add_argument("--drop-caches", action="store_true",
-                   help="drop the page cache before each server (root; GB10 unified memory)")
-    p.add_argument("--ulimit", dest="ulimits", action="append", default=[], metavar="NAME=SOFT[:HARD]",
-                   help="override a container ulimit for every server")
-    p.add_argument("--no-download", dest="download", action="store_false",
-                   help="do not fetch every model and draft into the Hugging Face cache before the first server")
-    p.add_argument("--min-free-mib", type=float, default=256.0, metavar="MIB",
-                   help="stop cleanly when the runs directory's disk has less free space before a server (256)")
-    p.set_defaults(func=cmd_sweep)
-
-    p = sub.add_parser("report", help="tables, plots, roofline and the best config from a sweep's results (offline)")
-    p.add_argument("run", metavar="RUN",
-                   help="a run id or sweep name (its newest run) under --runs-dir, a run directory or a results.sqlite")
-    p.add_argument("--runs-dir", type=Path, default=Path("runs"), help="where runs are kept (default ./runs)")
-    p.add_argument("-f", "--format", default="md", choices=["md", "csv", "json", "html"],
-                   help="what to print on stdout (default md, paste-ready Markdown)")
-    p.add_argument("-o", "--out", type=Path, metavar="DIR",
-                   help="write report.md, .csv, .json, .html and plots/*.png here instead of printing")
-    p.add_argument("--hardware", metavar="NAME", help="roofline for this device of recipes/hardware.yaml")
-    p.add_argument("--bandwidth-gbps", type=float, metavar="GBPS", help="roofline with this memory bandwidth")
-    p.add_argument("--fact", dest="facts", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a model fact for the roofline, e.g. --fact active_params_b=3 (repeatable)")
-    p.set_defaults(func=cmd_report)
-
-    from sparklab.pull import add_pull_parser
-
-    add_pull_parser(sub)
-
-    p = sub.add_parser("down", help="stop and remove sparklab servers")
-    p.add_argument("name", nargs="?", help="container name (see `sparklab ps`)")
-    p.add_argument("--all", action="store_true", help="every sparklab container you started")
-    p.add_argument("--all-users", action="store_true", help="every sparklab container, other users' too")
-    p.set_defaults(func=cmd_down)
-
-    p = sub.add_parser("ps", help="list sparklab containers")
-    p.set_defaults(func=cmd_ps)
-
-    p = sub.add_parser("logs", help="print a server's log")
-    p.add_argument("name", nargs="?", help="container name (default: the only one)")
-    p.add_argument("-f", "--follow", action="store_true", help="keep printing new lines")
-    p.add_argument("--tail", default="all", help="only the last N lines")
-    p.set_defaults(func=cmd_logs)
-
-    p = sub.add_parser("gc", help="remove containers left behind by a crashed sparklab run")
-    p.set_defaults(func=cmd_gc)
-
-    p = sub.add_parser("recipes", help="list recipes, engines and methods")
-    p.set_defaults(func=cmd_recipes)
-    return parser
-
-
-# ---------------------------------------------------------------------------------------------------
-
-
 def cmd_render(args: argparse.Namespace) -> int:
-    options = _options(args, mode="render")
+    options = launch_options(args, mode="render")
     p = launch.prepare(args.spec, target=args.target, engine_name=args.engine, overrides=args.overrides,
                        options=options, check_host=args.host_checks)
     _print_warnings(p.warnings)
@@ -251,7 +48,7 @@ def _print_warnings(findings: list[preflight.Finding]) -> None:
 def cmd_up(args: argparse.Namespace) -> int:
     from sparklab.containers import Docker
 
-    options = _options(args)
+    options = launch_options(args)
     p = launch.prepare(args.spec, target=args.target, engine_name=args.engine, overrides=args.overrides,
                        options=options, check_host=True)
     _print_warnings(p.warnings)
@@ -450,18 +247,10 @@ def cmd_down(args: argparse.Namespace) -> int:
 
 
 def cmd_ps(args: argparse.Namespace) -> int:
+    from sparklab.console import ps_table
     from sparklab.containers import Docker
-    from sparklab.owners import created_age, owner_alive
 
-    table = Table("NAME", "STATUS", "RECIPE", "ENGINE", "METHOD", "MODE", "ENDPOINT", "AGE", "OWNER")
-    for c in Docker().containers():
-        status = c.status + (f" ({c.exit_code})" if c.exit_code is not None else "")
-        owner = "detached" if c.detached else (
-            "running" if owner_alive(c.labels.get("sparklab.owner", "")) else "gone (gc removes it)")
-        table.add_row(c.name, status, c.labels.get("sparklab.recipe", ""), c.labels.get("sparklab.engine", ""),
-                      c.labels.get("sparklab.method", ""), c.labels.get("sparklab.mode", ""),
-                      c.labels.get("sparklab.endpoint", ""), created_age(c.created), owner)
-    out.print(table)
+    out.print(ps_table(Docker().containers()))
     return 0
 
 
@@ -494,15 +283,16 @@ def cmd_gc(args: argparse.Namespace) -> int:
 
 
 def cmd_recipes(args: argparse.Namespace) -> int:
-    table = Table("RECIPE", "ENGINE", "METHODS", "IMAGE")
-    for column in table.columns:
-        column.overflow = "fold"
-    for path in list_recipes():
-        recipe = load_recipe(path)
-        for name, engine in recipe.engines.items():
-            table.add_row(recipe.name, name, ", ".join(engine.methods), engine.image)
-    out.print(table)
+    from sparklab.console import recipes_table
+
+    out.print(recipes_table())
     return 0
+
+
+COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "render": cmd_render, "up": cmd_up, "bench": cmd_bench, "sweep": cmd_sweep, "report": cmd_report,
+    "down": cmd_down, "ps": cmd_ps, "logs": cmd_logs, "gc": cmd_gc, "recipes": cmd_recipes,
+}
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -518,7 +308,8 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(levelname)s %(name)s: %(message)s")
     signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
     try:
-        return int(args.func(args))
+        func = getattr(args, "func", None) or COMMANDS[args.command]
+        return int(func(args))
     except SparklabError as exc:
         if args.debug:
             raise

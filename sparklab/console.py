@@ -157,3 +157,32 @@ def ready_summary(ready: Any, key_given: bool = False) -> Group:
     parts: list[Any] = [Text(line) for line in lines]
     parts += [Text.assemble(("advice:", "yellow"), " " + advice) for advice in facts.advice]
     return Group(*parts)
+
+
+def ps_table(containers: list[Any]) -> Table:
+    """`sparklab ps`: every sparklab container with its labels, age and whether its owner still runs."""
+    from sparklab.owners import created_age, owner_alive
+
+    table = Table("NAME", "STATUS", "RECIPE", "ENGINE", "METHOD", "MODE", "ENDPOINT", "AGE", "OWNER")
+    for c in containers:
+        status = c.status + (f" ({c.exit_code})" if c.exit_code is not None else "")
+        owner = "detached" if c.detached else (
+            "running" if owner_alive(c.labels.get("sparklab.owner", "")) else "gone (gc removes it)")
+        table.add_row(c.name, status, c.labels.get("sparklab.recipe", ""), c.labels.get("sparklab.engine", ""),
+                      c.labels.get("sparklab.method", ""), c.labels.get("sparklab.mode", ""),
+                      c.labels.get("sparklab.endpoint", ""), created_age(c.created), owner)
+    return table
+
+
+def recipes_table() -> Table:
+    """`sparklab recipes`: every recipe's engines, methods and images."""
+    from sparklab.recipes import list_recipes, load_recipe
+
+    table = Table("RECIPE", "ENGINE", "METHODS", "IMAGE")
+    for column in table.columns:
+        column.overflow = "fold"
+    for path in list_recipes():
+        recipe = load_recipe(path)
+        for name, engine in recipe.engines.items():
+            table.add_row(recipe.name, name, ", ".join(engine.methods), engine.image)
+    return table
