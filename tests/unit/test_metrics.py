@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from sparklab.records import CHUNK_COUNT, TOKEN_IDS, USAGE_ONLY, RequestRecord
 from sparklab.metrics import chunk_gaps, decode_tps, itl_per_token, spec_delta, stats, summarize, tpot
+from sparklab.records import CHUNK_COUNT, TOKEN_IDS, USAGE_ONLY, RequestRecord
 
 
 def rec(index: int = 0, start: float = 10.0, chunks: list[tuple[float, int | None]] | None = None,
