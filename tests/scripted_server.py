@@ -37,6 +37,11 @@ def usage(completion: int, prompt: int = 7) -> dict[str, Any]:
             "usage": {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}}
 
 
+class _QuietServer(ThreadingHTTPServer):
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that hangs up mid-stream is what some tests are about; never print its traceback."""
+
+
 @dataclass
 class Scripted:
     """`script(body)` returns the steps for one request; `/metrics` serves `metrics_text()`."""
@@ -93,7 +98,7 @@ class Scripted:
                 self.wfile.write(b"0\r\n\r\n")
                 self.wfile.flush()
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd = _QuietServer(("127.0.0.1", 0), Handler)
         self.httpd.daemon_threads = True
         self.root = f"http://127.0.0.1:{self.httpd.server_address[1]}"
         threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
