@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from sparklab import bench
-from sparklab.records import Sampling
 from sparklab.errors import SparklabError
+from sparklab.records import Sampling
 from sparklab.workloads import load_workload
 from tests.scripted_server import Scripted, Step, chunk, usage
 
