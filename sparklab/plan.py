@@ -67,6 +67,10 @@ class SweepFile(Strict):
     exclude: list[Match] = Field(default_factory=list)
     overrides: list[Override] = Field(default_factory=list)
     max_attempts: int = Field(default=3, ge=1)
+    # per request: give up after request_timeout_s; earlier after stall_timeout_s without a byte while the
+    # server's health check fails (None: no stall detection)
+    request_timeout_s: float = Field(default=1800, gt=0)
+    stall_timeout_s: float | None = Field(default=60, gt=0)
 
 
 def _hash(data: Any) -> str:
