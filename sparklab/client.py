@@ -84,13 +84,12 @@ class _SharedHealth:
 
 
 class _Stream:
-    """What one streamed request has seen besides its record: [DONE], and any event at all."""
+    """What one streamed request has seen besides its record: [DONE]."""
 
-    __slots__ = ("done", "events")
+    __slots__ = ("done",)
 
     def __init__(self) -> None:
         self.done = False
-        self.events = 0
 
 
 class ChatClient:
@@ -156,7 +155,6 @@ class ChatClient:
 
         def on_event(now: float, data: bytes | memoryview) -> bool:
             if data[:1] == b"{":
-                seen.events += 1
                 try:
                     return _on_event(record, orjson.loads(data), now, max_chunks)
                 except orjson.JSONDecodeError as exc:
@@ -165,7 +163,6 @@ class ChatClient:
                     raise BadStream(f"malformed SSE event: {type(exc).__name__}: {exc}") from None
             if data == b"[DONE]":
                 seen.done = True
-                seen.events += 1
                 return True
             if len(data):
                 raise BadStream(f"malformed SSE event: not JSON: {bytes(data[:80])!r}")
@@ -246,7 +243,7 @@ def _incomplete(record: RequestRecord, seen: _Stream, ending: Ending) -> str | N
     """Why a stream that ended without a transport error is not a whole answer, or None if it is."""
     if seen.done or record.finish_reason is not None:
         return None
-    if not seen.events:
+    if record.first_chunk is None and record.completion_tokens is None and record.prompt_tokens is None:
         return "the server did not stream: HTTP 200 without a single SSE event"
     how = "the connection closed" if ending == "closed" else "the response ended"
     return f"incomplete stream: {how} without finish_reason or [DONE]"

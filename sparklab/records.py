@@ -7,7 +7,7 @@ needs the network client (or the openai package) to import.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, cast
 
 TOKEN_IDS = "server token_ids per chunk"
 USAGE_ONLY = "usage.completion_tokens (tokens per chunk unknown: spread evenly over chunks)"
@@ -107,7 +107,7 @@ def settle_tokens(record: RequestRecord, max_tokens: int | None = None) -> None:
         return
     ids = record.chunk_tokens
     ids_known = bool(ids) and None not in ids
-    counted = sum(t for t in ids if t is not None) if ids_known else len(record.chunk_times)
+    counted = sum(cast("list[int]", ids)) if ids_known else len(record.chunk_times)
     claimed = record.completion_tokens
     if claimed is not None:
         ceiling = max(counted, 1) * (USAGE_PER_TOKEN_ID if ids_known else USAGE_PER_CHUNK)

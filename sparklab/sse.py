@@ -91,6 +91,7 @@ class _SSEProtocol(asyncio.Protocol):
         self.on_event = on_event
         self.done = done
         self.content_type = ""
+        self.complete = False  # the callback said the answer is complete: the response must end within grace_s
         self.sse = True  # a 200 response with an SSE (or no) Content-Type: split its body into events
         self.buf = bytearray()  # raw bytes not yet parsed
         self.body = bytearray()  # de-chunked body bytes not yet split into events
@@ -157,6 +158,8 @@ class _SSEProtocol(asyncio.Protocol):
             self._flush_events(now, final=False)
             if len(self.body) > self.limits.line_bytes:
                 raise ResponseError(f"an SSE line longer than {_size(self.limits.line_bytes)}")
+            if self.complete and self._grace is None and not done.done():
+                self._arm_grace()  # only when a read leaves a complete answer's response unfinished: rarely a timer
         except Exception as exc:  # a malformed response fails its request here, quietly; never asyncio's "Fatal error"
             self._fail(exc)
 
@@ -251,7 +254,7 @@ class _SSEProtocol(asyncio.Protocol):
                     break
                 if body.startswith(b"data: ", start) and body.find(b"\n", start, end) < 0:
                     if on_event(now, view[start + 6 : end]):  # the common case: one `data: ` line
-                        self._arm_grace()
+                        self.complete = True
                 else:
                     self._event(now, bytes(view[start:end]))
                 start = end + 2
@@ -265,12 +268,11 @@ class _SSEProtocol(asyncio.Protocol):
         for line in raw.split(b"\n"):
             line = line.rstrip(b"\r")
             if line.startswith(b"data:") and self.on_event is not None and self.on_event(now, line[5:].strip()):
-                self._arm_grace()
+                self.complete = True
 
     def _arm_grace(self) -> None:
         """The answer is complete: only a usage chunk, [DONE] and the end of the body may follow, and soon."""
-        if self._grace is None and self.done is not None and not self.done.done():
-            self._grace = asyncio.get_running_loop().call_later(self.grace_s, self._grace_over)
+        self._grace = asyncio.get_running_loop().call_later(self.grace_s, self._grace_over)
 
     def _grace_over(self) -> None:
         self._grace = None
