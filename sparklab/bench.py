@@ -8,6 +8,7 @@ It never contains the API key.
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 import time
 from collections.abc import Callable
@@ -19,7 +20,7 @@ from sparklab import __version__, engines, metrics
 from sparklab.client import TRANSPORT, ChatClient
 from sparklab.engine_api import EngineAPI
 from sparklab.errors import SparklabError
-from sparklab.records import BenchResult, RequestRecord, Sampling
+from sparklab.records import Alive, BenchResult, RequestRecord, Sampling
 from sparklab.workloads import Workload
 
 SCHEMA = "sparklab.bench/1"
@@ -128,9 +129,21 @@ async def _poisson(client: ChatClient, workload: Workload, sampling: Sampling, l
     return records
 
 
+@dataclass(frozen=True)
+class Patience:
+    """How long a request may take: the request timeout, the stall detector, the grace after a complete answer."""
+
+    request_timeout_s: float = 1800
+    stall_timeout_s: float | None = 60  # no bytes this long while `alive` fails ends a request; None: never
+    alive: Alive | None = None
+    finish_grace_s: float = 2.0
+
+
 async def _run(endpoint: Endpoint, model: str, workload: Workload, sampling: Sampling, load: Load,
-               on_done: Progress | None, request_timeout_s: float) -> BenchResult:
-    client = ChatClient(endpoint.root + "/v1", endpoint.api_key, model, timeout_s=request_timeout_s)
+               on_done: Progress | None, patience: Patience) -> BenchResult:
+    client = ChatClient(endpoint.root + "/v1", endpoint.api_key, model, timeout_s=patience.request_timeout_s,
+                        finish_grace_s=patience.finish_grace_s, stall_timeout_s=patience.stall_timeout_s,
+                        alive=patience.alive)
     try:
         # sequential, like seed 000's bench.py
         warmup = [await _send(client, workload, sampling, load, i, warmup=True) for i in range(load.warmup)]
@@ -162,10 +175,46 @@ def discover_model(endpoint: Endpoint) -> str:
     return endpoint.api.first_model()
 
 
+FD_HEADROOM = 64  # files besides one socket per concurrent request: scrapes, the openai pool's spare, logs
+
+
+def ensure_open_files(concurrency: int) -> None:
+    """One socket per request in flight must fit under RLIMIT_NOFILE: raise the soft limit toward the hard one
+    when it is too low, else refuse up front (not EMFILE halfway through a window)."""
+    try:
+        import resource
+    except ImportError:  # not a POSIX system
+        return
+    try:
+        in_use = len(os.listdir("/proc/self/fd"))
+    except OSError:
+        in_use = 32
+    needed = in_use + concurrency + FD_HEADROOM
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= needed:
+        return
+    if hard == resource.RLIM_INFINITY or hard >= needed:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (needed, hard))
+            return
+        except (ValueError, OSError):
+            pass
+    raise SparklabError(
+        f"--concurrency {concurrency} needs about {needed} open files, but this process may open only {soft} "
+        f"(ulimit -n; hard limit {'unlimited' if hard == resource.RLIM_INFINITY else hard})",
+        f"Lower --concurrency, or raise the limit in the shell that runs sparklab: ulimit -n {needed} (above the "
+        f"hard limit this needs root, or a nofile entry in /etc/security/limits.conf).")
+
+
 def run(endpoint: Endpoint, workload: Workload, sampling: Sampling, load: Load,
-        on_done: Progress | None = None, request_timeout_s: float = 1800) -> BenchResult:
+        on_done: Progress | None = None, request_timeout_s: float = 1800, stall_timeout_s: float | None = 60,
+        alive: Alive | None = None, finish_grace_s: float = 2.0) -> BenchResult:
+    """One cell. A request ends at request_timeout_s; earlier when it has received no byte for stall_timeout_s
+    while `alive()` fails (default: the endpoint's /health; stall_timeout_s=None turns the detector off)."""
+    ensure_open_files(load.concurrency)
     model = endpoint.model or discover_model(endpoint)
-    return asyncio.run(_run(endpoint, model, workload, sampling, load, on_done, request_timeout_s))
+    patience = Patience(request_timeout_s, stall_timeout_s, alive or endpoint.api.alive, finish_grace_s)
+    return asyncio.run(_run(endpoint, model, workload, sampling, load, on_done, patience))
 
 
 def _relative(record: RequestRecord, origin: float) -> dict[str, Any]:

@@ -137,7 +137,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     with Progress(*columns, console=err, transient=True) as progress:
         task = progress.add_task(f"{workload.name} c={load.concurrency}", total=load.requests)
         result = bench.run(endpoint, workload, sampling, load, on_done=lambda r: progress.advance(task),
-                           request_timeout_s=args.request_timeout)
+                           request_timeout_s=args.request_timeout, stall_timeout_s=args.stall_timeout)
     if docker is not None and target is not None:  # a sparklab server: its log may say more (SGLang's lines)
         since = result["measurement"]["window_started_at"]
         bench.add_log_acceptance(result, endpoint.kind, lambda: docker.log_text(target.name, since=since))

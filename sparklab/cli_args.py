@@ -151,6 +151,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-token-ids", dest="token_ids", action="store_false",
                    help="do not ask for per-chunk token ids (then tokens per chunk are estimated)")
     p.add_argument("--request-timeout", type=_positive(MAX_DURATION_S), default=1800, metavar="SECONDS")
+    p.add_argument("--stall-timeout", type=_positive(MAX_DURATION_S), default=60.0, metavar="SECONDS",
+                   help="end a request that received nothing this long while the server's /health fails (60)")
     p.add_argument("--json", dest="json_path", type=Path, metavar="FILE", help="write the result here")
     p.set_defaults(command="bench")
 

@@ -8,10 +8,26 @@ about a dozen nested async iterators per event, enough to make the client the bo
 
 Tokens per chunk come from the server when it can say (vLLM's `return_token_ids`: the chunk's token ids);
 otherwise only the total is known, from `usage.completion_tokens`.
+
+What the client believes (issue 11, section 3):
+- A streamed answer is whole when the server said so: a `finish_reason`, or `[DONE]`. A stream that stops
+  without either fails, whether the connection closed or the body's framing ended. With a `finish_reason` but
+  without `[DONE]` the answer is complete and the request is ok (the usage chunk may be lost: tokens are then
+  counted from the stream, and the token source says so).
+- After the answer is complete the response must end within `finish_grace_s` (for the usage chunk and
+  `[DONE]`); a server that holds the connection longer ends the request there, ok, and loses the connection.
+- HTTP 200 without SSE (a whole JSON body) is "the server did not stream".
+- Usage fields must be token counts (non-negative integers) or the request fails; a count that contradicts the
+  stream is ignored (records.settle_tokens). Chunk lists are bounded by max_tokens, lines and responses by
+  sse.Limits: a server cannot make the client allocate in proportion to anything it merely claims.
+- With `stall_timeout_s` and an `alive` health check, a request that has received no byte for that long while
+  the health check fails ends as "stalled"; otherwise only the request timeout (`timeout_s`) ends it.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
 from typing import Any
 
@@ -19,22 +35,80 @@ import openai
 import orjson
 
 from sparklab.records import RequestRecord, Sampling, settle_tokens
-from sparklab.sse import HTTPStatusError, SSEClient
+from sparklab.sse import (
+    Alive,
+    Ending,
+    HTTPStatusError,
+    Limits,
+    OnEvent,
+    ResponseError,
+    SSEClient,
+    ask_alive,
+    body_parser,
+    wait_watched,
+)
 
 TRANSPORT = (f"streaming over sparklab.sse (keep-alive HTTP/1.1, one perf_counter stamp per socket read, "
              f"orjson); https and non-streaming through openai {openai.__version__}")
+
+CHUNK_SLACK = 2  # token-carrying chunks allowed per max_token (each carries at least one token), plus CHUNK_EXTRA
+CHUNK_EXTRA = 64
+HEALTH_CACHE_S = 1.0  # one health check answers every stalled request for this long
+
+
+class BadStream(Exception):
+    """The stream's content cannot be believed; the message is the request's error, as it is."""
+
+
+class _SharedHealth:
+    """One health check at a time for all of a client's requests (256 stalled requests ask once), cached briefly."""
+
+    def __init__(self, alive: Alive) -> None:
+        self.alive = alive
+        self._pending: asyncio.Future[bool] | None = None
+        self._answer: tuple[float, bool] | None = None
+
+    async def __call__(self) -> bool:
+        if self._answer is not None and time.perf_counter() - self._answer[0] < HEALTH_CACHE_S:
+            return self._answer[1]
+        if self._pending is None:
+            self._pending = asyncio.ensure_future(ask_alive(self.alive))
+        pending = self._pending
+        try:
+            answer = await asyncio.shield(pending)
+        finally:
+            if self._pending is pending and pending.done():
+                self._pending = None
+        self._answer = (time.perf_counter(), answer)
+        return answer
+
+
+class _Stream:
+    """What one streamed request has seen besides its record: [DONE]."""
+
+    __slots__ = ("done",)
+
+    def __init__(self) -> None:
+        self.done = False
+
+
 class ChatClient:
     """Sends chat completions to one OpenAI-compatible endpoint."""
 
     def __init__(self, base_url: str, api_key: str | None, model: str, timeout_s: float = 1800,
-                 lean: bool = True) -> None:
+                 lean: bool = True, *, finish_grace_s: float = 2.0, stall_timeout_s: float | None = 60.0,
+                 alive: Alive | None = None, limits: Limits | None = None) -> None:
         self.model = model
         self.timeout_s = timeout_s
+        self.finish_grace_s = finish_grace_s
+        self.stall_timeout_s = stall_timeout_s
+        self.alive = _SharedHealth(alive) if alive is not None else None
+        self.limits = limits or Limits()
         # The openai package's own HTTP client (httpx or httpx2 by version) and its pool of 1,000 connections.
         self.client = openai.AsyncOpenAI(base_url=base_url, api_key=api_key or "EMPTY", timeout=timeout_s,
                                          max_retries=0)
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self.sse = SSEClient(base_url, headers) if lean and base_url.startswith("http://") else None
+        self.sse = SSEClient(base_url, headers, self.limits) if lean and base_url.startswith("http://") else None
         self._requests: dict[tuple[str, Sampling], bytes] = {}  # request bytes per (prompt id, sampling)
 
     async def warm(self, connections: int) -> None:
@@ -51,63 +125,103 @@ class ChatClient:
                       stream: bool = True, warmup: bool = False) -> RequestRecord:
         record = RequestRecord(index=index, prompt_id=prompt_id, warmup=warmup, start=time.perf_counter(),
                                streamed=stream)
+        seen = _Stream()
+        on_event = self._on_event(record, seen, CHUNK_SLACK * sampling.max_tokens + CHUNK_EXTRA)
+        ending: Ending = "ended"
         try:
             if stream and self.sse is not None:
-                await self._stream_lean(record, prompt_id, messages, sampling)
+                ending = await self._stream_lean(record, prompt_id, messages, sampling, on_event)
             elif stream:
-                await self._stream(record, sampling.body(self.model, messages, True))
+                ending = await self._stream(record, sampling.body(self.model, messages, True), on_event)
             else:
                 await self._whole(record, sampling.body(self.model, messages, False))
+            if stream and record.error is None:
+                record.error = _incomplete(record, seen, ending)
         except openai.APIStatusError as exc:
             record.error = f"HTTP {exc.status_code}: {_short(exc.message)}"
-        except HTTPStatusError as exc:
+        except (HTTPStatusError, ResponseError, BadStream) as exc:
             record.error = _short(str(exc))
         except TimeoutError:
             record.error = f"timeout: no complete response within {self.timeout_s:g} s"
         except Exception as exc:  # a transport error mid-stream is a failed request, not a crash
             record.error = f"{type(exc).__name__}: {_short(str(exc))}"
         record.end = record.end or time.perf_counter()
-        settle_tokens(record)
+        settle_tokens(record, sampling.max_tokens)
         return record
+
+    @staticmethod
+    def _on_event(record: RequestRecord, seen: _Stream, max_chunks: int) -> OnEvent:
+        """The per-event callback both stream readers use; True once the answer is complete."""
+
+        def on_event(now: float, data: bytes | memoryview) -> bool:
+            if data[:1] == b"{":
+                try:
+                    return _on_event(record, orjson.loads(data), now, max_chunks)
+                except orjson.JSONDecodeError as exc:
+                    raise BadStream(f"malformed SSE event: not JSON ({exc}): {bytes(data[:80])!r}") from None
+                except (TypeError, AttributeError, KeyError) as exc:
+                    raise BadStream(f"malformed SSE event: {type(exc).__name__}: {exc}") from None
+            if data == b"[DONE]":
+                seen.done = True
+                return True
+            if len(data):
+                raise BadStream(f"malformed SSE event: not JSON: {bytes(data[:80])!r}")
+            return False
+
+        return on_event
 
     async def _whole(self, record: RequestRecord, body: dict[str, Any]) -> None:
         response = await self.client.chat.completions.create(**_split_extra(body))
         record.end = time.perf_counter()
         if response.usage is not None:
-            record.completion_tokens = response.usage.completion_tokens
-            record.prompt_tokens = response.usage.prompt_tokens
+            record.completion_tokens = _count(response.usage.completion_tokens, "completion_tokens")
+            record.prompt_tokens = _count(response.usage.prompt_tokens, "prompt_tokens")
         choice = response.choices[0] if response.choices else None
         if choice is not None:
             record.finish_reason = choice.finish_reason
             record.output_chars = len(choice.message.content or "")
 
     async def _stream_lean(self, record: RequestRecord, prompt_id: str, messages: list[dict[str, str]],
-                           sampling: Sampling) -> None:
+                           sampling: Sampling, on_event: OnEvent) -> Ending:
         assert self.sse is not None
         key = (prompt_id, sampling)
         request = self._requests.get(key)
         if request is None:
             body = orjson.dumps(sampling.body(self.model, messages, True))
             request = self._requests[key] = self.sse.request_bytes("/chat/completions", body)
-
-        def on_event(now: float, data: bytes | memoryview) -> None:
-            if data[:1] == b"{":  # skips the final [DONE]
-                _on_event(record, orjson.loads(data), now)
-
-        record.start = await self.sse.stream(request, on_event, self.timeout_s)  # when the bytes were sent
+        # record.start: when the bytes were sent
+        record.start, ending = await self.sse.stream(request, on_event, self.timeout_s, self.finish_grace_s,
+                                                     self.stall_timeout_s, self.alive)
         record.end = time.perf_counter()
+        return ending
 
-    async def _stream(self, record: RequestRecord, body: dict[str, Any]) -> None:
+    async def _stream(self, record: RequestRecord, body: dict[str, Any], on_event: OnEvent) -> Ending:
+        """The openai package reads the HTTP response (https); its bytes go through sparklab.sse's parser."""
         async with self.client.chat.completions.with_streaming_response.create(**_split_extra(body)) as response:
-            async for line in response.iter_lines():
-                now = time.perf_counter()
-                if not line.startswith("data:"):
-                    continue
-                data = line[5:].strip()
-                if data == "[DONE]":
-                    break
-                _on_event(record, orjson.loads(data), now)
+            http = response.http_response
+            parser = body_parser(on_event, self.finish_grace_s, self.limits, http.headers.get("content-type", ""))
+
+            async def feed() -> None:
+                try:
+                    async for data in http.aiter_bytes():
+                        parser.data_received(data)
+                    parser.end_of_body("ended")
+                except Exception as exc:
+                    parser._fail(exc)
+
+            feeder = asyncio.ensure_future(feed())
+            try:
+                assert parser.done is not None
+                ending = await wait_watched(parser.done, self.timeout_s, lambda: parser.last_read,
+                                            self.stall_timeout_s, self.alive)
+            finally:
+                if parser.done is not None and not parser.done.done():
+                    parser.done.cancel()
+                feeder.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await feeder
         record.end = time.perf_counter()
+        return ending
 
 
 _OPENAI_PARAMS = frozenset({"model", "messages", "max_tokens", "temperature", "top_p", "seed", "stream",
@@ -125,17 +239,40 @@ def _short(text: str, limit: int = 300) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def _on_event(record: RequestRecord, event: dict[str, Any], now: float) -> None:
-    """Classify one SSE event: usage, error, or a chunk that may carry reasoning or answer tokens."""
+def _incomplete(record: RequestRecord, seen: _Stream, ending: Ending) -> str | None:
+    """Why a stream that ended without a transport error is not a whole answer, or None if it is."""
+    if seen.done or record.finish_reason is not None:
+        return None
+    if record.first_chunk is None and record.completion_tokens is None and record.prompt_tokens is None:
+        return "the server did not stream: HTTP 200 without a single SSE event"
+    how = "the connection closed" if ending == "closed" else "the response ended"
+    return f"incomplete stream: {how} without finish_reason or [DONE]"
+
+
+def _count(value: Any, name: str) -> int | None:
+    """A usage field as a token count: a non-negative integer (1e9 in JSON is a float, and still a count)."""
+    if value is None:
+        return None
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    raise BadStream(f"malformed usage: usage.{name} is {_short(repr(value), 60)}, not a token count")
+
+
+def _on_event(record: RequestRecord, event: dict[str, Any], now: float, max_chunks: int) -> bool:
+    """Classify one SSE event: usage, error, or a chunk that may carry reasoning or answer tokens.
+
+    Returns whether the answer is complete (a finish_reason seen)."""
     if "error" in event and not event.get("choices"):
         error = event["error"]
         record.error = "stream error: " + _short(error.get("message", str(error)) if isinstance(error, dict)
                                                  else str(error))
-        return
+        return True
     usage = event.get("usage")
     if usage:
-        record.completion_tokens = usage.get("completion_tokens")
-        record.prompt_tokens = usage.get("prompt_tokens")
+        record.completion_tokens = _count(usage.get("completion_tokens"), "completion_tokens")
+        record.prompt_tokens = _count(usage.get("prompt_tokens"), "prompt_tokens")
     for choice in event.get("choices") or ():
         if record.first_chunk is None:
             record.first_chunk = now
@@ -149,6 +286,9 @@ def _on_event(record: RequestRecord, event: dict[str, Any], now: float) -> None:
         carries = tokens > 0 if tokens is not None else bool(content or reasoning)
         if not carries:
             continue
+        if len(record.chunk_times) >= max_chunks:
+            raise BadStream(f"more than {max_chunks} token-carrying chunks (max_tokens allows at most "
+                            f"{(max_chunks - CHUNK_EXTRA) // CHUNK_SLACK})")
         record.chunk_times.append(now)
         record.chunk_tokens.append(tokens)
         record.chunk_reasoning.append(bool(reasoning) and not content)
@@ -157,3 +297,4 @@ def _on_event(record: RequestRecord, event: dict[str, Any], now: float) -> None:
             record.first_token = now
         if content and record.first_content is None:
             record.first_content = now
+    return record.finish_reason is not None

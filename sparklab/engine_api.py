@@ -70,6 +70,14 @@ class EngineAPI:
         except ValueError:
             raise SparklabError(f"{url} answered 200 but not with JSON") from None
 
+    def alive(self, timeout_s: float = 5.0) -> bool:
+        """GET /health (vLLM and SGLang serve it): alive unless nothing answers or it answers 5xx. A server
+        without /health (404) is not presumed dead. The client's stall detector asks this."""
+        try:
+            return self.get("/health", timeout_s).status < 500
+        except Unreachable:
+            return False
+
     def first_model(self) -> str:
         """The first model the server lists (GET /v1/models)."""
         models = self.get_json("/v1/models")

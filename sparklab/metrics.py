@@ -10,7 +10,8 @@ read, when the bytes reach the client.
 - TPOT: (end - first token) / (N - 1), as vLLM's bench serve defines it.
 - Decode tok/s: (N - k_0) / (t_last - t_0): tokens after the first chunk over the time after it (seed 004's
   "generation speed excluding TTFT").
-- ITL (per token): each gap t_i - t_{i-1} (i ≥ 1) split over the k_i tokens of chunk i: k_i samples of gap/k_i.
+- ITL (per token): each gap t_i - t_{i-1} (i ≥ 1) split over the k_i tokens of chunk i: k_i samples of gap/k_i
+  (weighted, never written out: a claimed token count sizes no allocation).
   Several tokens per chunk (speculative decoding) therefore do not inflate it.
 - Chunk gap: the raw t_i - t_{i-1}, one sample per chunk (what most tools call ITL).
 - Per-request tok/s: N / E2E latency, averaged over requests (seed 000's "per-request TPS").
@@ -55,16 +56,48 @@ def chunk_token_counts(record: RequestRecord) -> list[float]:
     return [(record.completion_tokens or n) / n] * n if n else []
 
 
-def itl_per_token(record: RequestRecord) -> list[float]:
+def itl_weighted(record: RequestRecord) -> tuple[list[float], list[int]]:
+    """Per-token ITL as (value, number of samples): chunk i gives k_i samples of gap/k_i (one sample when k_i is
+    not whole, i.e. spread from a total). Weights, not copies: a token count never sizes an allocation."""
     counts = chunk_token_counts(record)
     times = record.chunk_times
-    out: list[float] = []
+    values: list[float] = []
+    weights: list[int] = []
     for i in range(1, len(times)):
         k = counts[i]
         if k > 0:
-            gap = times[i] - times[i - 1]
             whole = round(k)
-            out.extend([gap / k] * (whole if abs(whole - k) < 1e-9 else 1))
+            values.append((times[i] - times[i - 1]) / k)
+            weights.append(whole if abs(whole - k) < 1e-9 else 1)
+    return values, weights
+
+
+def itl_per_token(record: RequestRecord) -> list[float]:
+    """The per-token ITL samples written out (for reading and tests; summaries use itl_weighted)."""
+    values, weights = itl_weighted(record)
+    return [v for v, w in zip(values, weights, strict=True) for _ in range(w)]
+
+
+def weighted_stats(values: Sequence[float], weights: Sequence[int], scale: float = 1.0) -> dict[str, float] | None:
+    """stats() of the samples with each value repeated weight times, without repeating them."""
+    data = np.asarray(values, dtype=float) * scale
+    counts = np.asarray(weights, dtype=np.int64)
+    keep = counts > 0
+    data, counts = data[keep], counts[keep]
+    if data.size == 0:
+        return None
+    order = np.argsort(data, kind="stable")
+    data, counts = data[order], counts[order]
+    ends = np.cumsum(counts)  # sample j (0-based, sorted) is data[first i with ends[i] > j]
+    n = int(ends[-1])
+    out = {"n": n, "mean": float(np.dot(data, counts) / n)}
+    for p in PERCENTILES:
+        h = (n - 1) * p / 100  # numpy's default "linear" method over the written-out samples
+        lo = int(np.floor(h))
+        below, above = np.searchsorted(ends, [lo, min(lo + 1, n - 1)], side="right")
+        out[f"p{p}"] = float(data[below] + (h - lo) * (data[above] - data[below]))
+    out["min"] = float(data[0])
+    out["max"] = float(data[-1])
     return out
 
 
@@ -115,13 +148,23 @@ def summarize(records: Sequence[RequestRecord], window: tuple[float, float]) -> 
         "ttfa_ms": stats((r.first_content - r.start for r in streamed if r.first_content is not None), 1000),
         "tpot_ms": stats((v for r in streamed if (v := tpot(r)) is not None), 1000),
         "decode_tps": stats(v for r in streamed if (v := decode_tps(r)) is not None),
-        "itl_ms": stats((g for r in streamed for g in itl_per_token(r)), 1000),
+        "itl_ms": _itl_stats(streamed),
         "chunk_gap_ms": stats((g for r in streamed for g in chunk_gaps(r)), 1000),
         "tokens_per_chunk": (sum(sum(chunk_token_counts(r)) for r in streamed) / all_chunks) if all_chunks else None,
         "finish_reasons": dict(Counter(r.finish_reason or "none" for r in ok)),
         "token_sources": dict(Counter(r.token_source for r in ok)),
     }
     return summary
+
+
+def _itl_stats(records: Sequence[RequestRecord]) -> dict[str, float] | None:
+    values: list[float] = []
+    weights: list[int] = []
+    for record in records:
+        v, w = itl_weighted(record)
+        values += v
+        weights += w
+    return weighted_stats(values, weights, 1000)
 
 
 def spec_delta(before: dict[str, Any] | None, after: dict[str, Any] | None) -> dict[str, Any] | None:

@@ -91,7 +91,10 @@ class SweepFile(Strict):
     # A cell is whole when at least this share of its measured requests succeeded (1.0: every one); a cell
     # below it is partial: it runs again, and after max_attempts its numbers are kept flagged.
     require_ok: float = Field(default=1.0, gt=0, le=1)
+    # per request: give up after request_timeout_s; earlier after stall_timeout_s without a byte while the
+    # server's health check fails (None: no stall detection)
     request_timeout_s: Seconds = 1800.0
+    stall_timeout_s: Seconds | None = 60.0
 
 
 def _hash(data: Any) -> str:

@@ -6,12 +6,25 @@ needs the network client (or the openai package) to import.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, fields
-from typing import Any, TypedDict
+from typing import Any, TypedDict, cast
+
+# Is the server still alive? Sync (run in a thread) or async; an exception or a hang counts as "no".
+Alive = Callable[[], "bool | Awaitable[bool]"]
 
 TOKEN_IDS = "server token_ids per chunk"
 USAGE_ONLY = "usage.completion_tokens (tokens per chunk unknown: spread evenly over chunks)"
 CHUNK_COUNT = "chunk count (usage missing; one token per chunk assumed)"
+# usage.completion_tokens that contradicts the stream is ignored, and the token source says so
+TOKEN_IDS_OVER_USAGE = "server token_ids per chunk (usage.completion_tokens contradicted them: ignored)"
+CHUNK_COUNT_OVER_USAGE = ("chunk count (usage.completion_tokens contradicted the stream: ignored; one token per chunk "
+                          "assumed)")
+# Usage is believed up to this many tokens per counted token id (they should agree exactly) …
+USAGE_PER_TOKEN_ID = 4
+# … or per token-carrying chunk without token ids: speculative decoding puts up to K+1 tokens in a chunk, and a
+# good speculator averages 4-5, so the bound must sit above any K a recipe uses.
+USAGE_PER_CHUNK = 16
 
 
 @dataclass(frozen=True)
@@ -85,21 +98,38 @@ class RequestRecord:
         return out
 
 
-def settle_tokens(record: RequestRecord) -> None:
-    """Decide the token count and say where it came from."""
+def settle_tokens(record: RequestRecord, max_tokens: int | None = None) -> None:
+    """Decide the token count and say where it came from.
+
+    The server's usage.completion_tokens is believed only when the stream makes it plausible: not fewer than the
+    token ids counted, not more than USAGE_PER_TOKEN_ID times them (USAGE_PER_CHUNK times the token-carrying
+    chunks without token ids), and not more than the request's max_tokens. Otherwise the stream is counted and
+    the token source says usage was ignored: no number a server merely claims sizes anything downstream.
+    """
     if not record.streamed:
         record.token_source = "usage.completion_tokens (non-streaming)"
         return
-    known = [t for t in record.chunk_tokens if t is not None]
-    if record.chunk_tokens and len(known) == len(record.chunk_tokens):
+    ids = record.chunk_tokens
+    ids_known = bool(ids) and None not in ids
+    counted = sum(cast("list[int]", ids)) if ids_known else len(record.chunk_times)
+    claimed = record.completion_tokens
+    if claimed is not None:
+        ceiling = max(counted, 1) * (USAGE_PER_TOKEN_ID if ids_known else USAGE_PER_CHUNK)
+        if max_tokens is not None:
+            ceiling = min(ceiling, max(max_tokens, counted))
+        if claimed > ceiling or (ids_known and claimed < counted):
+            record.completion_tokens = counted
+            record.token_source = TOKEN_IDS_OVER_USAGE if ids_known else CHUNK_COUNT_OVER_USAGE
+            return
+    if ids_known:
         record.token_source = TOKEN_IDS
-        if record.completion_tokens is None:
-            record.completion_tokens = sum(known)
-    elif record.completion_tokens is not None:
+        if claimed is None:
+            record.completion_tokens = counted
+    elif claimed is not None:
         record.token_source = USAGE_ONLY
     else:
         record.token_source = CHUNK_COUNT
-        record.completion_tokens = len(record.chunk_times)
+        record.completion_tokens = counted
 
 
 class RequestCounts(TypedDict):

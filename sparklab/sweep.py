@@ -263,7 +263,8 @@ def _run_cell(plan: Plan, store: Store, ready: launch.Ready, server: ServerConfi
     name = f"{server.label} c={cell.concurrency} {cell.workload} #{cell.repeat}"
     try:
         result = bench.run(endpoint, load_workload(cell.workload), sampling, load,
-                           request_timeout_s=sweep.request_timeout_s)
+                           request_timeout_s=sweep.request_timeout_s, stall_timeout_s=sweep.stall_timeout_s,
+                           alive=lambda: ready.server.state()[0] and endpoint.api.alive())
         since = result["measurement"]["window_started_at"]
         bench.add_log_acceptance(result, spec.kind, lambda: ready.server.log_since(since))
     except (KeyboardInterrupt, DiskFullError):

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import socket
+import socketserver
 import threading
 import time
 from collections.abc import Callable
@@ -32,6 +35,11 @@ def chunk(content: str = "", reasoning: str = "", token_ids: list[int] | None = 
 def usage(completion: int, prompt: int = 7) -> dict[str, Any]:
     return {"id": "c", "object": "chat.completion.chunk", "model": "m", "choices": [],
             "usage": {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}}
+
+
+class _QuietServer(ThreadingHTTPServer):
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that hangs up mid-stream is what some tests are about; never print its traceback."""
 
 
 @dataclass
@@ -90,7 +98,7 @@ class Scripted:
                 self.wfile.write(b"0\r\n\r\n")
                 self.wfile.flush()
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd = _QuietServer(("127.0.0.1", 0), Handler)
         self.httpd.daemon_threads = True
         self.root = f"http://127.0.0.1:{self.httpd.server_address[1]}"
         threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
@@ -98,3 +106,73 @@ class Scripted:
     def close(self) -> None:
         self.httpd.shutdown()
         self.httpd.server_close()
+
+
+# One raw send: wait `delay` seconds, then write the bytes as they are (status line, headers and framing included).
+RawStep = tuple[float, bytes]
+
+
+@dataclass
+class Hostile:
+    """A server that breaks HTTP and SSE the ways real servers and proxies do: it reads one request per connection,
+    writes exactly the scripted bytes, then holds the connection open for `hold_s` (or until the client hangs up)
+    and closes it. `reply(body)` returns the raw steps for one request. Listens on 127.0.0.1 only."""
+
+    reply: Callable[[dict[str, Any]], list[RawStep]]
+    hold_s: float = 0.0
+    bodies: list[dict[str, Any]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        owner = self
+
+        class Handler(socketserver.BaseRequestHandler):
+            def handle(self) -> None:
+                sock: socket.socket = self.request
+                data = b""
+                while b"\r\n\r\n" not in data:
+                    more = sock.recv(65536)
+                    if not more:
+                        return
+                    data += more
+                head, _, body = data.partition(b"\r\n\r\n")
+                length = next((int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
+                               if line.lower().startswith(b"content-length:")), 0)
+                while len(body) < length:
+                    more = sock.recv(65536)
+                    if not more:
+                        return
+                    body += more
+                request = json.loads(body) if body else {}
+                owner.bodies.append(request)
+                try:
+                    for delay, raw in owner.reply(request):
+                        time.sleep(delay)
+                        sock.sendall(raw)
+                    if owner.hold_s:
+                        sock.settimeout(owner.hold_s)
+                        with contextlib.suppress(OSError):
+                            while sock.recv(65536):  # until the client hangs up, or hold_s without a byte
+                                pass
+                except OSError:  # the client gave up on us: that is what the tests want to see
+                    pass
+
+        self.server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.root = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+SSE_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+
+
+def sse(event: dict[str, Any] | str) -> bytes:
+    """One SSE event (a dict as JSON, a string as it is), unframed."""
+    return f"data: {event if isinstance(event, str) else json.dumps(event)}\n\n".encode()
+
+
+def http_chunk(data: bytes) -> bytes:
+    return f"{len(data):x}\r\n".encode() + data + b"\r\n"

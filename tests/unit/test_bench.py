@@ -105,3 +105,65 @@ def test_url_must_be_http() -> None:
     with pytest.raises(SparklabError, match="is not an http"):
         bench.Endpoint.from_url("localhost:8000")
     assert bench.Endpoint.from_url("http://h:1/v1/").root == "http://h:1"
+
+
+# -- §3 of issue 11 ------------------------------------------------------------------------------------------------
+
+_LIMITED_BENCH = """
+import json, resource, sys
+resource.setrlimit(resource.RLIMIT_NOFILE, ({soft}, {hard}))
+from sparklab import bench
+from sparklab.errors import SparklabError
+from sparklab.records import Sampling
+from sparklab.workloads import load_workload
+try:
+    result = bench.run(bench.Endpoint.from_url(sys.argv[1], model="m"), load_workload("seed"), Sampling(max_tokens=6),
+                       bench.Load(concurrency={concurrency}, requests=2, warmup=0), request_timeout_s=20)
+    print(json.dumps({{"ok": result["summary"]["requests"]["ok"],
+                      "soft": resource.getrlimit(resource.RLIMIT_NOFILE)[0]}}))
+except SparklabError as exc:
+    print(json.dumps({{"error": str(exc)}}))
+"""
+
+
+def _bench_with_limit(root: str, soft: int, hard: int, concurrency: int) -> dict[str, Any]:
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = _LIMITED_BENCH.format(soft=soft, hard=hard, concurrency=concurrency)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    done = subprocess.run([sys.executable, "-c", code, root], capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_concurrency_beyond_the_open_file_limit_is_refused_up_front(counters) -> None:
+    _, server = counters
+    out = _bench_with_limit(server.root, soft=64, hard=64, concurrency=100)
+    assert "error" in out, out
+    assert "--concurrency 100" in out["error"] and "ulimit -n" in out["error"]
+
+
+def test_the_soft_open_file_limit_is_raised_when_the_hard_limit_allows(counters) -> None:
+    _, server = counters
+    out = _bench_with_limit(server.root, soft=64, hard=1024, concurrency=100)
+    assert out.get("ok") == 2 and 64 < out["soft"] <= 1024, out
+
+
+def test_a_stall_on_a_dead_engine_ends_the_cell_early() -> None:
+    """bench.run passes the stall timeout and the health check down to every request."""
+    from tests.scripted_server import SSE_HEAD, Hostile, http_chunk, sse
+
+    held = Hostile(lambda body: [(0.0, SSE_HEAD + b"Transfer-Encoding: chunked\r\n\r\n"),
+                                 (0.0, http_chunk(sse(chunk(content="a", token_ids=[1]))))], hold_s=30)
+    try:
+        result = bench.run(bench.Endpoint.from_url(held.root, model="m"), load_workload("seed"), Sampling(max_tokens=6),
+                           bench.Load(concurrency=2, requests=2, warmup=0), request_timeout_s=30,
+                           stall_timeout_s=0.5, alive=lambda: False)
+    finally:
+        held.close()
+    requests = result["summary"]["requests"]
+    assert requests["failed"] == 2 and "stalled: no bytes for 0.5 s" in requests["first_errors"][0]
+    assert result["summary"]["wall_s"] < 5

@@ -125,3 +125,28 @@ def test_server_latency_from_vllm_histograms() -> None:
     assert got["ttft_ms"] == pytest.approx(150.0) and got["tpot_ms"] == pytest.approx(40.0)
     assert got["e2e_ms"] == pytest.approx(2500.0)
     assert server_latency({}, {}) is None
+
+
+def test_a_claimed_token_count_never_sizes_an_allocation() -> None:
+    """A record whose usage claims 10^7 tokens over four chunks (one stored before the client checked usage):
+    the per-token ITL weighs each gap by its tokens instead of materialising one sample per claimed token."""
+    import tracemalloc
+
+    r = rec(chunks=[(0.1, None), (0.2, None), (0.3, None), (0.4, None)], tokens=10**7, end=0.4,
+            token_source=USAGE_ONLY)
+    tracemalloc.start()
+    try:
+        s = summarize([r], (10.0, 10.4))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20, f"summarize allocated {peak / 2**20:.0f} MiB for four chunks"
+    assert s["itl_ms"]["n"] == 3 * 10**7 // 4 and s["itl_ms"]["mean"] == pytest.approx(0.1 / (10**7 / 4) * 1000)
+
+
+def test_weighted_itl_equals_the_expanded_samples() -> None:
+    """The weighted form gives exactly what one sample per token gave (n, mean, linear-interpolated percentiles)."""
+    r = rec(chunks=[(0.100, 1), (0.130, 3), (0.150, 2), (0.190, 4), (0.200, 1), (0.260, 5)], end=0.3)
+    expanded = [g for g in itl_per_token(r)]
+    s = summarize([r], (10.0, 10.3))["itl_ms"]
+    assert s == pytest.approx(stats(expanded, 1000))

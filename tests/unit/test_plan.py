@@ -90,3 +90,15 @@ def test_eta_counts_startups_and_tokens() -> None:
 def test_every_bundled_sweep_plans() -> None:
     for path in sorted(SWEEPS.glob("*.yaml")):
         assert build_plan(path).cells, path
+
+
+def test_request_and_stall_timeouts_are_sweep_settings(tmp_path: Path) -> None:
+    from sparklab.plan import SweepFile
+
+    defaults = SweepFile.model_validate({k: v for k, v in BASE.items()})
+    assert defaults.request_timeout_s == 1800 and defaults.stall_timeout_s == 60
+    chosen = SweepFile.model_validate({**BASE, "request_timeout_s": 600, "stall_timeout_s": None})
+    assert chosen.request_timeout_s == 600 and chosen.stall_timeout_s is None
+    for bad in ({"request_timeout_s": 0}, {"stall_timeout_s": -1}):
+        with pytest.raises(RecipeError, match=next(iter(bad))):
+            build_plan(_write(tmp_path, {**BASE, **bad}))
