@@ -20,7 +20,10 @@ from sparklab.recipes import (
     MAX_TOKENS,
     MAX_WARMUP,
 )
+from sparklab.records import Sampling
 from sparklab.render import LaunchOptions
+
+SAMPLING = Sampling()  # bench's defaults are the one set in sparklab.records.Sampling
 
 
 def _default_hf_cache() -> Path:
@@ -138,9 +141,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="Poisson arrivals instead of a closed loop")
     p.add_argument("--warmup", type=_whole(0, MAX_WARMUP), default=2,
                    help="requests before the window, excluded (default 2)")
-    p.add_argument("--max-tokens", type=_whole(1, MAX_TOKENS), default=2048)
-    p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--top-p", type=float, default=0.95)
+    p.add_argument("--max-tokens", type=_whole(1, MAX_TOKENS), default=SAMPLING.max_tokens)
+    p.add_argument("--temperature", type=float, default=SAMPLING.temperature)
+    p.add_argument("--top-p", type=float, default=SAMPLING.top_p)
     p.add_argument("--ignore-eos", action="store_true", help="generate max-tokens tokens (vLLM, SGLang)")
     p.add_argument("--min-tokens", type=_whole(1, MAX_TOKENS), help="at least this many tokens before EOS")
     p.add_argument("--thinking", choices=["on", "off", "default"], default="off",
