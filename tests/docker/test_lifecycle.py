@@ -136,10 +136,12 @@ def test_exit_at_start_fails_with_code_and_log_tail(cli: Cli) -> None:
     assert "Traceback (most recent call last)" not in done.stderr.split("Last 50 log lines")[0]
 
 
-def test_exit_137_is_reported_as_likely_oom(cli: Cli) -> None:
+def test_exit_137_is_reported_by_what_docker_says_killed_it(cli: Cli) -> None:
+    """STANDIN_OOM SIGKILLs the engine from inside: exit 137 with Docker's OOMKilled false. Before, that was
+    reported as "most likely out of memory"; now the message says it was not the kernel's OOM killer."""
     done = cli.run("up", "dspark", *cli.launch_args(free_port(), "-e", "STANDIN_OOM=1"))
     assert done.returncode == 4
-    assert "exited with code 137 (SIGKILL: most likely out of memory" in done.stderr
+    assert "exited with code 137 (SIGKILL from outside the container, not the kernel's OOM killer" in done.stderr
 
 
 def test_hang_past_a_short_deadline(cli: Cli) -> None:
