@@ -92,8 +92,24 @@ class Engine:
     def speculative(self, argv: Sequence[str]) -> Speculative | None:
         return None
 
+    label: str = ""  # how messages name the engine: "vLLM 0.27.1"
+    method_noun: str = "speculative method"  # what the engine calls a method: "speculative algorithm"
+
     def check_spec(self, spec: LaunchSpec, recipe: Recipe) -> list[Finding]:
-        """What would make the engine refuse or die after loading, judged from the rendered argv."""
+        """What would make the engine refuse or die after loading, judged from the rendered argv: a method it
+        does not have, then the engine's own checks of the speculative settings."""
+        sp = spec.speculative
+        if sp is None:
+            return []
+        found: list[Finding] = []
+        if sp.method not in self.methods:
+            found.append(Finding(
+                "error", f"{where(spec)}: {self.label} has no {self.method_noun} {sp.method!r}",
+                f"Known {self.method_noun.split()[-1]}s: {', '.join(sorted(self.methods))}."))
+        return found + self.check_speculative(spec, recipe, sp)
+
+    def check_speculative(self, spec: LaunchSpec, recipe: Recipe, sp: Speculative) -> list[Finding]:
+        """The engine's own checks of a speculative launch (draft, K, backends)."""
         return []
 
     # -- startup log ---------------------------------------------------------------------------------------

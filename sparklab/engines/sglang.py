@@ -98,6 +98,8 @@ class SGLang(Engine):
     ready_path = "/health"
     ready_needs_key = False
     ready_line = re.compile(r"The server is fired up and ready to roll!")
+    label = "SGLang"
+    method_noun = "speculative algorithm"
     api_key_env = None  # SGLang reads its key only from --api-key (see README: security)
     api_key_warning = API_KEY_ON_COMMAND_LINE
     methods = METHODS
@@ -115,16 +117,9 @@ class SGLang(Engine):
             return " SGLang runs a model's built-in MTP layers through its EAGLE worker: use method eagle."
         return ""
 
-    def check_spec(self, spec: LaunchSpec, recipe: Recipe) -> list[Finding]:
-        sp = spec.speculative
-        if sp is None:
-            return []
+    def check_speculative(self, spec: LaunchSpec, recipe: Recipe, sp: Speculative) -> list[Finding]:
         here = where(spec)
         found: list[Finding] = []
-        if sp.method not in METHODS:
-            found.append(Finding(
-                "error", f"{here}: SGLang has no speculative algorithm {sp.method!r}",
-                f"Known algorithms: {', '.join(sorted(METHODS))}."))
         if sp.method in NEEDS_DRAFT and not sp.draft_model:
             found.append(Finding(
                 "error", f"{here}: --speculative-algorithm {sp.method} needs --speculative-draft-model-path",

@@ -179,6 +179,7 @@ class VLLM(Engine):
     ready_path = "/v1/models"
     ready_needs_key = True
     ready_line = re.compile(r"Application startup complete\.")
+    label = "vLLM 0.27.1"
     api_key_env = "VLLM_API_KEY"  # vLLM reads its key from here, so the key never appears in argv
     methods = METHODS
     failures = FAILURES
@@ -189,16 +190,9 @@ class VLLM(Engine):
     def sweep_env(self) -> tuple[str, ...]:
         return ("VLLM_SERVER_DEV_MODE=1",)  # vLLM serves POST /reset_prefix_cache only in dev mode
 
-    def check_spec(self, spec: LaunchSpec, recipe: Recipe) -> list[Finding]:
-        sp = spec.speculative
-        if sp is None:
-            return []
+    def check_speculative(self, spec: LaunchSpec, recipe: Recipe, sp: Speculative) -> list[Finding]:
         here = where(spec)
         found: list[Finding] = []
-        if sp.method not in METHODS:
-            found.append(Finding(
-                "error", f"{here}: vLLM 0.27.1 has no speculative method {sp.method!r}",
-                f"Known methods: {', '.join(sorted(METHODS))}."))
         if sp.method in ("dspark", "dflash") and not sp.draft_model:
             found.append(Finding(
                 "error",

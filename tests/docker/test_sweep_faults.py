@@ -17,6 +17,7 @@ import pytest
 from sparklab.store import Store
 from tests.docker.test_sweep_standin import _run, _store, _sweep, ulimit_flags
 from tests.dockerkit import Cli, Lines
+from tests.tmpfs import tmpfs
 
 pytestmark = pytest.mark.docker
 
@@ -121,15 +122,8 @@ def test_a_second_sweep_on_the_same_run_is_refused(cli: Cli, tmp_path: Path) -> 
 
 @pytest.fixture
 def small_disk(tmp_path: Path):
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount)], capture_output=True)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here (needs root): {done.stderr.decode().strip()}")
-    try:
+    with tmpfs(tmp_path / "disk", "4m") as mount:
         yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
 def test_a_disk_that_fills_up_stops_the_sweep_cleanly(cli: Cli, tmp_path: Path, small_disk: Path) -> None:

@@ -12,6 +12,7 @@ import pytest
 
 from sparklab.errors import SparklabError
 from sparklab.store import SCHEMA_VERSION, PlannedCell, Store
+from tests.tmpfs import tmpfs
 
 SWEEP = {"name": "seed000", "matrix": {"method": ["none", "dspark"], "concurrency": [1, 8]}}
 RESULT = {
@@ -345,15 +346,8 @@ def test_partial_cells_run_again_then_stay_partial_with_their_numbers(store: Sto
 @pytest.fixture
 def tiny_disk(tmp_path: Path):
     """A 1 MiB tmpfs (root only): the disk under a run directory filling up."""
-    mount = tmp_path / "tiny"
-    mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], capture_output=True)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here (needs root): {done.stderr.decode().strip()}")
-    try:
+    with tmpfs(tmp_path / "tiny", "1m") as mount:
         yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
 def test_a_full_disk_is_a_disk_full_error_and_never_leaves_a_half_made_file(tiny_disk: Path) -> None:
