@@ -244,3 +244,21 @@ def cell_clocks(start: dict[str, float | None] | None, end: dict[str, float | No
     if before and after is not None:
         out["sm_clock_drop"] = round(1 - after / before, 4)
     return out
+
+
+def add_cell_facts(result: dict[str, Any], sampler: Sampler, mark: int,
+                   clocks_at_start: dict[str, float | None] | None) -> None:
+    """A cell's memory window, and its GPU clocks at start and end where nvidia-smi answers, into its result."""
+    result["memory"] = sampler.stats(mark).as_dict()
+    clocks = cell_clocks(clocks_at_start, memory.gpu_clocks() if clocks_at_start is not None else None)
+    if clocks is not None:
+        result["gpu_clocks"] = clocks
+
+
+def kill_evidence(code: int | None, tail_or_error: object) -> str:
+    """For an exit by SIGKILL/SIGTERM with no traceback: what earlyoom's journal or the kernel log say, if any."""
+    tail = str(getattr(tail_or_error, "log_tail", tail_or_error) or "")
+    if code not in (137, 143) or "Traceback (most recent call last)" in tail:
+        return ""
+    evidence = memory.oom_evidence()
+    return f" [{evidence}]" if evidence else ""

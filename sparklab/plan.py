@@ -92,6 +92,8 @@ class SweepFile(Strict):
     # below it is partial: it runs again, and after max_attempts its numbers are kept flagged.
     require_ok: float = Field(default=1.0, gt=0, le=1)
     request_timeout_s: Seconds = 1800.0
+    # Stop a server when MemAvailable falls under this (GiB; 0: off; None: 8 on unified-memory recipes).
+    memory_floor_gib: float | None = Field(default=None, ge=0, le=4096)
 
 
 def _hash(data: Any) -> str:

@@ -345,3 +345,27 @@ def test_oom_evidence_reads_the_kernel_log(tmp_path: Path, monkeypatch) -> None:
 def test_no_oom_evidence_where_nothing_is_readable(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("PATH", str(tmp_path))
     assert memory.oom_evidence(kmsg=tmp_path / "missing") is None
+
+
+# -- the sweep's flags and sweep-file field -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("flags", "drop"), [([], None), (["--drop-caches"], True), (["--no-drop-caches"], False)])
+def test_freeing_the_page_cache_is_the_default_and_can_be_turned_off(flags: list[str], drop: bool | None) -> None:
+    from sparklab.cli_args import build_parser
+
+    args = build_parser().parse_args(["sweep", "s.yaml", *flags])
+    assert args.drop_caches is drop and args.memory_floor_gib is None
+
+
+def test_the_floor_flag_and_the_sweep_file_field(tmp_path: Path) -> None:
+    import yaml
+
+    from sparklab.cli_args import build_parser
+    from sparklab.plan import load_sweep
+
+    assert build_parser().parse_args(["sweep", "s.yaml", "--memory-floor-gib", "2.5"]).memory_floor_gib == 2.5
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump({"name": "s", "recipe": "gb10", "methods": ["none"], "concurrency": [1],
+                                    "memory_floor_gib": 4}))
+    assert load_sweep(path).memory_floor_gib == 4
