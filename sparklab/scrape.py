@@ -74,8 +74,8 @@ def exit_code_meaning(code: int | None, oom_killed: bool | None = None, log_tail
         return " (killed by the kernel's OOM killer: out of memory)"
     if code in (137, 143) and log_tail is not None and "Traceback (most recent call last)" not in log_tail:
         signal = "SIGKILL" if code == 137 else "SIGTERM"
-        return (f" ({signal} with no Python traceback in the log: most likely the OOM killer or earlyoom ended it "
-                "for lack of memory; lower --gpu-memory-utilization (vLLM) or --mem-fraction-static (SGLang))")
+        return (f" ({signal} with no Python traceback in the log: most likely out of memory: the kernel's OOM killer "
+                "or earlyoom ended it; lower --gpu-memory-utilization (vLLM) or --mem-fraction-static (SGLang))")
     if code == 137 and oom_killed is False:
         return (" (SIGKILL from outside the container, not the kernel's OOM killer: `docker kill`, earlyoom or a "
                 "memory watchdog)")
