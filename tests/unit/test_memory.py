@@ -369,3 +369,69 @@ def test_the_floor_flag_and_the_sweep_file_field(tmp_path: Path) -> None:
     path.write_text(yaml.safe_dump({"name": "s", "recipe": "gb10", "methods": ["none"], "concurrency": [1],
                                     "memory_floor_gib": 4}))
     assert load_sweep(path).memory_floor_gib == 4
+
+
+# -- the report: peak memory and headroom per config; clocks that fell ---------------------------------------
+
+
+def _memory_facts(peak_used: float, available: float, container: float | None = None) -> dict[str, Any]:
+    return {"samples": 10, "seconds": 9.0, "max_interval_s": 1.0, "total_gib": 119.7, "min_free_gib": 3.0,
+            "min_available_gib": available, "peak_used_gib": peak_used, "headroom_gib": available,
+            "peak_container_gib": container, "peak_gpu_used_mib": None, "gpu_total_mib": None}
+
+
+def test_the_report_shows_peak_memory_and_headroom_per_config_and_flags_fallen_clocks(tmp_path: Path) -> None:
+    import sqlite3
+
+    from sparklab.report import content, model
+    from sparklab.report.document import markdown
+    from sparklab.store import Store
+    from tests.reportkit import seed000_run
+
+    path = seed000_run(tmp_path)
+    with Store.open(path) as store:
+        servers = store.server_configs()
+        cells = store.cells("done")
+    conn = sqlite3.connect(path)
+    for i, server in enumerate(servers):
+        facts = {**(server.startup_facts or {}), "memory": _memory_facts(17.62 + i, 100.0 - i)}
+        conn.execute("UPDATE server_configs SET startup_facts_json = ? WHERE id = ?", (json_dumps(facts), server.id))
+    slow = cells[0]
+    for cell in cells:
+        result = {**(cell.result or {}), "memory": _memory_facts(19.14, 98.5, 12.5)}
+        if cell.id == slow.id:
+            result["gpu_clocks"] = memwatch.cell_clocks(
+                {"sm_clock_mhz": 2400.0, "temperature_c": 60.0, "power_w": 30.0},
+                {"sm_clock_mhz": 2000.0, "temperature_c": 88.0, "power_w": 29.0})
+        else:
+            result["gpu_clocks"] = memwatch.cell_clocks({"sm_clock_mhz": 2400.0}, {"sm_clock_mhz": 2300.0})
+        conn.execute("UPDATE cells SET result_json = ? WHERE id = ?", (json_dumps(result), cell.id))
+    conn.commit()
+    conn.close()
+    with Store.open(path, readonly=True) as store:
+        report = model.build(store, "seed000-published")
+    text = markdown(content.document(report))
+    section = text[text.index("## Memory"):]
+    first = report.servers[0]
+    assert f"| {first.label} " in section
+    assert "19.14" in section and "17.62" in section and "98.5" in section and "12.5" in section
+    flagged = [line for line in section.splitlines() if "17% lower" in line]
+    assert len(flagged) == 1 and "2400 → 2000 MHz" in flagged[0] and "88" in flagged[0]
+    assert "2300" not in section  # a 4% fall is not flagged
+
+
+def test_a_report_without_memory_samples_has_no_memory_section(tmp_path: Path) -> None:
+    from sparklab.report import content, model
+    from sparklab.report.document import markdown
+    from sparklab.store import Store
+    from tests.reportkit import seed000_run
+
+    with Store.open(seed000_run(tmp_path), readonly=True) as store:
+        text = markdown(content.document(model.build(store, "x")))
+    assert "## Memory" not in text
+
+
+def json_dumps(value: Any) -> str:
+    import json
+
+    return json.dumps(value)
