@@ -155,7 +155,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from sparklab.console import plan_table, sweep_table
 
     request = sweep.Request(args.file, args.runs_dir, args.resume, args.new, args.retry_failed, tuple(args.ulimits),
-                            sweep.Options(args.pull, args.drop_caches, min_free_mib=args.min_free_mib),
+                            sweep.Options(args.pull, args.drop_caches, min_free_mib=args.min_free_mib,
+                                          memory_floor_gib=args.memory_floor_gib),
                             download=args.download)
     if args.dry_run:
         out.print(plan_table(*sweep.dry_run(request)))

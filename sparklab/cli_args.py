@@ -167,8 +167,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--retry-failed", action="store_true", help="run cells that failed max_attempts times again")
     p.add_argument("--runs-dir", type=Path, default=Path("runs"), help="where runs are kept (default ./runs)")
     p.add_argument("--pull", default="missing", choices=["missing", "always", "never"])
-    p.add_argument("--drop-caches", action="store_true",
-                   help="drop the page cache before each server (root; GB10 unified memory)")
+    drop = p.add_mutually_exclusive_group()
+    drop.add_argument("--drop-caches", dest="drop_caches", action="store_const", const=True, default=None,
+                      help="free the model files' page cache before every server, not only unified-memory ones "
+                           "(as root: the whole page cache)")
+    drop.add_argument("--no-drop-caches", dest="drop_caches", action="store_const", const=False,
+                      help="never free the page cache before a server (default: when MemFree is short on "
+                           "unified memory, posix_fadvise over the model's files)")
+    p.add_argument("--memory-floor-gib", type=float, metavar="GIB",
+                   help="stop a server when MemAvailable falls under this (default: the sweep file's "
+                        "memory_floor_gib, else 8 on unified-memory recipes; 0: off)")
     p.add_argument("--ulimit", dest="ulimits", action="append", default=[], metavar="NAME=SOFT[:HARD]",
                    help="override a container ulimit for every server")
     p.add_argument("--no-download", dest="download", action="store_false",

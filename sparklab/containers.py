@@ -294,6 +294,21 @@ class Docker:
             raise ContainerError(f"{name} is not a sparklab container", "sparklab only manages its own.")
         return container
 
+    def container_id(self, name: str) -> str | None:
+        """The full id of a sparklab container by name (None while it does not exist): where its cgroup is."""
+        try:
+            container = self.client.containers.get(name)
+        except (docker.errors.DockerException, requests.RequestException):
+            return None
+        return str(container.id) if container.labels.get(LABEL) == "1" else None
+
+    def kill(self, name: str) -> None:
+        """SIGKILL a sparklab container now (the memory floor: no grace period while the host runs out)."""
+        with contextlib.suppress(docker.errors.DockerException, requests.RequestException):
+            container = self.client.containers.get(name)
+            if container.labels.get(LABEL) == "1":
+                container.kill()
+
     def remove(self, name: str, grace_s: float = 10) -> None:
         teardown(self.get(name), grace_s)
 

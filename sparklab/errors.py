@@ -50,6 +50,10 @@ class NotReadyError(ContainerError):
         self.oom_killed = oom_killed  # Docker's State.OOMKilled (None: not read): the OOM killer, not any SIGKILL
 
 
+class MemoryFloorError(ContainerError):
+    """MemAvailable fell under the floor: sparklab stopped the server before the host could wedge."""
+
+
 class EngineUnreachable(Exception):
     """An engine did not answer an HTTP request (refused, reset, timed out); internal, never shown raw."""
 

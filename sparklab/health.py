@@ -50,7 +50,7 @@ def wait_ready(probe: Probe, url: str, *, kind: str, timeout_s: float, headers: 
             why = engine(kind).explain_failure(tail)
             oom = probe.oom_killed() if hasattr(probe, "oom_killed") else None  # read by Server; fakes may not
             raise NotReadyError(
-                f"the server container exited with code {code}{exit_code_meaning(code, oom)} before it was ready "
+                f"the server container exited with code {code}{exit_code_meaning(code, oom, tail)} before it was ready "
                 f"({clock() - started:.0f} s after start). Last {LOG_TAIL_LINES} log lines:\n{_indent(tail)}",
                 f"Likely cause: {why}" if why else None, exit_code=code, log_tail=tail, oom_killed=oom)
         if on_try is not None:

@@ -137,7 +137,7 @@ def watch(server: Server, poll_s: float = 1.0) -> None:
             tail = server.log_tail(50)
             why = engine(server.spec.kind).explain_failure(tail)
             raise NotReadyError(
-                f"the server exited with code {code}{exit_code_meaning(code)} while serving. "
+                f"the server exited with code {code}{exit_code_meaning(code, None, tail)} while serving. "
                 f"Last 50 log lines:\n{tail}", f"Likely cause: {why}" if why else None,
                 exit_code=code, log_tail=tail)
         time.sleep(poll_s)

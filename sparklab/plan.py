@@ -95,6 +95,8 @@ class SweepFile(Strict):
     # server's health check fails (None: no stall detection)
     request_timeout_s: Seconds = 1800.0
     stall_timeout_s: Seconds | None = 60.0
+    # Stop a server when MemAvailable falls under this (GiB; 0: off; None: 8 on unified-memory recipes).
+    memory_floor_gib: float | None = Field(default=None, ge=0, le=4096)
 
 
 def _hash(data: Any) -> str:

@@ -8,8 +8,9 @@ import socket
 from collections.abc import Callable
 from pathlib import Path
 
-from sparklab.engines.base import Finding, flag_value
+from sparklab.engines.base import Finding
 from sparklab.errors import PreflightError
+from sparklab.memory import HostMemory, engine_need, read_meminfo, unified_need
 from sparklab.recipes import Recipe
 from sparklab.render import LaunchSpec
 
@@ -35,13 +36,8 @@ def port_in_use(host: str, port: int) -> bool:
 
 def mem_available_gib(meminfo: Path = Path("/proc/meminfo")) -> tuple[float, float]:
     """(MemAvailable, MemTotal) in GiB. GB10 memory is unified and NVML cannot report it, so read this."""
-    values: dict[str, float] = {}
-    for line in meminfo.read_text().splitlines():
-        key, _, rest = line.partition(":")
-        parts = rest.split()
-        if parts:
-            values[key] = float(parts[0]) / (1024 * 1024)  # kB → GiB
-    return values.get("MemAvailable", 0.0), values.get("MemTotal", 0.0)
+    host = read_meminfo(meminfo)
+    return host.available_gib, host.total_gib
 
 
 def _arch(name: str) -> str:
@@ -91,29 +87,40 @@ def check_host(spec: LaunchSpec, recipe: Recipe, *, port_busy: Callable[[str, in
         found.append(Finding(
             "error", f"the Hugging Face cache directory {spec.hf_cache} does not exist",
             f"Create it (mkdir -p {spec.hf_cache}) or point to yours with --hf-cache DIR or HF_HOME."))
-    available, total = mem_available_gib(meminfo)
-    required = _required_gib(spec, recipe, total)
-    if required is not None and available < required[0]:
-        found.append(Finding(
+    found += check_memory(spec, recipe, read_meminfo(meminfo))
+    return found
+
+
+def check_memory(spec: LaunchSpec, recipe: Recipe, host: HostMemory) -> list[Finding]:
+    """MemAvailable against the recipe's floor and the engine's share; on unified memory, MemFree as well,
+    since that is what the engine's own startup check reads there (see sparklab.memory)."""
+    required = _required_gib(spec, recipe, host.total_gib)
+    if required is not None and host.available_gib < required[0]:
+        return [Finding(
             "error",
-            f"only {available:.1f} GiB of memory is available (MemAvailable) but this launch needs "
+            f"only {host.available_gib:.1f} GiB of memory is available (MemAvailable) but this launch needs "
             f"{required[0]:.1f} GiB ({required[1]})",
             "Stop other servers (`sparklab ps`), drop the page cache "
-            "(sync; echo 3 > /proc/sys/vm/drop_caches), or lower the memory settings with --set."))
-    return found
+            "(sync; echo 3 > /proc/sys/vm/drop_caches), or lower the memory settings with --set.")]
+    need = unified_need(spec, recipe, host)
+    if need is not None and host.free_gib < need.gib:
+        return [Finding(
+            "warning",
+            f"only {host.free_gib:.1f} GiB free (MemFree) for {need.flag} {need.fraction:g} "
+            f"({need.gib:.1f} GiB): on unified memory the engine counts the page cache "
+            f"({host.cached_gib:.1f} GiB cached) as used and may refuse to start",
+            "A sweep drops the model files' page cache before each server (posix_fadvise) unless "
+            "--no-drop-caches; else: sync; echo 3 > /proc/sys/vm/drop_caches (root).")]
+    return []
 
 
 def _required_gib(spec: LaunchSpec, recipe: Recipe, total: float) -> tuple[float, str] | None:
     needs: list[tuple[float, str]] = []
     if recipe.min_available_gib:
         needs.append((recipe.min_available_gib, "the recipe's min_available_gib"))
-    util = flag_value(spec.argv, "--gpu-memory-utilization")
-    if recipe.unified_memory and util is not None:
-        try:
-            fraction = float(util)
-        except ValueError:
-            fraction = 0.0
-        needs.append((fraction * total, f"--gpu-memory-utilization {util} of {total:.1f} GiB unified memory"))
+    need = engine_need(spec, total) if recipe.unified_memory else None
+    if need is not None:
+        needs.append((need.gib, f"{need.flag} {need.fraction:g} of {total:.1f} GiB unified memory"))
     return max(needs) if needs else None
 
 

@@ -61,12 +61,21 @@ def parse_metrics(text: str) -> dict[str, float]:
     return totals
 
 
-def exit_code_meaning(code: int | None, oom_killed: bool | None = None) -> str:
-    """What an exit code says; oom_killed is Docker's State.OOMKilled where it was read (None: unknown)."""
+def exit_code_meaning(code: int | None, oom_killed: bool | None = None, log_tail: str | None = None) -> str:
+    """What an exit code says; oom_killed is Docker's State.OOMKilled where it was read (None: unknown).
+
+    log_tail: where given, a SIGKILL or SIGTERM with no Python traceback in it is named for what it most
+    likely was on a unified-memory host: the kernel's OOM killer or earlyoom (which sends SIGTERM at ~8 GB
+    free, hasso5703/dgx-spark-qwen38 docs/gb10-memory.md), with the advice to lower the memory fraction.
+    """
     if code is None:
         return ""
     if oom_killed:
         return " (killed by the kernel's OOM killer: out of memory)"
+    if code in (137, 143) and log_tail is not None and "Traceback (most recent call last)" not in log_tail:
+        signal = "SIGKILL" if code == 137 else "SIGTERM"
+        return (f" ({signal} with no Python traceback in the log: most likely out of memory: the kernel's OOM killer "
+                "or earlyoom ended it; lower --gpu-memory-utilization (vLLM) or --mem-fraction-static (SGLang))")
     if code == 137 and oom_killed is False:
         return (" (SIGKILL from outside the container, not the kernel's OOM killer: `docker kill`, earlyoom or a "
                 "memory watchdog)")

@@ -20,11 +20,18 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from sparklab import __version__, bench, launch, preflight
+from sparklab import __version__, bench, launch, memory, memwatch, preflight
 from sparklab.containers import Docker
 from sparklab.engine_api import EngineAPI
 from sparklab.engines import engine
-from sparklab.errors import ContainerError, DiskFullError, NotReadyError, PreflightError, SparklabError
+from sparklab.errors import (
+    ContainerError,
+    DiskFullError,
+    MemoryFloorError,
+    NotReadyError,
+    PreflightError,
+    SparklabError,
+)
 from sparklab.plan import Plan, ServerConfig, TimingModel, build_plan, estimate_seconds, load_sweep
 from sparklab.recipes import load_hardware, stored_facts
 from sparklab.records import Sampling
@@ -40,10 +47,13 @@ Say = Callable[[str], None]
 @dataclass
 class Options:
     pull_policy: str = "missing"
-    drop_caches: bool = False
+    # None: free the model files' page cache when MemFree is short on unified memory; True: for any recipe
+    # (`--drop-caches`); False: never (`--no-drop-caches`). See memory.free_page_cache.
+    drop_caches: bool | None = None
     port_wait_s: float = 60.0
     memory_wait_s: float = 120.0
     min_free_mib: float = 256.0  # free space the runs directory needs before each server
+    memory_floor_gib: float | None = None  # --memory-floor-gib; None: the sweep file's, else memwatch.floor_for
 
 
 @dataclass(frozen=True)
@@ -87,26 +97,22 @@ def _wait_port_free(host: str, port: int, timeout_s: float) -> None:
         time.sleep(0.5)
 
 
-def _wait_memory(baseline_gib: float, timeout_s: float, say: Say) -> None:
-    """GB10 memory is unified: wait until what the previous server held is available again."""
+def _wait_memory(baseline_gib: float, timeout_s: float, say: Say, server: ServerConfig | None = None) -> None:
+    """GB10 memory is unified: wait until what the previous server held is available again, or, judged as
+    the next engine will, until MemFree covers its share."""
     deadline = time.monotonic() + timeout_s
     while True:
-        available, _ = preflight.mem_available_gib()
+        host = memory.read_meminfo()
+        available = host.available_gib
+        need = memory.unified_need(server.spec, server.recipe, host) if server is not None else None
+        if need is not None and host.free_gib >= need.gib:
+            return
         if available >= baseline_gib - 1.0 or time.monotonic() > deadline:
             if available < baseline_gib - 1.0:
                 say(f"memory: {available:.1f} GiB available, {baseline_gib:.1f} GiB before the last server; "
                     f"going on after {timeout_s:.0f} s")
             return
         time.sleep(1.0)
-
-
-def _drop_caches(say: Say) -> None:
-    try:
-        os.sync()
-        Path("/proc/sys/vm/drop_caches").write_text("3\n")
-        say("dropped the page cache (drop_caches)")
-    except OSError as exc:
-        say(f"could not drop the page cache ({exc}); run as root or leave --drop-caches off")
 
 
 def timing_model(plan: Plan, history: list[Path]) -> TimingModel:
@@ -166,12 +172,16 @@ def run(plan: Plan, store: Store, docker: Docker, run_dir: Path, options: Option
         if not cells:
             continue
         check_free_space(run_dir, options.min_free_mib)
-        if options.drop_caches:
-            _drop_caches(say)
-        _wait_memory(baseline, options.memory_wait_s, say)
+        _wait_memory(baseline, options.memory_wait_s, say, server)
+        if options.drop_caches is not False:
+            memory.free_page_cache(server.recipe, server.spec, say, every_recipe=bool(options.drop_caches))
+        floor = memwatch.floor_for(server.recipe, options.memory_floor_gib if options.memory_floor_gib is not None
+                                   else plan.sweep.memory_floor_gib)
         attempted: set[str] = set()  # cells this server start ran (they counted their attempt)
         try:
-            _run_server(plan, store, docker, run_dir, options, server, cells, say_progress, attempted)
+            with memwatch.Sampler(floor_gib=floor, locate=lambda name=server.spec.name: docker.container_id(name),
+                                  on_floor=lambda name=server.spec.name: docker.kill(name)) as watch:
+                _run_server(plan, store, docker, run_dir, options, server, cells, say_progress, attempted, watch)
         except (KeyboardInterrupt, DiskFullError):
             raise
         except Exception as exc:  # one fault ends this server's work, never the sweep
@@ -214,9 +224,10 @@ def check_free_space(run_dir: Path, min_free_mib: float) -> None:
 
 
 def _run_server(plan: Plan, store: Store, docker: Docker, run_dir: Path, options: Options, server: ServerConfig,
-                cells: list, say: Say, attempted: set[str]) -> None:
+                cells: list, say: Say, attempted: set[str], watch: memwatch.Sampler | None = None) -> None:
     spec = server.spec
     max_attempts = plan.sweep.max_attempts
+    start_mark = watch.mark() if watch is not None else 0
     say(f"server {server.label}: starting ({len(cells)} cells; {spec.image})")
     try:
         _wait_port_free(spec.host, spec.port, options.port_wait_s)
@@ -224,36 +235,63 @@ def _run_server(plan: Plan, store: Store, docker: Docker, run_dir: Path, options
         ready = launch.start(prepared, docker, pull_policy=options.pull_policy,
                              log_path=run_dir / "logs" / f"{server.id}-{server.engine}-{server.method}.log")
     except (NotReadyError, ContainerError, PreflightError) as exc:
+        if watch is not None and watch.tripped:
+            _fail_at_floor(store, server, watch, max_attempts, None, say)
+            return
         kind = _failure_kind(exc)
         code = getattr(exc, "container_exit_code", None)
-        store.fail_server_config(server.id, kind, exc.message, exit_code=code,
+        store.fail_server_config(server.id, kind, exc.message + memwatch.kill_evidence(code, exc),
+                                 exit_code=code,
                                  log_tail=getattr(exc, "log_tail", None), max_attempts=max_attempts)
         say(f"server {server.label}: failed ({kind}): {exc.message.splitlines()[0]}")
         return
     api = EngineAPI(spec.endpoint, ready.api_key)
-    store.record_server_start(server.id, image_digest=ready.image.digest, startup_facts=ready.facts.as_dict(),
+    facts = ready.facts.as_dict()
+    if watch is not None:
+        facts["memory"] = watch.stats(start_mark).as_dict()
+    store.record_server_start(server.id, image_digest=ready.image.digest, startup_facts=facts,
                               ready_s=ready.seconds_to_ready, log_path=str(ready.server.log_path),
                               engine_version=engine(spec.kind).version(api))
     say(f"server {server.label}: ready in {ready.seconds_to_ready:.1f} s")
     with ready.server:
         for i, cell in enumerate(cells):
             running, code = ready.server.state()
+            if not running and watch is not None and watch.tripped:
+                _fail_at_floor(store, server, watch, max_attempts, [c.id for c in cells[i:]], say)
+                return
             if not running:
                 tail = ready.server.log_tail(50)
                 oom = ready.server.oom_killed()
+                meaning = exit_code_meaning(code, oom, tail) + memwatch.kill_evidence(code, tail)
                 store.fail_server_config(server.id, _exit_kind(code, oom),
-                                         f"the server exited with code {code}{exit_code_meaning(code, oom)} during "
+                                         f"the server exited with code {code}{meaning} during "
                                          f"the sweep", exit_code=code, log_tail=tail, max_attempts=max_attempts,
                                          cell_ids=[c.id for c in cells[i:]])
                 say(f"server {server.label}: exited with code {code}; its remaining cells failed")
                 return
             attempted.add(cell.id)
-            _run_cell(plan, store, ready, server, cell, say)
+            try:
+                _run_cell(plan, store, ready, server, cell, say, watch)
+            except MemoryFloorError:
+                _fail_at_floor(store, server, watch, max_attempts, [c.id for c in cells[i:]], say)
+                return
 
 
-def _run_cell(plan: Plan, store: Store, ready: launch.Ready, server: ServerConfig, cell: Any, say: Say) -> None:
+def _fail_at_floor(store: Store, server: ServerConfig, watch: memwatch.Sampler | None, max_attempts: int,
+                   cell_ids: list[str] | None, say: Say) -> None:
+    """The floor watchdog stopped this server: a `memory-floor` failure with the samples; the sweep goes on."""
+    assert watch is not None and watch.floor_gib is not None
+    message, samples = memwatch.floor_failure(watch, watch.floor_gib)
+    store.fail_server_config(server.id, "memory-floor", message, log_tail=samples, max_attempts=max_attempts,
+                             cell_ids=cell_ids)
+    say(f"server {server.label}: failed (memory-floor): {message}")
+
+
+def _run_cell(plan: Plan, store: Store, ready: launch.Ready, server: ServerConfig, cell: Any, say: Say,
+              watch: memwatch.Sampler | None = None) -> None:
     sweep = plan.sweep
     store.start_cell(cell.id)
+    mark, clocks = (watch.mark(), memory.gpu_clocks()) if watch is not None else (0, None)
     sampling = Sampling(**sweep.sampling.model_dump())
     load = bench.Load(concurrency=cell.concurrency, requests=cell.requests, duration_s=sweep.duration_s,
                       warmup=sweep.warmup, stream=sweep.stream)
@@ -267,14 +305,20 @@ def _run_cell(plan: Plan, store: Store, ready: launch.Ready, server: ServerConfi
                            alive=lambda: ready.server.state()[0] and endpoint.api.alive())
         since = result["measurement"]["window_started_at"]
         bench.add_log_acceptance(result, spec.kind, lambda: ready.server.log_since(since))
+        if watch is not None:
+            memwatch.add_cell_facts(result, watch, mark, clocks)
     except (KeyboardInterrupt, DiskFullError):
         raise
     except Exception as exc:  # a dead engine mid-warmup, a broken server: this cell fails, the sweep goes on
+        if watch is not None and watch.tripped:
+            raise MemoryFloorError("the memory floor stopped the server") from exc
         if not isinstance(exc, SparklabError):
             faults.error("cell %s (%s): %s", name, cell.id, _one_line(exc), exc_info=exc)
         store.fail_cell(cell.id, "bench_error", _one_line(exc), max_attempts=sweep.max_attempts)
         say(f"cell {name}: failed: {_one_line(exc)}")
         return
+    if watch is not None and watch.tripped:  # its requests failed because the server was stopped
+        raise MemoryFloorError("the memory floor stopped the server")
     summary = result["summary"]
     counts = summary["requests"]
     if not counts["ok"]:

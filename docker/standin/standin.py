@@ -9,6 +9,7 @@ faults (see docker/README.md). Entry points: `vllm serve ...` (/usr/local/bin/vl
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import socket
@@ -40,6 +41,14 @@ SGLANG_START_ERROR = (
     "--mem-fraction-static. (standin fault)"
 )
 SGLANG_CHILD_FAILED = "Received sigquit from a child process. It usually means the child failed."
+# vLLM 0.27.1's startup check, verbatim: vllm/v1/worker/utils.py:419-427 (request_memory), with format_gib
+# from vllm/utils/mem_utils.py:30 (round to 2 decimals). STANDIN_UNIFIED_MEMORY=1 applies it to MemFree, as
+# cudaMemGetInfo reports it on GB10 (vllm-project/vllm#48140).
+VLLM_FREE_MEMORY_ERROR = (
+    "ValueError: Free memory on device {device} ({free}/{total} GiB) on startup is less than desired GPU memory "
+    "utilization ({util}, {requested} GiB). Decrease GPU memory utilization or reduce GPU memory used by other "
+    "processes."
+)
 
 
 def redact(argv: list[str]) -> list[str]:
@@ -436,7 +445,50 @@ class App:
                     self.log.sgl(msg, tp=True)
                 time.sleep(1)
 
+    def unified_memory_check(self) -> None:
+        """STANDIN_UNIFIED_MEMORY=1: vLLM's startup check against the host's MemFree (a GB10 without the
+        integrated-GPU correction), failing with its exact text."""
+        if os.environ.get("STANDIN_UNIFIED_MEMORY") != "1":
+            return
+        info: dict[str, int] = {}
+        with open("/proc/meminfo") as f:
+            for line in f:
+                key, _, rest = line.partition(":")
+                info[key] = int(rest.split()[0]) * 1024
+        util = float(self.cfg.opts.get("gpu-memory-utilization") or 0.9)
+        free, total = info["MemFree"], info["MemTotal"]
+        requested = math.ceil(total * util)
+        if free >= requested:
+            return
+        gib = 1 << 30
+        text = VLLM_FREE_MEMORY_ERROR.format(device="cuda:0", free=round(free / gib, 2), total=round(total / gib, 2),
+                                             util=util, requested=round(requested / gib, 2))
+        self.log.engine("core.py:1082", "EngineCore failed to start.", "ERROR")
+        self.log.emit("Traceback (most recent call last):", err=True)
+        self.log.emit('  File "/usr/local/lib/python3.12/dist-packages/vllm/v1/worker/utils.py", line 419, '
+                      "in request_memory", err=True)
+        self.log.emit(text, err=True)
+        self.log.emit(VLLM_CORE_FAILED.format("{'EngineCore_DP0': 1}"), err=True)
+        os._exit(1)
+
+    def grow_after_ready(self) -> None:
+        """STANDIN_GROW_MIB_PER_S: allocate (and touch) memory gradually after ready, at most
+        STANDIN_GROW_MAX_MIB (default 1024): a server whose memory climbs toward the host's floor."""
+        rate = env_float("STANDIN_GROW_MIB_PER_S", 0)
+        if rate <= 0:
+            return
+        limit = int(env_float("STANDIN_GROW_MAX_MIB", 1024))
+        self.held: list[bytes] = []  # kept for the server's life
+
+        def grow() -> None:
+            while len(self.held) < limit:
+                self.held.append(b"\x01" * (1 << 20))  # written, so resident
+                time.sleep(1.0 / rate)
+
+        threading.Thread(target=grow, daemon=True).start()
+
     def after_ready(self) -> None:
+        self.grow_after_ready()
         die_after = os.environ.get("STANDIN_DIE_AFTER")
         if not die_after:
             return
@@ -472,6 +524,7 @@ class App:
         msg = f"Initializing a V1 LLM engine ({VERSION}) with config: model={cfg.model!r}, speculative_config="
         log.engine("core.py:93", f"{msg}{sc}, max_seq_len={cfg.max_len}, served_model_name={cfg.served_names[0]}")
         self.faults_at_start()
+        self.unified_memory_check()
         delay = env_float("STANDIN_START_DELAY", 1.0)
         time.sleep(delay)
         log.engine("gpu_model_runner.py:2000", f"Model loading took 0.2534 GiB memory and {delay:.6f} seconds")

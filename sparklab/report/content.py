@@ -6,7 +6,16 @@ from pathlib import Path
 
 from sparklab.metrics import CONFIDENCE, SPREAD_WARN, Estimate, Ratio
 from sparklab.report.document import Block, Bullets, Code, Document, Image, Para, Section, Table
-from sparklab.report.model import BEST_TIE, Group, Report, Server, headline_name
+from sparklab.report.model import (
+    BEST_TIE,
+    CLOCK_DROP_FLAG,
+    Group,
+    Report,
+    Server,
+    clock_drops,
+    headline_name,
+    memory_rows,
+)
 from sparklab.report.roofline import assumptions, model_inputs
 
 DASH = "-"
@@ -241,6 +250,38 @@ def _facts(report: Report) -> Section:
     return Section("Measured facts per server config", blocks=blocks)
 
 
+def _memory(report: Report) -> Section | None:
+    rows = memory_rows(report)
+    drops = clock_drops(report)
+    if not rows and not drops:
+        return None
+    blocks: list[Block] = []
+    if rows:
+        blocks.append(Para("Sampled at most 1 s apart while each server started and while its cells ran: host "
+                           "memory from /proc/meminfo (used = MemTotal - MemAvailable), the container's own from "
+                           "its cgroup, the GPU's from nvidia-smi where it answers (not on GB10's unified "
+                           "memory). Headroom is the lowest MemAvailable seen."))
+        blocks.append(Table(
+            ("server", "peak used at start GiB", "peak used in cells GiB", "headroom GiB", "lowest MemFree GiB",
+             "container peak GiB", "GPU peak MiB", "host total GiB"),
+            tuple((r.server.label, _opt(r.start_peak_used_gib, "{:.2f}"), _opt(r.cells_peak_used_gib, "{:.2f}"),
+                   _opt(r.headroom_gib, "{:.2f}"), _opt(r.min_free_gib, "{:.2f}"),
+                   _opt(r.peak_container_gib, "{:.2f}"), _opt(r.peak_gpu_used_mib, "{:.0f}"),
+                   _opt(r.total_gib, "{:.1f}")) for r in rows),
+            (False, *([True] * 7))))
+    if drops:
+        blocks.append(Para(f"Cells whose SM clock fell by more than {100 * CLOCK_DROP_FLAG:.0f}% from their start "
+                           "to their end (nvidia-smi; throttling makes their numbers lower than the config's):"))
+        blocks.append(Bullets(tuple(
+            f"{d.group.server.label} C={d.group.concurrency} {d.group.workload} #{d.cell.repeat}: SM clock "
+            f"{100 * d.drop:.0f}% lower ({_opt(d.start.get('sm_clock_mhz'), '{:.0f}')} → "
+            f"{_opt(d.end.get('sm_clock_mhz'), '{:.0f}')} MHz), temperature "
+            f"{_opt(d.start.get('temperature_c'), '{:.0f}')} → {_opt(d.end.get('temperature_c'), '{:.0f}')} °C, "
+            f"power {_opt(d.start.get('power_w'), '{:.1f}')} → {_opt(d.end.get('power_w'), '{:.1f}')} W"
+            for d in drops)))
+    return Section("Memory and clocks", blocks=blocks)
+
+
 def _opt(value: float | None, pattern: str) -> str:
     return DASH if value is None else pattern.format(value)
 
@@ -325,6 +366,8 @@ def document(report: Report, plots: list[tuple[str, Path]] | None = None) -> Doc
     if acceptance := _acceptance(report):
         sections.append(acceptance)
     sections += [_roofline(report), _facts(report)]
+    if memory := _memory(report):
+        sections.append(memory)
     if failures := _failures(report):
         sections.append(failures)
     if plots:

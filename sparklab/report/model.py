@@ -301,6 +301,69 @@ def _with_roofline(group: Group, notes: list[str]) -> Group:
     return replace(group, roofline=bound(inputs, group.concurrency, accept or 1.0, context, measured, source))
 
 
+CLOCK_DROP_FLAG = 0.10  # a cell whose SM clock fell by more than this from its start to its end is flagged
+
+
+@dataclass(frozen=True)
+class MemoryRow:
+    """One server config's memory: at its start and over its cells (the samples' extremes, see memwatch)."""
+
+    server: Server
+    start_peak_used_gib: float | None
+    cells_peak_used_gib: float | None
+    headroom_gib: float | None  # the lowest MemAvailable seen, start and cells
+    min_free_gib: float | None
+    peak_container_gib: float | None
+    peak_gpu_used_mib: float | None
+    total_gib: float | None
+
+
+def _extreme(values: list[float | None], pick: Callable[[list[float]], float]) -> float | None:
+    present = [float(v) for v in values if v is not None]
+    return pick(present) if present else None
+
+
+def memory_rows(report: Report) -> list[MemoryRow]:
+    """Per server config with memory samples: peak use and headroom (empty for runs from before sampling)."""
+    rows = []
+    for server in report.servers:
+        start = server.startup.get("memory") or {}
+        cells = [m for g in report.groups if g.server.id == server.id for c in g.cells
+                 if (m := (c.result or {}).get("memory"))]
+        if not start and not cells:
+            continue
+        every = [start, *cells] if start else cells
+        rows.append(MemoryRow(
+            server, start.get("peak_used_gib"), _extreme([m.get("peak_used_gib") for m in cells], max),
+            _extreme([m.get("min_available_gib") for m in every], min),
+            _extreme([m.get("min_free_gib") for m in every], min),
+            _extreme([m.get("peak_container_gib") for m in every], max),
+            _extreme([m.get("peak_gpu_used_mib") for m in every], max),
+            _extreme([m.get("total_gib") for m in every], max)))
+    return rows
+
+
+@dataclass(frozen=True)
+class ClockDrop:
+    group: Group
+    cell: CellRow
+    drop: float
+    start: dict[str, Any]
+    end: dict[str, Any]
+
+
+def clock_drops(report: Report, threshold: float = CLOCK_DROP_FLAG) -> list[ClockDrop]:
+    """Cells whose SM clock fell by more than `threshold` between their start and end (throttling)."""
+    out = []
+    for group in report.groups:
+        for cell in group.cells:
+            clocks = (cell.result or {}).get("gpu_clocks") or {}
+            drop = clocks.get("sm_clock_drop")
+            if drop is not None and drop > threshold:
+                out.append(ClockDrop(group, cell, float(drop), clocks.get("start") or {}, clocks.get("end") or {}))
+    return out
+
+
 def _best(groups: list[Group]) -> list[Best]:
     """Per (workload, concurrency): the highest median - sd of the headline over repeats (a config that is fast
     only sometimes scores lower; sd, not MAD, so that one slow run in three counts); within 1% of it, the

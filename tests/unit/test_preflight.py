@@ -117,7 +117,8 @@ def test_all_errors_are_reported_together(gb10_doc, write_recipe) -> None:
 
 def _meminfo(tmp_path: Path, available_gib: float, total_gib: float = 121.7) -> Path:
     path = tmp_path / "meminfo"
-    path.write_text(f"MemTotal: {int(total_gib * 1048576)} kB\nMemFree: 1000 kB\n"
+    # MemFree = MemAvailable: no page cache (unified memory judges MemFree too: tests/unit/test_memory.py)
+    path.write_text(f"MemTotal: {int(total_gib * 1048576)} kB\nMemFree: {int(available_gib * 1048576)} kB\n"
                     f"MemAvailable: {int(available_gib * 1048576)} kB\n")
     return path
 

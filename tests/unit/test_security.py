@@ -209,11 +209,12 @@ def test_sglang_cannot_take_its_key_from_the_environment_and_up_says_so() -> Non
 
 
 def test_up_says_an_sglang_key_is_visible_in_ps(capsys, tmp_path: Path) -> None:
+    # not a GB10: its --mem-fraction-static 0.85 of this host's memory is not judged here (unified_memory=false)
     assert main(["up", "gb10:none", "--engine", "sglang", "--dry-run", "--hf-cache", str(tmp_path),
-                 "--port", "18998"]) == 0
+                 "--port", "18998", "--set", "unified_memory=false"]) == 0
     assert "every local user can read the key with `ps`" in capsys.readouterr().err.replace("\n", " ")
     assert main(["up", "gb10:none", "--engine", "sglang", "--dry-run", "--hf-cache", str(tmp_path),
-                 "--port", "18998", "--no-api-key"]) == 0
+                 "--port", "18998", "--no-api-key", "--set", "unified_memory=false"]) == 0
     assert "ps" not in capsys.readouterr().err
 
 
