@@ -9,18 +9,15 @@ cell in flight pending. SIGKILL loses at most that cell: the next run resets it 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import logging
-import os
 import platform
-import shutil
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from sparklab import __version__, bench, launch, memory, memwatch, preflight
+from sparklab import __version__, bench, launch, memory, memwatch, preflight, rundir
 from sparklab.containers import Docker
 from sparklab.engine_api import EngineAPI
 from sparklab.engines import engine
@@ -171,7 +168,7 @@ def run(plan: Plan, store: Store, docker: Docker, run_dir: Path, options: Option
         cells = [c for c in server.cells if c.id in pending]
         if not cells:
             continue
-        check_free_space(run_dir, options.min_free_mib)
+        rundir.check_free_space(run_dir, options.min_free_mib)
         _wait_memory(baseline, options.memory_wait_s, say, server)
         if options.drop_caches is not False:
             memory.free_page_cache(server.recipe, server.spec, say, every_recipe=bool(options.drop_caches))
@@ -195,16 +192,16 @@ def _contain(plan: Plan, store: Store, docker: Docker, run_dir: Path, server: Se
     """An unexpected fault in one server's work: its traceback goes to the run's log file (not the console),
     its containers are removed (waiting for a restarting Docker daemon), its unfinished cells fail with one line."""
     reason = _one_line(exc)
-    faults.error("server %s (%s): %s", server.label, server.id, reason, exc_info=exc)
-    store.fail_server_config(server.id, "error", f"{reason} (traceback in {run_dir / LOG_NAME})",
+    rundir.faults.error("server %s (%s): %s", server.label, server.id, reason, exc_info=exc)
+    store.fail_server_config(server.id, "error", f"{reason} (traceback in {run_dir / rundir.LOG_NAME})",
                              max_attempts=plan.sweep.max_attempts, cell_ids=not_reached)
     say(f"server {server.label}: failed (error): {reason}; its unfinished cells go back to the queue; "
-        f"details in {run_dir / LOG_NAME}")
+        f"details in {run_dir / rundir.LOG_NAME}")
     try:
         for name in docker.remove_run_containers(run_dir.name):
             say(f"removed {name} after the fault")
     except Exception as cleanup:  # the daemon stayed away: say so, the next run's gc removes it
-        faults.error("cleanup after the fault failed: %s", _one_line(cleanup), exc_info=cleanup)
+        rundir.faults.error("cleanup after the fault failed: %s", _one_line(cleanup), exc_info=cleanup)
         say(f"could not remove the server's container ({_one_line(cleanup)}); `sparklab gc` removes it later")
 
 
@@ -212,15 +209,6 @@ def _one_line(exc: BaseException) -> str:
     text = exc.message if isinstance(exc, SparklabError) else str(exc)
     first = (text.strip().splitlines() or [""])[0]
     return f"{type(exc).__name__}: {first}"[:300] if not isinstance(exc, SparklabError) else first[:300]
-
-
-def check_free_space(run_dir: Path, min_free_mib: float) -> None:
-    """Stop before a server starts when the disk under the run has less than min_free_mib left."""
-    free = shutil.disk_usage(run_dir).free / 2**20
-    if free < min_free_mib:
-        raise DiskFullError(f"only {free:.0f} MiB free under {run_dir} (the sweep wants {min_free_mib:.0f} MiB before "
-                            "each server): sparklab stopped the sweep (finished cells are kept)",
-                            f"Free space there (df -h {run_dir}), then run the same sweep again to continue.")
 
 
 def _run_server(plan: Plan, store: Store, docker: Docker, run_dir: Path, options: Options, server: ServerConfig,
@@ -313,7 +301,7 @@ def _run_cell(plan: Plan, store: Store, ready: launch.Ready, server: ServerConfi
         if watch is not None and watch.tripped:
             raise MemoryFloorError("the memory floor stopped the server") from exc
         if not isinstance(exc, SparklabError):
-            faults.error("cell %s (%s): %s", name, cell.id, _one_line(exc), exc_info=exc)
+            rundir.faults.error("cell %s (%s): %s", name, cell.id, _one_line(exc), exc_info=exc)
         store.fail_cell(cell.id, "bench_error", _one_line(exc), max_attempts=sweep.max_attempts)
         say(f"cell {name}: failed: {_one_line(exc)}")
         return
@@ -340,23 +328,9 @@ def _run_cell(plan: Plan, store: Store, ready: launch.Ready, server: ServerConfi
         f"{summary['requests']['ok']}/{summary['requests']['measured']} ok")
 
 
-def resolve_run(request: Request, name: str) -> tuple[Path, bool]:
-    """(run directory, whether it exists): --resume RUN, else the newest run of this sweep, else a new one."""
-    if request.resume:
-        run = request.runs_dir / request.resume
-        if not (run / "results.sqlite").exists():
-            raise SparklabError(f"no run {request.resume!r} under {request.runs_dir} (no {run / 'results.sqlite'})",
-                                f"List them with: ls {request.runs_dir}")
-        return run, True
-    earlier = sorted(request.runs_dir.glob(f"{name}-*/results.sqlite"))
-    if earlier and not request.new:
-        return earlier[-1].parent, True
-    return request.runs_dir / f"{name}-{launch.new_run_id()}", False
-
-
 def dry_run(request: Request) -> tuple[Plan, float, TimingModel]:
     """The plan, its ETA and the timing model behind it: the same code path as a run, up to the first start."""
-    run_dir, _ = resolve_run(request, load_sweep(request.file).name)
+    run_dir, _ = rundir.resolve(request.runs_dir, load_sweep(request.file).name, request.resume, request.new)
     plan = build_plan(request.file, run_id=run_dir.name, ulimits=request.ulimits)
     model = timing_model(plan, sorted(request.runs_dir.glob("*/results.sqlite")))
     return plan, estimate_seconds(plan, model), model
@@ -368,11 +342,12 @@ def sweep(request: Request, say: Say, docker: Docker | None = None) -> Outcome:
     Ctrl-C and SIGTERM (as KeyboardInterrupt) tear the current server down and return an interrupted outcome
     that can be resumed; the cell in flight goes back to pending.
     """
-    run_dir, exists = resolve_run(request, load_sweep(request.file).name)
+    run_dir, exists = rundir.resolve(request.runs_dir, load_sweep(request.file).name, request.resume,
+                                     request.new)
     plan = build_plan(request.file, run_id=run_dir.name, ulimits=request.ulimits)
     run_dir.mkdir(parents=True, exist_ok=True)
-    with RunLock(run_dir), _fault_log(run_dir):
-        check_free_space(run_dir, request.options.min_free_mib)
+    with rundir.RunLock(run_dir), rundir.fault_log(run_dir):
+        rundir.check_free_space(run_dir, request.options.min_free_mib)
         docker = docker or Docker()
         path = run_dir / "results.sqlite"
         store = Store.open(path) if exists else Store.create(path, plan.sweep.model_dump(), __version__)
@@ -406,54 +381,6 @@ def _download(plan: Plan, store: Store, say: Say) -> None:
     fetched = pull.pull([(s.recipe, s.spec) for s in plan.servers], pull_image=None, say=say)
     if fetched.models:
         store.set_host_facts({"model_revisions": fetched.revisions()})
-
-
-LOG_NAME = "sweep.log"
-faults = logging.getLogger("sparklab.faults")  # tracebacks of contained faults: the run's log file, not the console
-faults.propagate = False
-
-
-@contextlib.contextmanager
-def _fault_log(run_dir: Path) -> Iterator[None]:
-    handler = logging.FileHandler(run_dir / LOG_NAME, encoding="utf-8", delay=True)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
-    faults.addHandler(handler)
-    try:
-        yield
-    finally:
-        faults.removeHandler(handler)
-        handler.close()
-
-
-class RunLock:
-    """One sweep process per run: an exclusive flock on runs/<id>/lock, holding the holder's pid.
-
-    The kernel drops a flock when its process dies (even by SIGKILL), so a lock left by a dead sweep is never
-    stale: the next sweep simply takes it.
-    """
-
-    def __init__(self, run_dir: Path) -> None:
-        self.path = run_dir / "lock"
-        self._fd: int | None = None
-
-    def __enter__(self) -> RunLock:
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
-            os.close(fd)
-            raise SparklabError(f"run {self.path.parent.name} is in use by pid {holder} (another `sparklab sweep` "
-                                "is running it)", f"Wait for it to finish, or stop it: kill -TERM {holder}") from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        self._fd = fd
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._fd is not None:
-            os.close(self._fd)  # releases the flock
-            self._fd = None
 
 
 def _progress(store: Store, started: float, done_at_start: int) -> str:
