@@ -92,6 +92,8 @@ class SweepFile(Strict):
     # below it is partial: it runs again, and after max_attempts its numbers are kept flagged.
     require_ok: float = Field(default=1.0, gt=0, le=1)
     request_timeout_s: Seconds = 1800.0
+    # A server whose engine prints nothing for this long while not ready fails as "stalled" (null: never).
+    load_stall_s: Seconds | None = 600.0
 
 
 def _hash(data: Any) -> str:
