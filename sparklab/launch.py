@@ -139,7 +139,7 @@ def _facts_after_ready(server: Server, spec: LaunchSpec, settle_s: float = 2.0) 
     return facts
 
 
-def watch(server: Server, log: LogWatch | None = None, poll_s: float = 1.0) -> None:
+def watch(server: Server, log_watch: LogWatch | None = None, poll_s: float = 1.0) -> None:
     """Block while the server runs (foreground `up`); raise if it dies or its engine logs a fatal line while
     its container runs on (then stop it). Ctrl-C / SIGTERM end it."""
     fatal_since: float | None = None
@@ -152,10 +152,10 @@ def watch(server: Server, log: LogWatch | None = None, poll_s: float = 1.0) -> N
                 f"the server exited with code {code}{exit_code_meaning(code)} while serving. "
                 f"Last 50 log lines:\n{tail}", f"Likely cause: {why}" if why else None,
                 exit_code=code, log_tail=tail)
-        if log is not None and log.fatal is not None:
+        if log_watch is not None and log_watch.fatal is not None:
             fatal_since = fatal_since or time.monotonic()
             if time.monotonic() - fatal_since >= FATAL_GRACE_S:  # its traceback has come by now
-                error = fatal_error(log, server.log_tail(CAUSE_LINES), "while serving")
+                error = fatal_error(log_watch, server.log_tail(CAUSE_LINES), "while serving")
                 server.stop(DEAD_STOP_GRACE_S)
                 raise error
         time.sleep(poll_s if fatal_since is None else 0.2)
