@@ -43,15 +43,21 @@ def wait_ready(probe: Probe, url: str, *, kind: str, timeout_s: float, headers: 
     Every try first checks that the container still runs; if it exited, fail at once with its exit code
     and the last log lines. A 401/403 also fails at once: something answers, but not with our key.
     With a `watch` on the engine's log, a fatal line fails the wait (FATAL_GRACE_S later, so the tail holds
-    the traceback), and with `stall_s` so does a log that stays silent that long while the engine is not ready.
+    the traceback) unless the container exits meanwhile, and with `stall_s` so does a log that stays silent
+    that long while the engine is not ready.
     """
     started = clock()
     deadline = started + timeout_s
     pulse = [watch.output if watch else 0, started]  # (output seen, when it last grew)
-    fatal_seen: list[float] = []
 
     def attempt() -> None:
         running, code = probe.state()
+        if running and watch is not None and watch.fatal is not None:
+            sleep(FATAL_GRACE_S)  # the rest of its traceback comes meanwhile, or the container exits
+            running, code = probe.state()
+            if running:
+                raise fatal_error(watch, probe.log_tail(CAUSE_LINES),
+                                  f"{clock() - started:.0f} s after start, before it was ready")
         if not running:
             tail = probe.log_tail(LOG_TAIL_LINES)
             why = engine(kind).explain_failure(tail)
@@ -62,12 +68,6 @@ def wait_ready(probe: Probe, url: str, *, kind: str, timeout_s: float, headers: 
                 f"({clock() - started:.0f} s after start){logged}. Last {LOG_TAIL_LINES} log lines:\n"
                 f"{_indent(tail)}",
                 f"Likely cause: {why}" if why else None, exit_code=code, log_tail=tail, oom_killed=oom)
-        if watch is not None and watch.fatal is not None:
-            fatal_seen.append(clock())
-            if fatal_seen[-1] - fatal_seen[0] < FATAL_GRACE_S:
-                raise _NotYet("a fatal line: waiting for the rest of the traceback")
-            raise fatal_error(watch, probe.log_tail(CAUSE_LINES),
-                              f"{clock() - started:.0f} s after start, before it was ready")
         if on_try is not None:
             on_try(clock() - started)
         try:
