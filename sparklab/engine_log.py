@@ -19,8 +19,9 @@ from sparklab.errors import NotReadyError
 # After a fatal line the engine still prints its traceback (and its API server the consequence): wait this
 # long for it before taking the log tail, so the tail holds the root cause.
 FATAL_GRACE_S = 1.0
-# A dead engine gets this long to stop on SIGTERM before Docker kills it: nothing in it is worth saving.
-DEAD_STOP_GRACE_S = 2.0
+# A dead engine is killed at once (no SIGTERM grace): its API server hangs (vLLM 0.27.1's sat through a 2 s
+# SIGTERM grace here and needed the SIGKILL anyway), and a grace would only delay the error.
+DEAD_STOP_GRACE_S = 0.0
 TAIL_LINES = 50
 CAUSE_LINES = 500  # read this much of the log to find the error behind a fatal line
 _LINE_END = re.compile(r"\r\n|\n|\r")  # progress bars redraw with \r

@@ -487,6 +487,8 @@ class App:
             return
 
         def die() -> None:
+            if os.environ.get("STANDIN_DIE_QUIET") == "1":  # a crash that prints nothing (segfault, OOM killer)
+                os._exit(1)
             if self.cfg.mode == "vllm":
                 self.log.engine("core.py:789", "EngineCore encountered a fatal error. (standin fault)", "ERROR")
                 self.log.api("async_llm.py:480", "AsyncLLM output_handler failed.", "ERROR")

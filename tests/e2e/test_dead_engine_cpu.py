@@ -59,4 +59,4 @@ def test_compiling_without_a_compiler_fails_with_the_cause_well_before_the_deadl
     measured["compiled without a compiler: fatal line to `up`'s error (s, +0/-1 s: the line has 1 s resolution)"] = (
         round(seconds, 1))
     measured["compiled without a compiler: `up` start to error (s)"] = round(took, 1)
-    assert seconds < 6
+    assert seconds < 5  # the promise (the measured figure overstates by up to 1 s)
