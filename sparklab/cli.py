@@ -80,7 +80,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         given_key = args.api_key_value or os.environ.get("SPARKLAB_API_KEY")
         ready = launch.start(p, docker, pull_policy=args.pull,
                              allow_foreign_platform=args.allow_foreign_platform, on_pull=pull_progress.update,
-                             api_key=given_key, detach=args.detach, on_wait=on_wait)
+                             api_key=given_key, detach=args.detach, on_wait=on_wait, stall_s=args.stall_timeout)
     _print_warnings(p.warnings[shown:])
     with ready.server:
         _print_ready(ready, key_given=bool(given_key))
@@ -90,7 +90,7 @@ def cmd_up(args: argparse.Namespace) -> int:
             return 0
         out.print("serving in the foreground: Ctrl-C stops and removes it.")
         try:
-            launch.watch(ready.server)
+            launch.watch(ready.server, ready.watch)
         except KeyboardInterrupt:
             err.print("stopping…")
             seconds = ready.server.stop()

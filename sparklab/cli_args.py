@@ -121,6 +121,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true", help="render and preflight only")
     p.add_argument("--no-download", dest="download", action="store_false",
                    help="do not fetch the model and drafts into the Hugging Face cache first (`sparklab pull`)")
+    p.add_argument("--stall-timeout", type=_positive(MAX_DURATION_S), metavar="SECONDS",
+                   help="fail when the engine prints nothing for this long while loading (default: off)")
     p.set_defaults(command="up")
 
     p = sub.add_parser("bench", help="benchmark an OpenAI-compatible endpoint (or a sparklab server)")

@@ -205,8 +205,10 @@ class Docker:
     # -- containers --------------------------------------------------------------------------------
 
     def launch(self, spec: LaunchSpec, secrets: dict[str, str], log_path: Path | None = None,
-               detach: bool = False) -> Server:
-        """Create and start the container. On any failure the container is removed before raising."""
+               detach: bool = False, on_log: Callable[[bytes], None] | None = None) -> Server:
+        """Create and start the container. On any failure the container is removed before raising.
+
+        on_log: called (from the log thread) with each piece of the log as it arrives, redacted; needs log_path."""
         env = dict(spec.env)
         for name in spec.secret_env:
             value = secrets.get(name) or spec.secret_values.get(name) or os.environ.get(name)
@@ -254,7 +256,7 @@ class Docker:
             if container is not None:
                 self._force_remove(container)
             raise
-        return Server(self, container, spec, log_path, detach=detach)
+        return Server(self, container, spec, log_path, detach=detach, on_log=on_log)
 
     def _remove_stale_name(self, name: str) -> None:
         with contextlib.suppress(docker.errors.NotFound):
@@ -402,7 +404,7 @@ class Server:
     """A started server container. As a context manager it is torn down on every path unless kept."""
 
     def __init__(self, docker_: Docker, container: Container, spec: LaunchSpec, log_path: Path | None,
-                 detach: bool = False) -> None:
+                 detach: bool = False, on_log: Callable[[bytes], None] | None = None) -> None:
         self.docker = docker_
         self.container = container
         self.spec = spec
@@ -411,6 +413,7 @@ class Server:
         self.kept = False
         self._log_thread: threading.Thread | None = None
         self._secrets = container_secrets(container)
+        self._on_log = on_log
         if log_path is not None:
             self._start_log_stream(log_path)
 
@@ -429,11 +432,20 @@ class Server:
                     for line in redacted_lines(stream, self._secrets):
                         out.write(line)
                         out.flush()
+                        if self._on_log is not None:
+                            self._tell(line)
             except (docker.errors.APIError, requests.RequestException, OSError) as exc:
                 log.debug("log stream of %s ended: %s", self.container.name, exc)
 
         self._log_thread = threading.Thread(target=pump, name=f"logs-{self.name}", daemon=True)
         self._log_thread.start()
+
+    def _tell(self, data: bytes) -> None:
+        try:
+            assert self._on_log is not None
+            self._on_log(data)
+        except Exception:  # a listener's bug must not end the log file
+            log.debug("log listener of %s failed", self.name, exc_info=True)
 
     def state(self) -> tuple[bool, int | None]:
         """(running, exit code if it has exited)."""
@@ -474,6 +486,14 @@ class Server:
             return redact(self.container.logs(), self._secrets).decode("utf-8", "replace")
         except (docker.errors.APIError, requests.RequestException):
             return self.log_path.read_text("utf-8", "replace") if self.log_path and self.log_path.exists() else ""
+
+    def kill(self) -> None:
+        """SIGKILL now, keeping the container (and its log) for the teardown: a dead engine's in-flight
+        requests then fail at once instead of hanging. Tolerates a container that is gone or stopped."""
+        try:
+            self.container.kill()
+        except (docker.errors.APIError, requests.RequestException) as exc:  # NotFound, 409 not running
+            log.debug("kill of %s: %s", self.name, exc)
 
     def keep(self) -> None:
         """Leave the container running when the context ends (`up --detach`)."""

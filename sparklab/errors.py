@@ -40,14 +40,16 @@ class ImageUnavailableError(ContainerError):
 
 
 class NotReadyError(ContainerError):
-    """The server did not become ready: it exited, or the deadline passed."""
+    """The server did not become ready or stopped serving: it exited, logged a fatal error, went silent while
+    loading, or the deadline passed."""
 
     def __init__(self, message: str, hint: str | None = None, exit_code: int | None = None,
-                 log_tail: str = "", oom_killed: bool | None = None) -> None:
+                 log_tail: str = "", oom_killed: bool | None = None, kind: str | None = None) -> None:
         super().__init__(message, hint)
         self.container_exit_code = exit_code
         self.log_tail = log_tail
         self.oom_killed = oom_killed  # Docker's State.OOMKilled (None: not read): the OOM killer, not any SIGKILL
+        self.kind = kind  # "fatal" (a fatal engine log line), "stalled" (silent while loading), None: exit/deadline
 
 
 class MemoryFloorError(ContainerError):

@@ -1,4 +1,5 @@
-"""Readiness: poll the engine's endpoint until it answers, failing at once when the container exits."""
+"""Readiness: poll the engine's endpoint until it answers, failing at once when the container exits, when the
+engine logs a fatal line in a container that runs on, or (if asked) when it goes silent while loading."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Protocol
 from tenacity import RetryCallState, Retrying, retry_if_exception_type, wait_exponential
 
 from sparklab import engine_api
+from sparklab.engine_log import CAUSE_LINES, FATAL_GRACE_S, LogWatch, fatal_error, stalled_error
 from sparklab.engines import engine
 from sparklab.errors import NotReadyError
 from sparklab.scrape import exit_code_meaning
@@ -34,37 +36,61 @@ def _indent(text: str) -> str:
 
 def wait_ready(probe: Probe, url: str, *, kind: str, timeout_s: float, headers: dict[str, str] | None = None,
                max_interval_s: float = 1.0, on_try: Callable[[float], None] | None = None,
-               clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> float:
+               clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
+               watch: LogWatch | None = None, stall_s: float | None = None) -> float:
     """Poll `url` until it answers 200, within a monotonic deadline. Returns seconds waited.
 
     Every try first checks that the container still runs; if it exited, fail at once with its exit code
     and the last log lines. A 401/403 also fails at once: something answers, but not with our key.
+    With a `watch` on the engine's log, a fatal line fails the wait (FATAL_GRACE_S later, so the tail holds
+    the traceback) unless the container exits meanwhile, and with `stall_s` so does a log that stays silent
+    that long while the engine is not ready.
     """
     started = clock()
     deadline = started + timeout_s
+    pulse = [watch.output if watch else 0, started]  # (output seen, when it last grew)
 
     def attempt() -> None:
         running, code = probe.state()
+        if running and watch is not None and watch.fatal is not None:
+            sleep(FATAL_GRACE_S)  # the rest of its traceback comes meanwhile, or the container exits
+            running, code = probe.state()
+            if running:
+                raise fatal_error(watch, probe.log_tail(CAUSE_LINES),
+                                  f"{clock() - started:.0f} s after start, before it was ready")
         if not running:
             tail = probe.log_tail(LOG_TAIL_LINES)
             why = engine(kind).explain_failure(tail)
             oom = probe.oom_killed() if hasattr(probe, "oom_killed") else None  # read by Server; fakes may not
+            logged = f" after logging: {watch.fatal}" if watch and watch.fatal else ""
             raise NotReadyError(
                 f"the server container exited with code {code}{exit_code_meaning(code, oom, tail)} before it was ready "
-                f"({clock() - started:.0f} s after start). Last {LOG_TAIL_LINES} log lines:\n{_indent(tail)}",
+                f"({clock() - started:.0f} s after start){logged}. Last {LOG_TAIL_LINES} log lines:\n"
+                f"{_indent(tail)}",
                 f"Likely cause: {why}" if why else None, exit_code=code, log_tail=tail, oom_killed=oom)
         if on_try is not None:
             on_try(clock() - started)
         try:
             status = engine_api.probe(url, headers)
         except engine_api.Unreachable as exc:
+            check_stall()
             raise _NotYet(str(exc)) from None
         if status in (401, 403):
             raise NotReadyError(
                 f"{url} answered {status}: the server rejects sparklab's API key",
                 "Another server may own this port: check `sparklab ps` and `docker ps`.")
         if status != 200:
+            check_stall()
             raise _NotYet(f"HTTP {status}")
+
+    def check_stall() -> None:
+        if watch is None:
+            return
+        now = clock()
+        if watch.output != pulse[0]:
+            pulse[:] = [watch.output, now]
+        elif stall_s and now - pulse[1] >= stall_s:
+            raise stalled_error(stall_s, now - started, probe.log_tail(LOG_TAIL_LINES))
 
     def stop(state: RetryCallState) -> bool:
         return clock() >= deadline

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from sparklab import hub, preflight
 from sparklab.containers import Docker, ImageInfo, PullCallback, Server
+from sparklab.engine_log import CAUSE_LINES, DEAD_STOP_GRACE_S, FATAL_GRACE_S, LogWatch, fatal_error
 from sparklab.engines import engine
 from sparklab.errors import ImageUnavailableError, NotReadyError
 from sparklab.health import wait_ready
@@ -66,12 +67,16 @@ class Ready:
     seconds_to_ready: float
     api_key: str | None
     facts: StartupFacts
+    watch: LogWatch | None = None  # the engine's log as it arrives: its first fatal line
 
 
 def start(p: Launch, docker: Docker, *, pull_policy: str = "missing", allow_foreign_platform: bool = False,
           on_pull: PullCallback | None = None, api_key: str | None = None, detach: bool = False,
-          on_wait: Callable[[float], None] | None = None, log_path: Path | None = None) -> Ready:
-    """Pull, run and wait. The returned server is already torn down if anything here fails."""
+          on_wait: Callable[[float], None] | None = None, log_path: Path | None = None,
+          stall_s: float | None = None) -> Ready:
+    """Pull, run and wait. The returned server is already torn down if anything here fails.
+
+    A fatal line in the engine's log fails the wait at once; with stall_s, so does a log silent that long."""
     host_arch = docker.host_arch()
     p.warnings += preflight.check_platform_tag(p.spec, host_arch, allow_foreign_platform)
     platform = p.spec.platform if allow_foreign_platform else None
@@ -88,16 +93,21 @@ def start(p: Launch, docker: Docker, *, pull_policy: str = "missing", allow_fore
     log_path = log_path or state_dir() / "logs" / f"{spec.name}.log"
     if hub.host_hub_cache(spec) is not None:  # models were fetched first: a missing file fails at start
         spec = dataclasses.replace(spec, env={**hub.offline_env(), **spec.env})
-    server = docker.launch(spec, provided, log_path, detach=detach)
+    log_watch = LogWatch(adapter)
+    server = docker.launch(spec, provided, log_path, detach=detach, on_log=log_watch.feed)
     try:
         headers = {"Authorization": f"Bearer {key}"} if key and adapter.ready_needs_key else None
         seconds = wait_ready(server, spec.endpoint + spec.ready_path, kind=spec.kind,
-                             timeout_s=spec.ready_timeout_s, headers=headers, on_try=on_wait)
+                             timeout_s=spec.ready_timeout_s, headers=headers, on_try=on_wait, watch=log_watch,
+                             stall_s=stall_s)
         facts = _facts_after_ready(server, spec)
+    except NotReadyError as exc:
+        server.stop(DEAD_STOP_GRACE_S if exc.kind else 10)  # a dead or hung engine has nothing to finish
+        raise
     except BaseException:
         server.stop()
         raise
-    return Ready(server, image, seconds, key, facts)
+    return Ready(server, image, seconds, key, facts, log_watch)
 
 
 def _ensure_image(p: Launch, docker: Docker, policy: str, on_pull: PullCallback | None,
@@ -129,8 +139,10 @@ def _facts_after_ready(server: Server, spec: LaunchSpec, settle_s: float = 2.0) 
     return facts
 
 
-def watch(server: Server, poll_s: float = 1.0) -> None:
-    """Block while the server runs (foreground `up`); raise if it dies. Ctrl-C / SIGTERM end it."""
+def watch(server: Server, log_watch: LogWatch | None = None, poll_s: float = 1.0) -> None:
+    """Block while the server runs (foreground `up`); raise if it dies or its engine logs a fatal line while
+    its container runs on (then stop it). Ctrl-C / SIGTERM end it."""
+    fatal_since: float | None = None
     while True:
         running, code = server.state()
         if not running:
@@ -140,4 +152,10 @@ def watch(server: Server, poll_s: float = 1.0) -> None:
                 f"the server exited with code {code}{exit_code_meaning(code, None, tail)} while serving. "
                 f"Last 50 log lines:\n{tail}", f"Likely cause: {why}" if why else None,
                 exit_code=code, log_tail=tail)
-        time.sleep(poll_s)
+        if log_watch is not None and log_watch.fatal is not None:
+            fatal_since = fatal_since or time.monotonic()
+            if time.monotonic() - fatal_since >= FATAL_GRACE_S:  # its traceback has come by now
+                error = fatal_error(log_watch, server.log_tail(CAUSE_LINES), "while serving")
+                server.stop(DEAD_STOP_GRACE_S)
+                raise error
+        time.sleep(poll_s if fatal_since is None else 0.2)

@@ -97,6 +97,8 @@ class SweepFile(Strict):
     stall_timeout_s: Seconds | None = 60.0
     # Stop a server when MemAvailable falls under this (GiB; 0: off; None: 8 on unified-memory recipes).
     memory_floor_gib: float | None = Field(default=None, ge=0, le=4096)
+    # A server whose engine prints nothing for this long while not ready fails as "stalled" (null: never).
+    load_stall_s: Seconds | None = 600.0
 
 
 def _hash(data: Any) -> str:

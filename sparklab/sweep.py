@@ -20,6 +20,7 @@ from typing import Any
 from sparklab import __version__, bench, launch, memory, memwatch, preflight, rundir
 from sparklab.containers import Docker
 from sparklab.engine_api import EngineAPI
+from sparklab.engine_log import CAUSE_LINES, fatal_error
 from sparklab.engines import engine
 from sparklab.errors import (
     ContainerError,
@@ -221,17 +222,20 @@ def _run_server(plan: Plan, store: Store, docker: Docker, run_dir: Path, options
         _wait_port_free(spec.host, spec.port, options.port_wait_s)
         prepared = launch.checked(server.recipe, spec)
         ready = launch.start(prepared, docker, pull_policy=options.pull_policy,
-                             log_path=run_dir / "logs" / f"{server.id}-{server.engine}-{server.method}.log")
+                             log_path=run_dir / "logs" / f"{server.id}-{server.engine}-{server.method}.log",
+                             stall_s=plan.sweep.load_stall_s)
     except (NotReadyError, ContainerError, PreflightError) as exc:
         if watch is not None and watch.tripped:
             _fail_at_floor(store, server, watch, max_attempts, None, say)
             return
         kind = _failure_kind(exc)
         code = getattr(exc, "container_exit_code", None)
-        store.fail_server_config(server.id, kind, exc.message + memwatch.kill_evidence(code, exc),
+        why = f"\n{exc.hint}" if kind in ("fatal", "stalled") and exc.hint else ""  # what died, or what to raise
+        store.fail_server_config(server.id, kind, exc.message + why + memwatch.kill_evidence(code, exc),
                                  exit_code=code,
                                  log_tail=getattr(exc, "log_tail", None), max_attempts=max_attempts)
-        say(f"server {server.label}: failed ({kind}): {exc.message.splitlines()[0]}")
+        cause = f" — {why.strip().splitlines()[0]}" if why else ""
+        say(f"server {server.label}: failed ({kind}): {exc.message.splitlines()[0]}{cause}")
         return
     api = EngineAPI(spec.endpoint, ready.api_key)
     facts = ready.facts.as_dict()
@@ -241,8 +245,13 @@ def _run_server(plan: Plan, store: Store, docker: Docker, run_dir: Path, options
                               ready_s=ready.seconds_to_ready, log_path=str(ready.server.log_path),
                               engine_version=engine(spec.kind).version(api))
     say(f"server {server.label}: ready in {ready.seconds_to_ready:.1f} s")
+    if ready.watch is not None:  # a dead engine's API server may run on: kill it, so in-flight requests fail now
+        ready.watch.on_fatal(ready.server.kill)
     with ready.server:
         for i, cell in enumerate(cells):
+            if _engine_died(ready):
+                _fail_fatal(store, server, ready, max_attempts, [c.id for c in cells[i:]], say)
+                return
             running, code = ready.server.state()
             if not running and watch is not None and watch.tripped:
                 _fail_at_floor(store, server, watch, max_attempts, [c.id for c in cells[i:]], say)
@@ -263,6 +272,20 @@ def _run_server(plan: Plan, store: Store, docker: Docker, run_dir: Path, options
             except MemoryFloorError:
                 _fail_at_floor(store, server, watch, max_attempts, [c.id for c in cells[i:]], say)
                 return
+        if _engine_died(ready):  # during the last cell
+            _fail_fatal(store, server, ready, max_attempts, [], say)
+
+
+def _fail_fatal(store: Store, server: ServerConfig, ready: launch.Ready, max_attempts: int, not_reached: list[str],
+                say: Say) -> None:
+    """The engine logged a fatal line while cells ran (its container was killed): the server fails as "fatal",
+    and its cells, the one in flight too, go back to the queue."""
+    assert ready.watch is not None
+    error = fatal_error(ready.watch, ready.server.log_tail(CAUSE_LINES), "while cells ran")
+    first = error.message.splitlines()[0]
+    store.fail_server_config(server.id, "fatal", f"{first}\n{error.hint}", log_tail=error.log_tail,
+                             max_attempts=max_attempts, cell_ids=not_reached)
+    say(f"server {server.label}: failed (fatal): {first}; its unfinished cells go back to the queue")
 
 
 def _fail_at_floor(store: Store, server: ServerConfig, watch: memwatch.Sampler | None, max_attempts: int,
@@ -300,6 +323,8 @@ def _run_cell(plan: Plan, store: Store, ready: launch.Ready, server: ServerConfi
     except Exception as exc:  # a dead engine mid-warmup, a broken server: this cell fails, the sweep goes on
         if watch is not None and watch.tripped:
             raise MemoryFloorError("the memory floor stopped the server") from exc
+        if _engine_died(ready):
+            return
         if not isinstance(exc, SparklabError):
             rundir.faults.error("cell %s (%s): %s", name, cell.id, _one_line(exc), exc_info=exc)
         store.fail_cell(cell.id, "bench_error", _one_line(exc), max_attempts=sweep.max_attempts)
@@ -307,6 +332,8 @@ def _run_cell(plan: Plan, store: Store, ready: launch.Ready, server: ServerConfi
         return
     if watch is not None and watch.tripped:  # its requests failed because the server was stopped
         raise MemoryFloorError("the memory floor stopped the server")
+    if _engine_died(ready):
+        return
     summary = result["summary"]
     counts = summary["requests"]
     if not counts["ok"]:
@@ -326,6 +353,11 @@ def _run_cell(plan: Plan, store: Store, ready: launch.Ready, server: ServerConfi
     adapter.reset_prefix_cache(endpoint.api)
     say(f"cell {name}: {summary['aggregate_tps']:.2f} tok/s aggregate, "
         f"{summary['requests']['ok']}/{summary['requests']['measured']} ok")
+
+
+def _engine_died(ready: launch.Ready) -> bool:
+    """A fatal line came while the cell ran: its numbers are not the engine's; the server's failure says why."""
+    return ready.watch is not None and ready.watch.fatal is not None
 
 
 def dry_run(request: Request) -> tuple[Plan, float, TimingModel]:
@@ -403,6 +435,8 @@ def _exit_kind(code: int | None, oom_killed: bool | None) -> str:
 
 def _failure_kind(exc: SparklabError) -> str:
     if isinstance(exc, NotReadyError):
+        if exc.kind:  # "fatal" (a fatal engine log line) or "stalled" (silent while loading)
+            return exc.kind
         if exc.container_exit_code is None:
             return "not_ready"
         return _exit_kind(exc.container_exit_code, exc.oom_killed)

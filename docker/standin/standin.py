@@ -49,6 +49,14 @@ VLLM_FREE_MEMORY_ERROR = (
     "utilization ({util}, {requested} GiB). Decrease GPU memory utilization or reduce GPU memory used by other "
     "processes."
 )
+# A dead engine in a live container (STANDIN_FATAL_*): vLLM 0.27.1's own lines, file:line as it prints them
+# (vllm/v1/engine/core.py:1349 and :1351, vllm/v1/engine/async_llm.py:724), and SGLang 0.5.23's
+# (sglang/srt/managers/scheduler.py:6372). The traceback's last line carries the wall-clock time of the fatal
+# line, so a test can measure how long sparklab took to report it.
+VLLM_FATAL_BEFORE_READY = ("core.py:1349", "EngineCore failed to start.")
+VLLM_FATAL_AFTER_READY = ("core.py:1351", "EngineCore encountered a fatal error.")
+VLLM_OUTPUT_HANDLER_FAILED = ("async_llm.py:724", "AsyncLLM output_handler failed.")
+SGLANG_SCHEDULER_FAILED = "Scheduler hit an exception: Traceback (most recent call last):"
 
 
 def redact(argv: list[str]) -> list[str]:
@@ -238,8 +246,8 @@ class Handler(BaseHTTPRequestHandler):
         if not self.authorized():
             return
         app, path = self.app, self.path.split("?", 1)[0]
-        if path in ("/health", "/health_generate", "/ping"):
-            self.send_text(200 if app.ready.is_set() else 503, "")
+        if path in ("/health", "/health_generate", "/ping"):  # vLLM's /health is 503 once its engine is dead
+            self.send_text(200 if app.ready.is_set() and not app.dead.is_set() else 503, "")
         elif path == "/v1/models":
             self.send_json(200, app.models())
         elif path == "/version":
@@ -285,6 +293,7 @@ class App:
         self.kv_tokens = int(env_float("STANDIN_KV_TOKENS", 93184))
         self.metrics = Metrics(cfg.spec.k if cfg.spec else None)
         self.ready = threading.Event()
+        self.dead = threading.Event()  # the engine died; the API server runs on (STANDIN_FATAL_AFTER)
         self.server: ThreadingHTTPServer | None = None
 
     def models(self) -> dict[str, Any]:
@@ -342,6 +351,8 @@ class App:
             while pos < len(words):
                 k = min(sizes[c % len(sizes)], len(words) - pos)
                 time.sleep(delay)
+                while self.dead.is_set():  # a dead engine: the request hangs, as vLLM's do
+                    time.sleep(3600)
                 self.metrics.chunk(k)
                 if stream:
                     done = reason if pos + k >= len(words) else None
@@ -427,13 +438,39 @@ class App:
             self.log.sgl(SGLANG_CHILD_FAILED, err=True)
         os._exit(code)
 
+    def fatal(self, before_ready: bool) -> None:
+        """Print a real fatal line and its traceback; the process (and the container) runs on."""
+        fault = f"RuntimeError: standin fault: fatal line at {time.time():.3f} (epoch s)"
+        if self.cfg.mode == "vllm":
+            where, msg = VLLM_FATAL_BEFORE_READY if before_ready else VLLM_FATAL_AFTER_READY
+            for line in (msg, "Traceback (most recent call last):",
+                         '  File "/opt/vllm/lib/python3.11/site-packages/vllm/v1/engine/core.py", line 1340, in '
+                         "run_engine_core", "    raise RuntimeError(", fault):
+                self.log.engine(where, line, "ERROR")
+            if not before_ready:
+                self.log.api(*VLLM_OUTPUT_HANDLER_FAILED, "ERROR")
+        else:
+            self.log.sgl(SGLANG_SCHEDULER_FAILED, tp=True, err=True)
+            self.log.emit(fault, err=True)
+
+    def hang(self) -> None:
+        while True:
+            time.sleep(3600)
+
     def faults_at_start(self) -> None:
+        if os.environ.get("STANDIN_FATAL_BEFORE_READY") == "1":
+            self.fatal(before_ready=True)
+            self.hang()
         if os.environ.get("STANDIN_EXIT_AT_START"):
             self.fail(int(os.environ["STANDIN_EXIT_AT_START"]))
         if os.environ.get("STANDIN_OOM") == "1":
             os.kill(os.getpid(), signal.SIGKILL)
             time.sleep(0.5)  # as PID 1 without --init the kernel ignores SIGKILL from inside; mimic it
             os._exit(137)
+        if os.environ.get("STANDIN_NEVER_READY") == "quiet":  # one loading line, then silence: a hung load
+            msg = "Loading safetensors checkpoint shards:   0% Completed | 0/4 [00:00<?, ?it/s]"
+            self.log.engine("default_loader.py:267", msg) if self.cfg.mode == "vllm" else self.log.sgl(msg, tp=True)
+            self.hang()
         if os.environ.get("STANDIN_NEVER_READY") == "1":
             started = time.monotonic()
             while True:
@@ -489,11 +526,21 @@ class App:
 
     def after_ready(self) -> None:
         self.grow_after_ready()
+        fatal_after = os.environ.get("STANDIN_FATAL_AFTER")
+        if fatal_after:
+
+            def die_quietly() -> None:
+                self.dead.set()
+                self.fatal(before_ready=False)
+
+            threading.Timer(float(fatal_after), die_quietly).start()
         die_after = os.environ.get("STANDIN_DIE_AFTER")
         if not die_after:
             return
 
         def die() -> None:
+            if os.environ.get("STANDIN_DIE_QUIET") == "1":  # a crash that prints nothing (segfault, OOM killer)
+                os._exit(1)
             if self.cfg.mode == "vllm":
                 self.log.engine("core.py:789", "EngineCore encountered a fatal error. (standin fault)", "ERROR")
                 self.log.api("async_llm.py:480", "AsyncLLM output_handler failed.", "ERROR")

@@ -43,6 +43,33 @@ class KnownFailure:
 
 
 @dataclass(frozen=True)
+class FatalLine:
+    """A log line after which the engine cannot serve, even while its container (its API server) runs on."""
+
+    pattern: re.Pattern[str]
+    meaning: str  # what died, in the user's words
+
+
+# A Python exception line, as a traceback ends, after vLLM's optional process prefix `(EngineCore pid=7) ` and
+# log header `ERROR 11-30 15:12:42 [core.py:1349] ` (vLLM repeats both on every line of a logged traceback).
+_EXCEPTION_LINE = re.compile(r"^(?:\(\w+ pid=\d+\) )?(?:[A-Z]+ \d\d-\d\d \d\d:\d\d:\d\d \[[^\]]+\] )?"
+                             r"((?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception)\b(?::.*)?)$")
+
+
+def root_cause(log: str, fatal_line: str) -> str | None:
+    """The engine's own error behind a fatal line: the first exception line from the fatal line on.
+
+    Python prints a chained traceback oldest first, so the first exception after the fatal line is the root.
+    """
+    lines = log.splitlines()
+    start = next((i for i, line in enumerate(lines) if fatal_line.strip() and fatal_line.strip() in line), 0)
+    for line in lines[start:]:
+        if m := _EXCEPTION_LINE.match(line.strip()):
+            return m.group(1).strip()[:300]
+    return None
+
+
+@dataclass(frozen=True)
 class Finding:
     """One preflight result: an error stops the launch, a warning is printed."""
 
@@ -65,6 +92,7 @@ class Engine:
     api_key_warning: str | None = None  # what `up` says when the key cannot be kept out of `ps`
     methods: frozenset[str] = frozenset()
     failures: tuple[KnownFailure, ...] = ()
+    fatal_lines: tuple[FatalLine, ...] = ()  # taken from the engine's source; each cites its file and line
     reads_log_acceptance: bool = False  # acceptance must be read from the log of the window
 
     # -- launch ------------------------------------------------------------------------------------------
@@ -128,6 +156,13 @@ class Engine:
         for failure in self.failures:
             if failure.pattern.search(log_tail):
                 return failure.explanation
+        return None
+
+    def fatal(self, line: str) -> FatalLine | None:
+        """The fatal pattern one log line matches: the engine is dead, whether or not its container runs."""
+        for fatal in self.fatal_lines:
+            if fatal.pattern.search(line):
+                return fatal
         return None
 
     # -- while serving -------------------------------------------------------------------------------------

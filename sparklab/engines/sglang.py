@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from sparklab.engines.base import (
     Acceptance,
     Engine,
+    FatalLine,
     Finding,
     KnownFailure,
     Speculative,
@@ -71,6 +72,28 @@ FAILURES = (
                  "the DSpark block size must be a positive integer."),
 )
 
+# Lines after which SGLang cannot serve, though its HTTP server may run on. The strings are SGLang 0.5.23's own
+# (`pip download --no-deps sglang==0.5.23`; file:line of the string under python/sglang/srt/).
+FATAL_LINES = (
+    # managers/scheduler.py:6372 f"Scheduler hit an exception: {traceback}", then SIGQUIT to the parent;
+    # managers/detokenizer_manager.py:566, managers/tokenizer_manager.py:4043,
+    # managers/data_parallel_controller.py:1011, managers/multi_tokenizer_mixin.py:833 and :945 alike
+    FatalLine(re.compile(r"(Scheduler|DetokenizerManager|TokenizerManager|DataParallelController|"
+                         r"MultiDetokenizerRouter|MultiTokenizerRouter) hit an exception"),
+              "an SGLang process died (scheduler, tokenizer or detokenizer)"),
+    # entrypoints/engine.py:1978 "Received sigquit from a child process. It usually means the child failed."
+    FatalLine(re.compile(r"Received sigquit from a child process"), "an SGLang child process failed while starting"),
+    # managers/tokenizer_manager.py:4074 f"SIGQUIT received. {signum=}, {frame=}. It usually means one child failed."
+    FatalLine(re.compile(r"SIGQUIT received\..*It usually means one child failed"),
+              "an SGLang child process failed while serving"),
+    # utils/watchdog.py:217 f"Subprocess {name} (pid={proc.pid}) crashed with exit code {proc.exitcode}. ..."
+    FatalLine(re.compile(r"Subprocess \S+ \(pid=\d+\) crashed with exit code"), "an SGLang subprocess crashed"),
+    # utils/watchdog.py:154 f"{self.debug_name} watchdog timeout ({self.watchdog_timeout=}, {self.soft=})";
+    # only soft=False ends the server (it then sends SIGQUIT)
+    FatalLine(re.compile(r"watchdog timeout \(self\.watchdog_timeout=[\d.]+, self\.soft=False\)"),
+              "SGLang's watchdog found its scheduler hung"),
+)
+
 
 _KV = re.compile(r"KV Cache is allocated\. #tokens: ([\d,]+)")
 _MAX_TOKENS = re.compile(r"max_total_num_tokens=(\d+)")
@@ -104,6 +127,7 @@ class SGLang(Engine):
     api_key_warning = API_KEY_ON_COMMAND_LINE
     methods = METHODS
     failures = FAILURES
+    fatal_lines = FATAL_LINES
     reads_log_acceptance = True
 
     def speculative(self, argv: Sequence[str]) -> Speculative | None:

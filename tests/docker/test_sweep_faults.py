@@ -48,9 +48,11 @@ def _container_of(docker_client, run_dir_name: str) -> str:
 def test_an_engine_dying_during_warmup_fails_its_cell_and_the_sweep_goes_on(cli: Cli, tmp_path: Path) -> None:
     """The none server dies 5 s after ready, while its warmup requests (3.6 s each) stream: the warm-up of the
     measured window's connections is then refused. Before, that ConnectionRefusedError ended the sweep with a traceback and left the
-    cell running; now the cell fails with one line (traceback in the run's log file) and dspark still runs."""
+    cell running; now the cell fails with one line (traceback in the run's log file) and dspark still runs.
+    The engine dies without a word (STANDIN_DIE_QUIET): a fatal log line would fail the server as "fatal"
+    before any request error (tests/docker/test_dead_engine.py)."""
     slow = {"match": {"method": "none"},
-            "set": ["engines.vllm.env={STANDIN_DIE_AFTER: '5', STANDIN_TOKEN_DELAY: '0.3'}"]}
+            "set": ["engines.vllm.env={STANDIN_DIE_AFTER: '5', STANDIN_DIE_QUIET: '1', STANDIN_TOKEN_DELAY: '0.3'}"]}
     path = _sweep(tmp_path, cli.image, num_speculative_tokens=[3], concurrency=[1], requests={1: 2},
                   warmup=3, max_attempts=1, overrides=[slow])
     done = _run(cli, path)
