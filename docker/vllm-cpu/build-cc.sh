@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Optional: the CPU vLLM image plus Debian's C++ compiler, so torch.compile works (no --enforce-eager):
 #   sparklab/vllm-cpu:0.27.1-cc  (and 127.0.0.1:5000/sparklab/vllm-cpu:0.27.1-cc unless --no-push)
-# = sparklab/vllm-cpu:0.27.1 (docker/vllm-cpu/build.sh) + apt-get install g++
+# = sparklab/vllm-cpu:0.27.1 (docker/vllm-cpu/build.sh) + apt-get install g++ python3-dev
 #
 # Only scripts/bench_engine_cache.py needs it (time to ready with compilation on, cold and warm engine
 # caches); CI's default path does not build it. Nothing comes from a hub: apt reads the sources baked into
@@ -24,7 +24,7 @@ IMAGE="$REGISTRY/$REPO:$VLLM_VERSION-cc"
 LABEL=org.sparklab.vllm-cpu-cc.key
 LOGS="$CACHE/logs"
 TIMINGS="$CACHE/timings/vllm-cpu-cc-build.tsv"
-PACKAGES="g++"
+PACKAGES="g++ python3-dev"  # Inductor's C++ kernels include <Python.h>
 FORCE=0
 PUSH=1
 
