@@ -17,8 +17,10 @@ Not a test: it takes about 5 minutes per round on 2 busy cores. Never imported b
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
+import os
 import re
 import statistics
 import sys
@@ -30,12 +32,13 @@ from typing import Any
 import requests
 
 from sparklab import launch
-from sparklab.containers import Docker
+from sparklab.containers import Docker, teardown
 from sparklab.errors import SparklabError
 from sparklab.recipes import parse_recipe, read_yaml, recipes_dir
 from sparklab.render import LaunchOptions, render
 
 IMAGE = "127.0.0.1:5000/sparklab/vllm-cpu:0.27.1-cc"
+BENCH_LABEL = "sparklab-bench.pid"
 KINDS = ("cold", "same", "new-k")
 # How each start got its compiled model, from vLLM 0.27.1's own log lines (vllm/compilation/decorators.py).
 COMPILE_LINES = {
@@ -61,7 +64,7 @@ def start_once(recipe: Any, docker: Docker, k: int, cache_root: Path, port: int,
     prepared = launch.checked(recipe, render(recipe, None, "ngram", options), check_host=False)
     # Without the bare `sparklab` label: tests running beside the benchmark remove every labelled container
     # that appears during them (tests/dockerkit.py). The server handle still tears it down on every path.
-    labels = {k: v for k, v in prepared.spec.labels.items() if k != "sparklab"}
+    labels = {**{k: v for k, v in prepared.spec.labels.items() if k != "sparklab"}, BENCH_LABEL: str(os.getpid())}
     prepared.spec = dataclasses.replace(prepared.spec, labels=labels, name=f"{prepared.spec.name}-bench")
     ready = launch.start(prepared, docker, pull_policy="missing")
     with ready.server:
@@ -80,6 +83,14 @@ def run_round(recipe: Any, number: int, port: int, env: tuple[str, ...]) -> dict
             print(f"round {number} {kind:5} K={k}: ready in {this[kind]['seconds']:6.1f} s "
                   f"({this[kind]['compile']})", flush=True)
         return this
+
+
+def remove_leftovers() -> None:
+    """A server whose teardown failed with the daemon away (it carries no `sparklab` label for `gc` to find)."""
+    with contextlib.suppress(SparklabError, requests.RequestException):
+        docker = Docker()
+        for container in docker.client.containers.list(all=True, filters={"label": f"{BENCH_LABEL}={os.getpid()}"}):
+            teardown(container, grace_s=5)
 
 
 def spread(values: list[float]) -> str:
@@ -111,6 +122,7 @@ def main() -> int:
             # A shared machine: another job may restart the Docker daemon or kill containers. Redo the round.
             print(f"round {len(rounds) + 1} lost ({str(exc).splitlines()[0]}); starting it again", flush=True)
             time.sleep(15)
+            remove_leftovers()
     print(f"\n{args.rounds} rounds in {time.monotonic() - began:.0f} s; image {args.image}; env {args.env or '-'}")
     print("time to ready, median (min, max, n):")
     for kind in KINDS:
