@@ -274,12 +274,18 @@ def cmd_logs(args: argparse.Namespace) -> int:
 
 
 def cmd_gc(args: argparse.Namespace) -> int:
-    from sparklab.containers import Docker
+    from sparklab import containers, engine_cache
 
-    removed = Docker().gc()
+    docker = containers.Docker()
+    removed = docker.gc()
     for info in removed:
         out.print(f"removed {info.name} ({info.status}; its sparklab process is gone)")
     out.print(f"{len(removed)} leftover container(s) removed")
+    if args.caches:  # after the containers: a leftover no longer holds its cache
+        caches = engine_cache.scan(engine_cache.default_root(), docker.mount_sources())
+        gone = engine_cache.remove(engine_cache.choose_trim(caches, args.keep, args.max_gib))
+        out.print("\n".join([f"engine caches in {engine_cache.default_root()}:",
+                             *engine_cache.describe(caches, gone)]), markup=False)
     return 0
 
 

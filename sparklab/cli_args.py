@@ -220,7 +220,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tail", default="all", help="only the last N lines")
     p.set_defaults(command="logs")
 
-    p = sub.add_parser("gc", help="remove containers left behind by a crashed sparklab run")
+    p = sub.add_parser("gc", help="remove containers left behind by a crashed sparklab run; --caches: engine caches")
+    p.add_argument("--caches", action="store_true",
+                   help="also list the engine caches (per image digest: size, last use) and trim them")
+    p.add_argument("--keep", type=_whole(0, 1_000_000), metavar="N",
+                   help="with --caches: keep the N most recently used, remove the rest")
+    p.add_argument("--max-gib", type=_positive(1e6), metavar="GIB",
+                   help="with --caches: remove the least recently used until the rest fits in GIB")
     p.set_defaults(command="gc")
 
     p = sub.add_parser("recipes", help="list recipes, engines and methods")

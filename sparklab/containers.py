@@ -334,6 +334,13 @@ class Docker:
         key = next((k for a in adapters if (k := a.api_key_from(env, command))), None)
         return Target(container.labels.get("sparklab.endpoint", ""), key, name, kind if kind in ENGINES else None)
 
+    def mount_sources(self) -> set[str]:
+        """Host paths bind-mounted by any container, running or stopped (one may be started again)."""
+        found: set[str] = set()
+        for container in self.client.containers.list(all=True, sparse=False, ignore_removed=True):
+            found.update(m["Source"] for m in container.attrs.get("Mounts") or [] if m.get("Source"))
+        return found
+
     def orphans(self) -> list[ContainerInfo]:
         """Containers left behind by a sparklab process that no longer runs (never detached ones)."""
         return [c for c in self.containers()

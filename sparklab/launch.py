@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sparklab import hub, preflight
+from sparklab import engine_cache, hub, preflight
 from sparklab.containers import Docker, ImageInfo, PullCallback, Server
 from sparklab.engine_log import CAUSE_LINES, DEAD_STOP_GRACE_S, FATAL_GRACE_S, LogWatch, fatal_error
 from sparklab.engines import engine
@@ -81,6 +81,7 @@ def start(p: Launch, docker: Docker, *, pull_policy: str = "missing", allow_fore
     p.warnings += preflight.check_platform_tag(p.spec, host_arch, allow_foreign_platform)
     platform = p.spec.platform if allow_foreign_platform else None
     image = _ensure_image(p, docker, pull_policy, on_pull, platform)
+    p.spec = engine_cache.bind(p.spec, p.spec.image, image.digest, image.id)  # the digest is known only now
     spec = p.spec
     preflight.raise_errors(preflight.check_image_platform(spec.image, image.architecture, host_arch,
                                                           allow_foreign_platform))

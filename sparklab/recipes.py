@@ -114,6 +114,8 @@ class EngineSpec(Strict):
         default_factory=lambda: {"memlock": -1, "stack": 67108864})
     hf_cache_target: str = "/root/.cache/huggingface"
     mount_hf_cache: bool = True
+    # Mount sparklab's per-image cache for torch.compile, Triton, FlashInfer, … (sparklab/engine_cache.py).
+    engine_cache: bool = True
     ready_timeout_s: Seconds = 1800
     methods: dict[str, Method] = Field(min_length=1)
 

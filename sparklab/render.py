@@ -15,7 +15,7 @@ from typing import Any
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
 
-from sparklab import __version__
+from sparklab import __version__, engine_cache
 from sparklab.engines import engine as engine_adapter
 from sparklab.engines.base import Speculative
 from sparklab.errors import RecipeError
@@ -41,6 +41,7 @@ class LaunchOptions:
     public: bool = False
     api_key: bool = True
     hf_cache: Path = field(default_factory=lambda: Path("~/.cache/huggingface").expanduser())
+    engine_cache_root: Path = field(default_factory=engine_cache.default_root)  # one directory per image digest
     gpus: bool | None = None
     extra_args: tuple[str, ...] = ()
     env: tuple[str, ...] = ()  # KEY=VALUE, or KEY to pass the host's value through
@@ -91,6 +92,7 @@ class LaunchSpec:
     api_key_env: str | None = None  # the env var that carries the API key to the engine, if any
     public: bool = False
     hf_cache: str | None = None
+    engine_cache: str | None = None  # the engine caches' root on the host (None: the recipe opted out)
     # Secret values given as --env NAME=VALUE: only containers.launch reads them; never printed or stored.
     secret_values: dict[str, str] = field(default_factory=dict, repr=False)
 
@@ -238,6 +240,11 @@ def render(recipe: Recipe, engine: str | None = None, method: str | None = None,
 
     gpus = spec.gpus == "all" if options.gpus is None else options.gpus
     mounts = (Mount(str(options.hf_cache), spec.hf_cache_target),) if spec.mount_hf_cache else ()
+    image = _image(spec, options.image)
+    if spec.engine_cache:  # the recipe's own env and --env win over the cache variables
+        mounts += (Mount(engine_cache.source(options.engine_cache_root, image), engine_cache.TARGET),)
+        env.update({k: v for k, v in known.cache_env(engine_cache.TARGET).items()
+                    if k not in env and k not in secret_env})
     ulimits = {k: (v, v) if isinstance(v, int) else (v[0], v[1]) for k, v in spec.ulimits.items()}
     ulimits.update(_ulimit_overrides(options.ulimits))
     labels = {
@@ -255,7 +262,7 @@ def render(recipe: Recipe, engine: str | None = None, method: str | None = None,
     safe = re.sub(r"[^a-zA-Z0-9_.-]", "-", f"sparklab-{recipe.name}-{engine_name}-{method}{suffix}")
     return LaunchSpec(
         recipe=recipe.name, recipe_path=recipe.source, engine=engine_name, kind=spec.kind, method=method,
-        image=_image(spec, options.image),
+        image=image,
         image_alternatives=() if options.image else tuple(spec.image_alternatives), platform=spec.platform,
         entrypoint=tuple(spec.entrypoint),
         argv=tuple(argv), env=env, secret_env=tuple(secret_env), host=host, port=port, network=spec.network,
@@ -265,6 +272,7 @@ def render(recipe: Recipe, engine: str | None = None, method: str | None = None,
         speculative=known.speculative(argv), recipe_argv_len=recipe_argv_len,
         needs_api_key=options.api_key, api_key_env=api_key_env, public=options.public, secret_values=secret_values,
         hf_cache=str(options.hf_cache) if spec.mount_hf_cache else None,
+        engine_cache=str(options.engine_cache_root) if spec.engine_cache else None,
     )
 
 

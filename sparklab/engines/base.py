@@ -106,6 +106,22 @@ class Engine:
         """Environment a sweep adds (e.g. what enables the prefix-cache reset between loads)."""
         return ()
 
+    def cache_env(self, target: str) -> dict[str, str]:
+        """Variables that put the engine's compile/JIT caches under `target`, a directory kept per image.
+
+        Shared by the engines (each adapter adds its own root); where each library reads its variable:
+        - TORCHINDUCTOR_CACHE_DIR: torch 2.13 torch/_inductor/runtime/cache_dir_utils.py:15 (else
+          /tmp/torchinductor_<user>, lost with the container);
+        - TRITON_CACHE_DIR: triton 3.9 triton/knobs.py:349 (else ~/.triton/cache);
+        - FLASHINFER_WORKSPACE_BASE: flashinfer-python 0.7.4 flashinfer/jit/env.py:67, which appends
+          .cache/flashinfer for its JIT modules and cubins (flashinfer/jit/env.py:70, 132, 396).
+        """
+        return {
+            "TORCHINDUCTOR_CACHE_DIR": f"{target}/torchinductor",
+            "TRITON_CACHE_DIR": f"{target}/triton",
+            "FLASHINFER_WORKSPACE_BASE": f"{target}/flashinfer",
+        }
+
     def method_hint(self, method: str) -> str:
         """A hint when a recipe names a method this engine spells differently."""
         return ""

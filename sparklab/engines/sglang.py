@@ -136,6 +136,14 @@ class SGLang(Engine):
     def api_key_args(self, key: str) -> list[str]:
         return ["--api-key", key]
 
+    def cache_env(self, target: str) -> dict[str, str]:
+        # SGLang 0.5.23 sglang/srt/environ.py:1383 (else ~/.cache/sglang): its DeepGEMM, CuTe AOT and JIT kernel
+        # caches live under it (environ.py:1373, 1387; sglang/kernels/jit/utils/compile/cache.py:318 falls back
+        # to ~/.cache/sglang/jit, so SGLANG_JIT_CACHE_DIR is set too). SGLang would point Triton, Inductor and
+        # FlashInfer under it only with setdefault (environ.py:2309-2337); sparklab sets them explicitly.
+        return {"SGLANG_CACHE_DIR": f"{target}/sglang", "SGLANG_JIT_CACHE_DIR": f"{target}/sglang/jit",
+                **super().cache_env(target)}
+
     def method_hint(self, method: str) -> str:
         if method.lower() == "mtp":
             return " SGLang runs a model's built-in MTP layers through its EAGLE worker: use method eagle."

@@ -225,6 +225,13 @@ class VLLM(Engine):
     def sweep_env(self) -> tuple[str, ...]:
         return ("VLLM_SERVER_DEV_MODE=1",)  # vLLM serves POST /reset_prefix_cache only in dev mode
 
+    def cache_env(self, target: str) -> dict[str, str]:
+        # vLLM 0.27.1 vllm/envs.py:684-689 (else ~/.cache/vllm). torch.compile's artifacts go under
+        # VLLM_CACHE_ROOT/torch_compile_cache/<hash>/, and vLLM points Inductor and Triton there itself while
+        # it compiles (vllm/compilation/decorators.py:558, vllm/compilation/compiler_interface.py:477-480);
+        # the shared variables cover the kernels JIT-compiled outside that path.
+        return {"VLLM_CACHE_ROOT": f"{target}/vllm", **super().cache_env(target)}
+
     def check_speculative(self, spec: LaunchSpec, recipe: Recipe, sp: Speculative) -> list[Finding]:
         here = where(spec)
         found: list[Finding] = []

@@ -17,8 +17,10 @@ SEEDS = yaml.safe_load((GOLDEN / "seed_commands.yaml").read_text())
 
 def _render(recipe: str, engine: str, method: str, **options: object):
     loaded = load_recipe(recipes_dir() / f"{recipe}.yaml")
-    return render(loaded, engine, method, LaunchOptions(hf_cache=Path("~/.cache/huggingface").expanduser(),
-                                                        **options))  # type: ignore[arg-type]
+    return render(loaded, engine, method, LaunchOptions(
+        hf_cache=Path("~/.cache/huggingface").expanduser(),
+        engine_cache_root=Path("~/.cache/sparklab/engine-cache").expanduser(),  # whatever SPARKLAB_CACHE says
+        **options))  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("name", [n for n, case in SEEDS.items() if "argv" in case])
