@@ -14,6 +14,7 @@ import contextlib
 import os
 import shutil
 import subprocess
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -236,18 +237,34 @@ def gpu_clocks() -> dict[str, float | None] | None:
 # Who killed it: earlyoom's journal or the kernel's log, where readable
 
 
-def oom_evidence(kmsg: Path = KMSG, lines: int = 200) -> str | None:
-    """The latest earlyoom kill (journalctl -u earlyoom) or kernel OOM kill (/dev/kmsg), as one line."""
+def oom_evidence(kmsg: Path = KMSG, lines: int = 200, kernel: bool = True, within_s: float = 600.0) -> str | None:
+    """The latest earlyoom kill (journalctl -u earlyoom) or kernel OOM kill (/dev/kmsg), as one line.
+
+    Only the last `within_s` seconds count (an old kill of another process must not be blamed for this one);
+    kernel=False leaves the kernel's log out (when Docker already said no OOM kill hit the container)."""
     journalctl = shutil.which("journalctl")
     if journalctl is not None:
         with contextlib.suppress(OSError, subprocess.SubprocessError):
-            done = subprocess.run([journalctl, "-u", "earlyoom", "-n", str(lines), "--no-pager", "-q",
-                                   "--since", "-30min"], capture_output=True, text=True, timeout=5, check=False)
+            since = f"-{max(1, int(within_s // 60))}min"
+            command = [journalctl, "-u", "earlyoom", "-n", str(lines), "--no-pager", "-q", "--since", since]
+            done = subprocess.run(command, capture_output=True, text=True, timeout=5, check=False)
             kills = [line for line in done.stdout.splitlines() if "sending SIG" in line or "killing" in line]
             if kills:
                 return f"earlyoom: {kills[-1].strip()}"
-    kernel = [line for line in _kernel_log(kmsg) if "Killed process" in line or "Out of memory" in line]
-    return f"kernel: {kernel[-1].partition(';')[2].strip() or kernel[-1].strip()}" if kernel else None
+    if not kernel:
+        return None
+    since_us = (time.clock_gettime(time.CLOCK_MONOTONIC) - within_s) * 1e6
+    kills = [line for line in _kernel_log(kmsg) if ("Killed process" in line or "Out of memory" in line)
+             and _record_us(line) >= since_us]
+    return f"kernel: {kills[-1].partition(';')[2].strip() or kills[-1].strip()}" if kills else None
+
+
+def _record_us(line: str) -> float:
+    """A /dev/kmsg record's timestamp ("PRI,SEQ,USEC,FLAGS;text": microseconds since boot); -inf if unreadable."""
+    try:
+        return float(line.split(";", 1)[0].split(",")[2])
+    except (IndexError, ValueError):
+        return float("-inf")
 
 
 def _kernel_log(kmsg: Path, max_records: int = 20000) -> list[str]:

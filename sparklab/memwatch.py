@@ -255,10 +255,13 @@ def add_cell_facts(result: dict[str, Any], sampler: Sampler, mark: int,
         result["gpu_clocks"] = clocks
 
 
-def kill_evidence(code: int | None, tail_or_error: object) -> str:
-    """For an exit by SIGKILL/SIGTERM with no traceback: what earlyoom's journal or the kernel log say, if any."""
+def kill_evidence(code: int | None, tail_or_error: object, oom_killed: bool | None = None) -> str:
+    """For an exit by SIGKILL/SIGTERM with no traceback: what earlyoom's journal or the kernel log say, if any
+    (the kernel's log only when Docker did not already say that no OOM kill hit the container)."""
     tail = str(getattr(tail_or_error, "log_tail", tail_or_error) or "")
+    if oom_killed is None:
+        oom_killed = getattr(tail_or_error, "oom_killed", None)
     if code not in (137, 143) or "Traceback (most recent call last)" in tail:
         return ""
-    evidence = memory.oom_evidence()
+    evidence = memory.oom_evidence(kernel=oom_killed is not False)
     return f" [{evidence}]" if evidence else ""

@@ -72,13 +72,17 @@ def exit_code_meaning(code: int | None, oom_killed: bool | None = None, log_tail
         return ""
     if oom_killed:
         return " (killed by the kernel's OOM killer: out of memory)"
-    if code in (137, 143) and log_tail is not None and "Traceback (most recent call last)" not in log_tail:
+    no_traceback = log_tail is not None and "Traceback (most recent call last)" not in log_tail
+    if code in (137, 143) and oom_killed is False:  # Docker counts every OOM kill in the container's cgroup
+        signal = "SIGKILL" if code == 137 else "SIGTERM"
+        advice = ("; if that was earlyoom, lower --gpu-memory-utilization (vLLM) or --mem-fraction-static (SGLang)"
+                  if no_traceback else "")
+        return (f" ({signal} from outside the container, not the kernel's OOM killer: `docker kill`, earlyoom or a "
+                f"memory watchdog{advice})")
+    if code in (137, 143) and no_traceback:
         signal = "SIGKILL" if code == 137 else "SIGTERM"
         return (f" ({signal} with no Python traceback in the log: most likely out of memory: the kernel's OOM killer "
                 "or earlyoom ended it; lower --gpu-memory-utilization (vLLM) or --mem-fraction-static (SGLang))")
-    if code == 137 and oom_killed is False:
-        return (" (SIGKILL from outside the container, not the kernel's OOM killer: `docker kill`, earlyoom or a "
-                "memory watchdog)")
     if code == 137:
         return " (SIGKILL: most likely out of memory — the kernel OOM killer or earlyoom)"
     if code == 143:

@@ -259,7 +259,7 @@ def _run_server(plan: Plan, store: Store, docker: Docker, run_dir: Path, options
             if not running:
                 tail = ready.server.log_tail(50)
                 oom = ready.server.oom_killed()
-                meaning = exit_code_meaning(code, oom, tail) + memwatch.kill_evidence(code, tail)
+                meaning = exit_code_meaning(code, oom, tail) + memwatch.kill_evidence(code, tail, oom)
                 store.fail_server_config(server.id, _exit_kind(code, oom),
                                          f"the server exited with code {code}{meaning} during "
                                          f"the sweep", exit_code=code, log_tail=tail, max_attempts=max_attempts,

@@ -337,9 +337,17 @@ def test_oom_evidence_reads_the_earlyoom_journal(tmp_path: Path, monkeypatch) ->
 def test_oom_evidence_reads_the_kernel_log(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("PATH", str(tmp_path))  # no journalctl
     kmsg = tmp_path / "kmsg"
-    kmsg.write_text("6,1,1,-;eth0 up\n3,2,2,-;Out of memory: Killed process 40213 (python3) total-vm:1kB\n")
+    now_us = int(time.clock_gettime(time.CLOCK_MONOTONIC) * 1e6)
+    old_us = now_us - 3600 * 10**6
+    kmsg.write_text(f"6,1,{old_us},-;eth0 up\n3,2,{old_us},-;Out of memory: Killed process 1111 (python3)\n"
+                    f"3,3,{now_us},-;Out of memory: Killed process 40213 (python3) total-vm:1kB\n")
     evidence = memory.oom_evidence(kmsg=kmsg)
     assert evidence is not None and "Killed process 40213" in evidence
+    # a kill an hour ago is another story; and when Docker says no OOM kill hit the container, none is quoted
+    kmsg.write_text(f"3,2,{old_us},-;Out of memory: Killed process 1111 (python3) total-vm:1kB\n")
+    assert memory.oom_evidence(kmsg=kmsg) is None
+    kmsg.write_text(f"3,3,{now_us},-;Out of memory: Killed process 40213 (python3) total-vm:1kB\n")
+    assert memory.oom_evidence(kmsg=kmsg, kernel=False) is None
 
 
 def test_no_oom_evidence_where_nothing_is_readable(tmp_path: Path, monkeypatch) -> None:
