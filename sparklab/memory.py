@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from sparklab.engines import engine
 from sparklab.engines.base import flag_value
 from sparklab.recipes import Recipe
 from sparklab.render import LaunchSpec
@@ -27,8 +28,6 @@ MEMINFO = Path("/proc/meminfo")
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 KMSG = Path("/dev/kmsg")
 GIB = 2**30
-# The flag each engine reads its share of the device's memory from (a fraction of the whole unified pool).
-FRACTION_FLAGS = {"vllm": "--gpu-memory-utilization", "sglang": "--mem-fraction-static"}
 
 Say = Callable[[str], None]
 
@@ -62,7 +61,7 @@ class Need:
 
 
 def engine_need(spec: LaunchSpec, total_gib: float) -> Need | None:
-    flag = FRACTION_FLAGS.get(spec.kind)
+    flag = engine(spec.kind).memory_fraction_flag
     value = flag_value(spec.argv, flag) if flag else None
     if flag is None or value is None:
         return None

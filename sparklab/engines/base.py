@@ -90,6 +90,7 @@ class Engine:
     ready_line: re.Pattern[str] = re.compile(r"(?!)")  # the startup log's "ready" line
     api_key_env: str | None = None  # the variable the engine reads its key from (None: a flag)
     api_key_warning: str | None = None  # what `up` says when the key cannot be kept out of `ps`
+    memory_fraction_flag: str | None = None  # the flag giving its share of the device's (unified) memory
     methods: frozenset[str] = frozenset()
     failures: tuple[KnownFailure, ...] = ()
     fatal_lines: tuple[FatalLine, ...] = ()  # taken from the engine's source; each cites its file and line

@@ -122,6 +122,7 @@ class SGLang(Engine):
     ready_needs_key = False
     ready_line = re.compile(r"The server is fired up and ready to roll!")
     label = "SGLang"
+    memory_fraction_flag = "--mem-fraction-static"
     method_noun = "speculative algorithm"
     api_key_env = None  # SGLang reads its key only from --api-key (see README: security)
     api_key_warning = API_KEY_ON_COMMAND_LINE

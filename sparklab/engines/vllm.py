@@ -214,6 +214,7 @@ class VLLM(Engine):
     ready_needs_key = True
     ready_line = re.compile(r"Application startup complete\.")
     label = "vLLM 0.27.1"
+    memory_fraction_flag = "--gpu-memory-utilization"
     api_key_env = "VLLM_API_KEY"  # vLLM reads its key from here, so the key never appears in argv
     methods = METHODS
     failures = FAILURES

@@ -37,7 +37,7 @@ def test_library_code_never_prints() -> None:
 
 def test_engine_knowledge_lives_in_the_adapters() -> None:
     """No module outside sparklab/engines/ branches on an engine's kind or names an engine's variables."""
-    pattern = re.compile(r"""kind\s*[!=]=\s*["']|["'](vllm|sglang)["']\s*(==|!=|in)|VLLM_[A-Z_]+|SGLANG_[A-Z_]+""")
+    pattern = re.compile(r"""kind\s*[!=]=\s*["']|["'](vllm|sglang)["']\s*(==|!=|in\b|:)|VLLM_[A-Z_]+|SGLANG_[A-Z_]+""")
     offenders = {p.relative_to(PACKAGE).as_posix() for p in PACKAGE.rglob("*.py")
                  if "engines" not in p.parts and pattern.search(p.read_text())}
     assert offenders == {"render.py"}  # its comment lists VLLM_API_KEY among the names treated as secrets
