@@ -31,7 +31,7 @@ from typing import Any
 
 import requests
 
-from sparklab import launch
+from sparklab import launch, rundir
 from sparklab.containers import Docker, teardown
 from sparklab.errors import SparklabError
 from sparklab.recipes import parse_recipe, read_yaml, recipes_dir
@@ -60,7 +60,7 @@ def compiled_recipe(image: str) -> Any:
 def start_once(recipe: Any, docker: Docker, k: int, cache_root: Path, port: int, env: tuple[str, ...]
                ) -> dict[str, Any]:
     options = LaunchOptions(num_speculative_tokens=k, port=port, api_key=False, engine_cache_root=cache_root,
-                            gpus=False, env=env, run_id=launch.new_run_id(), mode="up")
+                            gpus=False, env=env, run_id=rundir.new_run_id(), mode="up")
     prepared = launch.checked(recipe, render(recipe, None, "ngram", options), check_host=False)
     # Without the bare `sparklab` label: tests running beside the benchmark remove every labelled container
     # that appears during them (tests/dockerkit.py). The server handle still tears it down on every path.

@@ -11,7 +11,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from sparklab import __version__, launch
+from sparklab import __version__, rundir
 from sparklab.recipes import (
     MAX_CONCURRENCY,
     MAX_DURATION_S,
@@ -93,7 +93,7 @@ def launch_options(args: argparse.Namespace, mode: str = "up") -> LaunchOptions:
         image=args.image, port=args.port, num_speculative_tokens=args.num_speculative_tokens,
         public=args.public, api_key=args.api_key, hf_cache=args.hf_cache.expanduser(), gpus=args.gpus,
         extra_args=tuple(args.extra_args), env=tuple(args.env), ulimits=tuple(args.ulimits),
-        run_id="" if mode == "render" else launch.new_run_id(),
+        run_id="" if mode == "render" else rundir.new_run_id(),
         mode=mode, ready_timeout_s=args.ready_timeout)
 
 

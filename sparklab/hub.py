@@ -16,7 +16,6 @@ import errno
 import logging
 import os
 import re
-import shutil
 import threading
 import time
 import warnings
@@ -38,6 +37,7 @@ from huggingface_hub.errors import (
 from sparklab.errors import SparklabError
 from sparklab.recipes import Recipe
 from sparklab.render import LaunchSpec
+from sparklab.rundir import free_bytes
 
 log = logging.getLogger(__name__)
 
@@ -303,21 +303,12 @@ def _gib(n: float) -> str:
     return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
 
 
-def _free_space(path: Path) -> int | None:
-    for candidate in (path, *path.parents):
-        try:
-            return shutil.disk_usage(candidate).free
-        except OSError:
-            continue
-    return None
-
-
 def _explain(exc: Exception, c: Checkpoint, url: str, token: str | None, bars: _Bars) -> BaseException:
     chain = _chain(exc)
     repo = c.repo_id
     full = next((e for e in chain if isinstance(e, OSError) and e.errno == errno.ENOSPC), None)
     if full is not None:
-        free = _free_space(c.cache_dir)
+        free = free_bytes(c.cache_dir)
         need = bars.written.total if bars.written is not None and bars.written.total else None
         return SparklabError(
             f"no space left on the device holding {c.cache_dir} while downloading {repo}: "

@@ -7,7 +7,6 @@ import logging
 import os
 import secrets
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,9 +29,6 @@ def state_dir() -> Path:
     base = Path(env) if env else Path(os.environ.get("XDG_STATE_HOME", "~/.local/state")).expanduser() / "sparklab"
     return base
 
-
-def new_run_id() -> str:
-    return time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:6]
 
 
 @dataclass

@@ -1,5 +1,5 @@
-"""A sweep run's directory and what keeps it safe: finding it, one sweep process at a time, its fault log,
-and the free space under it."""
+"""A run's id and directory and what keeps it safe: finding it, one sweep process at a time, its fault log,
+and the free space under it. No imports beyond errors: the store and the downloader ask it about disks."""
 
 from __future__ import annotations
 
@@ -8,11 +8,27 @@ import fcntl
 import logging
 import os
 import shutil
+import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 from sparklab.errors import DiskFullError, SparklabError
-from sparklab.launch import new_run_id
+
+
+def new_run_id() -> str:
+    """A sortable, unique run id: the local start time and 6 random hex digits."""
+    return time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:6]
+
+
+def free_bytes(path: Path) -> int | None:
+    """Free space on the filesystem holding path, or the nearest existing parent (None: none can be read)."""
+    for candidate in (path, *path.parents):
+        try:
+            return shutil.disk_usage(candidate).free
+        except OSError:
+            continue
+    return None
 
 
 def resolve(runs_dir: Path, name: str, resume: str | None, new: bool) -> tuple[Path, bool]:
@@ -31,7 +47,7 @@ def resolve(runs_dir: Path, name: str, resume: str | None, new: bool) -> tuple[P
 
 def check_free_space(run_dir: Path, min_free_mib: float) -> None:
     """Stop before a server starts when the disk under the run has less than min_free_mib left."""
-    free = shutil.disk_usage(run_dir).free / 2**20
+    free = (free_bytes(run_dir) or 0) / 2**20
     if free < min_free_mib:
         raise DiskFullError(f"only {free:.0f} MiB free under {run_dir} (the sweep wants {min_free_mib:.0f} MiB before "
                             "each server): sparklab stopped the sweep (finished cells are kept)",

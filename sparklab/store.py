@@ -10,7 +10,6 @@ from __future__ import annotations
 import errno
 import json
 import os
-import shutil
 import sqlite3
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -20,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from sparklab.errors import DiskFullError, SparklabError
+from sparklab.rundir import free_bytes
 
 SCHEMA_VERSION = 2
 # partial: every attempt ended with failed requests; the last attempt's numbers are kept, and flagged.
@@ -505,14 +505,7 @@ def _is_disk_full(exc: BaseException, path: Path | None = None) -> bool:
     if not isinstance(exc, sqlite3.OperationalError):
         return False
     text = str(exc).lower()
-    return "full" in text or ("i/o error" in text and path is not None and _free_bytes(path) < 1024 * 1024)
-
-
-def _free_bytes(path: Path) -> int:
-    for candidate in (path, *path.parents):
-        if candidate.exists():
-            return shutil.disk_usage(candidate).free
-    return 0
+    return "full" in text or ("i/o error" in text and path is not None and (free_bytes(path) or 0) < 1024 * 1024)
 
 
 def _disk_full(path: Path) -> DiskFullError:
