@@ -34,6 +34,18 @@ def _indent(text: str) -> str:
     return "\n".join("    " + line for line in text.rstrip().splitlines())
 
 
+def exited_error(probe: Probe, kind: str, code: int | None, subject: str, when: str) -> NotReadyError:
+    """A server whose container exited: the code and what it means (Docker's OOMKilled where the probe can read
+    it), the log tail, and the engine's known cause."""
+    tail = probe.log_tail(LOG_TAIL_LINES)
+    why = engine(kind).explain_failure(tail)
+    oom = probe.oom_killed() if hasattr(probe, "oom_killed") else None  # read by Server; fakes may not
+    return NotReadyError(
+        f"{subject} exited with code {code}{exit_code_meaning(code, oom, tail)} {when}. Last {LOG_TAIL_LINES} log "
+        f"lines:\n{_indent(tail)}", f"Likely cause: {why}" if why else None, exit_code=code, log_tail=tail,
+        oom_killed=oom)
+
+
 def wait_ready(probe: Probe, url: str, *, kind: str, timeout_s: float, headers: dict[str, str] | None = None,
                max_interval_s: float = 1.0, on_try: Callable[[float], None] | None = None,
                clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
@@ -59,15 +71,9 @@ def wait_ready(probe: Probe, url: str, *, kind: str, timeout_s: float, headers: 
                 raise fatal_error(watch, probe.log_tail(CAUSE_LINES),
                                   f"{clock() - started:.0f} s after start, before it was ready")
         if not running:
-            tail = probe.log_tail(LOG_TAIL_LINES)
-            why = engine(kind).explain_failure(tail)
-            oom = probe.oom_killed() if hasattr(probe, "oom_killed") else None  # read by Server; fakes may not
             logged = f" after logging: {watch.fatal}" if watch and watch.fatal else ""
-            raise NotReadyError(
-                f"the server container exited with code {code}{exit_code_meaning(code, oom, tail)} before it was ready "
-                f"({clock() - started:.0f} s after start){logged}. Last {LOG_TAIL_LINES} log lines:\n"
-                f"{_indent(tail)}",
-                f"Likely cause: {why}" if why else None, exit_code=code, log_tail=tail, oom_killed=oom)
+            raise exited_error(probe, kind, code, "the server container",
+                               f"before it was ready ({clock() - started:.0f} s after start){logged}")
         if on_try is not None:
             on_try(clock() - started)
         try:

@@ -16,10 +16,10 @@ from sparklab.containers import Docker, ImageInfo, PullCallback, Server
 from sparklab.engine_log import CAUSE_LINES, DEAD_STOP_GRACE_S, FATAL_GRACE_S, LogWatch, fatal_error
 from sparklab.engines import engine
 from sparklab.errors import ImageUnavailableError, NotReadyError
-from sparklab.health import wait_ready
+from sparklab.health import exited_error, wait_ready
 from sparklab.recipes import Recipe, load_recipe, resolve
 from sparklab.render import LaunchOptions, LaunchSpec, render
-from sparklab.scrape import StartupFacts, exit_code_meaning
+from sparklab.scrape import StartupFacts
 
 log = logging.getLogger(__name__)
 
@@ -143,12 +143,7 @@ def watch(server: Server, log_watch: LogWatch | None = None, poll_s: float = 1.0
     while True:
         running, code = server.state()
         if not running:
-            tail = server.log_tail(50)
-            why = engine(server.spec.kind).explain_failure(tail)
-            raise NotReadyError(
-                f"the server exited with code {code}{exit_code_meaning(code, None, tail)} while serving. "
-                f"Last 50 log lines:\n{tail}", f"Likely cause: {why}" if why else None,
-                exit_code=code, log_tail=tail)
+            raise exited_error(server, server.spec.kind, code, "the server", "while serving")
         if log_watch is not None and log_watch.fatal is not None:
             fatal_since = fatal_since or time.monotonic()
             if time.monotonic() - fatal_since >= FATAL_GRACE_S:  # its traceback has come by now
