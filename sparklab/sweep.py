@@ -32,7 +32,7 @@ from sparklab.errors import (
 )
 from sparklab.plan import Plan, ServerConfig, TimingModel, build_plan, estimate_seconds, load_sweep
 from sparklab.recipes import load_hardware, stored_facts
-from sparklab.records import Sampling
+from sparklab.records import BenchResult, Sampling
 from sparklab.scrape import exit_code_meaning
 from sparklab.store import PlannedCell, Store
 from sparklab.workloads import load_workload
@@ -310,6 +310,7 @@ def _run_cell(plan: Plan, store: Store, ready: launch.Ready, server: ServerConfi
     adapter = engine(spec.kind)
     endpoint = bench.Endpoint(spec.endpoint, ready.api_key, None, spec.kind)
     name = f"{server.label} c={cell.concurrency} {cell.workload} #{cell.repeat}"
+    result: BenchResult | None
     try:
         result = bench.run(endpoint, load_workload(cell.workload), sampling, load,
                            request_timeout_s=sweep.request_timeout_s, stall_timeout_s=sweep.stall_timeout_s,
@@ -321,18 +322,17 @@ def _run_cell(plan: Plan, store: Store, ready: launch.Ready, server: ServerConfi
     except (KeyboardInterrupt, DiskFullError):
         raise
     except Exception as exc:  # a dead engine mid-warmup, a broken server: this cell fails, the sweep goes on
-        if watch is not None and watch.tripped:
-            raise MemoryFloorError("the memory floor stopped the server") from exc
-        if _engine_died(ready):
+        stopped = (watch is not None and watch.tripped) or _engine_died(ready)
+        if not stopped:
+            if not isinstance(exc, SparklabError):
+                rundir.faults.error("cell %s (%s): %s", name, cell.id, _one_line(exc), exc_info=exc)
+            store.fail_cell(cell.id, "bench_error", _one_line(exc), max_attempts=sweep.max_attempts)
+            say(f"cell {name}: failed: {_one_line(exc)}")
             return
-        if not isinstance(exc, SparklabError):
-            rundir.faults.error("cell %s (%s): %s", name, cell.id, _one_line(exc), exc_info=exc)
-        store.fail_cell(cell.id, "bench_error", _one_line(exc), max_attempts=sweep.max_attempts)
-        say(f"cell {name}: failed: {_one_line(exc)}")
-        return
+        result = None  # the server was stopped under the cell: the server's failure says why
     if watch is not None and watch.tripped:  # its requests failed because the server was stopped
         raise MemoryFloorError("the memory floor stopped the server")
-    if _engine_died(ready):
+    if _engine_died(ready) or result is None:
         return
     summary = result["summary"]
     counts = summary["requests"]
