@@ -296,7 +296,14 @@ def cmd_recipes(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_pull(args: argparse.Namespace) -> int:
+    from sparklab import pull
+
+    return pull.cmd_pull(args)
+
+
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "pull": cmd_pull,
     "render": cmd_render, "up": cmd_up, "bench": cmd_bench, "sweep": cmd_sweep, "report": cmd_report,
     "down": cmd_down, "ps": cmd_ps, "logs": cmd_logs, "gc": cmd_gc, "recipes": cmd_recipes,
 }
@@ -315,8 +322,7 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(levelname)s %(name)s: %(message)s")
     signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
     try:
-        func = getattr(args, "func", None) or COMMANDS[args.command]
-        return int(func(args))
+        return int(COMMANDS[args.command](args))
     except SparklabError as exc:
         if args.debug:
             raise

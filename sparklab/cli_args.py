@@ -201,9 +201,23 @@ def build_parser() -> argparse.ArgumentParser:
                    help="override a model fact for the roofline, e.g. --fact active_params_b=3 (repeatable)")
     p.set_defaults(command="report")
 
-    from sparklab.pull import add_pull_parser
-
-    add_pull_parser(sub)
+    p = sub.add_parser("pull", help="fetch the images and every model and draft a recipe, method or sweep needs")
+    p.add_argument("spec", metavar="RECIPE|METHOD|SWEEP",
+                   help="what `up` takes (dspark, gb10, recipe:method, a recipe file) or a sweep (file or name)")
+    p.add_argument("-t", "--target", help="recipe to take METHOD from (default: gb10)")
+    p.add_argument("--engine", help="engine of the recipe (default: the recipe's)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a recipe variable or key, as for `up`")
+    p.add_argument("--all-methods", action="store_true",
+                   help="everything any method of the recipe (of --engine, or of every engine) needs")
+    p.add_argument("--hf-cache", type=Path, default=_default_hf_cache(),
+                   help="Hugging Face cache `up` mounts (default: $HF_HOME or ~/.cache/huggingface); "
+                        "a sweep uses the cache its servers mount")
+    p.add_argument("--pull", default="missing", choices=["missing", "always"],
+                   help="pull images only when missing (default) or always")
+    p.add_argument("--no-images", dest="images", action="store_false", help="only the model checkpoints")
+    p.add_argument("--no-models", dest="models", action="store_false", help="only the images")
+    p.set_defaults(command="pull")
 
     p = sub.add_parser("down", help="stop and remove sparklab servers")
     p.add_argument("name", nargs="?", help="container name (see `sparklab ps`)")

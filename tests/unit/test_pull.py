@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from sparklab import pull
+from sparklab.cli_args import build_parser
 from sparklab.errors import ImageUnavailableError, SparklabError
 from tests.fake_hub import FakeHub, FakeRepo
 
@@ -64,9 +65,7 @@ def sweep_file(recipe_file: Path, tmp_path: Path) -> Path:
 
 
 def _args(*argv: str) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="sparklab")
-    pull.add_pull_parser(parser.add_subparsers(dest="command"))
-    return parser.parse_args(["pull", *argv])
+    return build_parser().parse_args(["pull", *argv])
 
 
 class FakeImages:
