@@ -465,13 +465,15 @@ class Server:
             return False, state.get("ExitCode")
         return True, None
 
-    def oom_killed(self) -> bool:
-        """Whether the kernel's OOM killer ended it (Docker's State.OOMKilled), not only an exit code of 137."""
+    def oom_killed(self) -> bool | None:
+        """Whether the kernel's OOM killer ended it (Docker's State.OOMKilled), not only an exit code of 137;
+        None when Docker cannot say (the container is gone, the daemon does not answer)."""
         try:
             self.container.reload()
         except (docker.errors.DockerException, requests.RequestException):
-            return False
-        return bool(self.container.attrs.get("State", {}).get("OOMKilled"))
+            return None
+        state = self.container.attrs.get("State", {})
+        return bool(state["OOMKilled"]) if "OOMKilled" in state else None
 
     def log_tail(self, lines: int = 50) -> str:
         try:
