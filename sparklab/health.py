@@ -10,7 +10,7 @@ from typing import Protocol
 from tenacity import RetryCallState, Retrying, retry_if_exception_type, wait_exponential
 
 from sparklab import engine_api
-from sparklab.engine_log import CAUSE_LINES, FATAL_GRACE_S, LogWatch, fatal_error, stalled_error
+from sparklab.engine_log import CAUSE_LINES, FATAL_GRACE_S, LogWatch, fatal_error, indent, stalled_error
 from sparklab.engines import engine
 from sparklab.errors import NotReadyError
 from sparklab.scrape import exit_code_meaning
@@ -30,10 +30,6 @@ class _NotYet(Exception):
     """The endpoint does not answer yet; try again."""
 
 
-def _indent(text: str) -> str:
-    return "\n".join("    " + line for line in text.rstrip().splitlines())
-
-
 def exited_error(probe: Probe, kind: str, code: int | None, subject: str, when: str) -> NotReadyError:
     """A server whose container exited: the code and what it means (Docker's OOMKilled where the probe can read
     it), the log tail, and the engine's known cause."""
@@ -42,7 +38,7 @@ def exited_error(probe: Probe, kind: str, code: int | None, subject: str, when: 
     oom = probe.oom_killed() if hasattr(probe, "oom_killed") else None  # read by Server; fakes may not
     return NotReadyError(
         f"{subject} exited with code {code}{exit_code_meaning(code, oom, tail)} {when}. Last {LOG_TAIL_LINES} log "
-        f"lines:\n{_indent(tail)}", f"Likely cause: {why}" if why else None, exit_code=code, log_tail=tail,
+        f"lines:\n{indent(tail)}", f"Likely cause: {why}" if why else None, exit_code=code, log_tail=tail,
         oom_killed=oom)
 
 
@@ -105,7 +101,7 @@ def wait_ready(probe: Probe, url: str, *, kind: str, timeout_s: float, headers: 
         tail = probe.log_tail(LOG_TAIL_LINES)
         raise NotReadyError(
             f"not ready after {timeout_s:.0f} s: {url} never answered 200 while the container kept running. "
-            f"Last {LOG_TAIL_LINES} log lines:\n{_indent(tail)}",
+            f"Last {LOG_TAIL_LINES} log lines:\n{indent(tail)}",
             "Raise the deadline with --ready-timeout SECONDS (a cold GB10 load can take 15-30 min).",
             log_tail=tail)
 
