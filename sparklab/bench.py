@@ -166,8 +166,9 @@ async def _run(endpoint: Endpoint, model: str, workload: Workload, sampling: Sam
 
 def add_log_acceptance(result: BenchResult, kind: str | None, log_text: Callable[[], str]) -> None:
     """For engines that state acceptance only in their log (SGLang), the window's lines into the result."""
-    if kind is not None and engines.engine(kind).reads_log_acceptance:
-        result["speculative_log"] = engines.engine(kind).log_acceptance(log_text())
+    adapter = engines.engine(kind) if kind is not None else None
+    if adapter is not None and adapter.reads_log_acceptance:
+        result["speculative_log"] = adapter.log_acceptance(log_text())
 
 
 def discover_model(endpoint: Endpoint) -> str:

@@ -204,13 +204,16 @@ def _handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
                 headers["X-Error-Code"] = code
             self._send(entry, status, json.dumps({"error": message}).encode(), headers, head)
 
-        def _send(self, entry: Logged, status: int, body: bytes, headers: dict[str, str], head: bool) -> None:
+        def _headers(self, entry: Logged, status: int, headers: dict[str, str], length: int) -> None:
             entry.status = status
             self.send_response(status)
             for name, value in headers.items():
                 self.send_header(name, value)
-            self.send_header("Content-Length", str(len(body)))
+            self.send_header("Content-Length", str(length))
             self.end_headers()
+
+        def _send(self, entry: Logged, status: int, body: bytes, headers: dict[str, str], head: bool) -> None:
+            self._headers(entry, status, headers, len(body))
             if not head:
                 for piece in _chunks(body):
                     self.wfile.write(piece)
@@ -219,12 +222,7 @@ def _handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
         def _send_partial(self, entry: Logged, status: int, body: bytes, headers: dict[str, str],
                           limit: int) -> None:
             """Promise the whole body, send `limit` bytes, then close: the client sees a dropped connection."""
-            entry.status = status
-            self.send_response(status)
-            for name, value in headers.items():
-                self.send_header(name, value)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
+            self._headers(entry, status, headers, len(body))
             self.wfile.write(body[:limit])
             self.wfile.flush()
             entry.body_bytes += min(limit, len(body))
