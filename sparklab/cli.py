@@ -18,7 +18,7 @@ from sparklab import launch, preflight
 from sparklab.cli_args import build_parser, launch_options
 from sparklab.engines import engine as engine_adapter
 from sparklab.errors import SparklabError
-from sparklab.render import docker_command, serve_command
+from sparklab.render import launch_command, serve_command
 
 # Piped output keeps whole lines (rich would wrap tables at 80 columns) so it can be grepped.
 _WIDTH = None if sys.stdout.isatty() or "COLUMNS" in os.environ else 200
@@ -33,10 +33,11 @@ def cmd_render(args: argparse.Namespace) -> int:
     _print_warnings(p.warnings)
     spec = p.spec
     out.print(f"# {spec.recipe_path}: engine {spec.engine}, method {spec.method}")
-    out.print(docker_command(spec), markup=False)
-    out.print()
-    out.print("# serve command inside the container:")
-    out.print(serve_command(spec), markup=False)
+    out.print(launch_command(spec), markup=False)
+    if spec.runtime == "container":
+        out.print()
+        out.print("# serve command inside the container:")
+        out.print(serve_command(spec), markup=False)
     return 0
 
 
@@ -46,7 +47,7 @@ def _print_warnings(findings: list[preflight.Finding]) -> None:
 
 
 def cmd_up(args: argparse.Namespace) -> int:
-    from sparklab.containers import Docker
+    from sparklab.runtime import Runtime
 
     options = launch_options(args)
     p = launch.prepare(args.spec, target=args.target, engine_name=args.engine, overrides=args.overrides,
@@ -57,10 +58,10 @@ def cmd_up(args: argparse.Namespace) -> int:
     if spec.needs_api_key and key_warning:
         err.print("[yellow]warning:[/] " + escape(key_warning), markup=True)
     if args.dry_run:
-        out.print(docker_command(spec), markup=False)
+        out.print(launch_command(spec), markup=False)
         out.print("dry run: preflight passed, nothing started.")
         return 0
-    docker = Docker()
+    docker = Runtime()
     for info in docker.gc():
         err.print(f"removed leftover container {info.name} (its sparklab process is gone)")
     if args.download:  # before the clock starts: a download never counts as time to ready
@@ -119,9 +120,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.url:
         endpoint = bench.Endpoint.from_url(args.url, args.api_key or os.environ.get("SPARKLAB_API_KEY"), args.model)
     else:
-        from sparklab.containers import Docker
+        from sparklab.runtime import Runtime
 
-        docker = Docker()
+        docker = Runtime()
         target = docker.endpoint_of(args.container)
         err.print(f"benchmarking {target.name} at {target.url}")
         endpoint = bench.Endpoint.from_url(target.url, target.api_key, args.model, target.kind)
@@ -220,9 +221,9 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_down(args: argparse.Namespace) -> int:
-    from sparklab.containers import Docker
+    from sparklab.runtime import Runtime
 
-    docker = Docker()
+    docker = Runtime()
     containers = docker.containers()
     if args.all_users or args.all:
         targets = [c.name for c in containers if args.all_users or c.mine]
@@ -249,16 +250,16 @@ def cmd_down(args: argparse.Namespace) -> int:
 
 def cmd_ps(args: argparse.Namespace) -> int:
     from sparklab.console import ps_table
-    from sparklab.containers import Docker
+    from sparklab.runtime import Runtime
 
-    out.print(ps_table(Docker().containers()))
+    out.print(ps_table(Runtime().containers()))
     return 0
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
-    from sparklab.containers import Docker
+    from sparklab.runtime import Runtime
 
-    docker = Docker()
+    docker = Runtime()
     name = args.name
     if not name:
         names = [c.name for c in docker.containers()]
@@ -274,9 +275,10 @@ def cmd_logs(args: argparse.Namespace) -> int:
 
 
 def cmd_gc(args: argparse.Namespace) -> int:
-    from sparklab import containers, engine_cache
+    from sparklab import engine_cache
+    from sparklab.runtime import Runtime
 
-    docker = containers.Docker()
+    docker = Runtime()
     removed = docker.gc()
     for info in removed:
         out.print(f"removed {info.name} ({info.status}; its sparklab process is gone)")

@@ -11,12 +11,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sparklab import engine_cache, hub, preflight
+from sparklab import engine_cache, hub, preflight, runtime
 from sparklab.containers import Docker, ImageInfo, PullCallback, Server
 from sparklab.engine_log import CAUSE_LINES, DEAD_STOP_GRACE_S, FATAL_GRACE_S, LogWatch, fatal_error
 from sparklab.engines import engine
 from sparklab.errors import ImageUnavailableError, NotReadyError
 from sparklab.health import exited_error, wait_ready
+from sparklab.processes import ProcessServer
 from sparklab.recipes import Recipe, load_recipe, resolve
 from sparklab.render import LaunchOptions, LaunchSpec, render
 from sparklab.scrape import StartupFacts
@@ -58,7 +59,7 @@ def checked(recipe: Recipe, spec: LaunchSpec, check_host: bool = True) -> Launch
 
 @dataclass
 class Ready:
-    server: Server
+    server: Server | ProcessServer
     image: ImageInfo
     seconds_to_ready: float
     api_key: str | None
@@ -66,13 +67,16 @@ class Ready:
     watch: LogWatch | None = None  # the engine's log as it arrives: its first fatal line
 
 
-def start(p: Launch, docker: Docker, *, pull_policy: str = "missing", allow_foreign_platform: bool = False,
-          on_pull: PullCallback | None = None, api_key: str | None = None, detach: bool = False,
+def start(p: Launch, docker: Docker | runtime.Runtime, *, pull_policy: str = "missing",
+          allow_foreign_platform: bool = False, on_pull: PullCallback | None = None,
+          api_key: str | None = None, detach: bool = False,
           on_wait: Callable[[float], None] | None = None, log_path: Path | None = None,
           stall_s: float | None = None) -> Ready:
     """Pull, run and wait. The returned server is already torn down if anything here fails.
 
-    A fatal line in the engine's log fails the wait at once; with stall_s, so does a log silent that long."""
+    A fatal line in the engine's log fails the wait at once; with stall_s, so does a log silent that long.
+    `docker` may be a runtime.Runtime, which picks the container or host-process runtime the recipe names."""
+    docker = runtime.pick(docker, p.spec)
     host_arch = docker.host_arch()
     p.warnings += preflight.check_platform_tag(p.spec, host_arch, allow_foreign_platform)
     platform = p.spec.platform if allow_foreign_platform else None

@@ -97,8 +97,12 @@ class Method(Strict):
 
 
 class EngineSpec(Strict):
-    kind: Literal["vllm", "sglang"]
-    image: str
+    kind: Literal["vllm", "sglang", "trtedge"]
+    # container: a Docker image (sparklab/containers.py); process: a program on this host run in its own process
+    # group (sparklab/processes.py), e.g. from a venv, with the same guarantees.
+    runtime: Literal["container", "process"] = "container"
+    venv: str | None = Field(default=None, description="process runtime: entrypoint[0] is looked up in VENV/bin")
+    image: str = ""
     image_alternatives: list[str] = Field(default_factory=list)
     digest: str | None = Field(default=None, pattern=r"^sha256:[0-9a-f]{64}$")
     platform: str | None = Field(default=None, pattern=r"^linux/(amd64|arm64)$")
@@ -204,8 +208,26 @@ def parse_recipe(data: Any, source: str) -> Recipe:
     return recipe
 
 
+def _check_runtime(src: str, name: str, spec: EngineSpec) -> None:
+    """A container engine needs an image; a process engine runs a program on this host and has none."""
+    where = f"{src}: engines.{name}"
+    if spec.runtime == "container":
+        if not spec.image:
+            raise RecipeError(f"{where}.image: missing; a container engine needs an image",
+                              "Give image: REPO:TAG, or runtime: process with venv/entrypoint for a host program.")
+        if spec.venv:
+            raise RecipeError(f"{where}.venv: only a process engine runs from a venv",
+                              "Add runtime: process, or remove venv.")
+        return
+    if spec.image or spec.digest or spec.image_alternatives:
+        raise RecipeError(f"{where}.image: a process engine (runtime: process) runs no image",
+                          "Remove image/digest/image_alternatives, or use runtime: container.")
+
+
 def _check_references(recipe: Recipe) -> None:
     src = recipe.source
+    for name, spec in recipe.engines.items():
+        _check_runtime(src, name, spec)
     if recipe.default_engine not in recipe.engines:
         raise RecipeError(f"{src}: default_engine: {recipe.default_engine!r} is not under engines",
                           f"Use one of: {', '.join(recipe.engines)}.")

@@ -95,6 +95,7 @@ class LaunchSpec:
     engine_cache: str | None = None  # the engine caches' root on the host (None: the recipe opted out)
     # Secret values given as --env NAME=VALUE: only containers.launch reads them; never printed or stored.
     secret_values: dict[str, str] = field(default_factory=dict, repr=False)
+    runtime: str = "container"  # or "process": entrypoint[0] is a program on this host (sparklab/processes.py)
 
     @property
     def endpoint(self) -> str:
@@ -239,9 +240,11 @@ def render(recipe: Recipe, engine: str | None = None, method: str | None = None,
         secret_env.append(api_key_env)
 
     gpus = spec.gpus == "all" if options.gpus is None else options.gpus
-    mounts = (Mount(str(options.hf_cache), spec.hf_cache_target),) if spec.mount_hf_cache else ()
-    image = _image(spec, options.image)
-    if spec.engine_cache:  # the recipe's own env and --env win over the cache variables
+    process = spec.runtime == "process"  # a host program sees the host's files: nothing to mount
+    mounts = (Mount(str(options.hf_cache), spec.hf_cache_target),) if spec.mount_hf_cache and not process else ()
+    entrypoint = _program(spec, context, where) if process else tuple(spec.entrypoint)
+    image = entrypoint[0] if process else _image(spec, options.image)
+    if spec.engine_cache and not process:  # the recipe's own env and --env win over the cache variables
         mounts += (Mount(engine_cache.source(options.engine_cache_root, image), engine_cache.TARGET),)
         env.update({k: v for k, v in known.cache_env(engine_cache.TARGET).items()
                     if k not in env and k not in secret_env})
@@ -264,16 +267,28 @@ def render(recipe: Recipe, engine: str | None = None, method: str | None = None,
         recipe=recipe.name, recipe_path=recipe.source, engine=engine_name, kind=spec.kind, method=method,
         image=image,
         image_alternatives=() if options.image else tuple(spec.image_alternatives), platform=spec.platform,
-        entrypoint=tuple(spec.entrypoint),
+        entrypoint=entrypoint,
         argv=tuple(argv), env=env, secret_env=tuple(secret_env), host=host, port=port, network=spec.network,
         ipc=spec.ipc, shm_size=spec.shm_size, ulimits=ulimits, gpus=gpus, mounts=mounts, labels=labels,
         name=safe[:120], ready_path=known.ready_path,
         ready_timeout_s=options.ready_timeout_s or spec.ready_timeout_s,
         speculative=known.speculative(argv), recipe_argv_len=recipe_argv_len,
         needs_api_key=options.api_key, api_key_env=api_key_env, public=options.public, secret_values=secret_values,
-        hf_cache=str(options.hf_cache) if spec.mount_hf_cache else None,
-        engine_cache=str(options.engine_cache_root) if spec.engine_cache else None,
+        hf_cache=str(options.hf_cache) if spec.mount_hf_cache and not process else None,
+        engine_cache=str(options.engine_cache_root) if spec.engine_cache and not process else None,
+        runtime=spec.runtime,
     )
+
+
+def _program(spec: EngineSpec, context: dict[str, Any], where: str) -> tuple[str, ...]:
+    """A process engine's command: entrypoint[0] from VENV/bin when the recipe names a venv (paths expanded)."""
+    head = [_render_one(v, context, f"{where}.entrypoint[{i}]") for i, v in enumerate(spec.entrypoint)]
+    if spec.venv:
+        venv = os.path.expanduser(_render_one(spec.venv, context, f"{where}.venv"))
+        if "/" not in head[0]:
+            head[0] = os.path.join(venv, "bin", head[0])
+    head[0] = os.path.expanduser(head[0])
+    return tuple(head)
 
 
 def _ulimit_overrides(items: tuple[str, ...]) -> dict[str, tuple[int, int]]:
@@ -314,6 +329,23 @@ def _quote_opt(arg: str) -> str:
 def serve_command(spec: LaunchSpec) -> str:
     """The server command as run inside the container, shell-quoted, secrets as variables."""
     return " ".join(_quote(a) for a in (*spec.entrypoint, *spec.argv))
+
+
+def launch_command(spec: LaunchSpec, multiline: bool = True) -> str:
+    """What a human pastes to start the same server: `docker run …`, or the host command line."""
+    return process_command(spec, multiline) if spec.runtime == "process" else docker_command(spec, multiline)
+
+
+def process_command(spec: LaunchSpec, multiline: bool = True) -> str:
+    """A process engine's command line, paste-ready: the recipe's environment as assignments, then the argv.
+
+    Secret variables are not written out: the engine gets the host's value (the API key: $SPARKLAB_API_KEY)."""
+    assigns = [f"{name}={shlex.quote(value)}" for name, value in spec.env.items()]
+    assigns += [f'{name}="$SPARKLAB_API_KEY"' for name in spec.secret_env if name == spec.api_key_env]
+    head = " ".join([*assigns, _quote_opt(_home(spec.entrypoint[0])), *(_quote(a) for a in spec.entrypoint[1:])])
+    groups = [" ".join(_quote(a) for a in group) for group in _flag_groups(list(spec.argv))]
+    sep = " \\\n    " if multiline else " "
+    return sep.join([head, *groups])
 
 
 def docker_command(spec: LaunchSpec, multiline: bool = True) -> str:

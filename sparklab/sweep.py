@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 from sparklab import __version__, bench, launch, memory, memwatch, preflight, rundir
-from sparklab.containers import Docker
 from sparklab.engine_api import EngineAPI
 from sparklab.engine_log import CAUSE_LINES, fatal_error
 from sparklab.engines import engine
@@ -33,6 +32,7 @@ from sparklab.errors import (
 from sparklab.plan import Plan, ServerConfig, TimingModel, build_plan, estimate_seconds, load_sweep
 from sparklab.recipes import load_hardware, stored_facts
 from sparklab.records import BenchResult, Sampling
+from sparklab.runtime import Runtime
 from sparklab.scrape import exit_code_meaning
 from sparklab.store import PlannedCell, Store
 from sparklab.workloads import load_workload
@@ -153,7 +153,7 @@ def register(plan: Plan, store: Store) -> int:
         for server in plan.servers for c in server.cells)
 
 
-def run(plan: Plan, store: Store, docker: Docker, run_dir: Path, options: Options, say: Say) -> dict[str, int]:
+def run(plan: Plan, store: Store, docker: Runtime, run_dir: Path, options: Options, say: Say) -> dict[str, int]:
     for cell_id in store.reset_interrupted(plan.sweep.max_attempts):
         say(f"cell {cell_id} was in flight when sparklab stopped; it runs again")
     for info in docker.gc():
@@ -188,7 +188,7 @@ def run(plan: Plan, store: Store, docker: Docker, run_dir: Path, options: Option
     return store.counts()
 
 
-def _contain(plan: Plan, store: Store, docker: Docker, run_dir: Path, server: ServerConfig, exc: Exception,
+def _contain(plan: Plan, store: Store, docker: Runtime, run_dir: Path, server: ServerConfig, exc: Exception,
              say: Say, not_reached: list[str]) -> None:
     """An unexpected fault in one server's work: its traceback goes to the run's log file (not the console),
     its containers are removed (waiting for a restarting Docker daemon), its unfinished cells fail with one line."""
@@ -212,7 +212,7 @@ def _one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {first}"[:300] if not isinstance(exc, SparklabError) else first[:300]
 
 
-def _run_server(plan: Plan, store: Store, docker: Docker, run_dir: Path, options: Options, server: ServerConfig,
+def _run_server(plan: Plan, store: Store, docker: Runtime, run_dir: Path, options: Options, server: ServerConfig,
                 cells: list, say: Say, attempted: set[str], watch: memwatch.Sampler | None = None) -> None:
     spec = server.spec
     max_attempts = plan.sweep.max_attempts
@@ -368,7 +368,7 @@ def dry_run(request: Request) -> tuple[Plan, float, TimingModel]:
     return plan, estimate_seconds(plan, model), model
 
 
-def sweep(request: Request, say: Say, docker: Docker | None = None) -> Outcome:
+def sweep(request: Request, say: Say, docker: Runtime | None = None) -> Outcome:
     """Run (or continue) a sweep: plan, open or create its run, run what is pending, record everything.
 
     Ctrl-C and SIGTERM (as KeyboardInterrupt) tear the current server down and return an interrupted outcome
@@ -380,7 +380,7 @@ def sweep(request: Request, say: Say, docker: Docker | None = None) -> Outcome:
     run_dir.mkdir(parents=True, exist_ok=True)
     with rundir.RunLock(run_dir), rundir.fault_log(run_dir):
         rundir.check_free_space(run_dir, request.options.min_free_mib)
-        docker = docker or Docker()
+        docker = docker or Runtime()
         path = run_dir / "results.sqlite"
         store = Store.open(path) if exists else Store.create(path, plan.sweep.model_dump(), __version__)
         with store:

@@ -2,8 +2,10 @@
 
 It is NOT an inference engine. It parses the real engines' argv leniently, prints startup lines in their log
 formats, serves their readiness/OpenAI/metrics endpoints with deterministic fake tokens, and can simulate
-faults (see docker/README.md). Entry points: `vllm serve ...` (/usr/local/bin/vllm) and
-`python3 -m sglang.launch_server ...`.
+faults (see docker/README.md). Entry points: `vllm serve ...` (/usr/local/bin/vllm),
+`python3 -m sglang.launch_server ...`, and TensorRT Edge-LLM's `trtedge serve ...` / `tensorrt-edgellm-serve ...`
+(bin/trtedge, bin/tensorrt-edgellm-serve). It runs in the image or straight from this directory on the host
+(`python3 docker/standin/bin/trtedge serve MODEL`), as sparklab's host-process tests do.
 """
 
 from __future__ import annotations
@@ -104,8 +106,14 @@ class Log:
     def sgl(self, msg: str, tp: bool = False, err: bool = False) -> None:
         self.emit(f"[{time.strftime('%Y-%m-%d %H:%M:%S')}{' TP0' if tp else ''}] {msg}", err=err)
 
+    def edge(self, name: str, msg: str, level: str = "INFO") -> None:
+        """Edge-LLM's format, experimental/server/cli.py:35 (tensorrt-edgellm 0.11.0)."""
+        self.emit(f"{time.strftime('%H:%M:%S')} {level:<8} {name}: {msg}", err=level == "ERROR")
+
     def uvicorn(self, msg: str) -> None:
-        if self.mode == "vllm":
+        if self.mode == "trtedge":
+            self.emit(f"INFO:     {msg}")
+        elif self.mode == "vllm":
             self.emit(f"(APIServer pid={self.pid}) INFO:     {msg}")
         else:
             self.sgl(f"INFO:     {msg}")
@@ -246,7 +254,9 @@ class Handler(BaseHTTPRequestHandler):
         if not self.authorized():
             return
         app, path = self.app, self.path.split("?", 1)[0]
-        if path in ("/health", "/health_generate", "/ping"):  # vLLM's /health is 503 once its engine is dead
+        if app.cfg.mode == "trtedge" and path in ("/health", "/health/ready"):
+            self.send_json(*app.edge_health(path))
+        elif path in ("/health", "/health_generate", "/ping"):  # vLLM's /health is 503 once its engine is dead
             self.send_text(200 if app.ready.is_set() and not app.dead.is_set() else 503, "")
         elif path == "/v1/models":
             self.send_json(200, app.models())
@@ -314,6 +324,19 @@ class App:
             state["avg_spec_accept_length"] = round(self.metrics.accept_length(), 4)
         info["internal_states"] = [state]
         return info
+
+    def edge_health(self, path: str) -> tuple[int, dict[str, Any]]:
+        """Edge-LLM's /health and /health/ready bodies (experimental/server/api/routes.py:44-84, 0.11.0); its
+        HTTP server starts only after the model loaded, so both answer 200 once listening."""
+        running = self.metrics.running
+        if path == "/health/ready":
+            return 200, {"status": "ready", "active_requests": running, "queued_requests": 0}
+        spec = self.cfg.spec
+        caps = {"chat": True, "max_model_len": self.cfg.max_len, "max_batch_size": int(self.cfg.opts.get(
+            "max-batch-size", 1)), "kv_cache_dtype": "fp8", "speculative_decoding": spec is not None,
+            "speculative_method": spec.method if spec else "none", "context_reuse": False}
+        return 200, {"status": "healthy", "model": self.cfg.served_names[0], "active_requests": running,
+                     "queued_requests": 0, "scheduling": None, "capabilities": caps}
 
     def model_info(self) -> dict[str, Any]:
         info = dict(model_path=self.cfg.model, tokenizer_path=self.cfg.model, is_generation=True)
@@ -421,7 +444,9 @@ class App:
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def shutdown(self, signum: int, _frame: Any) -> None:
-        if self.cfg.mode == "vllm":
+        if self.cfg.mode == "trtedge":
+            self.log.uvicorn("Shutting down")
+        elif self.cfg.mode == "vllm":
             self.log.api("launcher.py:110", "Shutting down FastAPI HTTP server.")
         else:
             self.log.sgl(f"Received signal {signal.Signals(signum).name}; shutting down (standin).")
@@ -429,7 +454,9 @@ class App:
         os._exit(0)
 
     def fail(self, code: int) -> None:
-        if self.cfg.mode == "vllm":
+        if self.cfg.mode == "trtedge":  # experimental/server/cli.py:41: SystemExit with this text
+            self.log.emit("TensorRT prerequisite error: libnvinfer.so.10 not found (standin fault)", err=True)
+        elif self.cfg.mode == "vllm":
             self.log.engine("core.py:708", "EngineCore failed to start.", "ERROR")
             self.log.engine("core.py:708", VLLM_START_ERROR, "ERROR")
             self.log.emit(VLLM_CORE_FAILED, err=True)
@@ -607,12 +634,30 @@ class App:
         self.ready.set()
         log.sgl("The server is fired up and ready to roll!")
 
+    def run_trtedge(self) -> None:
+        """Edge-LLM 0.11.0's start: load (build or reuse the engine bundle), one "Loaded model" line
+        (experimental/server/cli.py:43-51), then uvicorn; nothing listens before the model is loaded."""
+        cfg, log, spec = self.cfg, self.log, self.cfg.spec
+        log.edge("experimental.server.runtime.engine", f"Loading runtime bundle from ~/.cache/edgellm/{cfg.model}")
+        self.faults_at_start()
+        time.sleep(env_float("STANDIN_START_DELAY", 1.0))
+        log.edge("experimental.server.runtime.engine", "Engine loaded and ready.")
+        log.edge("edgellm.server", f"Loaded model={cfg.served_names[0]} max_model_len={cfg.max_len} "
+                                   f"kv_cache_dtype=fp8 speculative_decoding={spec is not None} context_reuse=False")
+        self.listen()
+        log.uvicorn(f"Started server process [{os.getpid()}]")
+        log.uvicorn("Waiting for application startup.")
+        log.uvicorn("Application startup complete.")
+        self.ready.set()
+        log.uvicorn(f"Uvicorn running on http://{cfg.host}:{cfg.port} (Press CTRL+C to quit)")
+
     def run(self) -> None:
         signal.signal(signal.SIGTERM, self.shutdown)
         signal.signal(signal.SIGINT, self.shutdown)
         self.preamble()
+        runs = {"vllm": self.run_vllm, "sglang": self.run_sglang, "trtedge": self.run_trtedge}
         try:
-            self.run_vllm() if self.cfg.mode == "vllm" else self.run_sglang()
+            runs[self.cfg.mode]()
         except OSError as exc:
             self.log.emit(f"OSError: {exc}", err=True)
             os._exit(1)

@@ -20,7 +20,8 @@ BOOL_FLAGS = names(
     """enforce-eager trust-remote-code enable-prefix-caching enable-chunked-prefill enable-metrics
     enable-auto-tool-choice disable-log-requests disable-log-stats enable-log-requests disable-radix-cache
     disable-cuda-graph skip-server-warmup async-scheduling skip-tokenizer-init disable-overlap-schedule
-    enable-torch-compile headless speculative-adaptive enable-lora"""
+    enable-torch-compile headless speculative-adaptive enable-lora enable-context-reuse enable-in-flight-batching
+    clear-engine-cache"""
 )
 SGLANG_SPEC_KEYS = names(
     """speculative-algorithm speculative-draft-model-path speculative-draft-model speculative-num-steps
@@ -29,7 +30,7 @@ SGLANG_SPEC_KEYS = names(
 )
 KNOWN = SGLANG_SPEC_KEYS | names(
     """host port model model-path served-model-name max-model-len context-length api-key speculative-config
-    max-num-batched-tokens enable-metrics"""
+    max-num-batched-tokens enable-metrics max-batch-size max-input-len max-kv-cache-capacity reasoning-parser"""
 )
 
 
@@ -49,7 +50,7 @@ class Spec:
 
 @dataclass
 class Config:
-    mode: str  # "vllm" | "sglang"
+    mode: str  # "vllm" | "sglang" | "trtedge"
     argv: list[str]
     model: str = "standin-model"
     served_names: list[str] = field(default_factory=list)
@@ -66,8 +67,8 @@ class Config:
 
 def parse_args(mode: str, argv: list[str]) -> Config:
     """Lenient parse: known flags are interpreted, anything else is recorded and ignored."""
-    cfg = Config(mode=mode, argv=list(argv), port=8000 if mode == "vllm" else 30000)
-    args = list(argv[1:] if mode == "vllm" and argv[:1] == ["serve"] else argv)
+    cfg = Config(mode=mode, argv=list(argv), port=30000 if mode == "sglang" else 8000)
+    args = list(argv[1:] if mode in ("vllm", "trtedge") and argv[:1] == ["serve"] else argv)
     positional: list[str] = []
     i = 0
     while i < len(args):
@@ -99,16 +100,18 @@ def parse_args(mode: str, argv: list[str]) -> Config:
         if key not in KNOWN:
             cfg.unknown.append(tok.split("=", 1)[0])
     cfg.model = str(cfg.opts.get("model") or cfg.opts.get("model-path") or (positional or [cfg.model])[0])
-    if (mode == "vllm" and len(positional) > 1) or (mode == "sglang" and positional):
-        cfg.unknown += positional[1 if mode == "vllm" else 0 :]
+    if (mode != "sglang" and len(positional) > 1) or (mode == "sglang" and positional):
+        cfg.unknown += positional[0 if mode == "sglang" else 1 :]
     cfg.served_names = cfg.served_names or [cfg.model]
     cfg.host = str(cfg.opts.get("host", cfg.host))
     cfg.port = int(cfg.opts.get("port", cfg.port))
-    cfg.max_len = int(cfg.opts.get("max-model-len") or cfg.opts.get("context-length") or cfg.max_len)
+    cfg.max_len = int(cfg.opts.get("max-model-len") or cfg.opts.get("context-length")
+                      or cfg.opts.get("max-kv-cache-capacity") or (8192 if mode == "trtedge" else cfg.max_len))
     cfg.max_batched = int(cfg.opts.get("max-num-batched-tokens", cfg.max_batched))
     key = cfg.opts.get("api-key") or (os.environ.get("VLLM_API_KEY") if mode == "vllm" else None)
     cfg.api_key = str(key) if key else None
-    cfg.spec = vllm_spec(cfg.spec_raw) if mode == "vllm" else sglang_spec(cfg.opts)
+    # Edge-LLM's --speculative-config has vLLM's keys (experimental/server/config.py:66 in tensorrt-edgellm 0.11.0)
+    cfg.spec = sglang_spec(cfg.opts) if mode == "sglang" else vllm_spec(cfg.spec_raw)
     return cfg
 
 
