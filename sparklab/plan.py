@@ -12,7 +12,7 @@ import itertools
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, ValidationError
 
@@ -99,6 +99,9 @@ class SweepFile(Strict):
     memory_floor_gib: float | None = Field(default=None, ge=0, le=4096)
     # A server whose engine prints nothing for this long while not ready fails as "stalled" (null: never).
     load_stall_s: Seconds | None = 600.0
+    # What the report leads with: seed 000's throughput vs baseline, or seed 004's generation speed excluding TTFT
+    # and TTFT median (sparklab/report/generation.py).
+    lead: Literal["throughput", "generation"] = "throughput"
 
 
 def _hash(data: Any) -> str:

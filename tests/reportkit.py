@@ -63,3 +63,26 @@ def seed000_run(tmp_path: Path) -> Path:
                 summary["aggregate_tps"] = row[cell.concurrency]
             store.finish_cell(cell.id, summary, {"summary": summary})
     return path
+
+
+def seed004_run(tmp_path: Path) -> Path:
+    """recipes/sweeps/seed004.yaml planned and registered as a real sweep would, each cell finished with the
+    numbers seed 004 published for it: generation speed excluding TTFT (decode tok/s) and TTFT median."""
+    published: dict[str, Any] = yaml.safe_load((FIXTURES / "seed004.yaml").read_text())
+    plan = build_plan(recipes_dir() / "sweeps" / "seed004.yaml", run_id="seed004-published")
+    path = tmp_path / "seed004-published" / "results.sqlite"
+    with Store.create(path, plan.sweep.model_dump(), "test") as store:
+        sweep.register(plan, store)
+        methods = {s.id: s.method for s in store.server_configs()}
+        for cell in store.cells():
+            row = published["results"][cell.workload]
+            method = methods[cell.server_config_id]
+            n = cell.settings["requests"]
+            summary: dict[str, Any] = {
+                "requests": {"measured": n, "ok": n, "failed": 0},
+                "decode_tps": {"n": n, "mean": row[method]},
+                "ttft_ms": {"n": n, "p50": row[f"ttft_{method}"]},
+                "prompt_tokens": {"n": n, "mean": row["prompt"]},
+            }
+            store.finish_cell(cell.id, summary, {"summary": summary})
+    return path

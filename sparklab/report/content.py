@@ -16,6 +16,7 @@ from sparklab.report.model import (
     headline_name,
     memory_rows,
 )
+from sparklab.report.generation import generation_sections
 from sparklab.report.roofline import assumptions, model_inputs
 
 DASH = "-"
@@ -361,7 +362,8 @@ def _failures(report: Report) -> Section | None:
 
 
 def document(report: Report, plots: list[tuple[str, Path]] | None = None) -> Document:
-    sections = [_overview(report), _method(report), *_seed_tables(report), *_k_pivot(report), _best(report),
+    lead = generation_sections(report) if report.sweep.get("lead") == "generation" else []  # seed 004's columns
+    sections = [_overview(report), *lead, _method(report), *_seed_tables(report), *_k_pivot(report), _best(report),
                 _reliability(report), *_detail_tables(report)]
     if acceptance := _acceptance(report):
         sections.append(acceptance)

@@ -1,0 +1,83 @@
+"""`sparklab sweep` and `report` with a host-process engine (the stand-in's Edge-LLM surface on the host), and a
+sweep SIGKILLed mid-cell whose resumed run removes the orphaned process group and finishes."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from sparklab.store import Store
+from tests.dockerkit import Lines, free_port
+from tests.process.conftest import RECIPE, STANDIN, HostCli, processes_of
+
+
+def _sweep(tmp_path: Path, *extra_set: str, port: int | None = None) -> Path:
+    doc: dict[str, Any] = {
+        "name": "process", "recipe": str(RECIPE), "methods": ["none", "dspark"], "num_speculative_tokens": [3],
+        "concurrency": [1], "requests": 3, "warmup": 1, "workloads": ["speedbench-1k"],
+        "sampling": {"max_tokens": 12, "temperature": 0, "top_p": None, "ignore_eos": True},
+        "set": [f"standin_dir={STANDIN}", f"engines.edgellm.port={port or free_port()}", *extra_set],
+        "lead": "generation",
+    }
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def _run(host: HostCli, path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return host.run("sweep", str(path), "--runs-dir", str(path.parent / "runs"), *args, timeout=180, cwd=path.parent)
+
+
+def _store(path: Path) -> Store:
+    (db,) = sorted((path.parent / "runs").glob("*/results.sqlite"))
+    return Store.open(db)
+
+
+def test_sweep_and_report_with_a_host_process_engine(host: HostCli, tmp_path: Path) -> None:
+    path = _sweep(tmp_path)
+    done = _run(host, path)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.count("server edgellm/") == 2 * 2  # starting + ready, for none and dspark K=3
+    with _store(path) as store:
+        assert store.counts()["done"] == 2
+        servers = store.server_configs()
+        assert all(s.startup_facts["startup_complete"] for s in servers)
+        assert all(Path(s.log_path).read_text().count("Loaded model=standin/nemotron-lightning") == 1 for s in servers)
+        assert all(c.result["summary"]["requests"]["ok"] == 3 for c in store.cells("done"))
+    (run,) = sorted((tmp_path / "runs").iterdir())
+    report = host.run("report", run.name, "--runs-dir", str(tmp_path / "runs"), "--format", "md")
+    assert report.returncode == 0, report.stderr
+    lead = report.stdout.index("Generation speed (excluding TTFT) and TTFT median: edgellm, C=1")
+    assert lead < report.stdout.index("How these numbers were measured")  # it leads, as in seed 004
+
+
+def test_sigkill_of_a_sweep_then_resume_removes_the_orphan_and_finishes(host: HostCli, tmp_path: Path) -> None:
+    port = free_port()
+    path = _sweep(tmp_path, "engines.edgellm.env={STANDIN_TOKEN_DELAY: '0.2', STANDIN_START_DELAY: '0.2'}",
+                  port=port)
+    proc = host.popen("sweep", str(path), "--runs-dir", str(tmp_path / "runs"), cwd=tmp_path,
+                      stderr=subprocess.STDOUT)
+    try:
+        Lines(proc).wait_for("ready in", timeout=60)
+        time.sleep(1)
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
+    assert processes_of(str(STANDIN / "bin"), f"--port {port}")  # the orphan serves on
+    resumed = _run(host, path)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "removed leftover container" in resumed.stderr and "was in flight" in resumed.stderr
+    with _store(path) as store:
+        assert store.counts()["done"] == 2 and len(store.cells()) == 2
+    assert not processes_of(str(STANDIN / "bin"), f"--port {port}")
+
+
+def test_dry_run_plans_without_starting_anything(host: HostCli, tmp_path: Path) -> None:
+    done = host.run("sweep", str(_sweep(tmp_path)), "--dry-run", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "edgellm" in done.stdout and "dspark" in done.stdout
+    assert not (tmp_path / "runs").exists()
