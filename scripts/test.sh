@@ -61,6 +61,10 @@ elif [ -x docker/vllm-cpu/build.sh ]; then
   phase vllm-cpu-image bash docker/vllm-cpu/build.sh
 fi
 phase venv setup_venv
+# TensorRT Edge-LLM's server parser (one wheel download, cached): tests/unit/test_edgellm_contract.py parses every
+# Edge-LLM recipe with it. A failed download is not fatal here; in CI the contract test then fails, naming it.
+phase edgellm-src bash scripts/ci/edgellm-source.sh "$VENV/bin/python" || true
+export SPARKLAB_TEST_EDGELLM_SRC="$CACHE/edgellm-src/0.11.0"
 
 export SPARKLAB_TEST_STANDIN_IMAGE="$STANDIN_IMAGE"
 if registry_has "$VLLM_CPU_REPO" "$VLLM_CPU_TAG"; then

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from sparklab.metrics import CONFIDENCE, SPREAD_WARN, Estimate, Ratio
 from sparklab.report.document import Block, Bullets, Code, Document, Image, Para, Section, Table
+from sparklab.report.generation import generation_sections
 from sparklab.report.model import (
     BEST_TIE,
     CLOCK_DROP_FLAG,
@@ -16,7 +17,6 @@ from sparklab.report.model import (
     headline_name,
     memory_rows,
 )
-from sparklab.report.generation import generation_sections
 from sparklab.report.roofline import assumptions, model_inputs
 
 DASH = "-"
