@@ -9,6 +9,7 @@ without a GPU or TensorRT. scripts/ci/edgellm-source.sh fetches it once (scripts
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 from pathlib import Path
 from types import ModuleType
@@ -96,15 +97,16 @@ def test_the_console_script_the_recipe_runs_is_the_packages(source: Path) -> Non
 def test_the_adapter_knows_the_parsers_methods_and_keys(config: ModuleType) -> None:
     """What sparklab's preflight refuses, Edge-LLM refuses too (so the adapter's lists are not stale)."""
     for method in METHODS:
-        raw = '{"method": "%s", "model": "d"}' % method
+        raw = json.dumps({"method": method, "model": "d"})
         assert config.SpeculativeConfig.parse(raw).method == method
     for method in NEEDS_DRAFT:
         with pytest.raises(config.ServerConfigError, match="requires"):
-            config.SpeculativeConfig.parse('{"method": "%s"}' % method)
+            config.SpeculativeConfig.parse(json.dumps({"method": method}))
     with pytest.raises(config.ServerConfigError, match="unsupported"):
         config.SpeculativeConfig.parse('{"method": "dspark", "model": "d", "draft_tensor_parallel_size": 1}')
     assert config.SpeculativeConfig.parse('{"method": "mtp"}').method == "mtp"
-    assert SPEC_KEYS == {"method", "num_speculative_tokens", "model"}
+    assert config.SpeculativeConfig.parse(json.dumps(dict.fromkeys(SPEC_KEYS, "d") | {
+        "method": "dspark", "num_speculative_tokens": 3})).num_speculative_tokens == 3  # every key we allow it allows
 
 
 def test_a_wrong_flag_is_refused_by_the_parser(config: ModuleType) -> None:
