@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import platform
+import shutil
 import signal
 import socket
 import subprocess
@@ -219,8 +220,8 @@ class Processes:
 
     def ensure_image(self, ref: str, policy: str = "missing", on_event: Any = None,
                      platform: str | None = None) -> ImageInfo:
-        """A process engine has no image: its program must exist and be executable."""
-        path = Path(ref)
+        """A process engine has no image: its program must exist and be executable (a bare name: on PATH)."""
+        path = Path(ref if "/" in ref else shutil.which(ref) or ref)
         if not (path.is_file() and os.access(path, os.X_OK)):
             raise ContainerError(
                 f"{ref} is not an executable program on this host",

@@ -5,7 +5,8 @@ It leads the engine's process group (sparklab starts it with a new session), rea
 the engine's argv without a shell, and copies the engine's output, secrets replaced by ***, into the log file.
 Every second of output it notes (wall-clock time, log offset) in an index beside the log, so a later reader can
 take the log from a moment on. When the engine ends it writes the engine's exit status (128 + signal for a
-signal, as Docker reports it) and exits with it. It ignores SIGINT, SIGTERM and SIGHUP: the group's signal is for
+signal, as Docker reports it) and, as a container stops with its main process, SIGKILLs what is left of the group
+(itself included). It ignores SIGINT, SIGTERM and SIGHUP: the group's signal is for
 the engine, and the keeper must stay to write the last lines; SIGKILL of the group ends both.
 """
 
@@ -16,12 +17,16 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
+from typing import IO
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: sparklab's redaction is beside it
 
 from sparklab.redaction import redacted_lines
+
+DRAIN_S = 0.5  # how long the engine's last output may take to arrive after it exited
 
 
 def main() -> int:
@@ -42,8 +47,21 @@ def main() -> int:
             _write_exit(exit_path, code)
             return code
         assert engine.stdout is not None
-        noted = 0.0
-        chunks = iter(lambda: engine.stdout.read1(65536), b"")  # type: ignore[union-attr]
+        pump = threading.Thread(target=_copy, args=(engine.stdout, log, index, secrets), daemon=True)
+        pump.start()
+        status = engine.wait()
+        pump.join(DRAIN_S)  # the engine's last lines; a child holding its output open does not keep us
+    code = status if status >= 0 else 128 - status
+    _write_exit(exit_path, code)
+    # As a container stops when its main process ends: what the engine left behind in its group goes too.
+    os.killpg(0, signal.SIGKILL)
+    return code
+
+
+def _copy(stream: IO[bytes], log: IO[bytes], index: IO[str], secrets: list[bytes]) -> None:
+    noted = 0.0
+    chunks = iter(lambda: stream.read1(65536), b"")  # type: ignore[attr-defined]
+    try:
         for data in redacted_lines(chunks, secrets):
             now = time.time()
             if now - noted >= 1.0:
@@ -52,10 +70,8 @@ def main() -> int:
                 noted = now
             log.write(data)
             log.flush()
-        status = engine.wait()
-    code = status if status >= 0 else 128 - status
-    _write_exit(exit_path, code)
-    return code
+    except (OSError, ValueError):  # the log closed: the engine has ended and the keeper is going
+        return
 
 
 def _default_signals() -> None:
