@@ -101,7 +101,13 @@ def host_hub_cache(spec: LaunchSpec) -> Path | None:
 
     Inside the container the cache is $HF_HUB_CACHE, else $HF_HOME/hub, else <mount target>/hub (the recipe's
     hf_cache_target is where the engine's user keeps ~/.cache/huggingface). Mapped back through the mount.
+    A host-process engine reads the host's own cache: the recipe's or this environment's variables, else
+    huggingface_hub's default ~/.cache/huggingface/hub.
     """
+    if spec.runtime == "process":
+        env = {**os.environ, **spec.env}
+        home = env.get("HF_HOME") or "~/.cache/huggingface"
+        return Path(env.get("HF_HUB_CACHE") or f"{home}/hub").expanduser()
     mount = next((m for m in spec.mounts if spec.hf_cache and m.source == spec.hf_cache), None)
     if mount is None:
         return None

@@ -79,6 +79,8 @@ def pull(servers: list[Server], *, pull_image: PullImage | None, models: bool = 
         seen: set[tuple[str, ...]] = set()
         for _, spec in servers:
             candidates = (spec.image, *spec.image_alternatives)
+            if spec.runtime == "process":  # a program on this host: nothing to pull
+                continue
             if candidates not in seen:
                 seen.add(candidates)
                 ref, digest = _pull_first_available(candidates, pull_image, say)

@@ -125,7 +125,8 @@ def test_an_unavailable_image_falls_back_to_its_alternative(fake_hub: FakeHub, r
 def test_every_method_of_a_recipe(fake_hub: FakeHub, recipe_file: Path, tmp_path: Path) -> None:
     servers = pull.servers_for(str(recipe_file), hf_cache=tmp_path / "hf", all_methods=True)
     assert {(spec.engine, spec.method) for _, spec in servers} == {
-        ("vllm", m) for m in ("none", "mtp", "dflash", "dspark")} | {("sglang", m) for m in ("none", "dspark", "eagle")}
+        ("vllm", m) for m in ("none", "mtp", "dflash", "dspark")} | {("sglang", m) for m in ("none", "dspark", "eagle")} | {
+        (e, m) for e in ("edgellm", "edgellm-0.11.0") for m in ("none", "dspark")}
     with pytest.raises(SparklabError) as raised:  # the fake Hub has no dflash draft
         pull.pull(servers, pull_image=None)
     assert DFLASH in str(raised.value) and "model.drafts.dflash.id" in str(raised.value)

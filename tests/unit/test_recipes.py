@@ -39,8 +39,8 @@ def test_list_items_are_located_by_index(gb10_doc, write_recipe) -> None:
 
 
 def test_missing_required_key(gb10_doc, write_recipe) -> None:
-    del gb10_doc["engines"]["sglang"]["image"]
-    with pytest.raises(RecipeError, match=r"engines\.sglang\.image: Field required; add it"):
+    del gb10_doc["engines"]["sglang"]["port"]  # (a missing image has its own message: tests/unit/test_trtedge.py)
+    with pytest.raises(RecipeError, match=r"engines\.sglang\.port: Field required; add it"):
         load_recipe(write_recipe(gb10_doc))
 
 
