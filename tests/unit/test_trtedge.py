@@ -100,3 +100,21 @@ def test_startup_facts_and_known_failures_from_edgellms_own_lines() -> None:
     assert "TensorRT or CUDA" in (adapter.explain_failure("TensorRT prerequisite error: libnvinfer") or "")
     assert "refused its command line" in (adapter.explain_failure("invalid server configuration: bad") or "")
     assert adapter.ready_path == "/health/ready" and not adapter.ready_needs_key
+
+
+def test_seed004_sweep_plans_seed_004s_table() -> None:
+    """recipes/sweeps/seed004.yaml: Edge-LLM as the seed ran it, none vs DSpark K=3, its three workloads at
+    batch 1, output cap 128, thinking on, and seed 004's columns first in the report."""
+    from sparklab.plan import build_plan
+
+    plan = build_plan(recipes_dir() / "sweeps" / "seed004.yaml", run_id="t")
+    assert [(s.engine, s.method, s.spec.speculative and s.spec.speculative.num_speculative_tokens)
+            for s in plan.servers] == [("edgellm", "none", None), ("edgellm", "dspark", 3)]
+    assert all(s.spec.runtime == "process" and s.spec.entrypoint[0].endswith("/bin/trtedge") for s in plan.servers)
+    assert all(s.spec.argv[:2] == ("serve", "nvidia/NVIDIA-Nemotron-3.5-Lightning-30B-A3B-NVFP4")
+               for s in plan.servers)
+    assert [(c.workload, c.concurrency) for c in plan.servers[0].cells] == [
+        ("speedbench-1k", 1), ("speedbench-2k", 1), ("humaneval", 1)]
+    sampling = plan.sweep.sampling
+    assert (sampling.max_tokens, sampling.enable_thinking) == (128, True)
+    assert plan.sweep.lead == "generation"
