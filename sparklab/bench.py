@@ -213,6 +213,8 @@ def run(endpoint: Endpoint, workload: Workload, sampling: Sampling, load: Load,
     """One cell. A request ends at request_timeout_s; earlier when it has received no byte for stall_timeout_s
     while `alive()` fails (default: the endpoint's /health; stall_timeout_s=None turns the detector off)."""
     ensure_open_files(load.concurrency)
+    if endpoint.kind:
+        sampling = engines.engine(endpoint.kind).request_sampling(sampling)
     model = endpoint.model or discover_model(endpoint)
     patience = Patience(request_timeout_s, stall_timeout_s, alive or endpoint.api.alive, finish_grace_s)
     return asyncio.run(_run(endpoint, model, workload, sampling, load, on_done, patience))

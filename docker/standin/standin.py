@@ -22,7 +22,7 @@ import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from standin_args import Config, decode, parse_args
+from standin_args import Config, decode, names, parse_args
 
 VERSION = "standin"
 
@@ -59,6 +59,13 @@ VLLM_FATAL_BEFORE_READY = ("core.py:1349", "EngineCore failed to start.")
 VLLM_FATAL_AFTER_READY = ("core.py:1351", "EngineCore encountered a fatal error.")
 VLLM_OUTPUT_HANDLER_FAILED = ("async_llm.py:724", "AsyncLLM output_handler failed.")
 SGLANG_SCHEDULER_FAILED = "Scheduler hit an exception: Traceback (most recent call last):"
+# Edge-LLM 0.11.0's ChatCompletionRequest fields (experimental/server/api/protocol.py:59-92); its models forbid
+# any other (protocol.py:34, extra="forbid"), answered 400 by api/app.py:101-110.
+EDGE_CHAT_FIELDS = names("""messages model frequency_penalty presence_penalty logit_bias logprobs top_logprobs
+    max_tokens max_completion_tokens n seed stop stream stream_options temperature top_p top_k min_p
+    repetition_penalty tools tool_choice parallel_tool_calls response_format guided_decoding modalities audio
+    apply_chat_template add_generation_prompt enable_thinking reasoning_effort chat_template_kwargs
+    disable_spec_decode reuse_context cache_generated_tokens""")
 
 
 def redact(argv: list[str]) -> list[str]:
@@ -290,6 +297,10 @@ class Handler(BaseHTTPRequestHandler):
             self.send_error_json(400, "invalid JSON body", "BadRequestError")
             return
         model = body.get("model")
+        extra = sorted(set(body) - EDGE_CHAT_FIELDS)
+        if self.app.cfg.mode == "trtedge" and extra:  # pydantic's extra="forbid" through Edge-LLM's handler
+            self.send_error_json(400, f"{extra[0]}: Extra inputs are not permitted", "invalid_request_error")
+            return
         if self.app.cfg.mode == "vllm" and model and model not in self.app.cfg.served_names:
             self.send_error_json(404, f"The model `{model}` does not exist.", "NotFoundError")
             return

@@ -21,6 +21,7 @@ from sparklab.scrape import StartupFacts, collect_warnings
 if TYPE_CHECKING:
     from sparklab.engine_api import EngineAPI
     from sparklab.recipes import Recipe
+    from sparklab.records import Sampling
     from sparklab.render import LaunchSpec
 
 
@@ -183,6 +184,10 @@ class Engine:
         return None
 
     # -- while serving -------------------------------------------------------------------------------------
+    def request_sampling(self, sampling: Sampling) -> Sampling:
+        """The sampling as this engine's chat API takes it (an engine that refuses unknown fields drops them)."""
+        return sampling
+
     def snapshot(self, api: EngineAPI) -> dict[str, Any]:
         """Server-side counters at one instant (merged into the bench result's before/after)."""
         return {}

@@ -16,16 +16,19 @@ the package index holds; seed 004 names 0.11.1). Paths are inside that wheel:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from sparklab.engines.base import Engine, Finding, KnownFailure, Speculative, as_int, check_k, flag_value, where
+from sparklab.errors import SparklabError
 from sparklab.scrape import StartupFacts
 
 if TYPE_CHECKING:
     from sparklab.recipes import Recipe
+    from sparklab.records import Sampling
     from sparklab.render import LaunchSpec
 
 METHODS = frozenset({"eagle3", "mtp", "dflash", "jetspec", "dspark"})  # config.py:73
@@ -107,6 +110,18 @@ class TrtEdge(Engine):
         if m := _LOADED.search(text):
             facts.advice.append(f"Edge-LLM loaded {m['model']}: max_model_len {m['len']}, KV cache {m['dtype']}, "
                                 f"speculative decoding {m['spec']} (its startup log)")
+
+    def request_sampling(self, sampling: Sampling) -> Sampling:
+        """Edge-LLM's request models forbid unknown fields (experimental/server/api/protocol.py:34,
+        `extra="forbid"`): no vLLM `return_token_ids`, and no `ignore_eos`/`min_tokens` (so no forced length).
+        `chat_template_kwargs.enable_thinking` it takes (protocol.py:129-141)."""
+        if sampling.ignore_eos or sampling.min_tokens is not None:
+            raise SparklabError(
+                "TensorRT Edge-LLM cannot force the output length: its chat API has no ignore_eos or min_tokens "
+                "(experimental/server/api/protocol.py:59-92 in tensorrt-edgellm 0.11.0; unknown fields are refused)",
+                "Remove ignore_eos/min_tokens from the sweep's sampling (or --ignore-eos/--min-tokens) for this "
+                "engine.")
+        return dataclasses.replace(sampling, token_ids=False)
 
     def acceptance(self, result: dict[str, Any]) -> None:
         return None  # the server reports none (see the module docstring)

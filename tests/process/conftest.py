@@ -42,7 +42,7 @@ class HostCli:
 
     def env(self, **extra: str) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if k not in ("HF_TOKEN", "SPARKLAB_API_KEY")}
-        env.update({"SPARKLAB_STATE": str(self.state), "COLUMNS": "200",
+        env.update({"SPARKLAB_STATE": str(self.state), "COLUMNS": "200", "HF_HOME": str(self.state.parent / "hf"),
                     "PYTHONPATH": os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]), **extra})
         return env
 

@@ -19,7 +19,7 @@ def _sweep(tmp_path: Path, *extra_set: str, port: int | None = None) -> Path:
     doc: dict[str, Any] = {
         "name": "process", "recipe": str(RECIPE), "methods": ["none", "dspark"], "num_speculative_tokens": [3],
         "concurrency": [1], "requests": 3, "warmup": 1, "workloads": ["speedbench-1k"],
-        "sampling": {"max_tokens": 12, "temperature": 0, "top_p": None, "ignore_eos": True},
+        "sampling": {"max_tokens": 12, "temperature": 0, "top_p": None, "enable_thinking": True},
         "set": [f"standin_dir={STANDIN}", f"engines.edgellm.port={port or free_port()}", *extra_set],
         "lead": "generation",
     }
@@ -29,7 +29,8 @@ def _sweep(tmp_path: Path, *extra_set: str, port: int | None = None) -> Path:
 
 
 def _run(host: HostCli, path: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return host.run("sweep", str(path), "--runs-dir", str(path.parent / "runs"), *args, timeout=180, cwd=path.parent)
+    return host.run("sweep", str(path), "--runs-dir", str(path.parent / "runs"), "--no-download", *args, timeout=180,
+                    cwd=path.parent)
 
 
 def _store(path: Path) -> Store:
@@ -59,7 +60,7 @@ def test_sigkill_of_a_sweep_then_resume_removes_the_orphan_and_finishes(host: Ho
     port = free_port()
     path = _sweep(tmp_path, "engines.edgellm.env={STANDIN_TOKEN_DELAY: '0.2', STANDIN_START_DELAY: '0.2'}",
                   port=port)
-    proc = host.popen("sweep", str(path), "--runs-dir", str(tmp_path / "runs"), cwd=tmp_path,
+    proc = host.popen("sweep", str(path), "--runs-dir", str(tmp_path / "runs"), "--no-download", cwd=tmp_path,
                       stderr=subprocess.STDOUT)
     try:
         Lines(proc).wait_for("ready in", timeout=60)

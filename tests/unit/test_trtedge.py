@@ -118,3 +118,16 @@ def test_seed004_sweep_plans_seed_004s_table() -> None:
     sampling = plan.sweep.sampling
     assert (sampling.max_tokens, sampling.enable_thinking) == (128, True)
     assert plan.sweep.lead == "generation"
+
+
+def test_requests_to_edgellm_carry_only_fields_its_api_takes() -> None:
+    from sparklab.engines import engine
+    from sparklab.errors import SparklabError
+    from sparklab.records import Sampling
+
+    adapter = engine("trtedge")
+    body = adapter.request_sampling(Sampling(max_tokens=128, enable_thinking=True)).body("m", [], stream=True)
+    assert "return_token_ids" not in body and body["chat_template_kwargs"] == {"enable_thinking": True}
+    assert Sampling(max_tokens=1).body("m", [], stream=True)["return_token_ids"] is True  # vLLM's is kept
+    with pytest.raises(SparklabError, match="cannot force the output length"):
+        adapter.request_sampling(Sampling(max_tokens=128, ignore_eos=True))
