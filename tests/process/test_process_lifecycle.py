@@ -217,3 +217,11 @@ def test_render_prints_the_command_line_paste_ready(host: HostCli) -> None:
     env = host.env(SPARKLAB_API_KEY="k-123", STANDIN_EXIT_AT_START="0")
     pasted = subprocess.run(["bash", "-c", command], capture_output=True, text=True, env=env, timeout=30)
     assert '"--api-key", "***"' in pasted.stdout and '"--port", "18999"' in pasted.stdout
+
+
+def test_an_engine_dying_while_serving_is_reported(host: HostCli) -> None:
+    port = free_port()
+    done = host.run("up", f"{RECIPE}:none", *host.launch_args(port, "-e", "STANDIN_DIE_AFTER=1"))
+    assert done.returncode == 4
+    assert "the server exited with code 1 while serving" in done.stderr
+    assert _ours(port) == []
