@@ -136,7 +136,9 @@ def ready_summary(ready: Any, key_given: bool = False) -> Group:
     if ready.api_key and key_given:
         lines.append("  api key     the one you gave (--api-key or SPARKLAB_API_KEY)")
     elif ready.api_key:
-        lines.append(f"  api key     {ready.api_key}   (shown once; not stored or logged)")
+        kept = ("not stored or logged" if getattr(spec, "runtime", "container") == "container"
+                else "not logged; kept for `sparklab bench` in the server's private run file")
+        lines.append(f"  api key     {ready.api_key}   (shown once; {kept})")
     lines.append(f"  log file    {ready.server.log_path}")
     found = []
     if facts.kv_cache_tokens is not None:
