@@ -68,7 +68,7 @@ def wait_ready(probe: Probe, url: str, *, kind: str, timeout_s: float, headers: 
                                   f"{clock() - started:.0f} s after start, before it was ready")
         if not running:
             logged = f" after logging: {watch.fatal}" if watch and watch.fatal else ""
-            raise exited_error(probe, kind, code, "the server container",
+            raise exited_error(probe, kind, code, f"the server {getattr(probe, 'noun', 'container')}",
                                f"before it was ready ({clock() - started:.0f} s after start){logged}")
         if on_try is not None:
             on_try(clock() - started)

@@ -426,6 +426,8 @@ def _follow(path: Path, offset: int, alive: Callable[[], bool], poll_s: float = 
 class ProcessServer:
     """A started host-process server. As a context manager its group is ended on every path unless kept."""
 
+    noun = "process"  # how messages name it ("the server process exited …")
+
     def __init__(self, runtime: Processes, record: RunRecord, spec: LaunchSpec, log_path: Path,
                  proc: subprocess.Popen[bytes] | None, detach: bool = False,
                  on_log: Callable[[bytes], None] | None = None) -> None:

@@ -109,7 +109,7 @@ def test_exit_at_start_fails_with_code_and_log_tail(host: HostCli) -> None:
     port = free_port()
     done = host.run("up", f"{RECIPE}:dspark", *host.launch_args(port, "-e", "STANDIN_EXIT_AT_START=3"))
     assert done.returncode == 4
-    assert "exited with code 3 before it was ready" in done.stderr
+    assert "the server process exited with code 3 before it was ready" in done.stderr
     assert "Last 50 log lines" in done.stderr and "TensorRT prerequisite error" in done.stderr
     assert "Likely cause: TensorRT or CUDA is missing" in done.stderr  # the adapter's known failure
     assert _ours(port) == []
