@@ -26,6 +26,7 @@ class Runtime:
     def __init__(self, docker: Docker | None = None, processes: Processes | None = None) -> None:
         self._docker = docker
         self.processes = processes or Processes()
+        self._warned = False
 
     @property
     def docker(self) -> Docker:
@@ -37,13 +38,14 @@ class Runtime:
         return self.processes if spec.runtime == "process" else self.docker
 
     def _reachable_docker(self) -> Docker | None:
-        """Docker for a listing: when it cannot be reached, say so and list host processes only."""
+        """Docker for a listing or cleanup: when it cannot be reached, say so once and see host processes only
+        (a host-process engine runs without a Docker daemon)."""
         try:
             return self.docker
         except ContainerError as exc:
-            if not self.processes.containers():
-                raise
-            log.warning("%s; showing host-process servers only", exc.message)
+            if not self._warned:
+                log.warning("%s; only host-process servers are seen", exc.message)
+                self._warned = True
             return None
 
     def _owner(self, name: str) -> Docker | Processes:
@@ -62,12 +64,7 @@ class Runtime:
 
     def gc(self) -> list[ContainerInfo]:
         removed = self.processes.gc()
-        try:
-            docker = self._reachable_docker()
-        except ContainerError:
-            if removed:
-                return removed
-            raise
+        docker = self._reachable_docker()
         return (docker.gc() if docker is not None else []) + removed
 
     def remove(self, name: str, grace_s: float = 10) -> None:
