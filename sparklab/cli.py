@@ -89,8 +89,8 @@ def cmd_up(args: argparse.Namespace) -> int:
             ready.server.keep()
             out.print(f"left running (detached). Stop it with: sparklab down {ready.server.name}")
             return 0
-        out.print("serving in the foreground: Ctrl-C stops and removes it.")
-        try:
+        try:  # the line is inside: a signal that comes while it is printed still stops the server cleanly
+            out.print("serving in the foreground: Ctrl-C stops and removes it.")
             launch.watch(ready.server, ready.watch)
         except KeyboardInterrupt:
             err.print("stopping…")

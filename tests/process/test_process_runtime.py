@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from sparklab.processes import Processes, group_members
+from sparklab.process_groups import group_members
+from sparklab.processes import Processes
 from sparklab.recipes import load_recipe
 from sparklab.render import API_KEY_PLACEHOLDER, LaunchOptions, LaunchSpec, render
 from tests.dockerkit import free_port
