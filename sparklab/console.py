@@ -186,5 +186,7 @@ def recipes_table() -> Table:
     for path in list_recipes():
         recipe = load_recipe(path)
         for name, engine in recipe.engines.items():
-            table.add_row(recipe.name, name, ", ".join(engine.methods), engine.image)
+            where = engine.image or f"host process: {' '.join(engine.entrypoint)}" + (
+                f" from {engine.venv}" if engine.venv else "")
+            table.add_row(recipe.name, name, ", ".join(engine.methods), where)
     return table
