@@ -58,7 +58,7 @@ def test_sweep_and_report_with_a_host_process_engine(host: HostCli, tmp_path: Pa
 
 def test_sigkill_of_a_sweep_then_resume_removes_the_orphan_and_finishes(host: HostCli, tmp_path: Path) -> None:
     port = free_port()
-    path = _sweep(tmp_path, "engines.edgellm.env={STANDIN_TOKEN_DELAY: '0.2', STANDIN_START_DELAY: '0.2'}",
+    path = _sweep(tmp_path, "engines.edgellm.env={STANDIN_TOKEN_DELAY: '0.08', STANDIN_START_DELAY: '0.2'}",
                   port=port)
     proc = host.popen("sweep", str(path), "--runs-dir", str(tmp_path / "runs"), "--no-download", cwd=tmp_path,
                       stderr=subprocess.STDOUT)
