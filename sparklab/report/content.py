@@ -100,7 +100,9 @@ def _method(report: Report) -> Section:
         "decode tok/s: tokens after the first chunk / the time after it, mean over requests. TTFT p50: the "
         "median request's first token - start, averaged over repeats.",
         "acceptance length (1 + accepted / drafts) and rate (accepted / draft tokens): the server's own figures "
-        "over each window, not client guesses; here from " + ("; ".join(accept) if accept else "no drafting") + ".",
+        "over each window, not client guesses; here from " + ("; ".join(accept) if accept else (
+            "nowhere: no engine of this run reports it (TensorRT Edge-LLM has no such counter)"
+            if any(not g.is_baseline for g in report.groups) else "no drafting")) + ".",
         f"repeats: `a ± b` is the mean over repeats and the half-width of its {pct} Student-t interval; a "
         "single run has no interval. `(spread)` marks a coefficient of variation over "
         f"{100 * SPREAD_WARN:.0f}%.",

@@ -42,3 +42,7 @@ def test_a_throughput_sweep_does_not_get_the_generation_table(tmp_path: Path) ->
     with Store.open(path, readonly=True) as store:
         text = report.render(report.build(store, path.parent.name), "md")
     assert "Generation speed (excluding TTFT)" not in text
+
+
+def test_the_method_section_says_edgellm_reports_no_acceptance(tmp_path: Path) -> None:
+    assert "here from nowhere: no engine of this run reports it" in _markdown(tmp_path)
