@@ -238,7 +238,7 @@ def _result(endpoint: Endpoint, model: str, workload: Workload, sampling: Sampli
         "endpoint": endpoint.root,
         "model": model,
         "workload": {"name": workload.name, "description": workload.description,
-                     "prompts": len(workload.prompts)},
+                     "prompts": len(workload.prompts), "content_hash": workload.content_hash},
         "sampling": asdict(sampling),
         "load": asdict(load),
         "measurement": {
@@ -253,6 +253,8 @@ def _result(endpoint: Endpoint, model: str, workload: Workload, sampling: Sampli
         "summary": summary,
         "speculative": counters["speculative"],
         "server_latency": counters["server_latency"],
+        "prefix_cache": counters["prefix_cache"],
         "server": {"before": before, "after": after},
         "requests": [_relative(r, window[0]) for r in records],
+        "outputs": [r.answer() for r in records],
     }

@@ -180,6 +180,8 @@ class ChatClient:
         if choice is not None:
             record.finish_reason = choice.finish_reason
             record.output_chars = len(choice.message.content or "")
+            record.output_parts.append(choice.message.content or "")
+            record.output_ids = None
 
     async def _stream_lean(self, record: RequestRecord, prompt_id: str, messages: list[dict[str, str]],
                            sampling: Sampling, on_event: OnEvent) -> Ending:
@@ -293,6 +295,12 @@ def _on_event(record: RequestRecord, event: dict[str, Any], now: float, max_chun
         record.chunk_tokens.append(tokens)
         record.chunk_reasoning.append(bool(reasoning) and not content)
         record.output_chars += len(content) + len(reasoning)
+        record.output_parts.append(reasoning + content)
+        if record.output_ids is not None:
+            if tokens is None:
+                record.output_ids = None
+            else:
+                record.output_ids.extend(token_ids)
         if record.first_token is None:
             record.first_token = now
         if content and record.first_content is None:

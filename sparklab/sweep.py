@@ -345,11 +345,12 @@ def _run_cell(plan: Plan, store: Store, ready: launch.Ready, server: ServerConfi
         errors = "; ".join(counts["first_errors"])
         message = (f"{counts['failed']} of {counts['measured']} requests failed (require_ok {sweep.require_ok:g}): "
                    f"{errors}")
-        status = store.partial_cell(cell.id, dict(summary), dict(result), message, max_attempts=sweep.max_attempts)
+        status = store.partial_cell(cell.id, dict(summary), dict(result), message, max_attempts=sweep.max_attempts,
+                                    image_digest=ready.image.digest)
         say(f"cell {name}: partial, {message}; " + ("it runs again" if status == "pending" else
                                                      "kept as partial (flagged in the report)"))
         return
-    store.finish_cell(cell.id, dict(summary), dict(result))
+    store.finish_cell(cell.id, dict(summary), dict(result), image_digest=ready.image.digest)
     adapter.reset_prefix_cache(endpoint.api)
     say(f"cell {name}: {summary['aggregate_tps']:.2f} tok/s aggregate, "
         f"{summary['requests']['ok']}/{summary['requests']['measured']} ok")

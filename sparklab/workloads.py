@@ -110,6 +110,13 @@ class Workload:
     def prompt(self, index: int) -> Prompt:
         return self.prompts[index % len(self.prompts)]
 
+    @property
+    def content_hash(self) -> str:
+        """sha256 over every prompt's id and messages, in order: two runs with the same hash sent the same
+        prompts, and their per-request `prompt_id`s line up prompt by prompt."""
+        data = [[p.id, list(p.messages)] for p in self.prompts]
+        return "sha256:" + hashlib.sha256(json.dumps(data, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
+
 
 def builtin_workloads() -> dict[str, str]:
     """Built-in workload names and one-line descriptions, for help texts and listings."""

@@ -324,6 +324,10 @@ class App:
         n_tokens, reason = plan(body, prompt, self.cfg.max_len)
         n_reason = min(n_tokens, int(env_float("STANDIN_REASONING_TOKENS", 0))) if chat else 0
         words = [f"think{i}" for i in range(n_reason)] + [f"tok{i}" for i in range(n_tokens - n_reason)]
+        # STANDIN_ALTER_OUTPUT=N: a drafting server answers differently from token N on (a broken verifier)
+        alter = int(env_float("STANDIN_ALTER_OUTPUT", -1)) if self.cfg.spec else -1
+        if 0 <= alter < len(words):
+            words[alter] = "altered"
         delay = env_float("STANDIN_TOKEN_DELAY", 0.005)
         sizes = chunk_sizes(self.cfg.spec.k + 1 if self.cfg.spec else None)
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
@@ -356,7 +360,8 @@ class App:
                 self.metrics.chunk(k)
                 if stream:
                     done = reason if pos + k >= len(words) else None
-                    ids = list(range(1000 + pos, 1000 + pos + k)) if body.get("return_token_ids") else None
+                    ids = ([7 if words[i] == "altered" else 1000 + i for i in range(pos, pos + k)]
+                           if body.get("return_token_ids") else None)
                     self.sse(h, base, self.delta(words, pos, k, n_reason), done, chat, ids)
                 pos, c = pos + k, c + 1
             self.metrics.finish(prompt, reason)

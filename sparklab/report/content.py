@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from sparklab.metrics import CONFIDENCE, SPREAD_WARN, Estimate, Ratio
+from sparklab.report.checks import run_checks
 from sparklab.report.document import Block, Bullets, Code, Document, Image, Para, Section, Table
 from sparklab.report.model import (
     BEST_TIE,
@@ -50,6 +51,12 @@ def fmt_ratio(group: Group) -> str:
 def _n(group: Group) -> str:
     flag = " (spread)" if group.headline and group.headline.spread_is_large else ""
     return f"{group.n}{flag}"
+
+
+def _identical(group: Group) -> str:
+    if group.is_baseline:
+        return "(baseline)"
+    return group.equality.describe() if group.equality else DASH
 
 
 def _k(server: Server) -> str:
@@ -133,8 +140,8 @@ def _seed_tables(report: Report) -> list[Section]:
 def _detail_tables(report: Report) -> list[Section]:
     sections = []
     header = ("config", "K", "n", "aggregate tok/s", "per-request tok/s", "decode tok/s", "TTFT p50 ms",
-              "accept len", "accept rate %", "vs baseline", "% of roofline")
-    numeric = (False, False, True, True, True, True, True, True, True, True, True)
+              "accept len", "accept rate %", "vs baseline", "identical to none", "% of roofline")
+    numeric = (False, False, True, True, True, True, True, True, True, True, False, True)
     for workload in report.workloads:
         for c in report.concurrencies(workload):
             rows = []
@@ -143,7 +150,7 @@ def _detail_tables(report: Report) -> list[Section]:
                 rows.append((f"{g.server.engine} {g.server.method_name}", _k(g.server), _n(g),
                              fmt(m["aggregate_tps"]), fmt(m["per_request_tps"]), fmt(m["decode_tps"]),
                              fmt(m["ttft_p50_ms"], 1), fmt(m["acceptance_length"]),
-                             fmt(m["acceptance_rate"], 1, 100), fmt_ratio(g),
+                             fmt(m["acceptance_rate"], 1, 100), fmt_ratio(g), _identical(g),
                              f"{g.roofline.percent:.1f}%" if g.roofline else DASH))
             sections.append(Section(f"All metrics: workload {workload}, C={c}", level=3,
                                     blocks=[Table(header, tuple(rows), numeric)]))
@@ -350,6 +357,19 @@ def _reliability(report: Report) -> Section:
     return Section("How far to trust this", blocks=[Bullets(tuple(items))])
 
 
+def _checks(report: Report) -> Section:
+    blocks: list[Block] = [Para(
+        "Each check reads the stored run; a warning means a number above should not be acted on as it stands "
+        "(README: \"Checks on the verdict\").")]
+    for check in run_checks(report):
+        if not check.findings:
+            blocks.append(Para(f"{check.name}: passed ({check.looked_at})."))
+            continue
+        blocks.append(Para(f"{check.name}: {len(check.findings)} warning(s) (checked: {check.looked_at}):"))
+        blocks.append(Bullets(check.findings))
+    return Section("Checks on the verdict", blocks=blocks)
+
+
 def _failures(report: Report) -> Section | None:
     if not report.failures:
         return None
@@ -362,7 +382,7 @@ def _failures(report: Report) -> Section | None:
 
 def document(report: Report, plots: list[tuple[str, Path]] | None = None) -> Document:
     sections = [_overview(report), _method(report), *_seed_tables(report), *_k_pivot(report), _best(report),
-                _reliability(report), *_detail_tables(report)]
+                _checks(report), _reliability(report), *_detail_tables(report)]
     if acceptance := _acceptance(report):
         sections.append(acceptance)
     sections += [_roofline(report), _facts(report)]

@@ -15,6 +15,7 @@ from typing import Any
 
 from sparklab import engines
 from sparklab.metrics import Estimate, Ratio, estimate, ratio
+from sparklab.outputs import Equality, equality
 from sparklab.report.roofline import Device, RooflinePoint, bound, model_inputs
 from sparklab.store import CellRow, FailureRow, Store
 
@@ -126,6 +127,7 @@ class Group:
     baseline: str | None = None  # the baseline group's server label
     roofline: RooflinePoint | None = None
     rests_on_partial: bool = False  # this group or its baseline has cells with failed requests
+    equality: Equality | None = None  # its answers against the baseline's (drafting groups only)
 
     @property
     def n(self) -> int:
@@ -259,12 +261,33 @@ def _group(server: Server, workload: str, concurrency: int, cells: list[CellRow]
                  tuple(sources), tuple(accepted))
 
 
-def _with_baseline(group: Group, groups: list[Group]) -> Group:
+def _baseline_of(group: Group, groups: list[Group]) -> Group | None:
     candidates = [g for g in groups if g.is_baseline and g.server.engine == group.server.engine
                   and g.workload == group.workload and g.concurrency == group.concurrency]
     # several baselines of one engine (different overrides): the one with the same overrides, else the first
     same = [g for g in candidates if g.server.overrides == group.server.overrides]
-    base = (same or candidates or [None])[0]
+    return (same or candidates or [None])[0]
+
+
+def _sampling(group: Group) -> dict[str, Any] | None:
+    return ((group.cells[0].settings or {}).get("sampling") if group.cells else None)
+
+
+def _with_equality(group: Group, groups: list[Group], outputs: dict[str, list[dict[str, Any]]]) -> Group:
+    """A drafting group's answers against its baseline's (same engine, workload, concurrency, sampling)."""
+    if group.is_baseline:
+        return group
+    base = _baseline_of(group, groups)
+    answers = [a for c in group.cells for a in outputs.get(c.id, [])]
+    if base is None or _sampling(base) != _sampling(group):
+        result = equality(answers, [], _sampling(group))
+    else:
+        result = equality(answers, [a for c in base.cells for a in outputs.get(c.id, [])], _sampling(group))
+    return replace(group, equality=result)
+
+
+def _with_baseline(group: Group, groups: list[Group]) -> Group:
+    base = _baseline_of(group, groups)
     if base is group:
         return replace(group, speedup=Ratio(1.0, None, None), baseline=group.server.label,
                        rests_on_partial=group.partial)
@@ -394,6 +417,8 @@ def build(store: Store, run_id: str, overrides: Overrides | None = None) -> Repo
     groups = [_group(by_id[sid], workload, c, sorted(cells[(sid, workload, c)], key=lambda x: x.repeat))
               for sid, workload, c in ordered]
     groups = [_with_roofline(_with_baseline(g, groups), notes) for g in groups]
+    outputs = store.outputs()
+    groups = [_with_equality(g, groups, outputs) for g in groups]
     if not any(s.device for s in servers):
         notes.append("no device bandwidth is known for this run (the recipe names no hardware in "
                      "recipes/hardware.yaml): no roofline. Give one with --hardware NAME or --bandwidth-gbps GBPS.")
