@@ -147,6 +147,8 @@ async def _run(endpoint: Endpoint, model: str, workload: Workload, sampling: Sam
     try:
         # sequential, like seed 000's bench.py
         warmup = [await _send(client, workload, sampling, load, i, warmup=True) for i in range(load.warmup)]
+        if warmup and endpoint.kind is not None:  # warmup answers the first prompts: not from cache in the window
+            await asyncio.to_thread(engines.engine(endpoint.kind).reset_prefix_cache, endpoint.api)
         await client.warm(load.concurrency)
         before = await asyncio.to_thread(engines.snapshot, endpoint.api, endpoint.kind)
         window_start = time.perf_counter()
@@ -245,6 +247,7 @@ def _result(endpoint: Endpoint, model: str, workload: Workload, sampling: Sampli
             "window": "from the first measured request's start to the last one's end (client perf_counter)",
             "window_s": window[1] - window[0],
             "warmup_requests_excluded": load.warmup,
+            "prefix_cache": "reset after warmup where the engine allows it (a sparklab-started server)",
             "token_source": summary["token_sources"],
             "client": f"sparklab {__version__}: {TRANSPORT}",
             "definitions": metrics.__doc__,

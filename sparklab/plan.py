@@ -153,7 +153,8 @@ def load_sweep(path: Path) -> SweepFile:
         raise explain_validation(exc, str(path)) from None
 
 
-def _recipe_path(sweep: SweepFile, source: Path) -> Path:
+def recipe_file(sweep: SweepFile, source: Path) -> Path:
+    """The recipe file a sweep file names (a path beside the sweep file, or a recipe under recipes/)."""
     candidate = Path(sweep.recipe)
     if candidate.suffix in (".yaml", ".yml"):
         return candidate if candidate.is_absolute() else (source.parent / candidate)
@@ -179,7 +180,7 @@ def build_plan(path: Path, run_id: str = "plan", ulimits: tuple[str, ...] = ()) 
     sweep = load_sweep(path)
     src = str(path)
     _check_workloads(sweep, src)
-    recipe_path = _recipe_path(sweep, path)
+    recipe_path = recipe_file(sweep, path)
     base = load_recipe(recipe_path, list(sweep.set))
     engines = sweep.engines or [base.default_engine]
     servers: list[ServerConfig] = []

@@ -261,6 +261,10 @@ class Store:
                      _dumps(cell.settings))).rowcount
         return added
 
+    def set_meta(self, key: str, value: str) -> None:
+        with self._transaction() as conn:
+            conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (key, value))
+
     def set_host_facts(self, facts: dict[str, Any]) -> None:
         with self._transaction() as conn:
             conn.executemany("INSERT OR REPLACE INTO host (key, value) VALUES (?, ?)",

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from sparklab import __version__, bench, launch, memory, memwatch, preflight, rundir
+from sparklab import __version__, bench, launch, memory, memwatch, preflight, provenance, rundir
 from sparklab.containers import Docker
 from sparklab.engine_api import EngineAPI
 from sparklab.engine_log import CAUSE_LINES, fatal_error
@@ -30,7 +30,7 @@ from sparklab.errors import (
     PreflightError,
     SparklabError,
 )
-from sparklab.plan import Plan, ServerConfig, TimingModel, build_plan, estimate_seconds, load_sweep
+from sparklab.plan import Plan, ServerConfig, TimingModel, build_plan, estimate_seconds, load_sweep, recipe_file
 from sparklab.recipes import load_hardware, stored_facts
 from sparklab.records import BenchResult, Sampling
 from sparklab.scrape import exit_code_meaning
@@ -52,6 +52,7 @@ class Options:
     memory_wait_s: float = 120.0
     min_free_mib: float = 256.0  # free space the runs directory needs before each server
     memory_floor_gib: float | None = None  # --memory-floor-gib; None: the sweep file's, else memwatch.floor_for
+    allow_drift: bool = False  # --allow-drift: resume even if the recipe, sampling or an image digest changed
 
 
 @dataclass(frozen=True)
@@ -180,7 +181,7 @@ def run(plan: Plan, store: Store, docker: Docker, run_dir: Path, options: Option
             with memwatch.Sampler(floor_gib=floor, locate=lambda name=server.spec.name: docker.container_id(name),
                                   on_floor=lambda name=server.spec.name: docker.kill(name)) as watch:
                 _run_server(plan, store, docker, run_dir, options, server, cells, say_progress, attempted, watch)
-        except (KeyboardInterrupt, DiskFullError):
+        except (KeyboardInterrupt, DiskFullError, provenance.DriftError):
             raise
         except Exception as exc:  # one fault ends this server's work, never the sweep
             _contain(plan, store, docker, run_dir, server, exc, say_progress,
@@ -248,6 +249,7 @@ def _run_server(plan: Plan, store: Store, docker: Docker, run_dir: Path, options
     if ready.watch is not None:  # a dead engine's API server may run on: kill it, so in-flight requests fail now
         ready.watch.on_fatal(ready.server.kill)
     with ready.server:
+        _check_image(store, server, ready.image.digest, options.allow_drift, say)
         for i, cell in enumerate(cells):
             if _engine_died(ready):
                 _fail_fatal(store, server, ready, max_attempts, [c.id for c in cells[i:]], say)
@@ -274,6 +276,19 @@ def _run_server(plan: Plan, store: Store, docker: Docker, run_dir: Path, options
                 return
         if _engine_died(ready):  # during the last cell
             _fail_fatal(store, server, ready, max_attempts, [], say)
+
+
+def _check_image(store: Store, server: ServerConfig, digest: str | None, allow: bool, say: Say) -> None:
+    """A resumed run's server on another image than its earlier cells: stop (the server is torn down), unless
+    --allow-drift, which records the drift; the report marks the cells."""
+    earlier = {c.image_digest for c in store.cells() if c.server_config_id == server.id and c.image_digest}
+    changes = provenance.image_changes(server.label, earlier, digest)
+    if not changes:
+        return
+    if not allow:
+        raise provenance.refuse(store.path.parent.name, changes)
+    store.record_failure("drift", "; ".join(changes) + " (--allow-drift)")
+    say(f"drift allowed: {'; '.join(changes)}")
 
 
 def _fail_fatal(store: Store, server: ServerConfig, ready: launch.Ready, max_attempts: int, not_reached: list[str],
@@ -385,6 +400,7 @@ def sweep(request: Request, say: Say, docker: Docker | None = None) -> Outcome:
         path = run_dir / "results.sqlite"
         store = Store.open(path) if exists else Store.create(path, plan.sweep.model_dump(), __version__)
         with store:
+            _check_drift(plan, store, exists, request.options.allow_drift, say)
             added = register(plan, store)
             if not exists:
                 store.set_host_facts(host_facts())
@@ -405,6 +421,23 @@ def sweep(request: Request, say: Say, docker: Docker | None = None) -> Outcome:
                     store.reset_interrupted(plan.sweep.max_attempts)
                 raise
     return Outcome(run_dir, counts)
+
+
+def fingerprint(plan: Plan) -> dict[str, Any]:
+    return provenance.fingerprint(recipe_file(plan.sweep, Path(plan.source)), plan.sweep.sampling.model_dump())
+
+
+def _check_drift(plan: Plan, store: Store, exists: bool, allow: bool, say: Say) -> None:
+    """Before anything is added to a resumed run: the recipe and sampling its cells measured, unchanged."""
+    current = fingerprint(plan)
+    changes = provenance.drift(provenance.from_meta(store.meta()), current) if exists else []
+    if changes and not allow:
+        raise provenance.refuse(store.path.parent.name, changes)
+    if changes:
+        store.record_failure("drift", "; ".join(changes) + " (--allow-drift)")
+        say(f"drift allowed: {'; '.join(changes)}")
+    if not changes or not store.meta().get(provenance.META_KEY):
+        store.set_meta(provenance.META_KEY, provenance.as_meta(current))
 
 
 def _download(plan: Plan, store: Store, say: Say) -> None:

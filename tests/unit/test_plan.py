@@ -35,8 +35,8 @@ def test_k_is_a_server_axis_but_a_baseline_has_no_k() -> None:
 def test_ids_are_stable_and_distinct() -> None:
     a, b = build_plan(SWEEPS / "cpu-demo.yaml"), build_plan(SWEEPS / "cpu-demo.yaml", run_id="other")
     assert [c.id for c in a.cells] == [c.id for c in b.cells]  # the run id is not part of a cell's identity
-    assert len({c.id for c in a.cells}) == len(a.cells) == 14
-    assert len({s.id for s in a.servers}) == 7
+    assert len({c.id for c in a.cells}) == len(a.cells) == 30  # 5 servers x 2 concurrencies x 3 repeats
+    assert len({s.id for s in a.servers}) == 5
 
 
 def _write(tmp_path: Path, doc: dict) -> Path:
