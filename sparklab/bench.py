@@ -75,7 +75,8 @@ Progress = Callable[[RequestRecord], None]
 async def _send(client: ChatClient, workload: Workload, sampling: Sampling, load: Load, index: int,
                 warmup: bool = False) -> RequestRecord:
     prompt = workload.prompt(index)
-    return await client.request(index, prompt.id, list(prompt.messages), sampling, load.stream, warmup=warmup)
+    return await client.request(index, prompt.id, list(prompt.messages), sampling, load.stream, warmup=warmup,
+                                extra=prompt.extra)
 
 
 async def _closed_loop(client: ChatClient, workload: Workload, sampling: Sampling, load: Load,

@@ -88,7 +88,13 @@ def plan_table(plan: Any, eta_s: float, model: Any) -> Group:
         parts.append(Text(f"\n{server.label}  [{server.id}]  {server.spec.image}\n  {serve_command(server.spec)}\n"
                           f"  cells: {loads}"))
     hours, rest = divmod(int(eta_s), 3600)
-    parts.append(Text(f"\nETA {hours} h {rest // 60:02d} min: {model.startup_s:.0f} s per server start, "
+    auto = plan.sweep.auto_repeats if plan.sweep.repeats == "auto" else None
+    if auto is not None:
+        parts.append(Text(f"\nrepeats: auto - each load runs {auto.min} to {auto.max} times, stopping once its 95% "
+                          f"interval's half-width is under {100 * auto.target:g}% of its mean; the cells above and the "
+                          f"ETA count all {auto.max} runs"))
+    parts.append(Text(f"\nETA {'at most ' if auto else ''}{hours} h {rest // 60:02d} min: "
+                      f"{model.startup_s:.0f} s per server start, "
                       f"{model.tokens_per_s:.1f} tok/s at c=1 scaled by c^{model.batching} (refined from earlier "
                       f"runs of this recipe when there are any)"))
     return Group(*parts)

@@ -151,3 +151,62 @@ def equality(answers: Iterable[dict[str, Any]], baseline: Iterable[dict[str, Any
         else:
             diffs.append(results[0])
     return Equality("checked", compared, identical, tuple(diffs), variants, temperature)
+
+
+# -- tool calls (the runaway probe) ------------------------------------------------------------------------------
+
+RUNAWAY_IDENTICAL = 3  # the same call (name and arguments) this often in one answer is a loop
+RUNAWAY_CALLS = 10  # this many calls in one answer to a one-question probe is a runaway either way
+
+
+def tool_call_summary(calls: list[dict[str, Any]], dropped: int = 0) -> dict[str, Any]:
+    """One answer's tool calls: how many, how often the most repeated identical call, the first few."""
+    counts: dict[tuple[str, str], int] = {}
+    for call in calls:
+        key = (str(call.get("name", "")), str(call.get("arguments", "")))
+        counts[key] = counts.get(key, 0) + 1
+    return {"count": len(calls) + dropped, "distinct": len(counts), "max_identical": max(counts.values(), default=0),
+            "first": [{"name": c.get("name", "")[:80], "arguments": str(c.get("arguments", ""))[:200]}
+                      for c in calls[:3]]}
+
+
+def runaway(answer: dict[str, Any]) -> bool:
+    calls = answer.get("tool_calls") or {}
+    count = int(calls.get("count") or 0)
+    return (int(calls.get("max_identical") or 0) >= RUNAWAY_IDENTICAL or count >= RUNAWAY_CALLS
+            or (count >= 2 and answer.get("finish_reason") == "length"))
+
+
+@dataclass(frozen=True)
+class ToolCalls:
+    """A group's answers to tool-call prompts, per prompt id (the probe sends tool_choice required / auto)."""
+
+    prompt_id: str
+    answers: int
+    with_calls: int
+    mean_calls: float
+    max_calls: int
+    max_identical: int
+    finish_reasons: tuple[tuple[str, int], ...]
+    runaways: int
+
+
+def tool_calls(answers: Iterable[dict[str, Any]]) -> list[ToolCalls]:
+    """Measured answers of prompts that offered tools (any answer with tool calls, or a tools-* prompt id)."""
+    by_prompt: dict[str, list[dict[str, Any]]] = {}
+    for a in answers:
+        if a.get("warmup") or not a.get("ok"):
+            continue
+        if a.get("tool_calls") or str(a.get("prompt_id", "")).startswith("tools-"):
+            by_prompt.setdefault(a["prompt_id"], []).append(a)
+    out = []
+    for prompt_id, group in sorted(by_prompt.items()):
+        counts = [int((a.get("tool_calls") or {}).get("count") or 0) for a in group]
+        reasons: dict[str, int] = {}
+        for a in group:
+            reasons[str(a.get("finish_reason"))] = reasons.get(str(a.get("finish_reason")), 0) + 1
+        out.append(ToolCalls(prompt_id, len(group), sum(1 for c in counts if c), sum(counts) / len(counts),
+                             max(counts), max(int((a.get("tool_calls") or {}).get("max_identical") or 0)
+                                              for a in group),
+                             tuple(sorted(reasons.items())), sum(1 for a in group if runaway(a))))
+    return out

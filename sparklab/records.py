@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, fields
 from typing import Any, TypedDict, cast
 
-from sparklab.outputs import kept
+from sparklab.outputs import kept, tool_call_summary
 
 # Is the server still alive? Sync (run in a thread) or async; an exception or a hang counts as "no".
 Alive = Callable[[], "bool | Awaitable[bool]"]
@@ -91,6 +91,8 @@ class RequestRecord:
     # order, and its token ids (None once a token-carrying chunk came without ids)
     output_parts: list[str] = field(default_factory=list)
     output_ids: list[int] | None = field(default_factory=list)
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)  # {index, name, arguments}, streamed deltas joined
+    tool_calls_dropped: int = 0  # calls past client.MAX_TOOL_CALLS, counted only
 
     @property
     def ok(self) -> bool:
@@ -101,14 +103,17 @@ class RequestRecord:
         out = {f.name: getattr(self, f.name) for f in fields(self)}
         for key in ("chunk_times", "chunk_tokens", "chunk_reasoning"):
             out[key] = list(out[key])
-        del out["output_parts"], out["output_ids"]  # results keep answers apart, bounded: see answer()
+        del out["output_parts"], out["output_ids"], out["tool_calls"]  # results keep answers apart: see answer()
         return out
 
     def answer(self) -> dict[str, Any]:
         """The answer as results keep it (sparklab.outputs.kept: digests, bounded heads)."""
         ids = self.output_ids if self.streamed and self.output_ids else None
-        return kept(self.index, self.prompt_id, self.warmup, self.ok, self.finish_reason,
-                    "".join(self.output_parts), ids)
+        out = kept(self.index, self.prompt_id, self.warmup, self.ok, self.finish_reason,
+                   "".join(self.output_parts), ids)
+        if self.tool_calls or self.tool_calls_dropped:
+            out["tool_calls"] = tool_call_summary(self.tool_calls, self.tool_calls_dropped)
+        return out
 
 
 def settle_tokens(record: RequestRecord, max_tokens: int | None = None) -> None:

@@ -313,6 +313,12 @@ class Store:
             conn.execute("UPDATE cells SET status = ?, finished_at = ? WHERE id = ?", (status, utc_now(), cell_id))
         return status
 
+    def skip_cell(self, cell_id: str) -> None:
+        """A planned cell that need not run (`repeats: auto` has measured its load precisely enough)."""
+        with self._transaction() as conn:
+            _require(conn.execute("UPDATE cells SET status = 'skipped', finished_at = ? WHERE id = ?",
+                                  (utc_now(), cell_id)), "cell", cell_id)
+
     def record_failure(self, kind: str, message: str) -> None:
         """A run-level failure row (no cell, no server), e.g. why the sweep stopped."""
         with self._transaction() as conn:

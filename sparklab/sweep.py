@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from sparklab import __version__, bench, launch, memory, memwatch, preflight, provenance, rundir
+from sparklab import __version__, bench, launch, memory, memwatch, preflight, provenance, repeats, rundir
 from sparklab.containers import Docker
 from sparklab.engine_api import EngineAPI
 from sparklab.engine_log import CAUSE_LINES, fatal_error
@@ -268,6 +268,8 @@ def _run_server(plan: Plan, store: Store, docker: Docker, run_dir: Path, options
                                          cell_ids=[c.id for c in cells[i:]])
                 say(f"server {server.label}: exited with code {code}; its remaining cells failed")
                 return
+            if _measured_enough(plan, store, server, cell, say):
+                continue
             attempted.add(cell.id)
             try:
                 _run_cell(plan, store, ready, server, cell, say, watch)
@@ -276,6 +278,22 @@ def _run_server(plan: Plan, store: Store, docker: Docker, run_dir: Path, options
                 return
         if _engine_died(ready):  # during the last cell
             _fail_fatal(store, server, ready, max_attempts, [], say)
+
+
+def _measured_enough(plan: Plan, store: Store, server: ServerConfig, cell: Any, say: Say) -> bool:
+    """`repeats: auto`: skip this repeat when the load's earlier runs already pin its mean down."""
+    sweep = plan.sweep
+    if sweep.repeats != "auto" or cell.repeat < sweep.auto_repeats.min:
+        return False
+    values = [v for c in store.cells("done") if c.server_config_id == server.id and c.workload == cell.workload
+              and c.concurrency == cell.concurrency and (v := repeats.headline(c.concurrency, c.summary)) is not None]
+    if not repeats.enough(values, sweep.auto_repeats.min, sweep.auto_repeats.target):
+        return False
+    store.skip_cell(cell.id)
+    share = repeats.half_width_share(values) or 0.0
+    say(f"cell {server.label} c={cell.concurrency} {cell.workload} #{cell.repeat}: skipped, {len(values)} runs pin "
+        f"the mean to ±{100 * share:.1f}% (repeats: auto, target {100 * sweep.auto_repeats.target:g}%)")
+    return True
 
 
 def _check_image(store: Store, server: ServerConfig, digest: str | None, allow: bool, say: Say) -> None:

@@ -9,6 +9,8 @@ what it looked at, and its findings, so a clean report says so rather than sayin
 - ceilings: numbers speculative decoding cannot produce (decode faster than (K+1) x the baseline, more than
   K+1 tokens per chunk) or that contradict each other (tokens per chunk vs the server's acceptance length).
 - images: cells of one run measured on different image digests.
+- tool-call runaways: answers that repeat one tool call or never stop calling (seed 002's `tool_choice:
+  "required"` loop), from the toolcall-probe workload.
 """
 
 from __future__ import annotations
@@ -178,7 +180,26 @@ def images(report: Report) -> Check:
     return Check("one image per run", "every cell ran on the same image digest (stored per cell)", tuple(findings))
 
 
-CHECKS: tuple[Callable[[Report], Check], ...] = (equality, truncation, prefix_cache, ceilings, images)
+def tool_runaways(report: Report) -> Check:
+    from sparklab.outputs import RUNAWAY_CALLS, RUNAWAY_IDENTICAL
+
+    findings = []
+    probed = [g for g in report.groups if g.tool_calls]
+    for g in probed:
+        for t in g.tool_calls:
+            if t.runaways:
+                reasons = ", ".join(f"{r} {n}" for r, n in t.finish_reasons)
+                findings.append(f"{_where(g)} {t.prompt_id}: {t.runaways} of {t.answers} answers ran away (up to "
+                                f"{t.max_calls} tool calls, the same call up to {t.max_identical} times; finish: "
+                                f"{reasons}) - clients that require a tool call would loop on this config")
+    looked = (f"no answer repeats one tool call {RUNAWAY_IDENTICAL} times, makes {RUNAWAY_CALLS} calls, or hits the "
+              "length limit while calling tools")
+    if not probed:
+        looked += " (no tool-call prompts in this run: add the `toolcall-probe` workload to probe)"
+    return Check("tool-call runaways", looked, tuple(findings))
+
+
+CHECKS: tuple[Callable[[Report], Check], ...] = (equality, truncation, prefix_cache, ceilings, images, tool_runaways)
 
 
 def run_checks(report: Report) -> list[Check]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from sparklab.metrics import CONFIDENCE, SPREAD_WARN, Estimate, Ratio
 from sparklab.report.checks import run_checks
@@ -199,6 +200,21 @@ def _acceptance(report: Report) -> Section | None:
         Table(header, rows, (False, True, False, *([True] * (width + 1))))])
 
 
+def _versus_runner_up(best: Any) -> str:
+    """Whether the pick is significantly ahead of the next best config, or a coin toss between the two."""
+    second, r = best.runner_up, best.versus_runner_up
+    if second is None or r is None:
+        return ""
+    name = f"{second.server.engine} {second.server.method_name}" + (
+        f" K={second.server.k}" if second.server.k is not None else "")
+    if r.low is None or r.high is None:
+        return f"; {100 * r.value:.1f}% of runner-up {name}, single runs: cannot tell them apart"
+    if not r.significant:
+        return (f"; NOT significantly different from runner-up {name} ({100 * r.value:.1f}% "
+                f"[{100 * r.low:.1f}, {100 * r.high:.1f}]): either will do")
+    return f"; {100 * r.value:.1f}% of runner-up {name} [{100 * r.low:.1f}, {100 * r.high:.1f}]"
+
+
 def _best(report: Report) -> Section:
     if not report.best:
         return Section("Best configuration per concurrency", blocks=[Para("No finished cells.")])
@@ -210,6 +226,7 @@ def _best(report: Report) -> Section:
             why = (f"within {100 * BEST_TIE:.0f}% of {best.best_score_group.server.label} and a smaller K "
                    f"(best of {best.candidates})")
         single = " (single run: no spread known)" if g.n < 2 else ""
+        why += _versus_runner_up(best)
         if g.speedup and g.speedup.significant is False:
             why += "; not significantly faster than the baseline"
         rows.append((best.workload, str(best.concurrency), f"{g.server.engine} {g.server.method_name}",
@@ -370,6 +387,21 @@ def _checks(report: Report) -> Section:
     return Section("Checks on the verdict", blocks=blocks)
 
 
+def _tool_calls(report: Report) -> Section | None:
+    rows = tuple((g.workload, str(g.concurrency), g.server.label, t.prompt_id, str(t.answers), f"{t.mean_calls:.1f}",
+                  str(t.max_calls), str(t.max_identical), ", ".join(f"{r} {n}" for r, n in t.finish_reasons),
+                  str(t.runaways))
+                 for g in report.groups for t in g.tool_calls)
+    if not rows:
+        return None
+    return Section("Tool-call probe", blocks=[
+        Para("Per answer to a prompt offering tools: the tool calls it made (streamed deltas joined by index), the "
+             "most often one identical call (name and arguments) was repeated, and how it finished. A runaway "
+             "repeats one call or never stops calling (seed 002: 159 identical calls until the length limit)."),
+        Table(("workload", "C", "config", "prompt", "answers", "calls/answer", "max calls", "max identical",
+               "finish", "runaways"), rows, (False, True, False, False, True, True, True, True, False, True))])
+
+
 def _failures(report: Report) -> Section | None:
     if not report.failures:
         return None
@@ -385,6 +417,8 @@ def document(report: Report, plots: list[tuple[str, Path]] | None = None) -> Doc
                 _checks(report), _reliability(report), *_detail_tables(report)]
     if acceptance := _acceptance(report):
         sections.append(acceptance)
+    if tools := _tool_calls(report):
+        sections.append(tools)
     sections += [_roofline(report), _facts(report)]
     if memory := _memory(report):
         sections.append(memory)

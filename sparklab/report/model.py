@@ -15,7 +15,7 @@ from typing import Any
 
 from sparklab import engines
 from sparklab.metrics import Estimate, Ratio, estimate, ratio
-from sparklab.outputs import Equality, equality
+from sparklab.outputs import Equality, ToolCalls, equality, tool_calls
 from sparklab.report.roofline import Device, RooflinePoint, bound, model_inputs
 from sparklab.store import CellRow, FailureRow, Store
 
@@ -128,6 +128,7 @@ class Group:
     roofline: RooflinePoint | None = None
     rests_on_partial: bool = False  # this group or its baseline has cells with failed requests
     equality: Equality | None = None  # its answers against the baseline's (drafting groups only)
+    tool_calls: tuple[ToolCalls, ...] = ()  # tool calls per answer, per tool-call prompt (the runaway probe)
 
     @property
     def n(self) -> int:
@@ -160,6 +161,8 @@ class Best:
     score: float
     best_score_group: Group  # the highest score before the smaller-K preference
     candidates: int
+    runner_up: Group | None = None  # the next best config by score
+    versus_runner_up: Ratio | None = None  # the chosen headline / the runner-up's, with its 95% interval
 
 
 @dataclass
@@ -273,12 +276,14 @@ def _sampling(group: Group) -> dict[str, Any] | None:
     return ((group.cells[0].settings or {}).get("sampling") if group.cells else None)
 
 
-def _with_equality(group: Group, groups: list[Group], outputs: dict[str, list[dict[str, Any]]]) -> Group:
-    """A drafting group's answers against its baseline's (same engine, workload, concurrency, sampling)."""
+def _with_outputs(group: Group, groups: list[Group], outputs: dict[str, list[dict[str, Any]]]) -> Group:
+    """Its tool calls; for a drafting group, its answers against its baseline's (same engine, workload,
+    concurrency, sampling)."""
+    answers = [a for c in group.cells for a in outputs.get(c.id, [])]
+    group = replace(group, tool_calls=tuple(tool_calls(answers)))
     if group.is_baseline:
         return group
     base = _baseline_of(group, groups)
-    answers = [a for c in group.cells for a in outputs.get(c.id, [])]
     if base is None or _sampling(base) != _sampling(group):
         result = equality(answers, [], _sampling(group))
     else:
@@ -401,7 +406,10 @@ def _best(groups: list[Group]) -> list[Best]:
         top_score, top = max(scored, key=lambda s: s[0])
         close = [s for s in scored if s[0] >= top_score * (1 - BEST_TIE)]
         score, chosen = min(close, key=lambda s: (s[1].server.k or 0, -s[0]))
-        out.append(Best(workload, concurrency, chosen, score, top, len(scored)))
+        others = sorted((s for s in scored if s[1] is not chosen), key=lambda s: -s[0])
+        second = others[0][1] if others else None
+        versus = ratio(chosen.headline, second.headline) if second and chosen.headline and second.headline else None
+        out.append(Best(workload, concurrency, chosen, score, top, len(scored), second, versus))
     return out
 
 
@@ -418,7 +426,7 @@ def build(store: Store, run_id: str, overrides: Overrides | None = None) -> Repo
               for sid, workload, c in ordered]
     groups = [_with_roofline(_with_baseline(g, groups), notes) for g in groups]
     outputs = store.outputs()
-    groups = [_with_equality(g, groups, outputs) for g in groups]
+    groups = [_with_outputs(g, groups, outputs) for g in groups]
     if not any(s.device for s in servers):
         notes.append("no device bandwidth is known for this run (the recipe names no hardware in "
                      "recipes/hardware.yaml): no roofline. Give one with --hardware NAME or --bandwidth-gbps GBPS.")

@@ -236,3 +236,59 @@ def test_the_client_keeps_each_answers_token_ids_and_text() -> None:
     _on_event(no_ids, {"choices": [{"delta": {"content": "a"}, "token_ids": [1]}]}, 1.0, 100)
     _on_event(no_ids, {"choices": [{"delta": {"content": "b"}}]}, 1.0, 100)
     assert no_ids.answer()["token_ids"] is None and no_ids.answer()["text"] == "ab"
+
+
+# -- tool-call runaways ----------------------------------------------------------------------------------------
+
+
+def test_the_client_joins_streamed_tool_call_deltas_and_counts_identical_calls() -> None:
+    from sparklab.client import _on_event
+    from sparklab.outputs import runaway
+    from sparklab.records import RequestRecord
+
+    record = RequestRecord(index=0, prompt_id="tools-required", warmup=False, start=0.0)
+    for i in range(4):  # vLLM streams a call's name first, its arguments in pieces after
+        _on_event(record, {"choices": [{"delta": {"tool_calls": [
+            {"index": i, "id": f"c{i}", "function": {"name": "get_weather", "arguments": ""}}]}}]}, 1.0, 100)
+        for piece in ('{"city": ', '"Tokyo"}'):
+            _on_event(record, {"choices": [{"delta": {"tool_calls": [
+                {"index": i, "function": {"arguments": piece}}]}}]}, 1.0, 100)
+    _on_event(record, {"choices": [{"delta": {}, "finish_reason": "length"}]}, 1.0, 100)
+    kept_answer = record.answer()
+    assert kept_answer["tool_calls"]["count"] == 4 and kept_answer["tool_calls"]["max_identical"] == 4
+    assert kept_answer["tool_calls"]["first"][0] == {"name": "get_weather", "arguments": '{"city": "Tokyo"}'}
+    assert runaway(kept_answer)
+    one = RequestRecord(index=1, prompt_id="tools-auto", warmup=False, start=0.0, finish_reason="tool_calls")
+    _on_event(one, {"choices": [{"delta": {"tool_calls": [
+        {"index": 0, "function": {"name": "get_weather", "arguments": "{}"}}]}}]}, 1.0, 100)
+    assert not runaway(one.answer())
+
+
+def test_the_probe_workload_offers_a_tool_with_required_and_auto() -> None:
+    from sparklab.workloads import load_workload
+
+    probe = load_workload("toolcall-probe")
+    assert [(p.id, (p.extra or {})["tool_choice"]) for p in probe.prompts] == [
+        ("tools-required", "required"), ("tools-auto", "auto")]
+    assert (probe.prompts[0].extra or {})["tools"][0]["function"]["name"] == "get_weather"
+
+
+def test_runaways_are_flagged_per_config_and_prompt(tmp_path: Path) -> None:
+    from sparklab.outputs import tool_call_summary
+
+    def make(method: str, k: int | None, c: int, repeat: int) -> tuple[dict[str, Any], dict[str, Any]]:
+        outputs = []
+        for i, prompt in enumerate(("tools-required", "tools-auto") * 2):
+            calls = 40 if (method == "dspark" and prompt == "tools-required") else 1
+            a = answer(prompt, [1], index=i)
+            a["finish_reason"] = "length" if calls > 1 else "tool_calls"
+            a["tool_calls"] = tool_call_summary([{"name": "get_weather", "arguments": "{}"}] * calls)
+            outputs.append(a)
+        return _summary(), {"outputs": outputs}
+
+    built = _build(_run(tmp_path, make, sampling="{max_tokens: 64, temperature: 0}"))
+    (finding,) = _findings(built, "tool-call runaways")
+    assert finding.startswith("vllm DSpark K=3 C=1 seed tools-required: 2 of 2 answers ran away (up to 40 tool "
+                              "calls, the same call up to 40 times; finish: length 2)")
+    text = report.render(built, "md")
+    assert "## Tool-call probe" in text and "| seed | 1 | vllm DSpark K=3 | tools-required | 2 | 40.0 |" in text
