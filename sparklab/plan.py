@@ -89,6 +89,10 @@ class SweepFile(Strict):
     workloads: list[str] = Field(default_factory=lambda: ["seed"], min_length=1)
     repeats: int | Literal["auto"] = 1  # see _repeats
     auto_repeats: AutoRepeats = Field(default_factory=AutoRepeats)  # used with `repeats: auto`
+    # The figure that heads the report and decides speedups, the best pick and `repeats: auto`: seed000 =
+    # per-request tok/s at C=1 (incl. TTFT), aggregate above; decode = generation tok/s excluding TTFT, with the
+    # TTFT median beside it (seed 004's table).
+    headline: Literal["seed000", "decode"] = "seed000"
     requests: RequestsSpec | None = 10
     duration_s: Seconds | None = None
     warmup: int = Field(default=2, strict=True, ge=0, le=MAX_WARMUP)

@@ -13,9 +13,15 @@ from typing import Any
 from sparklab.metrics import estimate
 
 
-def headline(concurrency: int, summary: dict[str, Any] | None) -> float | None:
+def headline(concurrency: int, summary: dict[str, Any] | None, lead: str = "seed000") -> float | None:
+    """The report's headline figure of one run (sparklab.report.model.headline_key, read from a summary)."""
     summary = summary or {}
-    value = (summary.get("per_request_tps") or {}).get("mean") if concurrency == 1 else summary.get("aggregate_tps")
+    if lead == "decode":
+        value = (summary.get("decode_tps") or {}).get("mean")
+    elif concurrency == 1:
+        value = (summary.get("per_request_tps") or {}).get("mean")
+    else:
+        value = summary.get("aggregate_tps")
     return None if value is None else float(value)
 
 

@@ -286,7 +286,8 @@ def _measured_enough(plan: Plan, store: Store, server: ServerConfig, cell: Any, 
     if sweep.repeats != "auto" or cell.repeat < sweep.auto_repeats.min:
         return False
     values = [v for c in store.cells("done") if c.server_config_id == server.id and c.workload == cell.workload
-              and c.concurrency == cell.concurrency and (v := repeats.headline(c.concurrency, c.summary)) is not None]
+              and c.concurrency == cell.concurrency
+              and (v := repeats.headline(c.concurrency, c.summary, sweep.headline)) is not None]
     if not repeats.enough(values, sweep.auto_repeats.min, sweep.auto_repeats.target):
         return False
     store.skip_cell(cell.id)

@@ -11,6 +11,7 @@ from sparklab.report.document import Block, Bullets, Code, Document, Image, Para
 from sparklab.report.model import (
     BEST_TIE,
     CLOCK_DROP_FLAG,
+    DECODE_LEAD,
     Group,
     Report,
     Server,
@@ -125,14 +126,19 @@ def _seed_tables(report: Report) -> list[Section]:
             groups = [g for g in report.groups if g.workload == workload and g.server.engine == engine]
             servers = sorted({g.server.id: g.server for g in groups}.values(),
                              key=lambda s: (s.method != "none", s.seq))
-            header = ("method", "K", *(headline_name(c) for c in concs), *(f"vs baseline C={c}" for c in concs))
+            ttft = report.lead == DECODE_LEAD  # seed 004's table: generation speed, then TTFT median
+            header = ("method", "K", *(headline_name(c, report.lead) for c in concs),
+                      *((f"C={c} TTFT p50 ms" for c in concs) if ttft else ()),
+                      *(f"vs baseline C={c}" for c in concs))
             rows = []
             for server in servers:
                 by_c = {g.concurrency: g for g in groups if g.server.id == server.id}
                 rows.append((server.method_name, _k(server),
                              *(fmt(by_c[c].headline) if c in by_c else DASH for c in concs),
+                             *((fmt(by_c[c].metrics["ttft_p50_ms"], 1) if c in by_c else DASH for c in concs)
+                               if ttft else ()),
                              *(fmt_ratio(by_c[c]) if c in by_c else DASH for c in concs)))
-            numeric = (False, False, *([True] * 2 * len(concs)))
+            numeric = (False, False, *([True] * (3 if ttft else 2) * len(concs)))
             sections.append(Section(f"Throughput vs baseline: {engine}, workload {workload}", blocks=[
                 Table(header, tuple(rows), numeric)]))
     return sections

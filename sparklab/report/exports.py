@@ -24,7 +24,7 @@ def _estimate(e: Estimate | None) -> dict[str, Any] | None:
 def _group_row(g: Group) -> dict[str, Any]:
     row: dict[str, Any] = {"workload": g.workload, "concurrency": g.concurrency, "engine": g.server.engine,
                            "method": g.server.method, "k": g.server.k, "server_config_id": g.server.id, "n": g.n,
-                           "headline": headline_name(g.concurrency),
+                           "headline": headline_name(g.concurrency, g.lead),
                            "headline_mean": g.headline.mean if g.headline else None}
     for name in METRICS:
         e = g.metrics[name]

@@ -25,13 +25,25 @@ BASELINE = "none"
 BEST_TIE = 0.01  # within 1% of the best score, the smaller K wins
 
 
-def headline_metric(concurrency: int) -> str:
-    """Seed 000's columns: per-request tok/s at C=1, aggregate tok/s above."""
+DECODE_LEAD = "decode"  # a sweep file's `headline: decode` (seed 004's table)
+
+
+def headline_metric(concurrency: int, lead: str = "seed000") -> str:
+    """Seed 000's columns: per-request tok/s at C=1, aggregate tok/s above. Seed 004's (`headline: decode`):
+    generation speed excluding TTFT, the mean over requests of decode tok/s."""
+    if lead == DECODE_LEAD:
+        return "generation tok/s (excl. TTFT)"
     return "per-request tok/s" if concurrency == 1 else "aggregate tok/s"
 
 
-def headline_name(concurrency: int) -> str:
-    return f"C={concurrency} {headline_metric(concurrency)}"
+def headline_key(concurrency: int, lead: str = "seed000") -> str:
+    if lead == DECODE_LEAD:
+        return "decode_tps"
+    return "per_request_tps" if concurrency == 1 else "aggregate_tps"
+
+
+def headline_name(concurrency: int, lead: str = "seed000") -> str:
+    return f"C={concurrency} {headline_metric(concurrency, lead)}"
 
 
 def _summary(key: str, stat: str | None = None) -> Callable[[dict[str, Any]], float | None]:
@@ -127,6 +139,7 @@ class Group:
     baseline: str | None = None  # the baseline group's server label
     roofline: RooflinePoint | None = None
     rests_on_partial: bool = False  # this group or its baseline has cells with failed requests
+    lead: str = "seed000"  # which figure heads the tables and drives speedups and the best pick (headline_key)
     equality: Equality | None = None  # its answers against the baseline's (drafting groups only)
     tool_calls: tuple[ToolCalls, ...] = ()  # tool calls per answer, per tool-call prompt (the runaway probe)
 
@@ -146,7 +159,7 @@ class Group:
 
     @property
     def headline(self) -> Estimate | None:
-        return self.metrics["per_request_tps" if self.concurrency == 1 else "aggregate_tps"]
+        return self.metrics[headline_key(self.concurrency, self.lead)]
 
     @property
     def is_baseline(self) -> bool:
@@ -184,6 +197,10 @@ class Report:
 
     def concurrencies(self, workload: str) -> list[int]:
         return sorted({g.concurrency for g in self.groups if g.workload == workload})
+
+    @property
+    def lead(self) -> str:
+        return str(self.sweep.get("headline") or "seed000")
 
     def engines(self, workload: str) -> list[str]:
         return list(dict.fromkeys(g.server.engine for g in self.groups if g.workload == workload))
@@ -323,7 +340,7 @@ def _with_roofline(group: Group, notes: list[str]) -> Group:
     if m["decode_tps"]:
         measured, source = m["decode_tps"].mean * group.concurrency, "decode tok/s x C"
     elif group.headline:
-        measured, source = group.headline.mean, headline_metric(group.concurrency) + " (incl. prefill)"
+        measured, source = group.headline.mean, headline_metric(group.concurrency, group.lead) + " (incl. prefill)"
     else:
         return group
     return replace(group, roofline=bound(inputs, group.concurrency, accept or 1.0, context, measured, source))
@@ -422,8 +439,9 @@ def build(store: Store, run_id: str, overrides: Overrides | None = None) -> Repo
     for cell in [*store.cells("done"), *store.cells("partial")]:  # partial: kept after max_attempts, flagged
         cells.setdefault((cell.server_config_id, cell.workload, cell.concurrency), []).append(cell)
     ordered = sorted(cells, key=lambda key: (key[1], key[2], by_id[key[0]].seq))
-    groups = [_group(by_id[sid], workload, c, sorted(cells[(sid, workload, c)], key=lambda x: x.repeat))
-              for sid, workload, c in ordered]
+    lead = str(store.sweep().get("headline") or "seed000")
+    groups = [replace(_group(by_id[sid], workload, c, sorted(cells[(sid, workload, c)], key=lambda x: x.repeat)),
+                      lead=lead) for sid, workload, c in ordered]
     groups = [_with_roofline(_with_baseline(g, groups), notes) for g in groups]
     outputs = store.outputs()
     groups = [_with_outputs(g, groups, outputs) for g in groups]

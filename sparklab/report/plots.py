@@ -121,7 +121,7 @@ def throughput_vs_k(report: Report, workload: str, out: Path) -> list[Plot]:
         for g in groups:
             if g.is_baseline and g.headline:
                 ax.axhline(g.headline.mean, linestyle="--", color="grey", label=f"{_config(g)} (baseline)")
-        _axes(ax, "K (num_speculative_tokens)", headline_metric(c), legend=drew)
+        _axes(ax, "K (num_speculative_tokens)", headline_metric(c, report.lead), legend=drew)
         return drew
 
     return _per_panel(report, workload, out, "throughput-vs-k",

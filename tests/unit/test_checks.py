@@ -23,7 +23,7 @@ def answer(prompt: str, ids: list[int] | None, text: str = "", index: int = 0, o
 
 def _run(tmp_path: Path, make: Cellfn, sampling: str = "{max_tokens: 64, temperature: 0, ignore_eos: true}",
          methods: str = "[none, dspark]", concurrency: str = "[1]", repeats: int = 1,
-         digest: Callable[[str, int], str] | None = None) -> Path:
+         digest: Callable[[str, int], str] | None = None, extra: str = "") -> Path:
     """A seed000-like plan whose cells are finished with what `make(method, k, concurrency, repeat)` returns."""
     from sparklab import sweep as sweeper
     from sparklab.plan import build_plan
@@ -32,7 +32,7 @@ def _run(tmp_path: Path, make: Cellfn, sampling: str = "{max_tokens: 64, tempera
     tmp_path.mkdir(parents=True, exist_ok=True)
     sweep_file.write_text(
         f"name: fake\nrecipe: gb10\nengines: [vllm]\nmethods: {methods}\nnum_speculative_tokens: [3]\n"
-        f"concurrency: {concurrency}\nrepeats: {repeats}\nrequests: 4\nsampling: {sampling}\n")
+        f"concurrency: {concurrency}\nrepeats: {repeats}\nrequests: 4\nsampling: {sampling}\n{extra}")
     plan = build_plan(sweep_file, run_id="fake")
     path = tmp_path / "fake-run" / "results.sqlite"
     with Store.create(path, plan.sweep.model_dump(), "test") as store:
