@@ -358,7 +358,7 @@ def _reliability(report: Report) -> Section:
     if single:
         items.append(f"{len(single)} of {len(report.groups)} measurements come from a single run: they have no "
                      "confidence interval and their speedups cannot be called significant. Set `repeats: 3` (or "
-                     "more) in the sweep file and resume the run.")
+                     "`repeats: auto`) in the sweep file and resume the run.")
     spread = [g for g in report.groups if g.headline and g.headline.spread_is_large]
     for g in spread:
         values = ", ".join(f"{v:.2f}" for v in g.headline.values) if g.headline else ""
