@@ -4,7 +4,8 @@ Speculative decoding must not change the output: at temperature 0 a drafting ser
 to equal the baseline's, token for token. The client collects every answer's token ids (vLLM's
 `return_token_ids`, free with the stream) and its text; a run keeps, per request, a digest of the whole
 answer and its first KEEP_TOKENS token ids / KEEP_CHARS characters, so the store stays small while equality is
-exact (digests) and the first differing position is known whenever it falls inside the kept part.
+exact (digests) and the first differing position is known whenever it falls inside the kept part. At most
+about 40 KB per request (4,096 ids and 1,024 characters, or 16,384 characters without ids).
 
 Token ids are compared when both answers carry them, the text otherwise (positions are then characters).
 """
@@ -18,7 +19,8 @@ from dataclasses import dataclass
 from typing import Any
 
 KEEP_TOKENS = 4096
-KEEP_CHARS = 16384
+KEEP_CHARS = 16384  # when the answer has no token ids: the text is what gets compared
+KEEP_CHARS_WITH_IDS = 1024  # with token ids the text is only for a human to look at
 
 
 def _digest(value: Any) -> str:
@@ -30,7 +32,8 @@ def kept(index: int, prompt_id: str, warmup: bool, ok: bool, finish_reason: str 
     """One request's answer as results keep it: digests of the whole, the first KEEP_* of each."""
     out: dict[str, Any] = {"index": index, "prompt_id": prompt_id, "warmup": warmup, "ok": ok,
                            "finish_reason": finish_reason, "text_len": len(text), "text_digest": _digest(text),
-                           "text": text[:KEEP_CHARS], "ids_len": None, "ids_digest": None, "token_ids": None}
+                           "text": text[:KEEP_CHARS if token_ids is None else KEEP_CHARS_WITH_IDS], "ids_len": None,
+                           "ids_digest": None, "token_ids": None}
     if token_ids is not None:
         out.update(ids_len=len(token_ids), ids_digest=_digest(token_ids), token_ids=token_ids[:KEEP_TOKENS])
     return out
