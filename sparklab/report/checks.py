@@ -36,6 +36,7 @@ class Check:
     name: str
     looked_at: str  # what a pass means, one sentence
     findings: tuple[str, ...]
+    not_checked: str | None = None  # why the run could not be checked (then no pass is claimed)
 
 
 def _where(g: Group) -> str:
@@ -74,12 +75,16 @@ def equality(report: Report) -> Check:
     for text in unchecked:
         findings.append(f"equality {text}: sampled answers differ run to run, drafting or not; run at temperature "
                         "0 to check that drafting keeps the output")
-    if drafting and all(g.equality and g.equality.status in ("no-outputs", "no-baseline") for g in drafting):
-        findings.append("no answers to compare: the run stored none (made before sparklab kept them) or has no "
-                        "baseline with the same sampling")
+    compared = [g for g in drafting if g.equality and g.equality.status in ("checked", "sampling")]
+    why = None
+    if not drafting:
+        why = "no drafting config in this run"
+    elif not compared:
+        why = ("no answers to compare: the run stored none (made before sparklab kept them) or has no baseline "
+               "with the same sampling")
     return Check("identical to none", "at temperature 0, every drafting config's answers equal the same engine's "
                  "`none` answers to the same prompts (token ids where the engine returns them, text otherwise)",
-                 tuple(findings))
+                 tuple(findings), why)
 
 
 def truncation(report: Report) -> Check:
@@ -126,9 +131,8 @@ def prefix_cache(report: Report) -> Check:
                             "distinct prompts than requests, or turn prefix caching off")
     looked = ("the engine's prefix-cache counters served under "
               f"{100 * PREFIX_HIT_FLAG:.0f}% of each window's prompt tokens")
-    if not measured:
-        looked += " (no engine in this run reported prefix-cache counters: not checked)"
-    return Check("prefix-cache hits", looked, tuple(findings))
+    return Check("prefix-cache hits", looked, tuple(findings),
+                 None if measured else "no engine in this run reported prefix-cache counters")
 
 
 def _mean(values: list[float]) -> float | None:
@@ -194,9 +198,8 @@ def tool_runaways(report: Report) -> Check:
                                 f"{reasons}) - clients that require a tool call would loop on this config")
     looked = (f"no answer repeats one tool call {RUNAWAY_IDENTICAL} times, makes {RUNAWAY_CALLS} calls, or hits the "
               "length limit while calling tools")
-    if not probed:
-        looked += " (no tool-call prompts in this run: add the `toolcall-probe` workload to probe)"
-    return Check("tool-call runaways", looked, tuple(findings))
+    return Check("tool-call runaways", looked, tuple(findings),
+                 None if probed else "no tool-call prompts in this run: add the `toolcall-probe` workload")
 
 
 CHECKS: tuple[Callable[[Report], Check], ...] = (equality, truncation, prefix_cache, ceilings, images, tool_runaways)

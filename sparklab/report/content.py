@@ -385,6 +385,9 @@ def _checks(report: Report) -> Section:
         "Each check reads the stored run; a warning means a number above should not be acted on as it stands "
         "(README: \"Checks on the verdict\").")]
     for check in run_checks(report):
+        if not check.findings and check.not_checked:
+            blocks.append(Para(f"{check.name}: not checked ({check.not_checked})."))
+            continue
         if not check.findings:
             blocks.append(Para(f"{check.name}: passed ({check.looked_at})."))
             continue
