@@ -48,6 +48,7 @@ def test_the_model_card_recipe_keeps_fp8_and_091() -> None:
 def test_seed004_thinks_and_leads_with_generation_speed_and_ttft(tmp_path: Path) -> None:
     plan = build_plan(SWEEPS / "seed004.yaml")
     assert plan.sweep.sampling.enable_thinking is True and plan.sweep.headline == "decode"
+    assert plan.sweep.sampling.ignore_eos and plan.sweep.sampling.max_tokens == 128  # the cap every answer reaches
 
     def make(method: str, k: int | None, c: int, repeat: int) -> tuple[dict[str, Any], dict[str, Any]]:
         decode = {"none": 73.3, "dspark": 108.5}[method]
