@@ -81,6 +81,11 @@ def test_cpu_demo_sweep(engine_cli: Cli, tmp_path: Path, measured) -> None:
     md = (out / "report.md").read_text()
     assert md.count("| draft model | ") == 2 and md.count("| ngram | ") == 2
     assert "identical to none: passed" in md
+    checks = md[md.index("## Checks on the verdict"):md.index("## How far to trust this")]
+    for line in checks.splitlines():
+        if ": passed (" in line or ": not checked (" in line or "warning(s)" in line:
+            measured[f"cpu demo check: {line.split(':')[0]}"] = line.split(":", 1)[1].strip()[:60]
+    assert "warning(s)" not in checks, checks  # none spurious: every check passes on a healthy run
     assert sorted(p.name for p in (out / "plots").glob("*.png")) == [
         "acceptance-seed.png", "speedup-seed.png", "throughput-vs-k-seed.png", "ttft-seed.png"]
     measured["cpu demo: best per concurrency"] = "; ".join(f"C={b['concurrency']}: {b['label']}" for b in doc["best"])
