@@ -415,6 +415,15 @@ class Store:
         return [CellRow(r[0], r[1], r[2], r[3], r[4], _loads(r[5]), r[6], r[7], r[8], r[9], _loads(r[10]),
                         _loads(r[11]), r[12]) for r in rows]
 
+    def kept_summaries(self, server_config_id: str) -> list[tuple[str, int, dict[str, Any] | None, str | None]]:
+        """(workload, concurrency, summary, image digest) of a server config's done and partial cells, without
+        their full results (cheap enough to ask before every cell)."""
+        rows = self._conn.execute(
+            f"SELECT c.workload, c.concurrency, c.summary_json, {self._digest_column()} FROM cells c"
+            " WHERE c.server_config_id = ? AND c.status IN ('done', 'partial') ORDER BY c.seq",
+            (server_config_id,)).fetchall()
+        return [(r[0], r[1], _loads(r[2]), r[3]) for r in rows]
+
     def _version(self) -> int:
         return int(self._conn.execute("PRAGMA user_version").fetchone()[0])
 

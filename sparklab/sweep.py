@@ -285,9 +285,9 @@ def _measured_enough(plan: Plan, store: Store, server: ServerConfig, cell: Any, 
     sweep = plan.sweep
     if sweep.repeats != "auto" or cell.repeat < sweep.auto_repeats.min:
         return False
-    values = [v for c in store.cells("done") if c.server_config_id == server.id and c.workload == cell.workload
-              and c.concurrency == cell.concurrency
-              and (v := repeats.headline(c.concurrency, c.summary, sweep.headline)) is not None]
+    values = [v for workload, concurrency, summary, _ in store.kept_summaries(server.id)
+              if workload == cell.workload and concurrency == cell.concurrency
+              and (v := repeats.headline(concurrency, summary, sweep.headline)) is not None]
     if not repeats.enough(values, sweep.auto_repeats.min, sweep.auto_repeats.target):
         return False
     store.skip_cell(cell.id)
@@ -300,7 +300,7 @@ def _measured_enough(plan: Plan, store: Store, server: ServerConfig, cell: Any, 
 def _check_image(store: Store, server: ServerConfig, digest: str | None, allow: bool, say: Say) -> None:
     """A resumed run's server on another image than its earlier cells: stop (the server is torn down), unless
     --allow-drift, which records the drift; the report marks the cells."""
-    earlier = {c.image_digest for c in store.cells() if c.server_config_id == server.id and c.image_digest}
+    earlier = {digest for *_, digest in store.kept_summaries(server.id) if digest}
     changes = provenance.image_changes(server.label, earlier, digest)
     if not changes:
         return
