@@ -24,7 +24,7 @@ PY
 
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
 "$VENV/bin/python" -m pip install -q --upgrade pip
-"$VENV/bin/python" -m pip install -q -e "$REPO_ROOT"
+"$VENV/bin/python" -m pip install -q -e "$REPO_ROOT[humaneval]"  # seed004 sweeps the HumanEval prompts
 mkdir -p "$BIN"
 ln -sf "$VENV/bin/sparklab" "$BIN/sparklab"
 echo "[install] $("$BIN/sparklab" --version) installed: $BIN/sparklab (venv $VENV)"

@@ -75,7 +75,8 @@ Progress = Callable[[RequestRecord], None]
 async def _send(client: ChatClient, workload: Workload, sampling: Sampling, load: Load, index: int,
                 warmup: bool = False) -> RequestRecord:
     prompt = workload.prompt(index)
-    return await client.request(index, prompt.id, list(prompt.messages), sampling, load.stream, warmup=warmup)
+    return await client.request(index, prompt.id, list(prompt.messages), sampling, load.stream, warmup=warmup,
+                                extra=prompt.extra)
 
 
 async def _closed_loop(client: ChatClient, workload: Workload, sampling: Sampling, load: Load,
@@ -147,6 +148,8 @@ async def _run(endpoint: Endpoint, model: str, workload: Workload, sampling: Sam
     try:
         # sequential, like seed 000's bench.py
         warmup = [await _send(client, workload, sampling, load, i, warmup=True) for i in range(load.warmup)]
+        if warmup and endpoint.kind is not None:  # warmup answers the first prompts: not from cache in the window
+            await asyncio.to_thread(engines.engine(endpoint.kind).reset_prefix_cache, endpoint.api)
         await client.warm(load.concurrency)
         before = await asyncio.to_thread(engines.snapshot, endpoint.api, endpoint.kind)
         window_start = time.perf_counter()
@@ -240,13 +243,14 @@ def _result(endpoint: Endpoint, model: str, workload: Workload, sampling: Sampli
         "endpoint": endpoint.root,
         "model": model,
         "workload": {"name": workload.name, "description": workload.description,
-                     "prompts": len(workload.prompts)},
+                     "prompts": len(workload.prompts), "content_hash": workload.content_hash},
         "sampling": asdict(sampling),
         "load": asdict(load),
         "measurement": {
             "window": "from the first measured request's start to the last one's end (client perf_counter)",
             "window_s": window[1] - window[0],
             "warmup_requests_excluded": load.warmup,
+            "prefix_cache": "reset after warmup where the engine allows it (a sparklab-started server)",
             "token_source": summary["token_sources"],
             "client": f"sparklab {__version__}: {TRANSPORT}",
             "definitions": metrics.__doc__,
@@ -255,6 +259,8 @@ def _result(endpoint: Endpoint, model: str, workload: Workload, sampling: Sampli
         "summary": summary,
         "speculative": counters["speculative"],
         "server_latency": counters["server_latency"],
+        "prefix_cache": counters["prefix_cache"],
         "server": {"before": before, "after": after},
         "requests": [_relative(r, window[0]) for r in records],
+        "outputs": [r.answer() for r in records],
     }

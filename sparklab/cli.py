@@ -157,7 +157,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
     request = sweep.Request(args.file, args.runs_dir, args.resume, args.new, args.retry_failed, tuple(args.ulimits),
                             sweep.Options(args.pull, args.drop_caches, min_free_mib=args.min_free_mib,
-                                          memory_floor_gib=args.memory_floor_gib),
+                                          memory_floor_gib=args.memory_floor_gib, allow_drift=args.allow_drift),
                             download=args.download)
     if args.dry_run:
         out.print(plan_table(*sweep.dry_run(request)))

@@ -167,6 +167,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", metavar="RUN", help="continue this run (a directory under --runs-dir)")
     p.add_argument("--new", action="store_true", help="start a new run even if an earlier one can continue")
     p.add_argument("--retry-failed", action="store_true", help="run cells that failed max_attempts times again")
+    p.add_argument("--allow-drift", action="store_true",
+                   help="resume even if the recipe, the sampling or an image digest changed since the run's earlier "
+                        "cells (the report marks cells from different images)")
     p.add_argument("--runs-dir", type=Path, default=Path("runs"), help="where runs are kept (default ./runs)")
     p.add_argument("--pull", default="missing", choices=["missing", "always", "never"])
     drop = p.add_mutually_exclusive_group()

@@ -122,7 +122,7 @@ class ChatClient:
         await self.client.close()
 
     async def request(self, index: int, prompt_id: str, messages: list[dict[str, str]], sampling: Sampling,
-                      stream: bool = True, warmup: bool = False) -> RequestRecord:
+                      stream: bool = True, warmup: bool = False, extra: dict[str, Any] | None = None) -> RequestRecord:
         record = RequestRecord(index=index, prompt_id=prompt_id, warmup=warmup, start=time.perf_counter(),
                                streamed=stream)
         seen = _Stream()
@@ -130,11 +130,12 @@ class ChatClient:
         ending: Ending = "ended"
         try:
             if stream and self.sse is not None:
-                ending = await self._stream_lean(record, prompt_id, messages, sampling, on_event)
+                ending = await self._stream_lean(record, prompt_id, messages, sampling, on_event, extra)
             elif stream:
-                ending = await self._stream(record, sampling.body(self.model, messages, True), on_event)
+                ending = await self._stream(record, {**sampling.body(self.model, messages, True), **(extra or {})},
+                                            on_event)
             else:
-                await self._whole(record, sampling.body(self.model, messages, False))
+                await self._whole(record, {**sampling.body(self.model, messages, False), **(extra or {})})
             if stream and record.error is None:
                 record.error = _incomplete(record, seen, ending)
         except openai.APIStatusError as exc:
@@ -180,14 +181,20 @@ class ChatClient:
         if choice is not None:
             record.finish_reason = choice.finish_reason
             record.output_chars = len(choice.message.content or "")
+            for call in choice.message.tool_calls or ():
+                function = getattr(call, "function", None)
+                _add_tool_call(record, {"index": len(record.tool_calls), "function": {
+                    "name": getattr(function, "name", None), "arguments": getattr(function, "arguments", None)}})
+            record.output_parts.append(choice.message.content or "")
+            record.output_ids = None
 
     async def _stream_lean(self, record: RequestRecord, prompt_id: str, messages: list[dict[str, str]],
-                           sampling: Sampling, on_event: OnEvent) -> Ending:
+                           sampling: Sampling, on_event: OnEvent, extra: dict[str, Any] | None = None) -> Ending:
         assert self.sse is not None
         key = (prompt_id, sampling)
         request = self._requests.get(key)
         if request is None:
-            body = orjson.dumps(sampling.body(self.model, messages, True))
+            body = orjson.dumps({**sampling.body(self.model, messages, True), **(extra or {})})
             request = self._requests[key] = self.sse.request_bytes("/chat/completions", body)
         # record.start: when the bytes were sent
         record.start, ending = await self.sse.stream(request, on_event, self.timeout_s, self.finish_grace_s,
@@ -225,7 +232,25 @@ class ChatClient:
 
 
 _OPENAI_PARAMS = frozenset({"model", "messages", "max_tokens", "temperature", "top_p", "seed", "stream",
-                            "stream_options"})
+                            "stream_options", "tools", "tool_choice"})
+MAX_TOOL_CALLS = 1000  # kept per answer; a runaway is clear long before this
+
+
+def _add_tool_call(record: RequestRecord, delta: Any) -> None:
+    """One streamed tool-call delta: a new call (a new index), or more of its name or arguments."""
+    if not isinstance(delta, dict):
+        raise BadStream(f"malformed tool call delta: {_short(repr(delta), 80)}")
+    index = delta.get("index", len(record.tool_calls))
+    function = delta.get("function") or {}
+    calls = record.tool_calls
+    if not calls or calls[-1]["index"] != index:
+        if len(calls) >= MAX_TOOL_CALLS:
+            record.tool_calls_dropped += 1
+            return
+        calls.append({"index": index, "name": "", "arguments": ""})
+    call = calls[-1]
+    call["name"] += str(function.get("name") or "")
+    call["arguments"] += str(function.get("arguments") or "")
 
 
 def _split_extra(body: dict[str, Any]) -> dict[str, Any]:
@@ -283,7 +308,10 @@ def _on_event(record: RequestRecord, event: dict[str, Any], now: float, max_chun
         tokens = len(token_ids) if isinstance(token_ids, list) else None
         if choice.get("finish_reason"):
             record.finish_reason = choice["finish_reason"]
-        carries = tokens > 0 if tokens is not None else bool(content or reasoning)
+        tool_calls = delta.get("tool_calls") or ()
+        for call in tool_calls:
+            _add_tool_call(record, call)
+        carries = tokens > 0 if tokens is not None else bool(content or reasoning or tool_calls)
         if not carries:
             continue
         if len(record.chunk_times) >= max_chunks:
@@ -293,6 +321,12 @@ def _on_event(record: RequestRecord, event: dict[str, Any], now: float, max_chun
         record.chunk_tokens.append(tokens)
         record.chunk_reasoning.append(bool(reasoning) and not content)
         record.output_chars += len(content) + len(reasoning)
+        record.output_parts.append(reasoning + content)
+        if record.output_ids is not None:
+            if tokens is None:
+                record.output_ids = None
+            else:
+                record.output_ids.extend(token_ids)
         if record.first_token is None:
             record.first_token = now
         if content and record.first_content is None:

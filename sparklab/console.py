@@ -88,7 +88,13 @@ def plan_table(plan: Any, eta_s: float, model: Any) -> Group:
         parts.append(Text(f"\n{server.label}  [{server.id}]  {server.spec.image}\n  {serve_command(server.spec)}\n"
                           f"  cells: {loads}"))
     hours, rest = divmod(int(eta_s), 3600)
-    parts.append(Text(f"\nETA {hours} h {rest // 60:02d} min: {model.startup_s:.0f} s per server start, "
+    auto = plan.sweep.auto_repeats if plan.sweep.repeats == "auto" else None
+    if auto is not None:
+        parts.append(Text(f"\nrepeats: auto - each load runs {auto.min} to {auto.max} times, stopping once its 95% "
+                          f"interval's half-width is under {100 * auto.target:g}% of its mean; the cells above and the "
+                          f"ETA count all {auto.max} runs"))
+    parts.append(Text(f"\nETA {'at most ' if auto else ''}{hours} h {rest // 60:02d} min: "
+                      f"{model.startup_s:.0f} s per server start, "
                       f"{model.tokens_per_s:.1f} tok/s at c=1 scaled by c^{model.batching} (refined from earlier "
                       f"runs of this recipe when there are any)"))
     return Group(*parts)
@@ -99,16 +105,27 @@ def sweep_table(report: Any) -> Group:
     can never disagree: per server config and load, the mean over repeats of each figure, acceptance from
     whichever source the engine reported, and the headline speed-up over the same engine's `none`."""
     table = Table("server", "c", "workload", "n", "aggregate tok/s", "per-request tok/s", "TTFT p50 ms",
-                  "accept len", "vs none", box=None, pad_edge=False)
+                  "accept len", "vs none", "= none", box=None, pad_edge=False)
     for group in report.groups:
         m = group.metrics
         table.add_row(group.server.label, str(group.concurrency), group.workload, str(group.n),
                       _mean(m["aggregate_tps"]), _mean(m["per_request_tps"]), _mean(m["ttft_p50_ms"], 1),
-                      _mean(m["acceptance_length"]), _speedup(group))
+                      _mean(m["acceptance_length"]), _speedup(group), _identical(group))
     notes = [Text(f"{len(report.failures)} failure(s) recorded over all attempts; first: {report.failures[0].kind}: "
                   f"{report.failures[0].message.splitlines()[0]}")] if report.failures else []
     return Group(Text("sweep results (mean over repeats; aggregate = tokens / window, warmup excluded; vs none = "
-                      "per-request tok/s at c=1, aggregate above, as in the report)", style="bold"), table, *notes)
+                      "per-request tok/s at c=1, aggregate above, as in the report; = none: answers identical to "
+                      "none's at temperature 0)", style="bold"), table, *notes)
+
+
+def _identical(group: Any) -> str:
+    """The share of answers identical to the baseline's (the report's "identical to none", in short)."""
+    e = group.equality
+    if group.is_baseline or e is None:
+        return "-"
+    if e.status == "sampling":
+        return "n/a (T>0)"
+    return f"{100 * e.share:.0f}%" if e.share is not None else "-"
 
 
 def _mean(estimate: Any, digits: int = 2) -> str:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, field_validator
 
 from sparklab.engines import engine as engine_adapter
 from sparklab.errors import RecipeError
@@ -63,6 +63,15 @@ class Match(Strict):
         return all(values.get(k) == v for k, v in self.model_dump(exclude_none=True).items())
 
 
+class AutoRepeats(Strict):
+    """`repeats: auto`: repeat each load until its 95% interval's half-width is under `target` of its mean
+    (at least `min` runs, at most `max`); quiet loads stop early, noisy ones get more runs."""
+
+    min: int = Field(default=3, strict=True, ge=2, le=MAX_REPEATS)
+    max: int = Field(default=8, strict=True, ge=2, le=MAX_REPEATS)
+    target: float = Field(default=0.03, gt=0, lt=1)
+
+
 class Override(Strict):
     match: Match
     set: list[str] = Field(default_factory=list)  # recipe overrides, like --set
@@ -78,7 +87,12 @@ class SweepFile(Strict):
     num_speculative_tokens: list[SpeculativeTokens] = Field(default_factory=lambda: [3], min_length=1)
     concurrency: list[Concurrency] = Field(min_length=1)
     workloads: list[str] = Field(default_factory=lambda: ["seed"], min_length=1)
-    repeats: int = Field(default=1, strict=True, ge=1, le=MAX_REPEATS)
+    repeats: int | Literal["auto"] = 1  # see _repeats
+    auto_repeats: AutoRepeats = Field(default_factory=AutoRepeats)  # used with `repeats: auto`
+    # The figure that heads the report and decides speedups, the best pick and `repeats: auto`: seed000 =
+    # per-request tok/s at C=1 (incl. TTFT), aggregate above; decode = generation tok/s excluding TTFT, with the
+    # TTFT median beside it (seed 004's table).
+    headline: Literal["seed000", "decode"] = "seed000"
     requests: RequestsSpec | None = 10
     duration_s: Seconds | None = None
     warmup: int = Field(default=2, strict=True, ge=0, le=MAX_WARMUP)
@@ -99,9 +113,19 @@ class SweepFile(Strict):
     memory_floor_gib: float | None = Field(default=None, ge=0, le=4096)
     # A server whose engine prints nothing for this long while not ready fails as "stalled" (null: never).
     load_stall_s: Seconds | None = 600.0
-    # What the report leads with: seed 000's throughput vs baseline, or seed 004's generation speed excluding TTFT
-    # and TTFT median (sparklab/report/generation.py).
-    lead: Literal["throughput", "generation"] = "throughput"
+
+
+    @field_validator("repeats", mode="before")
+    @classmethod
+    def _repeats(cls, value: Any) -> Any:
+        if value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MAX_REPEATS):
+            return value
+        raise ValueError(f"expected a whole number of runs per load (1 to {MAX_REPEATS}) or auto")
+
+    @property
+    def max_repeats(self) -> int:
+        """Runs planned per load: all of them (a number), or `auto_repeats.max` (`auto` stops early)."""
+        return self.auto_repeats.max if self.repeats == "auto" else int(self.repeats)
 
 
 def _hash(data: Any) -> str:
@@ -156,7 +180,8 @@ def load_sweep(path: Path) -> SweepFile:
         raise explain_validation(exc, str(path)) from None
 
 
-def _recipe_path(sweep: SweepFile, source: Path) -> Path:
+def recipe_file(sweep: SweepFile, source: Path) -> Path:
+    """The recipe file a sweep file names (a path beside the sweep file, or a recipe under recipes/)."""
     candidate = Path(sweep.recipe)
     if candidate.suffix in (".yaml", ".yml"):
         return candidate if candidate.is_absolute() else (source.parent / candidate)
@@ -181,8 +206,12 @@ def _check_workloads(sweep: SweepFile, src: str) -> None:
 def build_plan(path: Path, run_id: str = "plan", ulimits: tuple[str, ...] = ()) -> Plan:
     sweep = load_sweep(path)
     src = str(path)
+    auto = sweep.auto_repeats
+    if sweep.repeats == "auto" and auto.min > auto.max:
+        raise RecipeError(f"{src}: auto_repeats: min {auto.min} is more than max {auto.max}",
+                          "Give auto_repeats.min <= auto_repeats.max.")
     _check_workloads(sweep, src)
-    recipe_path = _recipe_path(sweep, path)
+    recipe_path = recipe_file(sweep, path)
     base = load_recipe(recipe_path, list(sweep.set))
     engines = sweep.engines or [base.default_engine]
     servers: list[ServerConfig] = []
@@ -219,7 +248,8 @@ def _server(sweep: SweepFile, recipe_path: Path, engine: str, method: str, k: in
     server_id = _hash({"recipe": recipe.name, "engine": engine, "method": method, "k": k,
                        "argv": list(spec.argv[: spec.recipe_argv_len]) + list(serve_args), "image": spec.image})
     cells = []
-    for concurrency, workload, repeat in itertools.product(sweep.concurrency, sweep.workloads, range(sweep.repeats)):
+    for concurrency, workload, repeat in itertools.product(sweep.concurrency, sweep.workloads,
+                                                                 range(sweep.max_repeats)):
         load_axes = {**axes, "concurrency": concurrency, "workload": workload}
         if any(m.matches(load_axes) for m in sweep.exclude):
             continue

@@ -10,6 +10,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, fields
 from typing import Any, TypedDict, cast
 
+from sparklab.outputs import kept, tool_call_summary
+
 # Is the server still alive? Sync (run in a thread) or async; an exception or a hang counts as "no".
 Alive = Callable[[], "bool | Awaitable[bool]"]
 
@@ -85,6 +87,12 @@ class RequestRecord:
     error: str | None = None
     output_chars: int = 0
     streamed: bool = True
+    # the answer, for the equality check (sparklab.outputs): its text in pieces, reasoning and answer in stream
+    # order, and its token ids (None once a token-carrying chunk came without ids)
+    output_parts: list[str] = field(default_factory=list)
+    output_ids: list[int] | None = field(default_factory=list)
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)  # {index, name, arguments}, streamed deltas joined
+    tool_calls_dropped: int = 0  # calls past client.MAX_TOOL_CALLS, counted only
 
     @property
     def ok(self) -> bool:
@@ -95,6 +103,16 @@ class RequestRecord:
         out = {f.name: getattr(self, f.name) for f in fields(self)}
         for key in ("chunk_times", "chunk_tokens", "chunk_reasoning"):
             out[key] = list(out[key])
+        del out["output_parts"], out["output_ids"], out["tool_calls"]  # results keep answers apart: see answer()
+        return out
+
+    def answer(self) -> dict[str, Any]:
+        """The answer as results keep it (sparklab.outputs.kept: digests, bounded heads)."""
+        ids = self.output_ids if self.streamed and self.output_ids else None
+        out = kept(self.index, self.prompt_id, self.warmup, self.ok, self.finish_reason,
+                   "".join(self.output_parts), ids)
+        if self.tool_calls or self.tool_calls_dropped:
+            out["tool_calls"] = tool_call_summary(self.tool_calls, self.tool_calls_dropped)
         return out
 
 
@@ -176,6 +194,8 @@ class BenchResult(TypedDict, total=False):
     summary: Summary
     speculative: dict[str, Any] | None  # server counters over the window (engine adapter)
     server_latency: dict[str, Any] | None
+    prefix_cache: dict[str, Any] | None  # prompt tokens queried/hit in the prefix cache over the window (adapter)
     speculative_log: dict[str, Any] | None  # acceptance from the window's log lines (engines that print it)
     server: dict[str, Any]  # the raw snapshots before and after the window
     requests: list[dict[str, Any]]
+    outputs: list[dict[str, Any]]  # each request's answer, bounded (sparklab.outputs.kept); a sweep stores them apart

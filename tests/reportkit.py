@@ -44,11 +44,23 @@ def cpu_run(tmp_path: Path) -> Path:
     return load_dump(FIXTURES / "cpu-sweep.sql", tmp_path / CPU_RUN_ID)
 
 
+def single_run_sweep(name: str, tmp_path: Path) -> Path:
+    """A bundled seed sweep file with one run per load instead of its `repeats: auto` (report fixtures that
+    stand for one published number per cell)."""
+    doc = yaml.safe_load((recipes_dir() / "sweeps" / f"{name}.yaml").read_text())
+    doc["repeats"] = 1
+    doc.pop("auto_repeats", None)
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
 def seed000_run(tmp_path: Path) -> Path:
     """recipes/sweeps/seed000.yaml planned and registered as a real sweep would, each cell finished with the
     number seed 000 published for it (one run each; C=1 per-request tok/s, C=8 aggregate tok/s)."""
     published: dict[str, Any] = yaml.safe_load((FIXTURES / "seed000.yaml").read_text())
-    plan = build_plan(recipes_dir() / "sweeps" / "seed000.yaml", run_id="seed000-published")
+    plan = build_plan(single_run_sweep("seed000", tmp_path), run_id="seed000-published")
     path = tmp_path / "seed000-published" / "results.sqlite"
     with Store.create(path, plan.sweep.model_dump(), "test") as store:
         sweep.register(plan, store)

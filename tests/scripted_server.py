@@ -50,6 +50,7 @@ class Scripted:
     metrics_text: Callable[[], str] = lambda: ""
     status: int = 200
     bodies: list[dict[str, Any]] = field(default_factory=list)
+    resets: list[int] = field(default_factory=list)  # len(bodies) at each POST /reset_prefix_cache
 
     def __post_init__(self) -> None:
         owner = self
@@ -76,6 +77,10 @@ class Scripted:
                     self._send(404, b"{}")
 
             def do_POST(self) -> None:
+                if self.path == "/reset_prefix_cache":  # vLLM's (in dev mode)
+                    owner.resets.append(len(owner.bodies))
+                    self._send(200, b"")
+                    return
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 owner.bodies.append(body)
                 if owner.status != 200:
@@ -121,6 +126,7 @@ class Hostile:
     reply: Callable[[dict[str, Any]], list[RawStep]]
     hold_s: float = 0.0
     bodies: list[dict[str, Any]] = field(default_factory=list)
+    resets: list[int] = field(default_factory=list)  # len(bodies) at each POST /reset_prefix_cache
 
     def __post_init__(self) -> None:
         owner = self

@@ -353,11 +353,56 @@ class App:
         info = dict(model_path=self.cfg.model, tokenizer_path=self.cfg.model, is_generation=True)
         return {**info, "model_type": "standin", "architectures": ["StandinForCausalLM"]}
 
+    def tool_calls(self, h: Handler, body: dict[str, Any]) -> None:
+        """A chat request offering tools: one get_weather-style call of the first tool (finish_reason tool_calls);
+        with STANDIN_TOOL_RUNAWAY=N and tool_choice "required", N identical calls until finish_reason length
+        (seed 002's runaway). Streamed as vLLM does: one delta per call, 8 token ids each."""
+        prompt = word_count(body.get("messages"))
+        tool = ((body.get("tools") or [{}])[0].get("function") or {}).get("name", "tool")
+        runaway = int(env_float("STANDIN_TOOL_RUNAWAY", 0))
+        calls = runaway if runaway and body.get("tool_choice") == "required" else 1
+        reason = "length" if calls > 1 else "tool_calls"
+        base = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion.chunk", "created": int(time.time()),
+                "model": str(body.get("model") or self.cfg.served_names[0])}
+        arguments = json.dumps({"city": "Tokyo"})
+        usage = {"prompt_tokens": prompt, "completion_tokens": 8 * calls, "total_tokens": prompt + 8 * calls}
+        if not body.get("stream"):
+            message = {"role": "assistant", "content": None, "tool_calls": [
+                {"id": f"call_{i}", "type": "function", "function": {"name": tool, "arguments": arguments}}
+                for i in range(calls)]}
+            h.send_json(200, {**base, "object": "chat.completion", "usage": usage,
+                              "choices": [{"index": 0, "message": message, "finish_reason": reason}]})
+            return
+        h.send_response(200)
+        h.send_header("Content-Type", "text/event-stream")
+        h.send_header("Connection", "close")
+        h.end_headers()
+        h.close_connection = True
+        self.sse(h, base, {"role": "assistant", "content": ""}, None, True)
+        for i in range(calls):
+            self.metrics.chunk(8)
+            delta: dict[str, Any] = {"tool_calls": [{"index": i, "id": f"call_{i}", "type": "function",
+                                                     "function": {"name": tool, "arguments": arguments}}]}
+            ids = list(range(2000 + 8 * i, 2008 + 8 * i)) if body.get("return_token_ids") else None
+            self.sse(h, base, delta, reason if i == calls - 1 else None, True, ids)
+        self.metrics.finish(prompt, reason)
+        if (body.get("stream_options") or {}).get("include_usage"):
+            h.wfile.write(f"data: {json.dumps({**base, 'choices': [], 'usage': usage})}\n\n".encode())
+        h.wfile.write(b"data: [DONE]\n\n")
+        h.wfile.flush()
+
     def complete(self, h: Handler, body: dict[str, Any], chat: bool) -> None:
+        if chat and body.get("tools") and body.get("tool_choice") != "none":
+            self.tool_calls(h, body)
+            return
         prompt = word_count(body.get("messages") if chat else body.get("prompt"))
         n_tokens, reason = plan(body, prompt, self.cfg.max_len)
         n_reason = min(n_tokens, int(env_float("STANDIN_REASONING_TOKENS", 0))) if chat else 0
         words = [f"think{i}" for i in range(n_reason)] + [f"tok{i}" for i in range(n_tokens - n_reason)]
+        # STANDIN_ALTER_OUTPUT=N: a drafting server answers differently from token N on (a broken verifier)
+        alter = int(env_float("STANDIN_ALTER_OUTPUT", -1)) if self.cfg.spec else -1
+        if 0 <= alter < len(words):
+            words[alter] = "altered"
         delay = env_float("STANDIN_TOKEN_DELAY", 0.005)
         sizes = chunk_sizes(self.cfg.spec.k + 1 if self.cfg.spec else None)
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
@@ -390,7 +435,8 @@ class App:
                 self.metrics.chunk(k)
                 if stream:
                     done = reason if pos + k >= len(words) else None
-                    ids = list(range(1000 + pos, 1000 + pos + k)) if body.get("return_token_ids") else None
+                    ids = ([7 if words[i] == "altered" else 1000 + i for i in range(pos, pos + k)]
+                           if body.get("return_token_ids") else None)
                     self.sse(h, base, self.delta(words, pos, k, n_reason), done, chat, ids)
                 pos, c = pos + k, c + 1
             self.metrics.finish(prompt, reason)

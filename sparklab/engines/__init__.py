@@ -36,8 +36,8 @@ def snapshot(api: EngineAPI, kind: str | None) -> dict[str, Any]:
 
 
 def window(before: dict[str, Any], after: dict[str, Any], kind: str | None) -> dict[str, Any]:
-    """`speculative` and `server_latency` over the window (None where no adapter can say)."""
-    out: dict[str, Any] = {"speculative": None, "server_latency": None}
+    """`speculative`, `server_latency` and `prefix_cache` over the window (None where no adapter can say)."""
+    out: dict[str, Any] = {"speculative": None, "server_latency": None, "prefix_cache": None}
     for adapter in candidates(kind):
         for key, value in adapter.window(before, after).items():
             if out.get(key) is None:

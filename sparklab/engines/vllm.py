@@ -191,6 +191,20 @@ def spec_counters(text: str) -> dict[str, Any]:
     return out
 
 
+_PREFIX = ("vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total")  # tokens (vllm/v1/metrics/loggers.py)
+
+
+def prefix_cache(before: dict[str, Any] | None, after: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Prompt tokens the prefix cache was asked for and found over the window (vLLM's counters, in tokens)."""
+    a, b = (before or {}).get("prefix_cache") or {}, (after or {}).get("prefix_cache") or {}
+    if _PREFIX[0] not in b:
+        return None
+    queries = b.get(_PREFIX[0], 0.0) - a.get(_PREFIX[0], 0.0)
+    hits = b.get(_PREFIX[1], 0.0) - a.get(_PREFIX[1], 0.0)
+    return {"queried_tokens": queries, "hit_tokens": hits, "hit_rate": hits / queries if queries > 0 else None,
+            "source": "vLLM's vllm:prefix_cache_queries/hits counters (tokens), /metrics delta over the window"}
+
+
 def server_latency(before: dict[str, Any] | None, after: dict[str, Any] | None) -> dict[str, Any] | None:
     """The engine's own mean TTFT, TPOT and E2E latency over the window, from vLLM's histograms."""
     a, b = (before or {}).get("latency") or {}, (after or {}).get("latency") or {}
@@ -291,13 +305,14 @@ class VLLM(Engine):
                 values = parse_metrics(answer.text)
                 snap["generation_tokens"] = values.get("vllm:generation_tokens_total")
                 snap["latency"] = {k: values[k] for k in _LATENCY if k in values}
+                snap["prefix_cache"] = {k: values[k] for k in _PREFIX if k in values}
         except (Unreachable, ValueError) as exc:
             snap["metrics_error"] = str(exc)
         return snap
 
     def window(self, before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
         return {"speculative": spec_delta(before.get("spec"), after.get("spec")),
-                "server_latency": server_latency(before, after)}
+                "server_latency": server_latency(before, after), "prefix_cache": prefix_cache(before, after)}
 
     def acceptance(self, result: dict[str, Any]) -> Acceptance | None:
         spec = result.get("speculative") or {}

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from sparklab.metrics import CONFIDENCE, SPREAD_WARN, Estimate, Ratio
+from sparklab.report.checks import run_checks
 from sparklab.report.document import Block, Bullets, Code, Document, Image, Para, Section, Table
 from sparklab.report.generation import generation_sections
 from sparklab.report.model import (
     BEST_TIE,
     CLOCK_DROP_FLAG,
+    DECODE_LEAD,
     Group,
     Report,
     Server,
@@ -51,6 +54,12 @@ def fmt_ratio(group: Group) -> str:
 def _n(group: Group) -> str:
     flag = " (spread)" if group.headline and group.headline.spread_is_large else ""
     return f"{group.n}{flag}"
+
+
+def _identical(group: Group) -> str:
+    if group.is_baseline:
+        return "(baseline)"
+    return group.equality.describe() if group.equality else DASH
 
 
 def _k(server: Server) -> str:
@@ -120,14 +129,19 @@ def _seed_tables(report: Report) -> list[Section]:
             groups = [g for g in report.groups if g.workload == workload and g.server.engine == engine]
             servers = sorted({g.server.id: g.server for g in groups}.values(),
                              key=lambda s: (s.method != "none", s.seq))
-            header = ("method", "K", *(headline_name(c) for c in concs), *(f"vs baseline C={c}" for c in concs))
+            ttft = report.lead == DECODE_LEAD  # seed 004's table: generation speed, then TTFT median
+            header = ("method", "K", *(headline_name(c, report.lead) for c in concs),
+                      *((f"C={c} TTFT p50 ms" for c in concs) if ttft else ()),
+                      *(f"vs baseline C={c}" for c in concs))
             rows = []
             for server in servers:
                 by_c = {g.concurrency: g for g in groups if g.server.id == server.id}
                 rows.append((server.method_name, _k(server),
                              *(fmt(by_c[c].headline) if c in by_c else DASH for c in concs),
+                             *((fmt(by_c[c].metrics["ttft_p50_ms"], 1) if c in by_c else DASH for c in concs)
+                               if ttft else ()),
                              *(fmt_ratio(by_c[c]) if c in by_c else DASH for c in concs)))
-            numeric = (False, False, *([True] * 2 * len(concs)))
+            numeric = (False, False, *([True] * (3 if ttft else 2) * len(concs)))
             sections.append(Section(f"Throughput vs baseline: {engine}, workload {workload}", blocks=[
                 Table(header, tuple(rows), numeric)]))
     return sections
@@ -136,8 +150,8 @@ def _seed_tables(report: Report) -> list[Section]:
 def _detail_tables(report: Report) -> list[Section]:
     sections = []
     header = ("config", "K", "n", "aggregate tok/s", "per-request tok/s", "decode tok/s", "TTFT p50 ms",
-              "accept len", "accept rate %", "vs baseline", "% of roofline")
-    numeric = (False, False, True, True, True, True, True, True, True, True, True)
+              "accept len", "accept rate %", "vs baseline", "identical to none", "% of roofline")
+    numeric = (False, False, True, True, True, True, True, True, True, True, False, True)
     for workload in report.workloads:
         for c in report.concurrencies(workload):
             rows = []
@@ -146,7 +160,7 @@ def _detail_tables(report: Report) -> list[Section]:
                 rows.append((f"{g.server.engine} {g.server.method_name}", _k(g.server), _n(g),
                              fmt(m["aggregate_tps"]), fmt(m["per_request_tps"]), fmt(m["decode_tps"]),
                              fmt(m["ttft_p50_ms"], 1), fmt(m["acceptance_length"]),
-                             fmt(m["acceptance_rate"], 1, 100), fmt_ratio(g),
+                             fmt(m["acceptance_rate"], 1, 100), fmt_ratio(g), _identical(g),
                              f"{g.roofline.percent:.1f}%" if g.roofline else DASH))
             sections.append(Section(f"All metrics: workload {workload}, C={c}", level=3,
                                     blocks=[Table(header, tuple(rows), numeric)]))
@@ -195,6 +209,21 @@ def _acceptance(report: Report) -> Section | None:
         Table(header, rows, (False, True, False, *([True] * (width + 1))))])
 
 
+def _versus_runner_up(best: Any) -> str:
+    """Whether the pick is significantly ahead of the next best config, or a coin toss between the two."""
+    second, r = best.runner_up, best.versus_runner_up
+    if second is None or r is None:
+        return ""
+    name = f"{second.server.engine} {second.server.method_name}" + (
+        f" K={second.server.k}" if second.server.k is not None else "")
+    if r.low is None or r.high is None:
+        return f"; {100 * r.value:.1f}% of runner-up {name}, single runs: cannot tell them apart"
+    if not r.significant:
+        return (f"; NOT significantly different from runner-up {name} ({100 * r.value:.1f}% "
+                f"[{100 * r.low:.1f}, {100 * r.high:.1f}]): either will do")
+    return f"; {100 * r.value:.1f}% of runner-up {name} [{100 * r.low:.1f}, {100 * r.high:.1f}]"
+
+
 def _best(report: Report) -> Section:
     if not report.best:
         return Section("Best configuration per concurrency", blocks=[Para("No finished cells.")])
@@ -206,6 +235,7 @@ def _best(report: Report) -> Section:
             why = (f"within {100 * BEST_TIE:.0f}% of {best.best_score_group.server.label} and a smaller K "
                    f"(best of {best.candidates})")
         single = " (single run: no spread known)" if g.n < 2 else ""
+        why += _versus_runner_up(best)
         if g.speedup and g.speedup.significant is False:
             why += "; not significantly faster than the baseline"
         rows.append((best.workload, str(best.concurrency), f"{g.server.engine} {g.server.method_name}",
@@ -331,7 +361,7 @@ def _reliability(report: Report) -> Section:
     if single:
         items.append(f"{len(single)} of {len(report.groups)} measurements come from a single run: they have no "
                      "confidence interval and their speedups cannot be called significant. Set `repeats: 3` (or "
-                     "more) in the sweep file and resume the run.")
+                     "`repeats: auto`) in the sweep file and resume the run.")
     spread = [g for g in report.groups if g.headline and g.headline.spread_is_large]
     for g in spread:
         values = ", ".join(f"{v:.2f}" for v in g.headline.values) if g.headline else ""
@@ -353,6 +383,37 @@ def _reliability(report: Report) -> Section:
     return Section("How far to trust this", blocks=[Bullets(tuple(items))])
 
 
+def _checks(report: Report) -> Section:
+    blocks: list[Block] = [Para(
+        "Each check reads the stored run; a warning means a number above should not be acted on as it stands "
+        "(README: \"Checks on the verdict\").")]
+    for check in run_checks(report):
+        if not check.findings and check.not_checked:
+            blocks.append(Para(f"{check.name}: not checked ({check.not_checked})."))
+            continue
+        if not check.findings:
+            blocks.append(Para(f"{check.name}: passed ({check.looked_at})."))
+            continue
+        blocks.append(Para(f"{check.name}: {len(check.findings)} warning(s) (checked: {check.looked_at}):"))
+        blocks.append(Bullets(check.findings))
+    return Section("Checks on the verdict", blocks=blocks)
+
+
+def _tool_calls(report: Report) -> Section | None:
+    rows = tuple((g.workload, str(g.concurrency), g.server.label, t.prompt_id, str(t.answers), f"{t.mean_calls:.1f}",
+                  str(t.max_calls), str(t.max_identical), ", ".join(f"{r} {n}" for r, n in t.finish_reasons),
+                  str(t.runaways))
+                 for g in report.groups for t in g.tool_calls)
+    if not rows:
+        return None
+    return Section("Tool-call probe", blocks=[
+        Para("Per answer to a prompt offering tools: the tool calls it made (streamed deltas joined by index), the "
+             "most often one identical call (name and arguments) was repeated, and how it finished. A runaway "
+             "repeats one call or never stops calling (seed 002: 159 identical calls until the length limit)."),
+        Table(("workload", "C", "config", "prompt", "answers", "calls/answer", "max calls", "max identical",
+               "finish", "runaways"), rows, (False, True, False, False, True, True, True, True, False, True))])
+
+
 def _failures(report: Report) -> Section | None:
     if not report.failures:
         return None
@@ -364,11 +425,13 @@ def _failures(report: Report) -> Section | None:
 
 
 def document(report: Report, plots: list[tuple[str, Path]] | None = None) -> Document:
-    lead = generation_sections(report) if report.sweep.get("lead") == "generation" else []  # seed 004's columns
+    lead = generation_sections(report) if report.lead == DECODE_LEAD else []  # seed 004's columns first
     sections = [_overview(report), *lead, _method(report), *_seed_tables(report), *_k_pivot(report), _best(report),
-                _reliability(report), *_detail_tables(report)]
+                _checks(report), _reliability(report), *_detail_tables(report)]
     if acceptance := _acceptance(report):
         sections.append(acceptance)
+    if tools := _tool_calls(report):
+        sections.append(tools)
     sections += [_roofline(report), _facts(report)]
     if memory := _memory(report):
         sections.append(memory)

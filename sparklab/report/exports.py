@@ -24,7 +24,7 @@ def _estimate(e: Estimate | None) -> dict[str, Any] | None:
 def _group_row(g: Group) -> dict[str, Any]:
     row: dict[str, Any] = {"workload": g.workload, "concurrency": g.concurrency, "engine": g.server.engine,
                            "method": g.server.method, "k": g.server.k, "server_config_id": g.server.id, "n": g.n,
-                           "headline": headline_name(g.concurrency),
+                           "headline": headline_name(g.concurrency, g.lead),
                            "headline_mean": g.headline.mean if g.headline else None}
     for name in METRICS:
         e = g.metrics[name]
@@ -36,6 +36,9 @@ def _group_row(g: Group) -> dict[str, Any]:
                 "speedup_ci95_high": s.high if s else None,
                 "speedup_significant": s.significant if s else None, "failed_requests": g.failed_requests,
                 "rests_on_partial": g.rests_on_partial})
+    e = g.equality
+    row.update({"equality": e.status if e else None, "outputs_compared": e.compared if e else None,
+                "identical_to_none": e.share if e else None})
     r = g.roofline
     row.update({"roofline_bound_tps": r.bound_tps if r else None,
                 "roofline_measured_tps": r.measured_tps if r else None,

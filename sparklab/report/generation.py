@@ -1,6 +1,6 @@
 """Seed 004's table (pure): generation speed excluding TTFT and TTFT median, without and with drafting.
 
-A sweep file with `lead: generation` gets this table first. Generation speed is sparklab's decode tok/s (tokens
+A sweep file with `headline: decode` gets this table first. Generation speed is sparklab's decode tok/s (tokens
 after the first chunk / the time after it, per request, mean over requests): the seed's "generation speed
 excludes TTFT". TTFT median is the p50 over the cell's measured requests. One row per workload and engine at
 C=1, one column pair per drafting configuration against the same engine's `none`.

@@ -15,6 +15,7 @@ from typing import Any
 
 from sparklab import engines
 from sparklab.metrics import Estimate, Ratio, estimate, ratio
+from sparklab.outputs import Equality, ToolCalls, equality, tool_calls
 from sparklab.report.roofline import Device, RooflinePoint, bound, model_inputs
 from sparklab.store import CellRow, FailureRow, Store
 
@@ -24,13 +25,25 @@ BASELINE = "none"
 BEST_TIE = 0.01  # within 1% of the best score, the smaller K wins
 
 
-def headline_metric(concurrency: int) -> str:
-    """Seed 000's columns: per-request tok/s at C=1, aggregate tok/s above."""
+DECODE_LEAD = "decode"  # a sweep file's `headline: decode` (seed 004's table)
+
+
+def headline_metric(concurrency: int, lead: str = "seed000") -> str:
+    """Seed 000's columns: per-request tok/s at C=1, aggregate tok/s above. Seed 004's (`headline: decode`):
+    generation speed excluding TTFT, the mean over requests of decode tok/s."""
+    if lead == DECODE_LEAD:
+        return "generation tok/s (excl. TTFT)"
     return "per-request tok/s" if concurrency == 1 else "aggregate tok/s"
 
 
-def headline_name(concurrency: int) -> str:
-    return f"C={concurrency} {headline_metric(concurrency)}"
+def headline_key(concurrency: int, lead: str = "seed000") -> str:
+    if lead == DECODE_LEAD:
+        return "decode_tps"
+    return "per_request_tps" if concurrency == 1 else "aggregate_tps"
+
+
+def headline_name(concurrency: int, lead: str = "seed000") -> str:
+    return f"C={concurrency} {headline_metric(concurrency, lead)}"
 
 
 def _summary(key: str, stat: str | None = None) -> Callable[[dict[str, Any]], float | None]:
@@ -126,6 +139,9 @@ class Group:
     baseline: str | None = None  # the baseline group's server label
     roofline: RooflinePoint | None = None
     rests_on_partial: bool = False  # this group or its baseline has cells with failed requests
+    lead: str = "seed000"  # which figure heads the tables and drives speedups and the best pick (headline_key)
+    equality: Equality | None = None  # its answers against the baseline's (drafting groups only)
+    tool_calls: tuple[ToolCalls, ...] = ()  # tool calls per answer, per tool-call prompt (the runaway probe)
 
     @property
     def n(self) -> int:
@@ -143,7 +159,7 @@ class Group:
 
     @property
     def headline(self) -> Estimate | None:
-        return self.metrics["per_request_tps" if self.concurrency == 1 else "aggregate_tps"]
+        return self.metrics[headline_key(self.concurrency, self.lead)]
 
     @property
     def is_baseline(self) -> bool:
@@ -158,6 +174,8 @@ class Best:
     score: float
     best_score_group: Group  # the highest score before the smaller-K preference
     candidates: int
+    runner_up: Group | None = None  # the next best config by score
+    versus_runner_up: Ratio | None = None  # the chosen headline / the runner-up's, with its 95% interval
 
 
 @dataclass
@@ -179,6 +197,10 @@ class Report:
 
     def concurrencies(self, workload: str) -> list[int]:
         return sorted({g.concurrency for g in self.groups if g.workload == workload})
+
+    @property
+    def lead(self) -> str:
+        return str(self.sweep.get("headline") or "seed000")
 
     def engines(self, workload: str) -> list[str]:
         return list(dict.fromkeys(g.server.engine for g in self.groups if g.workload == workload))
@@ -259,12 +281,35 @@ def _group(server: Server, workload: str, concurrency: int, cells: list[CellRow]
                  tuple(sources), tuple(accepted))
 
 
-def _with_baseline(group: Group, groups: list[Group]) -> Group:
+def _baseline_of(group: Group, groups: list[Group]) -> Group | None:
     candidates = [g for g in groups if g.is_baseline and g.server.engine == group.server.engine
                   and g.workload == group.workload and g.concurrency == group.concurrency]
     # several baselines of one engine (different overrides): the one with the same overrides, else the first
     same = [g for g in candidates if g.server.overrides == group.server.overrides]
-    base = (same or candidates or [None])[0]
+    return (same or candidates or [None])[0]
+
+
+def _sampling(group: Group) -> dict[str, Any] | None:
+    return ((group.cells[0].settings or {}).get("sampling") if group.cells else None)
+
+
+def _with_outputs(group: Group, groups: list[Group], outputs: dict[str, list[dict[str, Any]]]) -> Group:
+    """Its tool calls; for a drafting group, its answers against its baseline's (same engine, workload,
+    concurrency, sampling)."""
+    answers = [a for c in group.cells for a in outputs.get(c.id, [])]
+    group = replace(group, tool_calls=tuple(tool_calls(answers)))
+    if group.is_baseline:
+        return group
+    base = _baseline_of(group, groups)
+    if base is None or _sampling(base) != _sampling(group):
+        result = equality(answers, [], _sampling(group))
+    else:
+        result = equality(answers, [a for c in base.cells for a in outputs.get(c.id, [])], _sampling(group))
+    return replace(group, equality=result)
+
+
+def _with_baseline(group: Group, groups: list[Group]) -> Group:
+    base = _baseline_of(group, groups)
     if base is group:
         return replace(group, speedup=Ratio(1.0, None, None), baseline=group.server.label,
                        rests_on_partial=group.partial)
@@ -295,7 +340,7 @@ def _with_roofline(group: Group, notes: list[str]) -> Group:
     if m["decode_tps"]:
         measured, source = m["decode_tps"].mean * group.concurrency, "decode tok/s x C"
     elif group.headline:
-        measured, source = group.headline.mean, headline_metric(group.concurrency) + " (incl. prefill)"
+        measured, source = group.headline.mean, headline_metric(group.concurrency, group.lead) + " (incl. prefill)"
     else:
         return group
     return replace(group, roofline=bound(inputs, group.concurrency, accept or 1.0, context, measured, source))
@@ -378,7 +423,10 @@ def _best(groups: list[Group]) -> list[Best]:
         top_score, top = max(scored, key=lambda s: s[0])
         close = [s for s in scored if s[0] >= top_score * (1 - BEST_TIE)]
         score, chosen = min(close, key=lambda s: (s[1].server.k or 0, -s[0]))
-        out.append(Best(workload, concurrency, chosen, score, top, len(scored)))
+        others = sorted((s for s in scored if s[1] is not chosen), key=lambda s: -s[0])
+        second = others[0][1] if others else None
+        versus = ratio(chosen.headline, second.headline) if second and chosen.headline and second.headline else None
+        out.append(Best(workload, concurrency, chosen, score, top, len(scored), second, versus))
     return out
 
 
@@ -391,9 +439,12 @@ def build(store: Store, run_id: str, overrides: Overrides | None = None) -> Repo
     for cell in [*store.cells("done"), *store.cells("partial")]:  # partial: kept after max_attempts, flagged
         cells.setdefault((cell.server_config_id, cell.workload, cell.concurrency), []).append(cell)
     ordered = sorted(cells, key=lambda key: (key[1], key[2], by_id[key[0]].seq))
-    groups = [_group(by_id[sid], workload, c, sorted(cells[(sid, workload, c)], key=lambda x: x.repeat))
-              for sid, workload, c in ordered]
+    lead = str(store.sweep().get("headline") or "seed000")
+    groups = [replace(_group(by_id[sid], workload, c, sorted(cells[(sid, workload, c)], key=lambda x: x.repeat)),
+                      lead=lead) for sid, workload, c in ordered]
     groups = [_with_roofline(_with_baseline(g, groups), notes) for g in groups]
+    outputs = store.outputs()
+    groups = [_with_outputs(g, groups, outputs) for g in groups]
     if not any(s.device for s in servers):
         notes.append("no device bandwidth is known for this run (the recipe names no hardware in "
                      "recipes/hardware.yaml): no roofline. Give one with --hardware NAME or --bandwidth-gbps GBPS.")

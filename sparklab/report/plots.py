@@ -45,8 +45,10 @@ def _axes(ax: Any, xlabel: str, ylabel: str, legend: bool) -> None:
         ax.legend(fontsize=7)
 
 
-def _panels(plt: Any, count: int) -> tuple[Any, list[Any]]:
-    fig, axes = plt.subplots(1, count, figsize=(max(5.0, 4.6 * count), 3.9), squeeze=False)
+def _panels(plt: Any, count: int, bars: int = 0) -> tuple[Any, list[Any]]:
+    """One panel per concurrency, wide enough for `bars` labelled bars each."""
+    width = max(4.6, 0.55 * bars + 1.5)
+    fig, axes = plt.subplots(1, count, figsize=(max(5.0, width * count), 4.3), squeeze=False)
     return fig, list(axes[0])
 
 
@@ -66,11 +68,18 @@ def _tick(g: Group) -> str:
     return g.server.method_name + (f"\nK={g.server.k}" if g.server.k is not None else "")
 
 
+def _label(g: Group) -> str:
+    """A one-line bar label (a rotated label cannot hold a line break without overlapping its neighbour)."""
+    return g.server.method_name + (f" K={g.server.k}" if g.server.k is not None else "")
+
+
 def _per_panel(report: Report, workload: str, out: Path, name: str, title: str,
                draw: Callable[[Any, list[Group], int], bool]) -> list[Plot]:
     plt = _pyplot()
     concs = report.concurrencies(workload)
-    fig, axes = _panels(plt, len(concs))
+    most = max((sum(1 for g in report.groups if g.workload == workload and g.concurrency == c) for c in concs),
+               default=0)
+    fig, axes = _panels(plt, len(concs), most)
     drew = False
     for ax, c in zip(axes, concs, strict=True):
         groups = [g for g in report.groups if g.workload == workload and g.concurrency == c]
@@ -86,10 +95,11 @@ def _per_panel(report: Report, workload: str, out: Path, name: str, title: str,
     return [(f"{title}, workload {workload}", path)]
 
 
-def _half(g: Group) -> tuple[float, float]:
+def _interval(g: Group) -> tuple[float, float] | None:
+    """The headline's measured 95% half-widths (below, above); None for a single run: nothing to draw."""
     e = g.headline
     if e is None or e.low is None or e.high is None:
-        return 0.0, 0.0
+        return None
     return e.mean - e.low, e.high - e.mean
 
 
@@ -100,17 +110,22 @@ def throughput_vs_k(report: Report, workload: str, out: Path) -> list[Plot]:
             series = sorted((g for g in groups if _config(g) == config and g.headline), key=lambda g: g.server.k or 0)
             if not series:
                 continue
-            errors = list(zip(*(_half(g) for g in series), strict=True))
-            ax.errorbar([g.server.k for g in series], [g.headline.mean for g in series if g.headline],
-                        yerr=errors, marker="o", capsize=3, label=config)
+            line = ax.plot([g.server.k for g in series], [g.headline.mean for g in series if g.headline], marker="o",
+                           label=config)[0]
+            measured = [(g, i) for g in series if (i := _interval(g)) is not None]
+            if measured:  # whiskers only where repeats measured an interval
+                ax.errorbar([g.server.k for g, _ in measured], [g.headline.mean for g, _ in measured if g.headline],
+                            yerr=list(zip(*(i for _, i in measured), strict=True)), fmt="none", capsize=3,
+                            ecolor=line.get_color())
             drew = True
         for g in groups:
             if g.is_baseline and g.headline:
                 ax.axhline(g.headline.mean, linestyle="--", color="grey", label=f"{_config(g)} (baseline)")
-        _axes(ax, "K (num_speculative_tokens)", headline_metric(c), legend=drew)
+        _axes(ax, "K (num_speculative_tokens)", headline_metric(c, report.lead), legend=drew)
         return drew
 
-    return _per_panel(report, workload, out, "throughput-vs-k", "tok/s vs K, mean and 95% CI over repeats", draw)
+    return _per_panel(report, workload, out, "throughput-vs-k",
+                      "tok/s vs K, mean and 95% CI over repeats (no whisker: a single run)", draw)
 
 
 def speedup_bars(report: Report, workload: str, out: Path) -> list[Plot]:
@@ -119,17 +134,28 @@ def speedup_bars(report: Report, workload: str, out: Path) -> list[Plot]:
         if not bars:
             return False
         values = [100 * g.speedup.value for g in bars if g.speedup]
-        low = [100 * (g.speedup.value - g.speedup.low) if g.speedup and g.speedup.low is not None else 0.0
-               for g in bars]
-        high = [100 * (g.speedup.high - g.speedup.value) if g.speedup and g.speedup.high is not None else 0.0
-                for g in bars]
-        ax.bar(range(len(bars)), values, yerr=[low, high], capsize=4, color="#4c78a8")
+        single = [g.speedup is None or g.speedup.low is None or g.speedup.high is None for g in bars]
+        ax.bar(range(len(bars)), values, color=["#c7d3e3" if s else "#4c78a8" for s in single],
+               edgecolor="#4c78a8")
+        measured = [(i, g.speedup) for i, g in enumerate(bars)
+                    if g.speedup and g.speedup.low is not None and g.speedup.high is not None]
+        if measured:  # whiskers only where both sides were repeated: a single run has no interval to draw
+            ax.errorbar([i for i, _ in measured], [100 * r.value for _, r in measured],
+                        yerr=[[100 * (r.value - (r.low or r.value)) for _, r in measured],
+                              [100 * ((r.high or r.value) - r.value) for _, r in measured]],
+                        fmt="none", capsize=4, ecolor="black")
+        for i, is_single in enumerate(single):
+            if is_single:
+                ax.annotate("1 run", (i, values[i]), ha="center", va="bottom", fontsize=6, xytext=(0, 2),
+                            textcoords="offset points")
         ax.axhline(100, color="black", linewidth=1)
-        ax.set_xticks(range(len(bars)), [_tick(g) for g in bars], fontsize=7)
+        # one label per bar, rotated so neighbours never run into each other ("draft modeldraft model")
+        ax.set_xticks(range(len(bars)), [_label(g) for g in bars], fontsize=7, rotation=35, ha="right")
         ax.set_ylabel("% of baseline (none)")
         return True
 
-    return _per_panel(report, workload, out, "speedup", "speedup vs baseline with 95% CI", draw)
+    return _per_panel(report, workload, out, "speedup",
+                      "speedup vs baseline, 95% CI where repeated (pale bar: a single run, no interval)", draw)
 
 
 def acceptance(report: Report, workload: str, out: Path) -> list[Plot]:

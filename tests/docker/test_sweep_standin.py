@@ -197,3 +197,45 @@ def test_missing_or_corrupt_results_are_clear_errors(cli: Cli, tmp_path: Path) -
     assert str(bad / "results.sqlite") in corrupt.stderr.replace("\n", "")
     with pytest.raises(sqlite3.DatabaseError):
         sqlite3.connect(bad / "results.sqlite").execute("select * from cells").fetchall()
+
+
+def test_a_drafting_server_that_changes_the_output_is_caught(cli: Cli, tmp_path: Path) -> None:
+    """STANDIN_ALTER_OUTPUT=4: the drafting server's answers differ from token 4 on; the report's equality
+    column and its warning name that config, and the baseline is the reference."""
+    path = _sweep(tmp_path, cli.image, num_speculative_tokens=[3], concurrency=[1], requests={1: 3})
+    doc = yaml.safe_load(path.read_text())
+    doc["set"].append("engines.vllm.env={STANDIN_ALTER_OUTPUT: '4', STANDIN_TOKENS_PER_CHUNK: '2'}")
+    path.write_text(yaml.safe_dump(doc))
+    done = _run(cli, path)
+    assert done.returncode == 0, done.stderr
+    with _store(path) as store:
+        run_dir = store.path.parent
+        answers = store.outputs()
+    assert sum(len(a) for a in answers.values()) == 2 * (3 + 1)  # measured and warmup, both servers
+    shown = subprocess.run([sys.executable, "-m", "sparklab", "report", str(run_dir), "-f", "md"],
+                           capture_output=True, text=True, timeout=120)
+    assert shown.returncode == 0, shown.stderr
+    assert "0% (0/3), first diff at token 4" in shown.stdout
+    assert "identical to none: 1 warning(s)" in shown.stdout
+    assert "- vllm DSpark K=3 C=1 seed: 0% (0/3), first diff at token 4 identical to `none`" in shown.stdout
+
+
+def test_the_tool_call_probe_flags_a_runaway(cli: Cli, tmp_path: Path) -> None:
+    """STANDIN_TOOL_RUNAWAY=40: with tool_choice "required" the stand-in repeats one call 40 times until the
+    length limit (seed 002's loop), with "auto" it calls once; the report flags the first only."""
+    path = _sweep(tmp_path, cli.image, methods=["none"], concurrency=[1], requests={1: 4},
+                  workloads=["toolcall-probe"])
+    doc = yaml.safe_load(path.read_text())
+    doc["set"].append("engines.vllm.env={STANDIN_TOOL_RUNAWAY: '40'}")
+    path.write_text(yaml.safe_dump(doc))
+    done = _run(cli, path)
+    assert done.returncode == 0, done.stderr
+    with _store(path) as store:
+        run_dir = store.path.parent
+    shown = subprocess.run([sys.executable, "-m", "sparklab", "report", str(run_dir), "-f", "md"],
+                           capture_output=True, text=True, timeout=120)
+    assert shown.returncode == 0, shown.stderr
+    assert "tool-call runaways: 1 warning(s)" in shown.stdout
+    assert ("- vllm none C=1 toolcall-probe tools-required: 2 of 2 answers ran away (up to 40 tool calls, the same "
+            "call up to 40 times; finish: length 2)") in shown.stdout
+    assert "| toolcall-probe | 1 | vllm none | tools-auto | 2 | 1.0 | 1 | 1 | tool_calls 2 | 0 |" in shown.stdout

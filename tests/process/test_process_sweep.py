@@ -21,7 +21,7 @@ def _sweep(tmp_path: Path, *extra_set: str, port: int | None = None) -> Path:
         "concurrency": [1], "requests": 3, "warmup": 1, "workloads": ["speedbench-1k"],
         "sampling": {"max_tokens": 12, "temperature": 0, "top_p": None, "enable_thinking": True},
         "set": [f"standin_dir={STANDIN}", f"engines.edgellm.port={port or free_port()}", *extra_set],
-        "lead": "generation",
+        "headline": "decode",
     }
     path = tmp_path / "sweep.yaml"
     path.write_text(yaml.safe_dump(doc))

@@ -167,3 +167,36 @@ def test_a_stall_on_a_dead_engine_ends_the_cell_early() -> None:
     requests = result["summary"]["requests"]
     assert requests["failed"] == 2 and "stalled: no bytes for 0.5 s" in requests["first_errors"][0]
     assert result["summary"]["wall_s"] < 5
+
+
+def test_a_cell_keeps_its_answers_and_prefix_cache_window_and_resets_the_cache_after_warmup() -> None:
+    queried = {"n": 0}
+
+    def script(body: dict[str, Any]) -> list[Step]:
+        queried["n"] += 1
+        return [(0.0, chunk(content="ab", token_ids=[1, 2])), (0.0, chunk(content=" c", token_ids=[3])),
+                (0.0, {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}), (0.0, usage(3)),
+                (0.0, b"data: [DONE]\n\n")]
+
+    def metrics() -> str:
+        n = queried["n"]
+        return ("# TYPE vllm:prefix_cache_queries counter\n"
+                f'vllm:prefix_cache_queries_total{{engine="0",model_name="m"}} {100 * n}\n'
+                "# TYPE vllm:prefix_cache_hits counter\n"
+                f'vllm:prefix_cache_hits_total{{engine="0",model_name="m"}} {10 * n}\n')
+
+    server = Scripted(script, metrics)
+    try:
+        endpoint = bench.Endpoint(server.root, None, None, "vllm")  # a sparklab-started vLLM
+        result = bench.run(endpoint, load_workload("seed"), Sampling(max_tokens=6),
+                           bench.Load(concurrency=1, requests=3, warmup=2))
+    finally:
+        server.close()
+    assert server.resets == [2]  # after the two warmup requests, before the window
+    answers = result["outputs"]
+    assert [a["token_ids"] for a in answers] == [[1, 2, 3]] * 5 and answers[0]["text"] == "ab c"
+    assert [a["warmup"] for a in answers] == [True, True, False, False, False]
+    assert "output_parts" not in result["requests"][0]
+    window = result["prefix_cache"]
+    assert window is not None and (window["queried_tokens"], window["hit_tokens"]) == (300.0, 30.0)
+    assert result["workload"]["content_hash"] == load_workload("seed").content_hash

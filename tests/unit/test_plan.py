@@ -17,8 +17,9 @@ SWEEPS = recipes_dir() / "sweeps"
 def test_seed_000_loads_the_model_four_times_not_eight() -> None:
     plan = build_plan(SWEEPS / "seed000.yaml")
     assert [s.label for s in plan.servers] == ["vllm/none", "vllm/mtp K=3", "vllm/dflash K=3", "vllm/dspark K=3"]
-    assert [(c.concurrency, c.requests) for c in plan.servers[0].cells] == [(1, 10), (8, 80)]
-    assert len(plan.cells) == 8
+    # repeats: auto plans up to 5 runs per load (fewer run when the interval is tight)
+    assert [(c.concurrency, c.requests) for c in plan.servers[0].cells] == [(1, 10)] * 5 + [(8, 80)] * 5
+    assert len(plan.cells) == 40
     # Each server's argv is the seed command (the planner renders through the same code as `sparklab up`).
     assert "--speculative_config.moe_backend" in plan.servers[1].spec.argv
     assert plan.servers[0].spec.labels["sparklab.mode"] == "sweep"
@@ -35,8 +36,8 @@ def test_k_is_a_server_axis_but_a_baseline_has_no_k() -> None:
 def test_ids_are_stable_and_distinct() -> None:
     a, b = build_plan(SWEEPS / "cpu-demo.yaml"), build_plan(SWEEPS / "cpu-demo.yaml", run_id="other")
     assert [c.id for c in a.cells] == [c.id for c in b.cells]  # the run id is not part of a cell's identity
-    assert len({c.id for c in a.cells}) == len(a.cells) == 14
-    assert len({s.id for s in a.servers}) == 7
+    assert len({c.id for c in a.cells}) == len(a.cells) == 30  # 5 servers x 2 concurrencies x 3 repeats
+    assert len({s.id for s in a.servers}) == 5
 
 
 def _write(tmp_path: Path, doc: dict) -> Path:
@@ -84,7 +85,8 @@ def test_eta_counts_startups_and_tokens() -> None:
     plan = build_plan(SWEEPS / "seed000.yaml")
     model = TimingModel(startup_s=100, teardown_s=0, tokens_per_s=100, batching=0)
     tokens = (10 + 2) * 2048 + (80 + 2) * 2048
-    assert estimate_seconds(plan, model) == pytest.approx(4 * (100 + tokens / 100))
+    # repeats: auto costs at most auto_repeats.max (5) runs of every load
+    assert estimate_seconds(plan, model) == pytest.approx(4 * (100 + 5 * tokens / 100))
 
 
 def test_every_bundled_sweep_plans() -> None:

@@ -17,7 +17,7 @@ from sparklab.metrics import estimate, ratio
 from sparklab.report.model import Overrides
 from sparklab.report.roofline import Device, bound, model_inputs
 from sparklab.store import Store
-from tests.reportkit import CPU_RUN_ID, GOLDEN, cpu_run, seed000_run
+from tests.reportkit import CPU_RUN_ID, GOLDEN, cpu_run, seed000_run, single_run_sweep
 
 
 def _build(path: Path, overrides: Overrides | None = None) -> report.Report:
@@ -230,9 +230,8 @@ def test_report_never_writes_the_results_file(tmp_path: Path, capsys) -> None:
 def test_failures_and_missing_cells_are_shown_not_hidden(tmp_path: Path) -> None:
     from sparklab import sweep as sweeper
     from sparklab.plan import build_plan
-    from sparklab.recipes import recipes_dir
 
-    plan = build_plan(recipes_dir() / "sweeps" / "seed000.yaml", run_id="partial")
+    plan = build_plan(single_run_sweep("seed000", tmp_path), run_id="partial")
     path = tmp_path / "partial" / "results.sqlite"
     with Store.create(path, plan.sweep.model_dump(), "test") as store:
         sweeper.register(plan, store)
@@ -264,9 +263,8 @@ def test_two_engines_get_their_own_baselines_and_one_best_across_both(tmp_path: 
     published them, synthetic elsewhere: each engine compared with its own none, the best picked across both."""
     from sparklab import sweep as sweeper
     from sparklab.plan import build_plan
-    from sparklab.recipes import recipes_dir
 
-    plan = build_plan(recipes_dir() / "sweeps" / "seed002.yaml", run_id="two-engines")
+    plan = build_plan(single_run_sweep("seed002", tmp_path), run_id="two-engines")
     path = tmp_path / "two-engines" / "results.sqlite"
     c1 = {("vllm", "none", None): 79.59, ("vllm", "dspark", 3): 115.75, ("vllm", "dspark", 8): 93.54,
           ("sglang", "none", None): 78.0, ("sglang", "dspark", 3): 113.9}

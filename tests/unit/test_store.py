@@ -377,3 +377,29 @@ def test_a_disk_that_fills_during_a_run_is_a_disk_full_error_and_keeps_what_was_
     with Store.open(path) as s:
         assert s.cell("sc-a-c1").status == "done" and s.cell("sc-a-c1").result == RESULT
         assert s.cell("sc-a-c8").status == "running"  # resumable: the next run resets it
+
+
+def test_a_version_2_file_gains_per_cell_digests_and_outputs_when_opened_for_writing(path: Path) -> None:
+    with Store.create(path, SWEEP, "0.1.0") as s:
+        add_plan(s)
+        s.start_cell("sc-a-c1")
+        s.finish_cell("sc-a-c1", {"aggregate_tps": 1.0}, RESULT)
+    conn = sqlite3.connect(path)  # as sparklab made it before schema 3: no outputs table, no cell digest
+    conn.execute("DROP TABLE outputs")
+    conn.execute("ALTER TABLE cells DROP COLUMN image_digest")
+    conn.execute("PRAGMA user_version = 2")
+    conn.commit()
+    conn.close()
+    with Store.open(path, readonly=True) as s:
+        assert s.cell("sc-a-c1").image_digest is None and s.outputs() == {}
+    with Store.open(path) as s:
+        assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
+        s.start_cell("sc-b-c1")
+        answers = [{"index": 0, "prompt_id": "seed-0", "token_ids": [1, 2]}]
+        s.finish_cell("sc-b-c1", {"aggregate_tps": 2.0}, {**RESULT, "outputs": answers}, image_digest="sha256:abc")
+        cell = s.cell("sc-b-c1")
+        assert cell.image_digest == "sha256:abc" and "outputs" not in (cell.result or {})
+        assert s.outputs() == {"sc-b-c1": answers}
+        s.start_cell("sc-b-c1")  # a second attempt replaces the first one's answers
+        s.finish_cell("sc-b-c1", {"aggregate_tps": 2.0}, {**RESULT, "outputs": answers[:0]})
+        assert s.outputs() == {}

@@ -117,7 +117,7 @@ def test_seed004_sweep_plans_seed_004s_table() -> None:
         ("speedbench-1k", 1), ("speedbench-2k", 1), ("humaneval", 1)]
     sampling = plan.sweep.sampling
     assert (sampling.max_tokens, sampling.enable_thinking) == (128, True)
-    assert plan.sweep.lead == "generation"
+    assert plan.sweep.headline == "decode"
 
 
 def test_requests_to_edgellm_carry_only_fields_its_api_takes() -> None:

@@ -22,7 +22,7 @@ SEED_000 = [
 
 def test_builtin_names_and_descriptions() -> None:
     builtins = builtin_workloads()
-    assert list(builtins) == ["seed", "speedbench-1k", "speedbench-2k", "humaneval"]
+    assert list(builtins) == ["seed", "speedbench-1k", "speedbench-2k", "humaneval", "toolcall-probe"]
     assert all(description and "\n" not in description for description in builtins.values())
 
 

@@ -1,0 +1,69 @@
+"""A run is one set of images, recipes and sampling: what a resumed run must still match (pure).
+
+A run stores a fingerprint when it is created: a hash of the recipe file's content and the sampling settings.
+Resuming with a changed recipe or sampling, or on a server whose image digest differs from the one its
+earlier cells ran on, would mix two experiments in one table; sparklab refuses unless told (`--allow-drift`),
+and then the run keeps a 'drift' failure row and the report marks cells from different digests.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from sparklab.errors import SparklabError
+
+META_KEY = "provenance"
+_FIX = ("Start a new run for the changed setup (`sparklab sweep FILE --new`), put the old recipe or sampling back, "
+        "or add `--allow-drift` to mix them in this run knowingly (the report then marks the cells).")
+
+
+class DriftError(SparklabError):
+    """A resumed run no longer matches what its earlier cells measured."""
+
+    exit_code = 8
+
+
+def fingerprint(recipe_file: Path, sampling: dict[str, Any]) -> dict[str, Any]:
+    return {"recipe_file": str(recipe_file),
+            "recipe_sha256": hashlib.sha256(recipe_file.read_bytes()).hexdigest(),
+            "sampling": sampling}
+
+
+def drift(stored: dict[str, Any] | None, current: dict[str, Any]) -> list[str]:
+    """What changed since the run was created (empty: nothing, or a run from before fingerprints)."""
+    if not stored:
+        return []
+    changes = []
+    if stored.get("recipe_sha256") != current["recipe_sha256"]:
+        changes.append(f"the recipe {current['recipe_file']} changed (sha256 {str(stored.get('recipe_sha256'))[:12]}"
+                       f" -> {current['recipe_sha256'][:12]})")
+    if stored.get("sampling") != current["sampling"]:
+        keys = sorted(k for k in {*stored.get("sampling", {}), *current["sampling"]}
+                      if (stored.get("sampling") or {}).get(k) != current["sampling"].get(k))
+        changes.append("sampling changed: " + ", ".join(
+            f"{k} {(stored.get('sampling') or {}).get(k)!r} -> {current['sampling'].get(k)!r}" for k in keys))
+    return changes
+
+
+def refuse(run: str, changes: list[str]) -> DriftError:
+    return DriftError(f"run {run}: {'; '.join(changes)} since its earlier cells ran; resuming would mix two "
+                      "setups in one report.", _FIX)
+
+
+def image_changes(label: str, earlier: set[str], digest: str | None) -> list[str]:
+    """The server's image digest against those its config's earlier cells ran on."""
+    if digest is None or not earlier or digest in earlier:
+        return []
+    return [f"server {label}'s image is now {digest}, its earlier cells ran on {', '.join(sorted(earlier))}"]
+
+
+def as_meta(value: dict[str, Any]) -> str:
+    return json.dumps(value, sort_keys=True)
+
+
+def from_meta(meta: dict[str, str]) -> dict[str, Any] | None:
+    text = meta.get(META_KEY)
+    return json.loads(text) if text else None
