@@ -18,6 +18,7 @@ from pydantic import Field, ValidationError
 
 from sparklab.engines import engine as engine_adapter
 from sparklab.errors import RecipeError
+from sparklab.hosts import HostEntry
 from sparklab.recipes import (
     MAX_REPEATS,
     MAX_WARMUP,
@@ -99,6 +100,8 @@ class SweepFile(Strict):
     memory_floor_gib: float | None = Field(default=None, ge=0, le=4096)
     # A server whose engine prints nothing for this long while not ready fails as "stalled" (null: never).
     load_stall_s: Seconds | None = 600.0
+    # Docker hosts to spread the server configs over (sparklab.hosts); none: the local engine only.
+    hosts: list[str | HostEntry] = Field(default_factory=list)
 
 
 def _hash(data: Any) -> str:
@@ -125,6 +128,8 @@ class ServerConfig:
     spec: LaunchSpec
     recipe: Recipe
     cells: tuple[Cell, ...] = field(default_factory=tuple)
+    options: LaunchOptions | None = None  # what rendered spec; another host renders it again with its own port
+
 
     @property
     def label(self) -> str:
@@ -229,7 +234,7 @@ def _server(sweep: SweepFile, recipe_path: Path, engine: str, method: str, k: in
         cell_id = _hash({"server": server_id, "concurrency": concurrency, "workload": workload,
                          "repeat": repeat, "settings": settings})
         cells.append(Cell(cell_id, concurrency, workload, repeat, requests))
-    return ServerConfig(server_id, engine, method, k, overrides, serve_args, spec, recipe, tuple(cells))
+    return ServerConfig(server_id, engine, method, k, overrides, serve_args, spec, recipe, tuple(cells), options)
 
 
 @dataclass(frozen=True)

@@ -49,6 +49,10 @@ class LaunchOptions:
     run_id: str = ""
     mode: str = "up"
     ready_timeout_s: float | None = None
+    # Another Docker host (sparklab.hosts): where the controller reaches its servers, and a network mode that
+    # overrides the recipe's (a host whose daemon has no bridge runs them on the host network).
+    address: str | None = None
+    network: str | None = None
 
 
 @dataclass(frozen=True)
@@ -95,11 +99,17 @@ class LaunchSpec:
     engine_cache: str | None = None  # the engine caches' root on the host (None: the recipe opted out)
     # Secret values given as --env NAME=VALUE: only containers.launch reads them; never printed or stored.
     secret_values: dict[str, str] = field(default_factory=dict, repr=False)
+    address: str | None = None  # the Docker host's address as the controller reaches it (None: this machine)
 
     @property
     def endpoint(self) -> str:
-        host = "127.0.0.1" if self.host in ("0.0.0.0", "127.0.0.1") else self.host
-        return f"http://{host}:{self.port}"
+        return _endpoint(self.host, self.port, self.address)
+
+
+def _endpoint(host: str, port: int, address: str | None) -> str:
+    if address:
+        return f"http://{address}:{port}"
+    return f"http://{'127.0.0.1' if host in ('0.0.0.0', '127.0.0.1') else host}:{port}"
 
 
 def template_context(recipe: Recipe, engine: str, method: str, port: int) -> dict[str, Any]:
@@ -228,7 +238,8 @@ def render(recipe: Recipe, engine: str | None = None, method: str | None = None,
     argv.extend(options.extra_args)
 
     known = engine_adapter(spec.kind)
-    host = "0.0.0.0" if options.public or spec.network == "bridge" else "127.0.0.1"
+    network = options.network or spec.network
+    host = "0.0.0.0" if options.public or network == "bridge" else "127.0.0.1"
     argv.extend(known.network_args(host, port))
     if options.api_key:
         argv.extend(known.api_key_args(API_KEY_PLACEHOLDER))
@@ -256,7 +267,7 @@ def render(recipe: Recipe, engine: str | None = None, method: str | None = None,
         "sparklab.kind": spec.kind,
         "sparklab.method": method,
         "sparklab.mode": options.mode,
-        "sparklab.endpoint": f"http://{'127.0.0.1' if host in ('0.0.0.0', '127.0.0.1') else host}:{port}",
+        "sparklab.endpoint": _endpoint(host, port, options.address),
     }
     suffix = f"-{options.run_id}" if options.run_id else ""
     safe = re.sub(r"[^a-zA-Z0-9_.-]", "-", f"sparklab-{recipe.name}-{engine_name}-{method}{suffix}")
@@ -265,14 +276,14 @@ def render(recipe: Recipe, engine: str | None = None, method: str | None = None,
         image=image,
         image_alternatives=() if options.image else tuple(spec.image_alternatives), platform=spec.platform,
         entrypoint=tuple(spec.entrypoint),
-        argv=tuple(argv), env=env, secret_env=tuple(secret_env), host=host, port=port, network=spec.network,
+        argv=tuple(argv), env=env, secret_env=tuple(secret_env), host=host, port=port, network=network,
         ipc=spec.ipc, shm_size=spec.shm_size, ulimits=ulimits, gpus=gpus, mounts=mounts, labels=labels,
         name=safe[:120], ready_path=known.ready_path,
         ready_timeout_s=options.ready_timeout_s or spec.ready_timeout_s,
         speculative=known.speculative(argv), recipe_argv_len=recipe_argv_len,
         needs_api_key=options.api_key, api_key_env=api_key_env, public=options.public, secret_values=secret_values,
         hf_cache=str(options.hf_cache) if spec.mount_hf_cache else None,
-        engine_cache=str(options.engine_cache_root) if spec.engine_cache else None,
+        engine_cache=str(options.engine_cache_root) if spec.engine_cache else None, address=options.address,
     )
 
 
