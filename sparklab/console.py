@@ -159,18 +159,22 @@ def ready_summary(ready: Any, key_given: bool = False) -> Group:
     return Group(*parts)
 
 
-def ps_table(containers: list[Any]) -> Table:
-    """`sparklab ps`: every sparklab container with its labels, age and whether its owner still runs."""
+def ps_table(containers: list[Any], hosts: list[str] | None = None) -> Table:
+    """`sparklab ps`: every sparklab container with its labels, age and whether its owner still runs;
+    hosts: the Docker host of each (a HOST column), when there is more than one."""
     from sparklab.owners import created_age, owner_alive
 
     table = Table("NAME", "STATUS", "RECIPE", "ENGINE", "METHOD", "MODE", "ENDPOINT", "AGE", "OWNER")
-    for c in containers:
+    if hosts is not None:
+        table.add_column("HOST")
+    for i, c in enumerate(containers):
         status = c.status + (f" ({c.exit_code})" if c.exit_code is not None else "")
         owner = "detached" if c.detached else (
             "running" if owner_alive(c.labels.get("sparklab.owner", "")) else "gone (gc removes it)")
         table.add_row(c.name, status, c.labels.get("sparklab.recipe", ""), c.labels.get("sparklab.engine", ""),
                       c.labels.get("sparklab.method", ""), c.labels.get("sparklab.mode", ""),
-                      c.labels.get("sparklab.endpoint", ""), created_age(c.created), owner)
+                      c.labels.get("sparklab.endpoint", ""), created_age(c.created), owner,
+                      *([hosts[i]] if hosts is not None else []))
     return table
 
 

@@ -50,10 +50,22 @@ class Member:
     facts: dict[str, Any] = field(default_factory=dict)
     lost: str | None = None  # why it left the sweep
     ran: list[str] = field(default_factory=list)  # server config ids it ran in this run
+    _arch: dict[str, str | None] = field(default_factory=dict)
 
     @property
     def name(self) -> str:
         return self.host.name
+
+    def image_arch(self, ref: str) -> str | None:
+        """The architecture of the image as this host has it; None when it has none yet (a pull there picks
+        the host's own platform from a multi-arch image)."""
+        if ref not in self._arch:
+            try:
+                info = self.docker.image_info(ref)
+            except SparklabError:
+                info = None
+            self._arch[ref] = info.architecture if info is not None else None
+        return self._arch[ref]
 
 
 def connect(hosts: list[Host], say: Say, local: Docker | None = None) -> list[Member]:
@@ -77,11 +89,12 @@ def connect(hosts: list[Host], say: Say, local: Docker | None = None) -> list[Me
 
 
 def unfit(server: ServerConfig, member: Member) -> str | None:
-    """Why this host cannot hold this server config (None: it can): platform and memory."""
-    arch = preflight._arch(str(member.facts.get("architecture") or ""))
-    wanted = (server.spec.platform or "").rsplit("/", 1)[-1] or preflight.tag_platform(server.spec.image)
-    if wanted and preflight._arch(wanted) != arch:
-        return f"the image is for {wanted}, the host is {arch}"
+    """Why this host cannot hold this server config (None: it can): the image's platform (as the host has the
+    image, else as its tag names it) and the recipe's memory."""
+    arch = preflight.arch_name(str(member.facts.get("architecture") or ""))
+    wanted = member.image_arch(server.spec.image) or preflight.tag_platform(server.spec.image)
+    if wanted and preflight.arch_name(wanted) != arch:
+        return f"the image {server.spec.image} is for {preflight.arch_name(wanted)}, the host is {arch}"
     need = server.recipe.min_available_gib
     total = float(member.facts.get("mem_total_gib") or 0)
     if need and total and total < need:

@@ -40,7 +40,8 @@ def mem_available_gib(meminfo: Path = Path("/proc/meminfo")) -> tuple[float, flo
     return host.available_gib, host.total_gib
 
 
-def _arch(name: str) -> str:
+def arch_name(name: str) -> str:
+    """Docker's and the kernel's names for one architecture, as one (x86_64 → amd64, aarch64 → arm64)."""
     name = name.lower()
     return {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64"}.get(name, name)
 
@@ -57,7 +58,7 @@ def tag_platform(image: str) -> str | None:
 
 def check_platform_tag(spec: LaunchSpec, host_arch: str, allow_foreign: bool) -> list[Finding]:
     named = tag_platform(spec.image)
-    host = _arch(host_arch)
+    host = arch_name(host_arch)
     if named and named != host and not allow_foreign:
         return [Finding(
             "warning",
@@ -68,10 +69,10 @@ def check_platform_tag(spec: LaunchSpec, host_arch: str, allow_foreign: bool) ->
 
 
 def check_image_platform(image: str, image_arch: str, host_arch: str, allow_foreign: bool) -> list[Finding]:
-    if _arch(image_arch) != _arch(host_arch) and not allow_foreign:
+    if arch_name(image_arch) != arch_name(host_arch) and not allow_foreign:
         return [Finding(
             "error",
-            f"image {image} is linux/{_arch(image_arch)} but this Docker host is linux/{_arch(host_arch)}",
+            f"image {image} is linux/{arch_name(image_arch)} but this Docker host is linux/{arch_name(host_arch)}",
             "Pick an image for this host with --image, or pass --allow-foreign-platform if it emulates it.")]
     return []
 
