@@ -157,17 +157,26 @@ class Docker:
                 raise ContainerError(f"no Docker context named {url!r}",
                                      "List them with `docker context ls`, or give the host as ssh:// or tcp://.")
             base_url, tls = context.Host, context.TLSConfig
+            if not base_url:
+                raise ContainerError(f"Docker context {url!r} names no Docker endpoint",
+                                     "See `docker context inspect`.")
         elif url.startswith("tcp://"):
             tls = _tls_config(tls_dir or os.environ.get("DOCKER_CERT_PATH"))
         try:
             client = docker.DockerClient(base_url=base_url, tls=tls, use_ssh_client=True, timeout=timeout)
             client.ping()
+            client.sparklab_url = base_url  # type: ignore[attr-defined]  # a context's endpoint, for its address
         except (docker.errors.DockerException, requests.RequestException, OSError) as exc:
             raise ContainerError(
                 f"cannot reach the Docker host {url}: {str(exc).strip().splitlines()[-1] if str(exc) else exc!r}",
                 "Check that `docker -H " + url + " info` works from here (ssh key, ~/.ssh/config, TLS certificates, "
                 "the daemon running there).") from None
         return cls(client)
+
+    @property
+    def url(self) -> str:
+        """The Docker endpoint this client talks to (a context's, once read)."""
+        return str(getattr(self.client, "sparklab_url", "local"))
 
     def alive(self) -> bool:
         """Whether the daemon answers now (a lost host: daemon stopped, ssh or network gone)."""

@@ -27,7 +27,7 @@ from typing import Any
 from sparklab import preflight
 from sparklab.containers import Docker
 from sparklab.errors import PreflightError, SparklabError
-from sparklab.hosts import Host
+from sparklab.hosts import Host, with_address
 from sparklab.plan import Plan, ServerConfig
 from sparklab.render import render
 from sparklab.store import Store
@@ -74,11 +74,12 @@ def connect(hosts: list[Host], say: Say, local: Docker | None = None) -> list[Me
     for host in hosts:
         try:
             docker = local if host.local and local is not None else Docker.connect(host.docker, host.tls_dir)
-            member = Member(host, docker, docker.facts())
+            member = Member(with_address(host, docker.url), docker, docker.facts())
         except SparklabError as exc:
             say(f"host {host.name}: left out of this run: {exc.message}")
             continue
         facts = member.facts
+        host = member.host
         say(f"host {host.name}: {facts['architecture']}, {facts['mem_total_gib']} GiB, Docker "
             f"{facts['docker_version']}, ports +{host.port_offset}")
         members.append(member)

@@ -106,8 +106,8 @@ def parse_hosts(entries: Sequence[str | HostEntry], where: str) -> list[Host]:
 def _settle_offsets(hosts: list[Host], where: str) -> list[Host]:
     """Hosts on one address share its ports: each gets its own range (given, or 100 apart)."""
     settled: list[Host] = []
-    for host in hosts:
-        same = [h for h in settled if (h.address or "127.0.0.1") == (host.address or "127.0.0.1")]
+    for host in hosts:  # a context's address is known once it is read (fleet.connect): give it port_offset
+        same = [h for h in settled if _where(h) == _where(host) and _where(h) is not None]
         taken = {h.port_offset for h in same}
         offset = host.port_offset
         if offset < 0:
@@ -121,6 +121,20 @@ def _settle_offsets(hosts: list[Host], where: str) -> list[Host]:
         settled.append(Host(host.name, host.docker, host.address, offset, host.network, host.tls_dir,
                             host.hf_cache))
     return settled
+
+
+def _where(host: Host) -> str | None:
+    if host.address:
+        return host.address
+    return "127.0.0.1" if host.local or host.docker.startswith("unix://") else None
+
+
+def with_address(host: Host, url: str) -> Host:
+    """A context's host once its Docker endpoint is known (unix://: this machine)."""
+    if host.address is not None or "://" not in url or url.startswith("unix://"):
+        return host
+    return Host(host.name, host.docker, urlsplit(url).hostname, host.port_offset, host.network, host.tls_dir,
+                host.hf_cache)
 
 
 def from_command_line(values: Sequence[str], where: str = "--host") -> list[Host]:
