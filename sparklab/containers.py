@@ -211,6 +211,20 @@ class Docker:
             digest = digests[0].split("@", 1)[1]
         return ImageInfo(ref=ref, id=image.id, digest=digest, architecture=str(image.attrs.get("Architecture")))
 
+    def image_problem(self, ref: str, policy: str = "missing") -> str | None:
+        """Why this host cannot have the image (None: it has it, or its registry has it to pull)."""
+        if self.image_info(ref) is not None:
+            return None
+        if policy == "never":
+            return f"{ref} is not on this host and --pull never was given"
+        try:
+            self.client.images.get_registry_data(ref)
+        except docker.errors.APIError as exc:
+            return f"{ref} cannot be pulled there: {str(exc.explanation or exc).splitlines()[0][:200]}"
+        except (docker.errors.DockerException, requests.RequestException) as exc:
+            return f"{ref} cannot be checked there: {exc}"
+        return None
+
     def pull(self, ref: str, on_event: PullCallback | None = None, platform: str | None = None) -> ImageInfo:
         """Pull with per-layer progress; any errorDetail in the stream is an error."""
         repo, tag = _split_ref(ref)

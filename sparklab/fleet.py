@@ -50,11 +50,31 @@ class Member:
     facts: dict[str, Any] = field(default_factory=dict)
     lost: str | None = None  # why it left the sweep
     ran: list[str] = field(default_factory=list)  # server config ids it ran in this run
+    pull_policy: str = "missing"
     _arch: dict[str, str | None] = field(default_factory=dict)
+    _images: dict[tuple[str, ...], str | None] = field(default_factory=dict)
 
     @property
     def name(self) -> str:
         return self.host.name
+
+    def image_problem(self, refs: tuple[str, ...]) -> str | None:
+        """None when this host has one of the images (the recipe's, then its alternatives) or can pull it."""
+        if refs not in self._images:
+            problems = []
+            for ref in refs:
+                try:
+                    problem = self.docker.image_problem(ref, self.pull_policy)
+                except SparklabError as exc:
+                    problem = exc.message
+                if problem is None:
+                    break
+                problems.append(problem)
+            else:
+                self._images[refs] = "; ".join(problems)
+                return self._images[refs]
+            self._images[refs] = None
+        return self._images[refs]
 
     def image_arch(self, ref: str) -> str | None:
         """The architecture of the image as this host has it; None when it has none yet (a pull there picks
@@ -68,13 +88,13 @@ class Member:
         return self._arch[ref]
 
 
-def connect(hosts: list[Host], say: Say, local: Docker | None = None) -> list[Member]:
+def connect(hosts: list[Host], say: Say, local: Docker | None = None, pull_policy: str = "missing") -> list[Member]:
     """Reach every host (preflight: reachable, its platform and memory); unreachable hosts are left out."""
     members: list[Member] = []
     for host in hosts:
         try:
             docker = local if host.local and local is not None else Docker.connect(host.docker, host.tls_dir)
-            member = Member(with_address(host, docker.url), docker, docker.facts())
+            member = Member(with_address(host, docker.url), docker, docker.facts(), pull_policy=pull_policy)
         except SparklabError as exc:
             say(f"host {host.name}: left out of this run: {exc.message}")
             continue
@@ -91,11 +111,14 @@ def connect(hosts: list[Host], say: Say, local: Docker | None = None) -> list[Me
 
 def unfit(server: ServerConfig, member: Member) -> str | None:
     """Why this host cannot hold this server config (None: it can): the image's platform (as the host has the
-    image, else as its tag names it) and the recipe's memory."""
+    image, else as its tag names it), the image there or pullable there, and the recipe's memory."""
     arch = preflight.arch_name(str(member.facts.get("architecture") or ""))
     wanted = member.image_arch(server.spec.image) or preflight.tag_platform(server.spec.image)
     if wanted and preflight.arch_name(wanted) != arch:
         return f"the image {server.spec.image} is for {preflight.arch_name(wanted)}, the host is {arch}"
+    image = member.image_problem((server.spec.image, *server.spec.image_alternatives))
+    if image:
+        return image
     need = server.recipe.min_available_gib
     total = float(member.facts.get("mem_total_gib") or 0)
     if need and total and total < need:

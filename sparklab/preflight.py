@@ -34,6 +34,15 @@ def port_in_use(host: str, port: int) -> bool:
     return False
 
 
+def port_answers(address: str, port: int, timeout_s: float = 2.0) -> bool:
+    """True when something on another machine accepts connections on address:port (its port is taken)."""
+    try:
+        with socket.create_connection((address, port), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
+
+
 def mem_available_gib(meminfo: Path = Path("/proc/meminfo")) -> tuple[float, float]:
     """(MemAvailable, MemTotal) in GiB. GB10 memory is unified and NVML cannot report it, so read this."""
     host = read_meminfo(meminfo)
@@ -136,4 +145,4 @@ def raise_errors(findings: list[Finding]) -> list[Finding]:
 
 
 __all__ = ["Finding", "check_host", "check_image_platform", "check_platform_tag", "mem_available_gib",
-           "port_in_use", "raise_errors", "tag_platform"]
+           "port_answers", "port_in_use", "raise_errors", "tag_platform"]

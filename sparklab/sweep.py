@@ -88,9 +88,10 @@ def host_facts() -> dict[str, Any]:
             "mem_available_gib_at_start": round(available, 1), "sparklab": __version__}
 
 
-def _wait_port_free(host: str, port: int, timeout_s: float) -> None:
+def _wait_port_free(host: str, port: int, timeout_s: float, address: str | None = None) -> None:
+    """address: another machine's, where a listener is found by connecting (a bind here says nothing)."""
     deadline = time.monotonic() + timeout_s
-    while preflight.port_in_use(host, port):
+    while preflight.port_answers(address, port) if address else preflight.port_in_use(host, port):
         if time.monotonic() > deadline:
             raise PreflightError(f"port {port} is still in use {timeout_s:.0f} s after the previous server",
                                  "Something else listens there: stop it or change the recipe's port.")
@@ -167,7 +168,7 @@ def run(plan: Plan, store: Store, docker: Docker | None, run_dir: Path, options:
         say(f"{message} {_progress(store, started, done_at_start)}")
 
     if hosts and (len(hosts) > 1 or not hosts[0].local):
-        members = fleet.connect(hosts, say, local=docker)
+        members = fleet.connect(hosts, say, local=docker, pull_policy=options.pull_policy)
         store.set_host_facts({"docker_hosts": {m.name: {"docker": redact_url(m.host.docker), "address": m.host.address,
                                                         "port_offset": m.host.port_offset, **m.facts}
                                                for m in members}, "bench_client": "controller"})
@@ -259,8 +260,8 @@ def _run_server(plan: Plan, store: Any, docker: Docker, run_dir: Path, options: 
     start_mark = watch.mark() if watch is not None else 0
     say(f"server {server.label}: starting ({len(cells)} cells; {spec.image})")
     try:
-        if local or not spec.address or spec.address in LOOPBACK:
-            _wait_port_free(spec.host, spec.port, options.port_wait_s)
+        remote = None if local or not spec.address or spec.address in LOOPBACK else spec.address
+        _wait_port_free(spec.host, spec.port, options.port_wait_s, remote)
         # another host's memory, port and cache are not this machine's: fleet.unfit and the start check them
         prepared = launch.checked(server.recipe, spec) if local else launch.checked(server.recipe, spec, False)
         ready = launch.start(prepared, docker, pull_policy=options.pull_policy,

@@ -68,6 +68,11 @@ class FakeDocker:
         arch = self.images.get(ref)
         return None if arch is None else type("Info", (), {"architecture": arch})()
 
+    def image_problem(self, ref: str, policy: str = "missing") -> str | None:
+        if ref in self.images or (policy != "never" and not ref.startswith("gone/")):
+            return None
+        return f"{ref} cannot be pulled there: manifest unknown"
+
     def alive(self) -> bool:
         return self.up
 
@@ -108,6 +113,18 @@ def test_a_host_gets_only_configs_its_platform_and_memory_meet(plan: Any) -> Non
     big = server.recipe.model_copy(update={"min_available_gib": 100.0})
     assert "needs 100 GiB, the host has 64 GiB" in (fleet.unfit(type(server)(**{**server.__dict__, "recipe": big}),
                                                                 _member("spark-2")) or "")
+
+
+def test_a_host_gets_no_config_whose_image_it_cannot_have(plan: Any) -> None:
+    server = plan.servers[0]
+    gone = type(server)(**{**server.__dict__, "spec": type(server.spec)(**{**server.spec.__dict__,
+                                                                            "image": "gone/engine:1",
+                                                                            "image_alternatives": ()})})
+    assert "gone/engine:1 cannot be pulled there" in (fleet.unfit(gone, _member("spark-2")) or "")
+    never = _member("spark-2")
+    never.pull_policy = "never"
+    assert fleet.unfit(server, never) is not None
+    assert fleet.unfit(server, _member("spark-2", images={server.spec.image: "amd64"})) is None
 
 
 def test_another_host_serves_on_its_port_range_at_its_address(plan: Any) -> None:
