@@ -2,7 +2,8 @@
 # The single command that sets up a fresh Debian 12 host (as root) and runs sparklab's whole test suite:
 #   bash scripts/test.sh [pytest args...]
 # Phases: host setup (docker, registry) -> base image -> stand-in engine image -> vLLM CPU image (if its
-# build script exists) -> test venv -> second Docker host (sshd + dockerd) -> ruff -> pytest. Every phase is idempotent and fast when up to date.
+# build script exists) -> test venv -> second Docker host (sshd + dockerd) -> ruff -> pytest.
+# Every phase is idempotent and fast when up to date.
 # SPARKLAB_SKIP_VLLM_CPU_BUILD=1 skips the (slow) vLLM CPU image build; an image already in the registry is
 # still used. Exit status: 0 only if ruff and pytest both pass (pytest's "no tests collected", 5, fails).
 set -euo pipefail
