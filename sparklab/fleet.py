@@ -143,10 +143,11 @@ class HostStore:
     """The run's store as one host's worker sees it: every call under one lock (one SQLite connection for all
     threads), and what it records carries the host's name."""
 
-    def __init__(self, store: Store, lock: threading.RLock, host: str) -> None:
+    def __init__(self, store: Store, lock: threading.RLock, host: str, stop: threading.Event | None = None) -> None:
         self._store = store
         self._lock = lock
         self.host = host
+        self._stop = stop or threading.Event()
 
     def __getattr__(self, name: str) -> Any:
         attr = getattr(self._store, name)
@@ -157,6 +158,10 @@ class HostStore:
             if name in ("start_cell", "fail_cell", "partial_cell", "fail_server_config"):
                 kwargs.setdefault("host", self.host)
             with self._lock:
+                if self._stop.is_set() and not name.startswith(("pending", "cell", "counts", "server_configs")):
+                    # Ctrl-C on the controller: this worker's next write unwinds it as an interrupt (its server
+                    # comes down on the way); what it was doing stays 'running' for reset_interrupted
+                    raise KeyboardInterrupt
                 return attr(*args, **kwargs)
 
         return locked
@@ -198,7 +203,7 @@ def run(plan: Plan, store: Store, members: list[Member], serve: Serve, say: Say,
                     say(f"host {member.name} lost: server {server.label} goes back to the queue")
 
     def work(member: Member) -> None:
-        hstore = HostStore(store, lock, member.name)
+        hstore = HostStore(store, lock, member.name, stop)
 
         def host_say(message: str) -> None:
             say(f"[{member.name}] {message}")
@@ -220,6 +225,8 @@ def run(plan: Plan, store: Store, members: list[Member], serve: Serve, say: Say,
                 with cond:
                     busy.discard(member.name)
                     cond.notify_all()
+        except KeyboardInterrupt:  # the controller was interrupted (see HostStore)
+            log.debug("host %s: stopped by an interrupt", member.name)
         finally:
             with cond:
                 busy.discard(member.name)
@@ -236,13 +243,13 @@ def run(plan: Plan, store: Store, members: list[Member], serve: Serve, say: Say,
         stop.set()
         with cond:
             cond.notify_all()
-        for member in members:
+        for member in members:  # what a worker stuck in a request waits on goes away, so it unwinds now
             try:
                 member.docker.remove_run_containers(run_id, wait_s=10)
             except Exception as exc:  # a lost host: the next run's gc removes it
                 log.debug("teardown on %s: %s", member.name, exc)
         for thread in threads:
-            thread.join(10)
+            thread.join(30)
         raise
     with cond:
         for server in queue:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -133,3 +134,34 @@ def test_a_sweep_over_two_hosts_survives_losing_one_and_the_report_says_where_ea
 
 def _cells_of(doc: Any) -> list[dict[str, Any]]:
     return list(doc["cells"])
+
+
+def test_an_interrupted_two_host_sweep_leaves_nothing_on_either_host_and_resumes_there(
+        cli: Cli, tmp_path: Path, second_host: str, second_client: Any, docker_client: Any) -> None:
+    name = second_host.split("@", 1)[1]
+    path = _sweep(tmp_path, cli.image, second_host, methods=["none", "dspark"], num_speculative_tokens=[3])
+    proc = subprocess.Popen(_sweep_args(path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=cli.env(), cwd=tmp_path)
+    lines = Lines(proc)
+    try:
+        ready: set[str] = set()
+        while ready != {"local", name}:  # both hosts serve now
+            ready.add(lines.wait_for("ready in", timeout=120).split("[", 1)[1].split("]", 1)[0])
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    lines.drain()
+    assert proc.returncode == 130, "".join(lines.lines)
+    run = [r for r in docker_client.containers.list(all=True, filters={"label": "sparklab"})
+           if r.labels.get("sparklab.run_id", "").startswith("two-hosts")]
+    there = second_client.containers.list(all=True, filters={"label": "sparklab"})
+    assert not run and not there, (run, there)  # both servers came down with the sweep
+    (db,) = sorted((tmp_path / "runs").glob("*/results.sqlite"))
+    again = subprocess.run([*_sweep_args(path), "--resume", db.parent.name], capture_output=True, text=True,
+                           env=cli.env(), cwd=tmp_path, timeout=300)
+    assert again.returncode == 0, again.stdout + again.stderr
+    with Store.open(db) as store:
+        assert store.counts()["done"] == 4 and not store.cells("running")
+        assert {f.kind for f in store.failures()} <= {"interrupted"}
