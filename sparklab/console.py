@@ -77,18 +77,22 @@ def bench_result(result: dict[str, Any]) -> Group:
     return Group(*parts)
 
 
-def plan_table(plan: Any, eta_s: float, model: Any) -> Group:
-    """`sparklab sweep --dry-run`: every server with its command and cells, and the ETA."""
+def plan_table(plan: Any, eta_s: float, model: Any, hosts: list[Any] | None = None) -> Group:
+    """`sparklab sweep --dry-run`: every server with its command and cells, the Docker hosts, and the ETA."""
     from sparklab.render import serve_command
 
     parts: list[Any] = [Text(f"sweep {plan.sweep.name} ({plan.source}): {len(plan.servers)} servers, "
                              f"{len(plan.cells)} cells", style="bold")]
+    if hosts:
+        parts.append(Text("hosts (one server each at a time; ports: the recipe's plus the offset): " + ", ".join(
+            f"{h.name} = {h.docker}" + (f" +{h.port_offset}" if h.port_offset else "") for h in hosts)))
     for server in plan.servers:
         loads = ", ".join(f"c={c.concurrency} {c.workload}#{c.repeat} n={c.requests}" for c in server.cells)
         parts.append(Text(f"\n{server.label}  [{server.id}]  {server.spec.image}\n  {serve_command(server.spec)}\n"
                           f"  cells: {loads}"))
     hours, rest = divmod(int(eta_s), 3600)
-    parts.append(Text(f"\nETA {hours} h {rest // 60:02d} min: {model.startup_s:.0f} s per server start, "
+    parts.append(Text(f"\nETA {hours} h {rest // 60:02d} min{' on one host' if hosts else ''}: "
+                      f"{model.startup_s:.0f} s per server start, "
                       f"{model.tokens_per_s:.1f} tok/s at c=1 scaled by c^{model.batching} (refined from earlier "
                       f"runs of this recipe when there are any)"))
     return Group(*parts)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, field_validator
 
 from sparklab.engines import engine as engine_adapter
 from sparklab.errors import RecipeError
@@ -101,7 +101,13 @@ class SweepFile(Strict):
     # A server whose engine prints nothing for this long while not ready fails as "stalled" (null: never).
     load_stall_s: Seconds | None = 600.0
     # Docker hosts to spread the server configs over (sparklab.hosts); none: the local engine only.
-    hosts: list[str | HostEntry] = Field(default_factory=list)
+    hosts: list[HostEntry] = Field(default_factory=list)
+
+    @field_validator("hosts", mode="before")
+    @classmethod
+    def _host_strings(cls, value: Any) -> Any:
+        """`- ssh://me@spark-2` is short for `- {docker: ssh://me@spark-2}`."""
+        return [{"docker": v} if isinstance(v, str) else v for v in value] if isinstance(value, list) else value
 
 
 def _hash(data: Any) -> str:

@@ -403,12 +403,14 @@ def _engine_died(ready: launch.Ready) -> bool:
     return ready.watch is not None and ready.watch.fatal is not None
 
 
-def dry_run(request: Request) -> tuple[Plan, float, TimingModel]:
-    """The plan, its ETA and the timing model behind it: the same code path as a run, up to the first start."""
+def dry_run(request: Request) -> tuple[Plan, float, TimingModel, list[Host] | None]:
+    """The plan, its ETA, the timing model behind it and the Docker hosts: the same code path as a run, up to
+    the first start (the ETA is one host's: several hosts share the servers out)."""
     run_dir, _ = rundir.resolve(request.runs_dir, load_sweep(request.file).name, request.resume, request.new)
     plan = build_plan(request.file, run_id=run_dir.name, ulimits=request.ulimits)
+    hosts = _hosts(request, plan)
     model = timing_model(plan, sorted(request.runs_dir.glob("*/results.sqlite")))
-    return plan, estimate_seconds(plan, model), model
+    return plan, estimate_seconds(plan, model), model, hosts
 
 
 def sweep(request: Request, say: Say, docker: Docker | None = None) -> Outcome:

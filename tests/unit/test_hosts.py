@@ -207,3 +207,17 @@ def test_no_reachable_host_is_a_preflight_error() -> None:
     with pytest.raises(PreflightError):
         fleet.connect(parse_hosts(["ssh://nobody@127.0.0.1:1"], "t"), said.append)
     assert said and "left out of this run" in said[0]
+
+
+def test_the_command_line_names_a_bad_host_in_one_paragraph(tmp_path: Path, capsys: Any) -> None:
+    from sparklab.cli import main
+
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump({"name": "s", "recipe": "gb10", "methods": ["none"], "concurrency": [1],
+                                    "hosts": ["local", "ssh://me@spark-2"]}))
+    assert main(["sweep", str(path), "--dry-run", "--runs-dir", str(tmp_path / "runs")]) == 0
+    out = capsys.readouterr().out
+    assert "local = local, spark-2 = ssh://me@spark-2" in out and "on one host" in out
+    assert main(["sweep", str(path), "--dry-run", "--runs-dir", str(tmp_path / "runs"), "--host", "http://x"]) == 2
+    err = capsys.readouterr().err
+    assert "--host: hosts[0]: 'http://x' is not a Docker host" in err and "Traceback" not in err
