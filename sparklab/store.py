@@ -24,6 +24,7 @@ from sparklab.rundir import free_bytes
 SCHEMA_VERSION = 3
 # partial: every attempt ended with failed requests; the last attempt's numbers are kept, and flagged.
 STATUSES = ("pending", "running", "done", "failed", "skipped", "partial")
+HOST_LOST = "host_lost"  # the failure kind of a Docker host that went away under its server (sparklab.fleet)
 _UNUSABLE_HINT = ("Keep the file for inspection and start a new run (`sparklab sweep FILE` with another run id); "
                   "sparklab cannot resume or report from it.")
 
@@ -363,7 +364,7 @@ class Store:
         """The Docker host running this server config was lost: one 'host_lost' failure row, and its running
         cell back to pending with its attempt given back (the host failed, not the cell). Returns those ids."""
         with self._transaction() as conn:
-            _insert_failure(conn, None, server_config_id, "host_lost", message, None, None, host)
+            _insert_failure(conn, None, server_config_id, HOST_LOST, message, None, None, host)
             rows = [r[0] for r in conn.execute(
                 "SELECT id FROM cells WHERE server_config_id = ? AND status = 'running'", (server_config_id,))]
             conn.execute("UPDATE cells SET status = 'pending', attempts = MAX(attempts - 1, 0), finished_at = ?"

@@ -17,6 +17,7 @@ from sparklab.report.model import (
     memory_rows,
 )
 from sparklab.report.roofline import assumptions, model_inputs
+from sparklab.store import HOST_LOST
 
 DASH = "-"
 
@@ -360,7 +361,7 @@ def _hosts(report: Report) -> Section | None:
                   f"Docker {h.get('docker_version')}, servers on ports +{h.get('port_offset')})"
                   for name, h in hosts.items())
     lost = tuple(f"{f.at[:19]} {f.host}: lost ({f.message.splitlines()[0][:120]}); its cell in flight ran again"
-                 for f in report.failures if f.kind == "host_lost")
+                 for f in report.failures if f.kind == HOST_LOST)
     note = ("The bench client ran on the controller and reached each server over the network: one clock and "
             "one client for every host; the round trip adds to TTFT only.")
     rows = tuple((g.server.label, str(c.concurrency), c.workload, str(c.repeat), c.host or DASH)
