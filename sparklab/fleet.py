@@ -26,7 +26,7 @@ from typing import Any
 
 from sparklab import preflight
 from sparklab.containers import Docker
-from sparklab.errors import PreflightError, SparklabError
+from sparklab.errors import DiskFullError, PreflightError, SparklabError
 from sparklab.hosts import Host, with_address
 from sparklab.plan import Plan, ServerConfig
 from sparklab.render import render
@@ -180,6 +180,7 @@ def run(plan: Plan, store: Store, members: list[Member], serve: Serve, say: Say,
     queue = [s for s in plan.servers if any(c.id in pending for c in s.cells)]
     busy: set[str] = set()
     stop = threading.Event()
+    fatal: list[BaseException] = []  # an error that ends the whole run (the controller's disk is full)
 
     def take(member: Member) -> ServerConfig | None:
         with cond:
@@ -215,6 +216,13 @@ def run(plan: Plan, store: Store, members: list[Member], serve: Serve, say: Say,
                     serve(member, for_host(server, member.host), hstore, host_say)
                 except HostLost as exc:
                     member.lost = str(exc) or "the Docker host stopped answering"
+                except (KeyboardInterrupt, DiskFullError):
+                    raise
+                except Exception as exc:  # e.g. the recipe does not render for this host: its cells fail, not the run
+                    text = exc.message if isinstance(exc, SparklabError) else f"{type(exc).__name__}: {exc}"
+                    log.debug("server %s on %s", server.label, member.name, exc_info=exc)
+                    hstore.fail_server_config(server.id, "error", text, max_attempts=plan.sweep.max_attempts)
+                    host_say(f"server {server.label}: failed (error): {text.splitlines()[0] if text else ''}")
                 else:
                     if not member.docker.alive():
                         member.lost = "the Docker host stopped answering after its server"
@@ -227,6 +235,8 @@ def run(plan: Plan, store: Store, members: list[Member], serve: Serve, say: Say,
                     cond.notify_all()
         except KeyboardInterrupt:  # the controller was interrupted (see HostStore)
             log.debug("host %s: stopped by an interrupt", member.name)
+        except DiskFullError as exc:  # the controller's disk: every host stops; the run resumes once freed
+            fatal.append(exc)
         finally:
             with cond:
                 busy.discard(member.name)
@@ -237,9 +247,11 @@ def run(plan: Plan, store: Store, members: list[Member], serve: Serve, say: Say,
         thread.start()
     try:
         for thread in threads:
-            while thread.is_alive():
+            while thread.is_alive() and not fatal:
                 thread.join(0.5)
-    except KeyboardInterrupt:  # every host's server comes down; the cells in flight go back to pending
+        if fatal:
+            raise fatal[0]
+    except (KeyboardInterrupt, DiskFullError):  # every host's server comes down; cells in flight go back to pending
         stop.set()
         with cond:
             cond.notify_all()

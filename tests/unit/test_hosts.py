@@ -76,6 +76,10 @@ class FakeDocker:
     def alive(self) -> bool:
         return self.up
 
+    def remove_run_containers(self, run_id: str, wait_s: float = 120.0) -> list[str]:
+        self.removed = run_id
+        return []
+
 
 def _member(name: str, arch: str = "x86_64", mem: float = 64.0, images: dict[str, str] | None = None,
             offset: int = 0) -> fleet.Member:
@@ -221,3 +225,32 @@ def test_the_command_line_names_a_bad_host_in_one_paragraph(tmp_path: Path, caps
     assert main(["sweep", str(path), "--dry-run", "--runs-dir", str(tmp_path / "runs"), "--host", "http://x"]) == 2
     err = capsys.readouterr().err
     assert "--host: hosts[0]: 'http://x' is not a Docker host" in err and "Traceback" not in err
+
+
+def test_a_fault_outside_the_server_fails_that_config_only(plan: Any, store: Any) -> None:
+    def serve(member: fleet.Member, server: Any, hstore: Any, say: Any) -> None:
+        if server.id == plan.servers[0].id:
+            raise RecipeError("port 70000 is not a TCP port")
+        for cell in server.cells:
+            hstore.start_cell(cell.id)
+            hstore.finish_cell(cell.id, {}, {})
+
+    said: list[str] = []
+    fleet.run(plan, store, [_member("local"), _member("spark-2")], serve, said.append, "r1")
+    first = {c.id for c in plan.servers[0].cells}
+    assert all(c.status == ("pending" if c.id in first else "done") for c in store.cells())
+    assert any("failed (error): port 70000" in s for s in said)
+    assert [(f.kind, f.server_config_id) for f in store.failures()] == [("error", plan.servers[0].id)]
+
+
+def test_a_full_disk_on_the_controller_stops_every_host(plan: Any, store: Any) -> None:
+    from sparklab.errors import DiskFullError
+
+    members = [_member("local"), _member("spark-2")]
+
+    def serve(member: fleet.Member, server: Any, hstore: Any, say: Any) -> None:
+        raise DiskFullError("the disk holding results.sqlite is full")
+
+    with pytest.raises(DiskFullError):
+        fleet.run(plan, store, members, serve, lambda m: None, "r1")
+    assert all(getattr(m.docker, "removed", None) == "r1" for m in members)  # both hosts' servers came down
