@@ -2,7 +2,8 @@
 # The single command that sets up a fresh Debian 12 host (as root) and runs sparklab's whole test suite:
 #   bash scripts/test.sh [pytest args...]
 # Phases: host setup (docker, registry) -> base image -> stand-in engine image -> vLLM CPU image (if its
-# build script exists) -> test venv -> ruff -> pytest. Every phase is idempotent and fast when up to date.
+# build script exists) -> test venv -> second Docker host (sshd + dockerd) -> ruff -> pytest.
+# Every phase is idempotent and fast when up to date.
 # SPARKLAB_SKIP_VLLM_CPU_BUILD=1 skips the (slow) vLLM CPU image build; an image already in the registry is
 # still used. Exit status: 0 only if ruff and pytest both pass (pytest's "no tests collected", 5, fails).
 set -euo pipefail
@@ -65,6 +66,10 @@ phase venv setup_venv
 # Edge-LLM recipe with it. A failed download is not fatal here; in CI the contract test then fails, naming it.
 phase edgellm-src bash scripts/ci/edgellm-source.sh "$VENV/bin/python" || true
 export SPARKLAB_TEST_EDGELLM_SRC="$CACHE/edgellm-src/0.11.0"
+# A second Docker daemon behind sshd on 127.0.0.1 for the multi-host tests (tests/docker/test_hosts.py).
+phase second-host bash -c 'bash scripts/ci/second-host.sh >"$0"' "$CACHE/second-host.env"
+export SPARKLAB_TEST_SECOND_HOST="$(sed -n 's/^SPARKLAB_TEST_SECOND_HOST=//p' "$CACHE/second-host.env")"
+echo "[test] SPARKLAB_TEST_SECOND_HOST=$SPARKLAB_TEST_SECOND_HOST"
 
 export SPARKLAB_TEST_STANDIN_IMAGE="$STANDIN_IMAGE"
 if registry_has "$VLLM_CPU_REPO" "$VLLM_CPU_TAG"; then

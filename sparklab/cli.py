@@ -158,7 +158,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     request = sweep.Request(args.file, args.runs_dir, args.resume, args.new, args.retry_failed, tuple(args.ulimits),
                             sweep.Options(args.pull, args.drop_caches, min_free_mib=args.min_free_mib,
                                           memory_floor_gib=args.memory_floor_gib, allow_drift=args.allow_drift),
-                            download=args.download)
+                            download=args.download, hosts=tuple(args.hosts))
     if args.dry_run:
         out.print(plan_table(*sweep.dry_run(request)))
         return 0
@@ -220,75 +220,15 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_down(args: argparse.Namespace) -> int:
-    from sparklab.runtime import Runtime
+def _on_hosts(name: str) -> Callable[[argparse.Namespace], int]:
+    """ps, down, logs and gc: every Docker host sparklab works with (sparklab.host_commands)."""
 
-    docker = Runtime()
-    containers = docker.containers()
-    if args.all_users or args.all:
-        targets = [c.name for c in containers if args.all_users or c.mine]
-        others = len(containers) - len(targets)
-        if others:
-            err.print(f"left {others} container(s) of other users (or from before sparklab labelled users): "
-                      "sparklab down --all-users removes them too", markup=False)
-    elif args.name:
-        targets = [args.name]
-    else:
-        running = [c.name for c in containers if c.labels.get("sparklab.mode") == "up" and c.mine]
-        if len(running) != 1:
-            names = ", ".join(running) or "none"
-            raise SparklabError(f"say which server to stop (sparklab up containers: {names})",
-                                "sparklab down NAME, or sparklab down --all")
-        targets = running
-    for name in targets:
-        docker.remove(name)
-        out.print(f"removed {name}")
-    if not targets:
-        out.print("no sparklab containers")
-    return 0
+    def run(args: argparse.Namespace) -> int:
+        from sparklab import host_commands
 
+        return int(getattr(host_commands, f"cmd_{name}")(args, out, err))
 
-def cmd_ps(args: argparse.Namespace) -> int:
-    from sparklab.console import ps_table
-    from sparklab.runtime import Runtime
-
-    out.print(ps_table(Runtime().containers()))
-    return 0
-
-
-def cmd_logs(args: argparse.Namespace) -> int:
-    from sparklab.runtime import Runtime
-
-    docker = Runtime()
-    name = args.name
-    if not name:
-        names = [c.name for c in docker.containers()]
-        if len(names) != 1:
-            raise SparklabError(f"say whose logs to show (sparklab containers: {', '.join(names) or 'none'})",
-                                "sparklab logs NAME")
-        name = names[0]
-    tail: Any = int(args.tail) if str(args.tail).isdigit() else "all"
-    for chunk in docker.logs(name, follow=args.follow, tail=tail):
-        sys.stdout.buffer.write(chunk)
-        sys.stdout.buffer.flush()
-    return 0
-
-
-def cmd_gc(args: argparse.Namespace) -> int:
-    from sparklab import engine_cache
-    from sparklab.runtime import Runtime
-
-    docker = Runtime()
-    removed = docker.gc()
-    for info in removed:
-        out.print(f"removed {info.name} ({info.status}; its sparklab process is gone)")
-    out.print(f"{len(removed)} leftover container(s) removed")
-    if args.caches:  # after the containers: a leftover no longer holds its cache
-        caches = engine_cache.scan(engine_cache.default_root(), docker.mount_sources())
-        gone = engine_cache.remove(engine_cache.choose_trim(caches, args.keep, args.max_gib))
-        out.print("\n".join([f"engine caches in {engine_cache.default_root()}:",
-                             *engine_cache.describe(caches, gone)]), markup=False)
-    return 0
+    return run
 
 
 def cmd_recipes(args: argparse.Namespace) -> int:
@@ -307,7 +247,8 @@ def cmd_pull(args: argparse.Namespace) -> int:
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "pull": cmd_pull,
     "render": cmd_render, "up": cmd_up, "bench": cmd_bench, "sweep": cmd_sweep, "report": cmd_report,
-    "down": cmd_down, "ps": cmd_ps, "logs": cmd_logs, "gc": cmd_gc, "recipes": cmd_recipes,
+    "down": _on_hosts("down"), "ps": _on_hosts("ps"), "logs": _on_hosts("logs"), "gc": _on_hosts("gc"),
+    "recipes": cmd_recipes,
 }
 
 

@@ -97,6 +97,10 @@ def launch_options(args: argparse.Namespace, mode: str = "up") -> LaunchOptions:
         mode=mode, ready_timeout_s=args.ready_timeout)
 
 
+def _host_option(p: argparse.ArgumentParser, help: str) -> None:
+    p.add_argument("--host", dest="hosts", action="append", default=[], metavar="DOCKER_HOST", help=help)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="sparklab", description="Benchmark LLM serving with speculative decoding on NVIDIA DGX Spark.")
@@ -188,6 +192,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="do not fetch every model and draft into the Hugging Face cache before the first server")
     p.add_argument("--min-free-mib", type=float, default=256.0, metavar="MIB",
                    help="stop cleanly when the runs directory's disk has less free space before a server (256)")
+    _host_option(p, "spread the servers over these Docker hosts instead of the sweep file's hosts: "
+                    "(repeatable; local, ssh://user@host, tcp://host:2376, or a Docker context)")
     p.set_defaults(command="sweep")
 
     p = sub.add_parser("report", help="tables, plots, roofline and the best config from a sweep's results (offline)")
@@ -226,15 +232,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("name", nargs="?", help="container name (see `sparklab ps`)")
     p.add_argument("--all", action="store_true", help="every sparklab container you started")
     p.add_argument("--all-users", action="store_true", help="every sparklab container, other users' too")
+    _host_option(p, "on these Docker hosts (repeatable; default: this machine's and those in SPARKLAB_HOSTS)")
     p.set_defaults(command="down")
 
     p = sub.add_parser("ps", help="list sparklab containers")
+    _host_option(p, "on these Docker hosts (repeatable; default: this machine's and those in SPARKLAB_HOSTS)")
     p.set_defaults(command="ps")
 
     p = sub.add_parser("logs", help="print a server's log")
     p.add_argument("name", nargs="?", help="container name (default: the only one)")
     p.add_argument("-f", "--follow", action="store_true", help="keep printing new lines")
     p.add_argument("--tail", default="all", help="only the last N lines")
+    _host_option(p, "on these Docker hosts (repeatable; default: this machine's and those in SPARKLAB_HOSTS)")
     p.set_defaults(command="logs")
 
     p = sub.add_parser("gc", help="remove containers left behind by a crashed sparklab run; --caches: engine caches")
@@ -244,6 +253,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --caches: keep the N most recently used, remove the rest")
     p.add_argument("--max-gib", type=_positive(1e6), metavar="GIB",
                    help="with --caches: remove the least recently used until the rest fits in GIB")
+    _host_option(p, "on these Docker hosts (repeatable; default: this machine's and those in SPARKLAB_HOSTS)")
     p.set_defaults(command="gc")
 
     p = sub.add_parser("recipes", help="list recipes, engines and methods")

@@ -77,12 +77,15 @@ def bench_result(result: dict[str, Any]) -> Group:
     return Group(*parts)
 
 
-def plan_table(plan: Any, eta_s: float, model: Any) -> Group:
-    """`sparklab sweep --dry-run`: every server with its command and cells, and the ETA."""
+def plan_table(plan: Any, eta_s: float, model: Any, hosts: list[Any] | None = None) -> Group:
+    """`sparklab sweep --dry-run`: every server with its command and cells, the Docker hosts, and the ETA."""
     from sparklab.render import serve_command
 
     parts: list[Any] = [Text(f"sweep {plan.sweep.name} ({plan.source}): {len(plan.servers)} servers, "
                              f"{len(plan.cells)} cells", style="bold")]
+    if hosts:
+        parts.append(Text("hosts (one server each at a time; ports: the recipe's plus the offset): " + ", ".join(
+            f"{h.name} = {h.docker}" + (f" +{h.port_offset}" if h.port_offset else "") for h in hosts)))
     for server in plan.servers:
         loads = ", ".join(f"c={c.concurrency} {c.workload}#{c.repeat} n={c.requests}" for c in server.cells)
         parts.append(Text(f"\n{server.label}  [{server.id}]  {server.spec.image}\n  {serve_command(server.spec)}\n"
@@ -93,7 +96,8 @@ def plan_table(plan: Any, eta_s: float, model: Any) -> Group:
         parts.append(Text(f"\nrepeats: auto - each load runs {auto.min} to {auto.max} times, stopping once its 95% "
                           f"interval's half-width is under {100 * auto.target:g}% of its mean; the cells above and the "
                           f"ETA count all {auto.max} runs"))
-    parts.append(Text(f"\nETA {'at most ' if auto else ''}{hours} h {rest // 60:02d} min: "
+    at_most, one_host = "at most " if auto else "", " on one host" if hosts else ""
+    parts.append(Text(f"\nETA {at_most}{hours} h {rest // 60:02d} min{one_host}: "
                       f"{model.startup_s:.0f} s per server start, "
                       f"{model.tokens_per_s:.1f} tok/s at c=1 scaled by c^{model.batching} (refined from earlier "
                       f"runs of this recipe when there are any)"))
@@ -178,18 +182,22 @@ def ready_summary(ready: Any, key_given: bool = False) -> Group:
     return Group(*parts)
 
 
-def ps_table(containers: list[Any]) -> Table:
-    """`sparklab ps`: every sparklab container with its labels, age and whether its owner still runs."""
+def ps_table(containers: list[Any], hosts: list[str] | None = None) -> Table:
+    """`sparklab ps`: every sparklab container with its labels, age and whether its owner still runs;
+    hosts: the Docker host of each (a HOST column), when there is more than one."""
     from sparklab.owners import created_age, owner_alive
 
     table = Table("NAME", "STATUS", "RECIPE", "ENGINE", "METHOD", "MODE", "ENDPOINT", "AGE", "OWNER")
-    for c in containers:
+    if hosts is not None:
+        table.add_column("HOST")
+    for i, c in enumerate(containers):
         status = c.status + (f" ({c.exit_code})" if c.exit_code is not None else "")
         owner = "detached" if c.detached else (
             "running" if owner_alive(c.labels.get("sparklab.owner", "")) else "gone (gc removes it)")
         table.add_row(c.name, status, c.labels.get("sparklab.recipe", ""), c.labels.get("sparklab.engine", ""),
                       c.labels.get("sparklab.method", ""), c.labels.get("sparklab.mode", ""),
-                      c.labels.get("sparklab.endpoint", ""), created_age(c.created), owner)
+                      c.labels.get("sparklab.endpoint", ""), created_age(c.created), owner,
+                      *([hosts[i]] if hosts is not None else []))
     return table
 
 

@@ -141,6 +141,57 @@ class Docker:
                     "Start it (e.g. `systemctl start docker` or `dockerd &`) and check DOCKER_HOST.") from None
         self.client = client
 
+    @classmethod
+    def connect(cls, url: str, tls_dir: str | None = None, timeout: int = 120) -> Docker:
+        """Another Docker host: `ssh://` through the ssh binary (so ~/.ssh/config applies, as for `docker -H`),
+        `tcp://` with TLS from tls_dir or DOCKER_CERT_PATH, `unix://`, or a Docker context name."""
+        if url == "local":
+            return cls()
+        tls: Any = None
+        base_url = url
+        if "://" not in url:
+            from docker.context import ContextAPI
+
+            context = ContextAPI.get_context(url)
+            if context is None:
+                raise ContainerError(f"no Docker context named {url!r}",
+                                     "List them with `docker context ls`, or give the host as ssh:// or tcp://.")
+            base_url, tls = context.Host, context.TLSConfig
+            if not base_url:
+                raise ContainerError(f"Docker context {url!r} names no Docker endpoint",
+                                     "See `docker context inspect`.")
+        elif url.startswith("tcp://"):
+            tls = _tls_config(tls_dir or os.environ.get("DOCKER_CERT_PATH"))
+        try:
+            client = docker.DockerClient(base_url=base_url, tls=tls, use_ssh_client=True, timeout=timeout)
+            client.ping()
+            client.sparklab_url = base_url  # type: ignore[attr-defined]  # a context's endpoint, for its address
+        except (docker.errors.DockerException, requests.RequestException, OSError) as exc:
+            raise ContainerError(
+                f"cannot reach the Docker host {url}: {str(exc).strip().splitlines()[-1] if str(exc) else exc!r}",
+                "Check that `docker -H " + url + " info` works from here (ssh key, ~/.ssh/config, TLS certificates, "
+                "the daemon running there).") from None
+        return cls(client)
+
+    @property
+    def url(self) -> str:
+        """The Docker endpoint this client talks to (a context's, once read)."""
+        return str(getattr(self.client, "sparklab_url", "local"))
+
+    def alive(self) -> bool:
+        """Whether the daemon answers now (a lost host: daemon stopped, ssh or network gone)."""
+        try:
+            return bool(self.client.ping())
+        except (docker.errors.DockerException, requests.RequestException, OSError):
+            return False
+
+    def facts(self) -> dict[str, Any]:
+        """What the planner and the report need to know about this Docker host."""
+        info = self.client.info()
+        return {"name": info.get("Name"), "architecture": info.get("Architecture"),
+                "mem_total_gib": round(int(info.get("MemTotal") or 0) / 2**30, 1), "cpus": info.get("NCPU"),
+                "docker_version": info.get("ServerVersion"), "os": info.get("OperatingSystem")}
+
     # -- images ------------------------------------------------------------------------------------
 
     def host_arch(self) -> str:
@@ -159,6 +210,20 @@ class Docker:
         if digest is None and digests:
             digest = digests[0].split("@", 1)[1]
         return ImageInfo(ref=ref, id=image.id, digest=digest, architecture=str(image.attrs.get("Architecture")))
+
+    def image_problem(self, ref: str, policy: str = "missing") -> str | None:
+        """Why this host cannot have the image (None: it has it, or its registry has it to pull)."""
+        if self.image_info(ref) is not None:
+            return None
+        if policy == "never":
+            return f"{ref} is not on this host and --pull never was given"
+        try:
+            self.client.images.get_registry_data(ref)
+        except docker.errors.APIError as exc:
+            return f"{ref} cannot be pulled there: {str(exc.explanation or exc).splitlines()[0][:200]}"
+        except (docker.errors.DockerException, requests.RequestException) as exc:
+            return f"{ref} cannot be checked there: {exc}"
+        return None
 
     def pull(self, ref: str, on_event: PullCallback | None = None, platform: str | None = None) -> ImageInfo:
         """Pull with per-layer progress; any errorDetail in the stream is an error."""
@@ -386,6 +451,23 @@ class Docker:
     def log_text(self, name: str, since: float | None = None) -> str:
         """A container's log (since a wall-clock time), redacted, as text."""
         return b"".join(self.logs(name, since=since)).decode("utf-8", "replace")
+
+
+def _tls_config(cert_dir: str | None) -> Any:
+    """TLS with the client certificate and CA of a `docker --tlsverify` setup; none without a directory."""
+    if not cert_dir:
+        raise ContainerError("a tcp:// Docker host needs TLS certificates",
+                             "Give the host `tls_dir:` (with ca.pem, cert.pem, key.pem) or set DOCKER_CERT_PATH; "
+                             "an unencrypted tcp:// daemon gives root to anyone on the network.")
+    from docker.tls import TLSConfig
+
+    base = Path(cert_dir).expanduser()
+    missing = [n for n in ("ca.pem", "cert.pem", "key.pem") if not (base / n).is_file()]
+    if missing:
+        raise ContainerError(f"{base}: no {', '.join(missing)}", "Put the daemon's CA and your client certificate "
+                             "there (see Docker's 'Protect the Docker daemon socket').")
+    return TLSConfig(client_cert=(str(base / "cert.pem"), str(base / "key.pem")), ca_cert=str(base / "ca.pem"),
+                     verify=True)
 
 
 def teardown(container: Container, grace_s: float = 10) -> None:

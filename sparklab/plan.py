@@ -18,6 +18,7 @@ from pydantic import Field, ValidationError, field_validator
 
 from sparklab.engines import engine as engine_adapter
 from sparklab.errors import RecipeError
+from sparklab.hosts import HostEntry
 from sparklab.recipes import (
     MAX_REPEATS,
     MAX_WARMUP,
@@ -113,6 +114,14 @@ class SweepFile(Strict):
     memory_floor_gib: float | None = Field(default=None, ge=0, le=4096)
     # A server whose engine prints nothing for this long while not ready fails as "stalled" (null: never).
     load_stall_s: Seconds | None = 600.0
+    # Docker hosts to spread the server configs over (sparklab.hosts); none: the local engine only.
+    hosts: list[HostEntry] = Field(default_factory=list)
+
+    @field_validator("hosts", mode="before")
+    @classmethod
+    def _host_strings(cls, value: Any) -> Any:
+        """`- ssh://me@spark-2` is short for `- {docker: ssh://me@spark-2}`."""
+        return [{"docker": v} if isinstance(v, str) else v for v in value] if isinstance(value, list) else value
 
 
     @field_validator("repeats", mode="before")
@@ -152,6 +161,8 @@ class ServerConfig:
     spec: LaunchSpec
     recipe: Recipe
     cells: tuple[Cell, ...] = field(default_factory=tuple)
+    options: LaunchOptions | None = None  # what rendered spec; another host renders it again with its own port
+
 
     @property
     def label(self) -> str:
@@ -262,7 +273,7 @@ def _server(sweep: SweepFile, recipe_path: Path, engine: str, method: str, k: in
         cell_id = _hash({"server": server_id, "concurrency": concurrency, "workload": workload,
                          "repeat": repeat, "settings": settings})
         cells.append(Cell(cell_id, concurrency, workload, repeat, requests))
-    return ServerConfig(server_id, engine, method, k, overrides, serve_args, spec, recipe, tuple(cells))
+    return ServerConfig(server_id, engine, method, k, overrides, serve_args, spec, recipe, tuple(cells), options)
 
 
 @dataclass(frozen=True)

@@ -34,13 +34,23 @@ def port_in_use(host: str, port: int) -> bool:
     return False
 
 
+def port_answers(address: str, port: int, timeout_s: float = 2.0) -> bool:
+    """True when something on another machine accepts connections on address:port (its port is taken)."""
+    try:
+        with socket.create_connection((address, port), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
+
+
 def mem_available_gib(meminfo: Path = Path("/proc/meminfo")) -> tuple[float, float]:
     """(MemAvailable, MemTotal) in GiB. GB10 memory is unified and NVML cannot report it, so read this."""
     host = read_meminfo(meminfo)
     return host.available_gib, host.total_gib
 
 
-def _arch(name: str) -> str:
+def arch_name(name: str) -> str:
+    """Docker's and the kernel's names for one architecture, as one (x86_64 → amd64, aarch64 → arm64)."""
     name = name.lower()
     return {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64"}.get(name, name)
 
@@ -57,7 +67,7 @@ def tag_platform(image: str) -> str | None:
 
 def check_platform_tag(spec: LaunchSpec, host_arch: str, allow_foreign: bool) -> list[Finding]:
     named = tag_platform(spec.image)
-    host = _arch(host_arch)
+    host = arch_name(host_arch)
     if named and named != host and not allow_foreign:
         return [Finding(
             "warning",
@@ -68,10 +78,10 @@ def check_platform_tag(spec: LaunchSpec, host_arch: str, allow_foreign: bool) ->
 
 
 def check_image_platform(image: str, image_arch: str, host_arch: str, allow_foreign: bool) -> list[Finding]:
-    if _arch(image_arch) != _arch(host_arch) and not allow_foreign:
+    if arch_name(image_arch) != arch_name(host_arch) and not allow_foreign:
         return [Finding(
             "error",
-            f"image {image} is linux/{_arch(image_arch)} but this Docker host is linux/{_arch(host_arch)}",
+            f"image {image} is linux/{arch_name(image_arch)} but this Docker host is linux/{arch_name(host_arch)}",
             "Pick an image for this host with --image, or pass --allow-foreign-platform if it emulates it.")]
     return []
 
@@ -135,4 +145,4 @@ def raise_errors(findings: list[Finding]) -> list[Finding]:
 
 
 __all__ = ["Finding", "check_host", "check_image_platform", "check_platform_tag", "mem_available_gib",
-           "port_in_use", "raise_errors", "tag_platform"]
+           "port_answers", "port_in_use", "raise_errors", "tag_platform"]

@@ -49,6 +49,10 @@ class LaunchOptions:
     run_id: str = ""
     mode: str = "up"
     ready_timeout_s: float | None = None
+    # Another Docker host (sparklab.hosts): where the controller reaches its servers, and a network mode that
+    # overrides the recipe's (a host whose daemon has no bridge runs them on the host network).
+    address: str | None = None
+    network: str | None = None
 
 
 @dataclass(frozen=True)
@@ -96,11 +100,17 @@ class LaunchSpec:
     # Secret values given as --env NAME=VALUE: only containers.launch reads them; never printed or stored.
     secret_values: dict[str, str] = field(default_factory=dict, repr=False)
     runtime: str = "container"  # or "process": entrypoint[0] is a program on this host (sparklab/processes.py)
+    address: str | None = None  # the Docker host's address as the controller reaches it (None: this machine)
 
     @property
     def endpoint(self) -> str:
-        host = "127.0.0.1" if self.host in ("0.0.0.0", "127.0.0.1") else self.host
-        return f"http://{host}:{self.port}"
+        return _endpoint(self.host, self.port, self.address)
+
+
+def _endpoint(host: str, port: int, address: str | None) -> str:
+    if address:
+        return f"http://{address}:{port}"
+    return f"http://{'127.0.0.1' if host in ('0.0.0.0', '127.0.0.1') else host}:{port}"
 
 
 def template_context(recipe: Recipe, engine: str, method: str, port: int) -> dict[str, Any]:
@@ -229,7 +239,8 @@ def render(recipe: Recipe, engine: str | None = None, method: str | None = None,
     argv.extend(options.extra_args)
 
     known = engine_adapter(spec.kind)
-    host = "0.0.0.0" if options.public or spec.network == "bridge" else "127.0.0.1"
+    network = options.network or spec.network
+    host = "0.0.0.0" if options.public or network == "bridge" else "127.0.0.1"
     argv.extend(known.network_args(host, port))
     if options.api_key:
         argv.extend(known.api_key_args(API_KEY_PLACEHOLDER))
@@ -259,7 +270,7 @@ def render(recipe: Recipe, engine: str | None = None, method: str | None = None,
         "sparklab.kind": spec.kind,
         "sparklab.method": method,
         "sparklab.mode": options.mode,
-        "sparklab.endpoint": f"http://{'127.0.0.1' if host in ('0.0.0.0', '127.0.0.1') else host}:{port}",
+        "sparklab.endpoint": _endpoint(host, port, options.address),
     }
     suffix = f"-{options.run_id}" if options.run_id else ""
     safe = re.sub(r"[^a-zA-Z0-9_.-]", "-", f"sparklab-{recipe.name}-{engine_name}-{method}{suffix}")
@@ -268,7 +279,7 @@ def render(recipe: Recipe, engine: str | None = None, method: str | None = None,
         image=image,
         image_alternatives=() if options.image else tuple(spec.image_alternatives), platform=spec.platform,
         entrypoint=entrypoint,
-        argv=tuple(argv), env=env, secret_env=tuple(secret_env), host=host, port=port, network=spec.network,
+        argv=tuple(argv), env=env, secret_env=tuple(secret_env), host=host, port=port, network=network,
         ipc=spec.ipc, shm_size=spec.shm_size, ulimits=ulimits, gpus=gpus, mounts=mounts, labels=labels,
         name=safe[:120], ready_path=known.ready_path,
         ready_timeout_s=options.ready_timeout_s or spec.ready_timeout_s,
@@ -276,7 +287,7 @@ def render(recipe: Recipe, engine: str | None = None, method: str | None = None,
         needs_api_key=options.api_key, api_key_env=api_key_env, public=options.public, secret_values=secret_values,
         hf_cache=str(options.hf_cache) if spec.mount_hf_cache and not process else None,
         engine_cache=str(options.engine_cache_root) if spec.engine_cache and not process else None,
-        runtime=spec.runtime,
+        runtime=spec.runtime, address=options.address,
     )
 
 

@@ -21,9 +21,10 @@ from typing import Any
 from sparklab.errors import DiskFullError, SparklabError
 from sparklab.rundir import free_bytes
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 # partial: every attempt ended with failed requests; the last attempt's numbers are kept, and flagged.
 STATUSES = ("pending", "running", "done", "failed", "skipped", "partial")
+HOST_LOST = "host_lost"  # the failure kind of a Docker host that went away under its server (sparklab.fleet)
 _UNUSABLE_HINT = ("Keep the file for inspection and start a new run (`sparklab sweep FILE` with another run id); "
                   "sparklab cannot resume or report from it.")
 
@@ -60,7 +61,8 @@ CREATE TABLE cells (
     finished_at TEXT,
     summary_json TEXT,
     result_json TEXT,
-    image_digest TEXT
+    image_digest TEXT,
+    host TEXT
 );
 CREATE INDEX cells_status ON cells(status, seq);
 CREATE INDEX cells_server_config ON cells(server_config_id);
@@ -72,7 +74,8 @@ CREATE TABLE failures (
     kind TEXT NOT NULL,
     message TEXT NOT NULL,
     exit_code INTEGER,
-    log_tail TEXT
+    log_tail TEXT,
+    host TEXT
 );
 CREATE INDEX failures_cell ON failures(cell_id);
 CREATE INDEX failures_server_config ON failures(server_config_id);
@@ -128,6 +131,7 @@ class CellRow(PlannedCell):
     summary: dict[str, Any] | None
     result: dict[str, Any] | None
     image_digest: str | None = None  # the image this cell ran on (a resumed run may have pulled another)
+    host: str | None = None  # the Docker host its last attempt ran on (None: before schema 4, or never started)
 
 
 @dataclass(frozen=True)
@@ -140,6 +144,7 @@ class FailureRow:
     message: str
     exit_code: int | None
     log_tail: str | None
+    host: str | None = None
 
 
 def utc_now() -> str:
@@ -283,11 +288,12 @@ class Store:
                 (image_digest, engine_version, _dumps(startup_facts) if startup_facts is not None else None,
                  utc_now(), ready_s, log_path, server_config_id)), "server config", server_config_id)
 
-    def start_cell(self, cell_id: str) -> None:
+    def start_cell(self, cell_id: str, host: str | None = None) -> None:
+        """host: the Docker host the cell runs on (sparklab.hosts names it), kept with the cell."""
         with self._transaction() as conn:
             _require(conn.execute(
-                "UPDATE cells SET status = 'running', attempts = attempts + 1, started_at = ?, finished_at = NULL"
-                " WHERE id = ?", (utc_now(), cell_id)), "cell", cell_id)
+                "UPDATE cells SET status = 'running', attempts = attempts + 1, started_at = ?, finished_at = NULL,"
+                " host = COALESCE(?, host) WHERE id = ?", (utc_now(), host, cell_id)), "cell", cell_id)
 
     def finish_cell(self, cell_id: str, summary: dict[str, Any], result: dict[str, Any],
                     image_digest: str | None = None) -> None:
@@ -301,14 +307,14 @@ class Store:
                 (utc_now(), _dumps(summary), _dumps(result), image_digest, cell_id)), "cell", cell_id)
 
     def fail_cell(self, cell_id: str, kind: str, message: str, exit_code: int | None = None,
-                  log_tail: str | None = None, max_attempts: int = 3) -> str:
+                  log_tail: str | None = None, max_attempts: int = 3, host: str | None = None) -> str:
         """A failure row, and the cell back to pending, or failed after max_attempts. Returns the new status."""
         with self._transaction() as conn:
             row = conn.execute("SELECT server_config_id, attempts FROM cells WHERE id = ?", (cell_id,)).fetchone()
             if row is None:
                 raise KeyError(f"no cell {cell_id!r} in {self.path}")
             server_config_id, attempts = row
-            _insert_failure(conn, cell_id, server_config_id, kind, message, exit_code, log_tail)
+            _insert_failure(conn, cell_id, server_config_id, kind, message, exit_code, log_tail, host)
             status = "failed" if attempts >= max_attempts else "pending"
             conn.execute("UPDATE cells SET status = ?, finished_at = ? WHERE id = ?", (status, utc_now(), cell_id))
         return status
@@ -325,7 +331,7 @@ class Store:
             _insert_failure(conn, None, None, kind, message, None, None)
 
     def partial_cell(self, cell_id: str, summary: dict[str, Any], result: dict[str, Any], message: str,
-                     max_attempts: int = 3, image_digest: str | None = None) -> str:
+                     max_attempts: int = 3, image_digest: str | None = None, host: str | None = None) -> str:
         """Some requests failed: a 'partial' failure row; the cell runs again (pending), or after max_attempts
         stays 'partial' with this attempt's numbers, which reports show flagged. Returns the new status."""
         with self._transaction() as conn:
@@ -333,7 +339,7 @@ class Store:
             if row is None:
                 raise KeyError(f"no cell {cell_id!r} in {self.path}")
             server_config_id, attempts = row
-            _insert_failure(conn, cell_id, server_config_id, "partial", message, None, None)
+            _insert_failure(conn, cell_id, server_config_id, "partial", message, None, None, host)
             status = "partial" if attempts >= max_attempts else "pending"
             result = _keep_outputs(conn, cell_id, result)
             conn.execute("UPDATE cells SET status = ?, finished_at = ?, summary_json = ?, result_json = ?,"
@@ -343,7 +349,7 @@ class Store:
 
     def fail_server_config(self, server_config_id: str, kind: str, message: str, exit_code: int | None = None,
                            log_tail: str | None = None, max_attempts: int = 3,
-                           cell_ids: Iterable[str] | None = None) -> None:
+                           cell_ids: Iterable[str] | None = None, host: str | None = None) -> None:
         """The server failed (not ready, exited, OOM): one failure row, and an attempt on each unfinished cell.
 
         A running cell already counted its attempt in `start_cell`; pending ones count one here, so a server
@@ -352,7 +358,7 @@ class Store:
         ran and sent back to pending has counted its attempt already). None: every pending cell of the server.
         """
         with self._transaction() as conn:
-            _insert_failure(conn, None, server_config_id, kind, message, exit_code, log_tail)
+            _insert_failure(conn, None, server_config_id, kind, message, exit_code, log_tail, host)
             if cell_ids is None:
                 targets = [r[0] for r in conn.execute(
                     "SELECT id FROM cells WHERE server_config_id = ? AND status IN ('pending', 'running')",
@@ -380,6 +386,17 @@ class Store:
             conn.execute("UPDATE cells SET status = CASE WHEN attempts >= ? THEN 'failed' ELSE 'pending' END"
                          " WHERE status = 'running'", (max_attempts,))
         return [cell_id for cell_id, _ in rows]
+
+    def host_lost(self, server_config_id: str, host: str, message: str) -> list[str]:
+        """The Docker host running this server config was lost: one 'host_lost' failure row, and its running
+        cell back to pending with its attempt given back (the host failed, not the cell). Returns those ids."""
+        with self._transaction() as conn:
+            _insert_failure(conn, None, server_config_id, HOST_LOST, message, None, None, host)
+            rows = [r[0] for r in conn.execute(
+                "SELECT id FROM cells WHERE server_config_id = ? AND status = 'running'", (server_config_id,))]
+            conn.execute("UPDATE cells SET status = 'pending', attempts = MAX(attempts - 1, 0), finished_at = ?"
+                         " WHERE server_config_id = ? AND status = 'running'", (utc_now(), server_config_id))
+        return rows
 
     def retry_failed(self) -> int:
         """Failed cells back to pending with their attempts reset (`--retry-failed`). Returns how many."""
@@ -409,11 +426,12 @@ class Store:
     def _cells(self, where: str, params: tuple[Any, ...] = ()) -> list[CellRow]:
         rows = self._conn.execute(
             "SELECT c.id, c.server_config_id, c.concurrency, c.workload, c.repeat, c.settings_json, c.status,"
-            f" c.attempts, c.started_at, c.finished_at, c.summary_json, c.result_json, {self._digest_column()}"
+            f" c.attempts, c.started_at, c.finished_at, c.summary_json, c.result_json, {self._digest_column()},"
+            f" {self._host('cells', 'c.')}"
             f" FROM cells c JOIN server_configs s ON s.id = c.server_config_id {where} ORDER BY s.seq, c.seq",
             params).fetchall()
         return [CellRow(r[0], r[1], r[2], r[3], r[4], _loads(r[5]), r[6], r[7], r[8], r[9], _loads(r[10]),
-                        _loads(r[11]), r[12]) for r in rows]
+                        _loads(r[11]), r[12], r[13]) for r in rows]
 
     def kept_summaries(self, server_config_id: str) -> list[tuple[str, int, dict[str, Any] | None, str | None]]:
         """(workload, concurrency, summary, image digest) of a server config's done and partial cells, without
@@ -447,9 +465,14 @@ class Store:
                                 r[10], r[11], r[12]) for r in rows]
 
     def failures(self) -> list[FailureRow]:
-        rows = self._conn.execute("SELECT id, cell_id, server_config_id, at, kind, message, exit_code, log_tail"
-                                  " FROM failures ORDER BY id").fetchall()
+        rows = self._conn.execute("SELECT id, cell_id, server_config_id, at, kind, message, exit_code, log_tail,"
+                                  f" {self._host('failures')} FROM failures ORDER BY id").fetchall()
         return [FailureRow(*r) for r in rows]
+
+    def _host(self, table: str, prefix: str = "") -> str:
+        """The host column, or NULL in a file from before schema 4 opened read-only (never migrated)."""
+        columns = {r[1] for r in self._conn.execute(f"PRAGMA table_info({table})")}
+        return f"{prefix}host" if "host" in columns else "NULL"
 
     def counts(self) -> dict[str, int]:
         """Cells per status, every status present (0 when none)."""
@@ -470,7 +493,10 @@ class Store:
 
 def _connect(path: Path, mode: str) -> sqlite3.Connection:
     # mode=rw: opening never creates a file, so a mistyped run id is an error, not a new empty database.
-    conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode={mode}", uri=True, isolation_level=None)
+    # check_same_thread off: a sweep over several hosts writes from one thread per host, one call at a time
+    # (sparklab.hosts.HostStore holds a lock around every call).
+    conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode={mode}", uri=True, isolation_level=None,
+                           check_same_thread=False)
     try:
         conn.execute("PRAGMA foreign_keys = ON")
         if mode == "rwc":
@@ -518,6 +544,7 @@ def _migrate_1_to_2(conn: sqlite3.Connection) -> None:
     """Cells may be 'partial': SQLite cannot alter a CHECK constraint, so the table is rebuilt (the documented
     create-copy-drop-rename procedure, foreign keys off meanwhile)."""
     new = _SCHEMA[_SCHEMA.index("CREATE TABLE cells ("):_SCHEMA.index("CREATE INDEX cells_status")]
+    new = new.replace(",\n    host TEXT\n", "\n")  # version 2's table: the host column comes with version 4
     conn.execute(new.replace("CREATE TABLE cells (", "CREATE TABLE cells_v2 (").rstrip().rstrip(";"))
     conn.execute(f"INSERT INTO cells_v2 ({_CELL_COLUMNS_V1}) SELECT {_CELL_COLUMNS_V1} FROM cells")
     conn.execute("DROP TABLE cells")
@@ -535,8 +562,15 @@ def _migrate_2_to_3(conn: sqlite3.Connection) -> None:
     conn.execute(table[: table.index(";")].replace("CREATE TABLE outputs", "CREATE TABLE IF NOT EXISTS outputs"))
 
 
+def _migrate_3_to_4(conn: sqlite3.Connection) -> None:
+    """Cells and failures say which Docker host they ran on (NULL for the runs before: the local engine)."""
+    for table in ("cells", "failures"):
+        if "host" not in {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}:
+            conn.execute(f"ALTER TABLE {table} ADD COLUMN host TEXT")
+
+
 # MIGRATIONS[v] takes a file from schema version v + 1 to v + 2 (simonw/llm's list-of-functions style).
-MIGRATIONS = [_migrate_1_to_2, _migrate_2_to_3]
+MIGRATIONS = [_migrate_1_to_2, _migrate_2_to_3, _migrate_3_to_4]
 
 
 def _keep_outputs(conn: sqlite3.Connection, cell_id: str, result: dict[str, Any]) -> dict[str, Any]:
@@ -591,7 +625,7 @@ def _require(cursor: sqlite3.Cursor, what: str, key: str) -> None:
 
 
 def _insert_failure(conn: sqlite3.Connection, cell_id: str | None, server_config_id: str | None, kind: str,
-                    message: str, exit_code: int | None, log_tail: str | None) -> None:
-    conn.execute("INSERT INTO failures (cell_id, server_config_id, at, kind, message, exit_code, log_tail)"
-                 " VALUES (?, ?, ?, ?, ?, ?, ?)", (cell_id, server_config_id, utc_now(), kind, message, exit_code,
-                                                   log_tail))
+                    message: str, exit_code: int | None, log_tail: str | None, host: str | None = None) -> None:
+    conn.execute("INSERT INTO failures (cell_id, server_config_id, at, kind, message, exit_code, log_tail, host)"
+                 " VALUES (?, ?, ?, ?, ?, ?, ?, ?)", (cell_id, server_config_id, utc_now(), kind, message, exit_code,
+                                                      log_tail, host))

@@ -17,7 +17,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from sparklab import __version__, bench, launch, memory, memwatch, preflight, provenance, repeats, rundir
+from sparklab import __version__, bench, fleet, launch, memory, memwatch, preflight, provenance, repeats, rundir
+from sparklab.containers import Docker
 from sparklab.engine_api import EngineAPI
 from sparklab.engine_log import CAUSE_LINES, fatal_error
 from sparklab.engines import engine
@@ -29,6 +30,7 @@ from sparklab.errors import (
     PreflightError,
     SparklabError,
 )
+from sparklab.hosts import LOOPBACK, Host, parse_hosts, redact_url
 from sparklab.plan import Plan, ServerConfig, TimingModel, build_plan, estimate_seconds, load_sweep, recipe_file
 from sparklab.recipes import load_hardware, stored_facts
 from sparklab.records import BenchResult, Sampling
@@ -67,6 +69,7 @@ class Request:
     ulimits: tuple[str, ...] = ()
     options: Options = field(default_factory=Options)
     download: bool = True  # every model and draft into the Hugging Face cache before the first server
+    hosts: tuple[str, ...] = ()  # --host: Docker hosts instead of the sweep file's hosts:
 
 
 @dataclass
@@ -87,9 +90,10 @@ def host_facts() -> dict[str, Any]:
             "mem_available_gib_at_start": round(available, 1), "sparklab": __version__}
 
 
-def _wait_port_free(host: str, port: int, timeout_s: float) -> None:
+def _wait_port_free(host: str, port: int, timeout_s: float, address: str | None = None) -> None:
+    """address: another machine's, where a listener is found by connecting (a bind here says nothing)."""
     deadline = time.monotonic() + timeout_s
-    while preflight.port_in_use(host, port):
+    while preflight.port_answers(address, port) if address else preflight.port_in_use(host, port):
         if time.monotonic() > deadline:
             raise PreflightError(f"port {port} is still in use {timeout_s:.0f} s after the previous server",
                                  "Something else listens there: stop it or change the recipe's port.")
@@ -154,42 +158,80 @@ def register(plan: Plan, store: Store) -> int:
         for server in plan.servers for c in server.cells)
 
 
-def run(plan: Plan, store: Store, docker: Runtime, run_dir: Path, options: Options, say: Say) -> dict[str, int]:
+def run(plan: Plan, store: Store, docker: Runtime | Docker | None, run_dir: Path, options: Options, say: Say,
+        hosts: list[Host] | None = None) -> dict[str, int]:
+    """Run what is pending: on the local engine one server after another, or over several Docker hosts
+    (sparklab.fleet), each host one server at a time."""
     for cell_id in store.reset_interrupted(plan.sweep.max_attempts):
         say(f"cell {cell_id} was in flight when sparklab stopped; it runs again")
-    for info in docker.gc():
-        say(f"removed leftover container {info.name} (its sparklab process is gone)")
-    baseline, _ = preflight.mem_available_gib()
     started, done_at_start = time.monotonic(), store.counts()["done"]
 
     def say_progress(message: str) -> None:
         say(f"{message} {_progress(store, started, done_at_start)}")
 
+    if hosts and (len(hosts) > 1 or not hosts[0].local):
+        local = docker.docker if isinstance(docker, Runtime) else docker  # fleet hosts are Docker engines
+        members = fleet.connect(hosts, say, local=local, pull_policy=options.pull_policy)
+        store.set_host_facts({"docker_hosts": {m.name: {"docker": redact_url(m.host.docker), "address": m.host.address,
+                                                        "port_offset": m.host.port_offset, **m.facts}
+                                               for m in members}, "bench_client": "controller"})
+        for member in members:
+            for info in member.docker.gc():
+                say(f"[{member.name}] removed leftover container {info.name} (its sparklab process is gone)")
+        baseline, _ = preflight.mem_available_gib()
+
+        def serve(member: fleet.Member, server: ServerConfig, hstore: Any, host_say: Say) -> None:
+            pending = {c.id for c in hstore.pending_cells()}
+            cells = [c for c in server.cells if c.id in pending]
+            if cells:
+                _serve(plan, hstore, member.docker, run_dir, options, server, cells, host_say, baseline,
+                       local=member.host.local, lost=lambda: not member.docker.alive())
+
+        fleet.run(plan, store, members, serve, say_progress, run_dir.name)
+        return store.counts()
+    assert docker is not None
+    for info in docker.gc():
+        say(f"removed leftover container {info.name} (its sparklab process is gone)")
+    baseline, _ = preflight.mem_available_gib()
     for server in plan.servers:
         pending = {c.id for c in store.pending_cells()}
         cells = [c for c in server.cells if c.id in pending]
-        if not cells:
-            continue
-        rundir.check_free_space(run_dir, options.min_free_mib)
-        _wait_memory(baseline, options.memory_wait_s, say, server)
-        if options.drop_caches is not False:
-            memory.free_page_cache(server.recipe, server.spec, say, every_recipe=bool(options.drop_caches))
-        floor = memwatch.floor_for(server.recipe, options.memory_floor_gib if options.memory_floor_gib is not None
-                                   else plan.sweep.memory_floor_gib)
-        attempted: set[str] = set()  # cells this server start ran (they counted their attempt)
-        try:
-            with memwatch.Sampler(floor_gib=floor, locate=lambda name=server.spec.name: docker.container_id(name),
-                                  on_floor=lambda name=server.spec.name: docker.kill(name)) as watch:
-                _run_server(plan, store, docker, run_dir, options, server, cells, say_progress, attempted, watch)
-        except (KeyboardInterrupt, DiskFullError, provenance.DriftError):
-            raise
-        except Exception as exc:  # one fault ends this server's work, never the sweep
-            _contain(plan, store, docker, run_dir, server, exc, say_progress,
-                     [c.id for c in cells if c.id not in attempted])
+        if cells:
+            _serve(plan, store, docker, run_dir, options, server, cells, say_progress, baseline)
     return store.counts()
 
 
-def _contain(plan: Plan, store: Store, docker: Runtime, run_dir: Path, server: ServerConfig, exc: Exception,
+def _serve(plan: Plan, store: Any, docker: Runtime | Docker, run_dir: Path, options: Options, server: ServerConfig,
+           cells: list, say: Say, baseline: float, local: bool = True,
+           lost: Callable[[], bool] | None = None) -> None:
+    """One server config on one Docker host. Memory waits, the page cache and the memory floor are this
+    machine's, so only a local server has them. lost: whether the host went away (then HostLost, not a fault)."""
+    rundir.check_free_space(run_dir, options.min_free_mib)
+    if local:
+        _wait_memory(baseline, options.memory_wait_s, say, server)
+        if options.drop_caches is not False:
+            memory.free_page_cache(server.recipe, server.spec, say, every_recipe=bool(options.drop_caches))
+    floor = memwatch.floor_for(server.recipe, options.memory_floor_gib if options.memory_floor_gib is not None
+                               else plan.sweep.memory_floor_gib) if local else 0.0
+    attempted: set[str] = set()  # cells this server start ran (they counted their attempt)
+    try:
+        if not local:
+            _run_server(plan, store, docker, run_dir, options, server, cells, say, attempted, None, local=False)
+            return
+        with memwatch.Sampler(floor_gib=floor, locate=lambda name=server.spec.name: docker.container_id(name),
+                              on_floor=lambda name=server.spec.name: docker.kill(name)) as watch:
+            _run_server(plan, store, docker, run_dir, options, server, cells, say, attempted, watch)
+    except (KeyboardInterrupt, DiskFullError, provenance.DriftError):
+        raise
+    except Exception as exc:  # one fault ends this server's work, never the sweep
+        if lost is not None and lost():
+            for cell_id in store.host_lost(server.id, getattr(store, "host", ""), _one_line(exc)):
+                say(f"cell {cell_id} was running when the host was lost; it runs again")
+            raise fleet.HostLost(_one_line(exc)) from exc
+        _contain(plan, store, docker, run_dir, server, exc, say, [c.id for c in cells if c.id not in attempted])
+
+
+def _contain(plan: Plan, store: Any, docker: Runtime | Docker, run_dir: Path, server: ServerConfig, exc: Exception,
              say: Say, not_reached: list[str]) -> None:
     """An unexpected fault in one server's work: its traceback goes to the run's log file (not the console),
     its containers are removed (waiting for a restarting Docker daemon), its unfinished cells fail with one line."""
@@ -213,15 +255,18 @@ def _one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {first}"[:300] if not isinstance(exc, SparklabError) else first[:300]
 
 
-def _run_server(plan: Plan, store: Store, docker: Runtime, run_dir: Path, options: Options, server: ServerConfig,
-                cells: list, say: Say, attempted: set[str], watch: memwatch.Sampler | None = None) -> None:
+def _run_server(plan: Plan, store: Any, docker: Runtime | Docker, run_dir: Path, options: Options, server: ServerConfig,
+                cells: list, say: Say, attempted: set[str], watch: memwatch.Sampler | None = None,
+                local: bool = True) -> None:
     spec = server.spec
     max_attempts = plan.sweep.max_attempts
     start_mark = watch.mark() if watch is not None else 0
     say(f"server {server.label}: starting ({len(cells)} cells; {spec.image})")
     try:
-        _wait_port_free(spec.host, spec.port, options.port_wait_s)
-        prepared = launch.checked(server.recipe, spec)
+        remote = None if local or not spec.address or spec.address in LOOPBACK else spec.address
+        _wait_port_free(spec.host, spec.port, options.port_wait_s, remote)
+        # another host's memory, port and cache are not this machine's: fleet.unfit and the start check them
+        prepared = launch.checked(server.recipe, spec) if local else launch.checked(server.recipe, spec, False)
         ready = launch.start(prepared, docker, pull_policy=options.pull_policy,
                              log_path=run_dir / "logs" / f"{server.id}-{server.engine}-{server.method}.log",
                              stall_s=plan.sweep.load_stall_s)
@@ -395,12 +440,14 @@ def _engine_died(ready: launch.Ready) -> bool:
     return ready.watch is not None and ready.watch.fatal is not None
 
 
-def dry_run(request: Request) -> tuple[Plan, float, TimingModel]:
-    """The plan, its ETA and the timing model behind it: the same code path as a run, up to the first start."""
+def dry_run(request: Request) -> tuple[Plan, float, TimingModel, list[Host] | None]:
+    """The plan, its ETA, the timing model behind it and the Docker hosts: the same code path as a run, up to
+    the first start (the ETA is one host's: several hosts share the servers out)."""
     run_dir, _ = rundir.resolve(request.runs_dir, load_sweep(request.file).name, request.resume, request.new)
     plan = build_plan(request.file, run_id=run_dir.name, ulimits=request.ulimits)
+    hosts = _hosts(request, plan)
     model = timing_model(plan, sorted(request.runs_dir.glob("*/results.sqlite")))
-    return plan, estimate_seconds(plan, model), model
+    return plan, estimate_seconds(plan, model), model, hosts
 
 
 def sweep(request: Request, say: Say, docker: Runtime | None = None) -> Outcome:
@@ -412,10 +459,12 @@ def sweep(request: Request, say: Say, docker: Runtime | None = None) -> Outcome:
     run_dir, exists = rundir.resolve(request.runs_dir, load_sweep(request.file).name, request.resume,
                                      request.new)
     plan = build_plan(request.file, run_id=run_dir.name, ulimits=request.ulimits)
+    hosts = _hosts(request, plan)
     run_dir.mkdir(parents=True, exist_ok=True)
     with rundir.RunLock(run_dir), rundir.fault_log(run_dir):
         rundir.check_free_space(run_dir, request.options.min_free_mib)
-        docker = docker or Runtime()
+        if docker is None and (hosts is None or any(h.local for h in hosts)):
+            docker = Runtime()
         path = run_dir / "results.sqlite"
         store = Store.open(path) if exists else Store.create(path, plan.sweep.model_dump(), __version__)
         with store:
@@ -429,7 +478,7 @@ def sweep(request: Request, say: Say, docker: Runtime | None = None) -> Outcome:
                 _download(plan, store, say)
             say(f"run {run_dir} ({'continued' if exists else 'new'}; {added} new cell(s)): {store.counts()}")
             try:
-                counts = run(plan, store, docker, run_dir, request.options, say)
+                counts = run(plan, store, docker, run_dir, request.options, say, hosts)
             except KeyboardInterrupt:
                 store.reset_interrupted(plan.sweep.max_attempts)
                 return Outcome(run_dir, store.counts(), interrupted=True)
@@ -457,6 +506,13 @@ def _check_drift(plan: Plan, store: Store, exists: bool, allow: bool, say: Say) 
         say(f"drift allowed: {'; '.join(changes)}")
     if not changes or not store.meta().get(provenance.META_KEY):
         store.set_meta(provenance.META_KEY, provenance.as_meta(current))
+
+
+def _hosts(request: Request, plan: Plan) -> list[Host] | None:
+    """--host wins over the sweep file's hosts:; neither: None, the local engine as always."""
+    if request.hosts:
+        return parse_hosts(list(request.hosts), "--host")
+    return parse_hosts(plan.sweep.hosts, f"{request.file}") if plan.sweep.hosts else None
 
 
 def _download(plan: Plan, store: Store, say: Say) -> None:

@@ -119,6 +119,16 @@ class Lines:
         for line in self.proc.stdout:
             self.queue.put(line)
 
+    def drain(self, timeout: float = 10) -> None:
+        """Every line the process printed, after it ended."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                self.lines.append(self.queue.get(timeout=0.2))
+            except queue.Empty:
+                if self.proc.poll() is not None:
+                    return
+
     def wait_for(self, text: str, timeout: float = 60) -> str:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

@@ -21,6 +21,7 @@ from sparklab.report.model import (
     memory_rows,
 )
 from sparklab.report.roofline import assumptions, model_inputs
+from sparklab.store import HOST_LOST
 
 DASH = "-"
 
@@ -414,6 +415,25 @@ def _tool_calls(report: Report) -> Section | None:
                "finish", "runaways"), rows, (False, True, False, False, True, True, True, True, False, True))])
 
 
+def _hosts(report: Report) -> Section | None:
+    """Where each cell ran, for a sweep over Docker hosts (sparklab.fleet); nothing for a one-machine run."""
+    cells = [(g, c) for g in report.groups for c in g.cells]
+    if not any(c.host for _, c in cells):
+        return None
+    hosts = report.host.get("docker_hosts") or {}
+    facts = tuple(f"{name}: {h.get('docker')} ({h.get('architecture')}, {h.get('mem_total_gib')} GiB, "
+                  f"Docker {h.get('docker_version')}, servers on ports +{h.get('port_offset')})"
+                  for name, h in hosts.items())
+    lost = tuple(f"{f.at[:19]} {f.host}: lost ({f.message.splitlines()[0][:120]}); its cell in flight ran again"
+                 for f in report.failures if f.kind == HOST_LOST)
+    note = ("The bench client ran on the controller and reached each server over the network: one clock and "
+            "one client for every host; the round trip adds to TTFT only.")
+    rows = tuple((g.server.label, str(c.concurrency), c.workload, str(c.repeat), c.host or DASH)
+                 for g, c in cells)
+    return Section("Where each cell ran", blocks=[Bullets((note, *facts, *lost)),
+                                                  Table(("server", "C", "workload", "repeat", "host"), rows)])
+
+
 def _failures(report: Report) -> Section | None:
     if not report.failures:
         return None
@@ -435,6 +455,8 @@ def document(report: Report, plots: list[tuple[str, Path]] | None = None) -> Doc
     sections += [_roofline(report), _facts(report)]
     if memory := _memory(report):
         sections.append(memory)
+    if hosts := _hosts(report):
+        sections.append(hosts)
     if failures := _failures(report):
         sections.append(failures)
     if plots:

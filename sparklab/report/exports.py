@@ -79,6 +79,9 @@ def to_json(report: Report) -> str:
         "best": [{"workload": b.workload, "concurrency": b.concurrency, "server_config_id": b.group.server.id,
                   "label": b.group.server.label, "score": b.score, "top_score_label": b.best_score_group.server.label,
                   "candidates": b.candidates, "up_command": b.group.server.up_command} for b in report.best],
+        "cells": [{"id": c.id, "server_config_id": c.server_config_id, "workload": c.workload,
+                   "concurrency": c.concurrency, "repeat": c.repeat, "status": c.status, "host": c.host}
+                  for g in report.groups for c in g.cells],
         "failures": [asdict(f) for f in report.failures],
         "roofline_notes": report.roofline_notes,
     }

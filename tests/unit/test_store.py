@@ -300,7 +300,9 @@ def test_another_schema_version_is_a_clear_error(path: Path) -> None:
 
 
 def _as_version_1(path: Path) -> None:
-    """Rewrite a fresh file the way sparklab 0.1 (schema 1) made it: cells without the 'partial' status."""
+    """Rewrite a fresh file the way sparklab 0.1 (schema 1) made it: cells without the 'partial' status (and
+    no host columns, which came with schema 3)."""
+    _as_version_2(path)
     conn = sqlite3.connect(path)
     conn.execute("PRAGMA foreign_keys = OFF")
     sql = conn.execute("SELECT sql FROM sqlite_master WHERE name = 'cells'").fetchone()[0]
@@ -311,6 +313,47 @@ def _as_version_1(path: Path) -> None:
     conn.execute("PRAGMA user_version = 1")
     conn.commit()
     conn.close()
+
+
+def _as_version_2(path: Path) -> None:
+    """Rewrite a fresh file the way schema 2 made it: no host on cells and failures."""
+    conn = sqlite3.connect(path)
+    conn.execute("DROP INDEX failures_cell")
+    conn.execute("DROP INDEX failures_server_config")
+    for table in ("cells", "failures"):
+        conn.execute(f"ALTER TABLE {table} DROP COLUMN host")
+    conn.execute("CREATE INDEX failures_cell ON failures(cell_id)")
+    conn.execute("CREATE INDEX failures_server_config ON failures(server_config_id)")
+    conn.execute("PRAGMA user_version = 2")
+    conn.commit()
+    conn.close()
+
+
+def test_a_version_2_file_gains_the_host_columns_and_keeps_its_cells(path: Path) -> None:
+    with Store.create(path, SWEEP, "0.1.0") as s:
+        add_plan(s)
+        s.start_cell("sc-a-c1")
+        s.finish_cell("sc-a-c1", {"aggregate_tps": 1.0}, RESULT)
+    _as_version_2(path)
+    with Store.open(path, readonly=True) as s:  # read as it is: no host column yet
+        assert s.cell("sc-a-c1").status == "done"
+    with Store.open(path) as s:
+        assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
+        assert s.cell("sc-a-c1").host is None and s.cell("sc-a-c1").result == RESULT
+        s.start_cell("sc-b-c1", host="spark-2")
+        assert s.cell("sc-b-c1").host == "spark-2"
+
+
+def test_a_lost_host_gives_its_running_cell_back_without_spending_an_attempt(store: Store) -> None:
+    store.start_cell("sc-a-c1", host="spark-2")
+    store.finish_cell("sc-a-c1", {"aggregate_tps": 1.0}, RESULT)
+    store.start_cell("sc-a-c8", host="spark-2")
+    assert store.host_lost("sc-a", "spark-2", "the Docker daemon stopped answering") == ["sc-a-c8"]
+    cell = store.cell("sc-a-c8")
+    assert (cell.status, cell.attempts, cell.host) == ("pending", 0, "spark-2")
+    assert store.cell("sc-a-c1").status == "done"  # nothing finished is lost
+    (failure,) = store.failures()
+    assert (failure.kind, failure.host, failure.server_config_id) == ("host_lost", "spark-2", "sc-a")
 
 
 def test_a_version_1_file_is_read_as_it_is_and_migrated_when_opened_for_writing(path: Path) -> None:

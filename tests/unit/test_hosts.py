@@ -1,0 +1,256 @@
+"""Docker hosts: how a sweep file and --host name them, what fits where, and the scheduler over several hosts
+(a fake Docker per host: one server per host at a time, a lost host gives its cells back)."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from sparklab import fleet
+from sparklab.errors import PreflightError, RecipeError
+from sparklab.hosts import LOCAL, HostEntry, parse_hosts, redact_url
+from sparklab.plan import build_plan, load_sweep
+from sparklab.store import PlannedCell, Store
+
+
+def test_hosts_are_named_addressed_and_given_their_own_port_ranges() -> None:
+    hosts = parse_hosts(["local", "ssh://root@127.0.0.1:22022", "ssh://me@spark-2",
+                         HostEntry(docker="tcp://spark-3:2376", tls_dir="~/certs", name="three"), "spark-4"], "f.yaml")
+    assert [h.name for h in hosts] == ["local", "127.0.0.1:22022", "spark-2", "three", "spark-4"]
+    assert [h.address for h in hosts] == [None, "127.0.0.1", "spark-2", "spark-3", None]
+    # 127.0.0.1:22022 shares this machine's address: its servers get ports 100 up; other machines keep theirs
+    assert [h.port_offset for h in hosts] == [0, 100, 0, 0, 0]
+    assert hosts[0].local and not hosts[1].local and not hosts[1].remote_address and hosts[2].remote_address
+
+
+@pytest.mark.parametrize(("entries", "says"), [
+    (["http://spark-2"], "hosts[0]: 'http://spark-2' is not a Docker host"),
+    (["ssh://"], "hosts[0]: 'ssh://' names no host"),
+    (["ssh://a@spark-2", "ssh://b@spark-2"], "hosts[1]: a second host named 'spark-2'"),
+    ([HostEntry(docker="local"), HostEntry(docker="ssh://r@127.0.0.1:2", port_offset=0)], "both use port_offset 0"),
+    (["not a context"], "is not a Docker host"),
+])
+def test_bad_hosts_are_errors_naming_the_file_and_the_entry(entries: list[Any], says: str) -> None:
+    with pytest.raises(RecipeError) as caught:
+        parse_hosts(entries, "sweeps/two.yaml")
+    assert caught.value.message.startswith("sweeps/two.yaml: hosts") and says in caught.value.message
+    assert caught.value.hint
+
+
+def test_a_sweep_file_rejects_unknown_host_keys_with_the_path(tmp_path: Path) -> None:
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump({"name": "s", "recipe": "gb10", "methods": ["none"], "concurrency": [1],
+                                    "hosts": [{"docker": "ssh://r@spark-2", "adress": "10.0.0.2"}]}))
+    with pytest.raises(RecipeError) as caught:
+        load_sweep(path)
+    assert str(path) in caught.value.message and "hosts" in caught.value.message and "adress" in caught.value.message
+
+
+def test_a_url_password_never_reaches_results() -> None:
+    assert redact_url("ssh://me:hunter22@spark-2:22") == "ssh://me:***@spark-2:22"
+    assert redact_url("ssh://me@spark-2") == "ssh://me@spark-2" and redact_url("spark-ctx") == "spark-ctx"
+
+
+# -- the planner and scheduler, with a fake Docker per host ----------------------------------------------------
+
+
+class FakeDocker:
+    def __init__(self, arch: str = "x86_64", images: dict[str, str] | None = None) -> None:
+        self.arch = arch
+        self.images = images or {}
+        self.up = True
+
+    def image_info(self, ref: str) -> Any:
+        arch = self.images.get(ref)
+        return None if arch is None else type("Info", (), {"architecture": arch})()
+
+    def image_problem(self, ref: str, policy: str = "missing") -> str | None:
+        if ref in self.images or (policy != "never" and not ref.startswith("gone/")):
+            return None
+        return f"{ref} cannot be pulled there: manifest unknown"
+
+    def alive(self) -> bool:
+        return self.up
+
+    def remove_run_containers(self, run_id: str, wait_s: float = 120.0) -> list[str]:
+        self.removed = run_id
+        return []
+
+
+def _member(name: str, arch: str = "x86_64", mem: float = 64.0, images: dict[str, str] | None = None,
+            offset: int = 0) -> fleet.Member:
+    host = LOCAL if name == "local" else parse_hosts([f"ssh://r@{name}"], "t")[0]
+    host = type(host)(host.name, host.docker, host.address, offset, "host")
+    return fleet.Member(host, FakeDocker(arch, images), {"architecture": arch, "mem_total_gib": mem})  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def plan(tmp_path: Path) -> Any:
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump({
+        "name": "t", "recipe": "gb10", "methods": ["none", "dspark"], "num_speculative_tokens": [2, 3],
+        "concurrency": [1, 2], "requests": 2, "set": ["engines.vllm.image=example/standin:1", "unified_memory=false"]}))
+    return build_plan(path, run_id="r1")
+
+
+@pytest.fixture
+def store(tmp_path: Path, plan: Any) -> Any:
+    s = Store.create(tmp_path / "r" / "results.sqlite", {}, "test")
+    for server in plan.servers:
+        s.add_server_config(server.id, engine=server.engine, method=server.method, k=server.num_speculative_tokens,
+                            config={}, argv=[], image=server.spec.image)
+    s.add_cells(PlannedCell(c.id, server.id, c.concurrency, c.workload, c.repeat, {})
+                for server in plan.servers for c in server.cells)
+    yield s
+    s.close()
+
+
+def test_a_host_gets_only_configs_its_platform_and_memory_meet(plan: Any) -> None:
+    server = plan.servers[0]
+    assert fleet.unfit(server, _member("spark-2", "aarch64", images={server.spec.image: "arm64"})) is None
+    assert "is for arm64, the host is amd64" in (fleet.unfit(server, _member("pc", images={server.spec.image: "arm64"}))
+                                                 or "")
+    big = server.recipe.model_copy(update={"min_available_gib": 100.0})
+    assert "needs 100 GiB, the host has 64 GiB" in (fleet.unfit(type(server)(**{**server.__dict__, "recipe": big}),
+                                                                _member("spark-2")) or "")
+
+
+def test_a_host_gets_no_config_whose_image_it_cannot_have(plan: Any) -> None:
+    server = plan.servers[0]
+    gone = type(server)(**{**server.__dict__, "spec": type(server.spec)(**{**server.spec.__dict__,
+                                                                            "image": "gone/engine:1",
+                                                                            "image_alternatives": ()})})
+    assert "gone/engine:1 cannot be pulled there" in (fleet.unfit(gone, _member("spark-2")) or "")
+    never = _member("spark-2")
+    never.pull_policy = "never"
+    assert fleet.unfit(server, never) is not None
+    assert fleet.unfit(server, _member("spark-2", images={server.spec.image: "amd64"})) is None
+
+
+def test_another_host_serves_on_its_port_range_at_its_address(plan: Any) -> None:
+    server = plan.servers[0]
+    moved = fleet.for_host(server, _member("spark-2", offset=100).host)
+    assert moved.id == server.id and moved.cells == server.cells  # same config, same cells: resume works
+    assert moved.spec.port == server.spec.port + 100 and moved.spec.endpoint == f"http://spark-2:{server.spec.port + 100}"
+    assert moved.spec.host == "0.0.0.0" and moved.spec.labels["sparklab.endpoint"] == moved.spec.endpoint
+    assert str(server.spec.port + 100) in moved.spec.argv
+    assert fleet.for_host(server, LOCAL) is server
+
+
+def test_configs_spread_over_hosts_one_server_per_host_at_a_time(plan: Any, store: Any) -> None:
+    members = [_member("local"), _member("spark-2")]
+    active: dict[str, int] = {}
+    ran: list[tuple[str, str]] = []
+    lock = threading.Lock()
+    barrier = threading.Barrier(2, timeout=5)
+
+    def serve(member: fleet.Member, server: Any, hstore: Any, say: Any) -> None:
+        with lock:
+            active[member.name] = active.get(member.name, 0) + 1
+            assert active[member.name] == 1  # never two servers on one host
+            ran.append((member.name, server.id))
+        if len(ran) <= 2:
+            barrier.wait()  # both hosts busy at once
+        for cell in server.cells:
+            hstore.start_cell(cell.id)
+            hstore.finish_cell(cell.id, {}, {})
+        with lock:
+            active[member.name] -= 1
+
+    fleet.run(plan, store, members, serve, lambda m: None, "r1")
+    assert sorted(s for _, s in ran) == sorted(s.id for s in plan.servers)  # each config once
+    assert {h for h, _ in ran} == {"local", "spark-2"}
+    assert store.counts()["done"] == len(plan.cells)
+    by_server = {s: h for h, s in ran}
+    assert all(c.host == by_server[c.server_config_id] for c in store.cells())
+
+
+def test_a_lost_host_gives_its_configs_back_to_the_others(plan: Any, store: Any) -> None:
+    local, remote = _member("local"), _member("spark-2")
+    said: list[str] = []
+    started = threading.Event()
+
+    def serve(member: fleet.Member, server: Any, hstore: Any, say: Any) -> None:
+        if member is remote:
+            first = server.cells[0]
+            hstore.start_cell(first.id)
+            hstore.finish_cell(first.id, {}, {})  # finished before the loss: kept
+            hstore.start_cell(server.cells[1].id)
+            remote.docker.up = False  # type: ignore[attr-defined]
+            hstore.host_lost(server.id, hstore.host, "daemon gone")
+            started.set()
+            raise fleet.HostLost("daemon gone")
+        started.wait(5)
+        for cell in server.cells:
+            if hstore.cell(cell.id).status == "pending":
+                hstore.start_cell(cell.id)
+                hstore.finish_cell(cell.id, {}, {})
+
+    fleet.run(plan, store, [local, remote], serve, said.append, "r1")
+    assert store.counts()["done"] == len(plan.cells) and store.counts()["pending"] == 0
+    assert remote.lost == "daemon gone" and any("goes back to the queue" in s for s in said)
+    hosts = [c.host for c in store.cells()]
+    assert hosts.count("spark-2") == 1 and hosts.count("local") == len(hosts) - 1
+    assert [f.kind for f in store.failures()] == ["host_lost"]
+
+
+def test_a_config_no_host_can_take_stays_pending_and_says_why(plan: Any, store: Any) -> None:
+    said: list[str] = []
+    arm = _member("spark-2", "aarch64", images={plan.servers[0].spec.image: "amd64"})
+    fleet.run(plan, store, [arm], lambda *a: pytest.fail("nothing fits"), said.append, "r1")
+    assert store.counts()["pending"] == len(plan.cells)
+    assert len([s for s in said if "no host could take it" in s and "is for amd64" in s]) == len(plan.servers)
+
+
+def test_no_reachable_host_is_a_preflight_error() -> None:
+    said: list[str] = []
+    with pytest.raises(PreflightError):
+        fleet.connect(parse_hosts(["ssh://nobody@127.0.0.1:1"], "t"), said.append)
+    assert said and "left out of this run" in said[0]
+
+
+def test_the_command_line_names_a_bad_host_in_one_paragraph(tmp_path: Path, capsys: Any) -> None:
+    from sparklab.cli import main
+
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump({"name": "s", "recipe": "gb10", "methods": ["none"], "concurrency": [1],
+                                    "hosts": ["local", "ssh://me@spark-2"]}))
+    assert main(["sweep", str(path), "--dry-run", "--runs-dir", str(tmp_path / "runs")]) == 0
+    out = capsys.readouterr().out
+    assert "local = local, spark-2 = ssh://me@spark-2" in out and "on one host" in out
+    assert main(["sweep", str(path), "--dry-run", "--runs-dir", str(tmp_path / "runs"), "--host", "http://x"]) == 2
+    err = capsys.readouterr().err
+    assert "--host: hosts[0]: 'http://x' is not a Docker host" in err and "Traceback" not in err
+
+
+def test_a_fault_outside_the_server_fails_that_config_only(plan: Any, store: Any) -> None:
+    def serve(member: fleet.Member, server: Any, hstore: Any, say: Any) -> None:
+        if server.id == plan.servers[0].id:
+            raise RecipeError("port 70000 is not a TCP port")
+        for cell in server.cells:
+            hstore.start_cell(cell.id)
+            hstore.finish_cell(cell.id, {}, {})
+
+    said: list[str] = []
+    fleet.run(plan, store, [_member("local"), _member("spark-2")], serve, said.append, "r1")
+    first = {c.id for c in plan.servers[0].cells}
+    assert all(c.status == ("pending" if c.id in first else "done") for c in store.cells())
+    assert any("failed (error): port 70000" in s for s in said)
+    assert [(f.kind, f.server_config_id) for f in store.failures()] == [("error", plan.servers[0].id)]
+
+
+def test_a_full_disk_on_the_controller_stops_every_host(plan: Any, store: Any) -> None:
+    from sparklab.errors import DiskFullError
+
+    members = [_member("local"), _member("spark-2")]
+
+    def serve(member: fleet.Member, server: Any, hstore: Any, say: Any) -> None:
+        raise DiskFullError("the disk holding results.sqlite is full")
+
+    with pytest.raises(DiskFullError):
+        fleet.run(plan, store, members, serve, lambda m: None, "r1")
+    assert all(getattr(m.docker, "removed", None) == "r1" for m in members)  # both hosts' servers came down
