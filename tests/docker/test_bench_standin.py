@@ -63,13 +63,13 @@ def test_bench_sglang_acceptance_is_the_windows_own_with_a_rate(cli: Cli, tmp_pa
         assert cumulative < 2.0  # the earlier requests pull the server-life average down
         log = result["speculative_log"]
         assert log["samples"] == 4 and log["median"] == pytest.approx(2.0)  # the warmup's line is outside the window
-        assert log["rate"] == pytest.approx((2.0 - 1) / 3)  # DSpark K=3: 1 of 3 drafts accepted per step
+        assert log["rate"] == pytest.approx((2.0 - 1) / 3, abs=0.005)  # DSpark K=3: 1 of 3 drafts accepted per step (.2f)
         if metrics:
             spec = result["speculative"]
             assert spec["verify_steps"] == 4 * 12 and spec["acceptance_length"] == pytest.approx(2.0)
             assert "sglang:spec_verify_calls_total" in spec["source"]
         else:
             assert result["speculative"] is None  # SGLang serves /metrics only with --enable-metrics
-        assert "accept len" in done.stdout and "rate 33.3%" in done.stdout
+        assert "accept len" in done.stdout and "rate 33.0%" in done.stdout
     finally:
         assert cli.run("down", name).returncode == 0
