@@ -136,6 +136,24 @@ def test_the_parser_reads_the_recipe_values_as_sglang_means_them(verdicts) -> No
             eagle["speculative_num_draft_tokens"]) == ("EAGLE", 3, 1, 4)
 
 
+def test_the_key_can_come_from_a_config_file_in_dashed_spelling_only(tmp_path: Path) -> None:
+    """SGLang 0.5.23 has no environment variable for its key; `--config FILE.yaml` keeps it out of `ps`
+    (server_args.py:683 merges the file), and only the dashed spelling `api-key:` is accepted."""
+    dashed, snake = tmp_path / "dashed.yaml", tmp_path / "snake.yaml"
+    dashed.write_text("api-key: sk-contract-test\n")
+    snake.write_text("api_key: sk-contract-test\n")
+    base = list(next(c for c in _cases() if c["id"] == "gb10:sglang:none")["argv"])
+    cut = base.index("--api-key")
+    base = base[:cut] + base[cut + 2:]
+    cases = [{"id": "dashed", "argv": [*base, "--config", str(dashed)]},
+             {"id": "snake", "argv": [*base, "--config", str(snake)]}]
+    done = subprocess.run([parser_python(), str(CHECK)], input=json.dumps({"cases": cases}), capture_output=True,
+                          text=True, timeout=300)
+    verdict = {c["id"]: c for c in json.loads(done.stdout)["cases"]}
+    assert verdict["dashed"]["ok"] and verdict["dashed"]["parsed"]["api_key"] == "sk-contract-test"
+    assert not verdict["snake"]["ok"] and verdict["snake"]["errors"][0]["flag"] == "--api_key"
+
+
 @pytest.mark.parametrize(("name", "flag", "value"), BAD, ids=[b[0] for b in BAD])
 def test_a_bad_value_is_rejected_naming_the_flag(verdicts, name: str, flag: str, value: str | None) -> None:
     verdict = verdicts[f"bad:{name}"]
