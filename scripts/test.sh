@@ -2,8 +2,8 @@
 # The single command that sets up a fresh Debian 12 host (as root) and runs sparklab's whole test suite:
 #   bash scripts/test.sh [pytest args...]
 # Phases: host setup (docker, registry) -> base image -> stand-in engine image -> vLLM CPU image (if its
-# build script exists) -> test venv -> second Docker host (sshd + dockerd) -> ruff -> pytest.
-# Every phase is idempotent and fast when up to date.
+# build script exists) -> test venv -> Edge-LLM source -> second Docker host (sshd + dockerd) -> SGLang parser venv
+# -> ruff -> pytest. Every phase is idempotent and fast when up to date.
 # SPARKLAB_SKIP_VLLM_CPU_BUILD=1 skips the (slow) vLLM CPU image build; an image already in the registry is
 # still used. Exit status: 0 only if ruff and pytest both pass (pytest's "no tests collected", 5, fails).
 set -euo pipefail
@@ -70,6 +70,10 @@ export SPARKLAB_TEST_EDGELLM_SRC="$CACHE/edgellm-src/0.11.0"
 phase second-host bash -c 'bash scripts/ci/second-host.sh >"$0"' "$CACHE/second-host.env"
 export SPARKLAB_TEST_SECOND_HOST="$(sed -n 's/^SPARKLAB_TEST_SECOND_HOST=//p' "$CACHE/second-host.env")"
 echo "[test] SPARKLAB_TEST_SECOND_HOST=$SPARKLAB_TEST_SECOND_HOST"
+# SGLang's own argument parser (the sglang wheel + CPU torch, ~2.3 GB, ~1-2.5 min once, cached), for
+# tests/contract/test_sglang_parser_contract.py; that test fails under CI=1 when the venv is missing.
+phase sglang-parser bash scripts/sglang-parser/install.sh
+export SPARKLAB_TEST_SGLANG_PARSER="$CACHE/sglang-parser-${SPARKLAB_SGLANG_VERSION:-0.5.23}/bin/python"
 
 export SPARKLAB_TEST_STANDIN_IMAGE="$STANDIN_IMAGE"
 if registry_has "$VLLM_CPU_REPO" "$VLLM_CPU_TAG"; then

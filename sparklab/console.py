@@ -67,10 +67,14 @@ def bench_result(result: dict[str, Any]) -> Group:
             f"speculative (server counters over the window): acceptance length {_num(spec['acceptance_length'])}"
             f" · acceptance rate {_num(100 * (spec['acceptance_rate'] or 0), 1)}% · per position {per_pos}"
             f" · {int(spec['drafts']):,} drafts"))
+    if spec and spec.get("verify_steps"):
+        parts.append(Text(f"speculative ({spec['source']}): acceptance length {_num(spec['acceptance_length'])}"
+                          f" over {int(spec['verify_steps']):,} verify steps"))
     from_log = result.get("speculative_log")
     if from_log:
+        rate = "" if from_log.get("rate") is None else f", rate {_num(100 * from_log['rate'], 1)}%"
         parts.append(Text(f"speculative ({from_log['source']}): median {_num(from_log['median'])}, "
-                          f"mean {_num(from_log['mean'])} over {from_log['samples']} lines"))
+                          f"mean {_num(from_log['mean'])}{rate} over {from_log['samples']} lines"))
     sglang = (result.get("server", {}).get("after") or {}).get("sglang_avg_spec_accept_length")
     if sglang is not None:
         parts.append(Text(f"speculative (SGLang /server_info avg_spec_accept_length): {_num(sglang)}"))

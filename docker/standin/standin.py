@@ -135,6 +135,25 @@ class Metrics:
         self.success: dict[str, int] = {}
         self.per_pos = [0] * (k or 0)
         self.running = 0
+        # SGLang counts per finished request (observability/metrics_collector.py:2092-2112 in SGLang 0.5.23)
+        self.sgl_generation = self.sgl_verify = 0
+        # and keeps a server-life total for /server_info (scheduler_components/internal_state.py:243-253),
+        # reset by /flush_cache
+        self.sgl_total_tokens = self.sgl_total_verify = 0
+
+    def sglang_finish(self, tokens: int, verify_steps: int) -> None:
+        with self.lock:
+            self.sgl_generation += tokens
+            self.sgl_verify += verify_steps
+            self.sgl_total_tokens += tokens
+            self.sgl_total_verify += verify_steps
+
+    def sglang_flush(self) -> None:
+        with self.lock:
+            self.sgl_total_tokens = self.sgl_total_verify = 0
+
+    def sglang_avg_accept_length(self) -> float | None:
+        return self.sgl_total_tokens / self.sgl_total_verify if self.sgl_total_verify else None
 
     def chunk(self, size: int) -> None:
         with self.lock:
@@ -180,14 +199,20 @@ class Metrics:
         return "\n".join(out) + "\n"
 
     def render_sglang(self, model: str) -> str:
-        """A few of SGLang's names (served only with --enable-metrics, like SGLang)."""
+        """A few of SGLang 0.5.23's names (served only with --enable-metrics, like SGLang; file:line under
+        sglang/srt/observability/metrics_collector.py): prompt/generation tokens :1855-1863 (label
+        is_streaming), spec_verify_calls_total :1865, spec_accept_length/rate gauges :511-520 (last log
+        interval), num_running_reqs. The counters grow when a request finishes (:2092-2112)."""
         lbl = f'model_name="{model}",engine_type="unified",tp_rank="0",pp_rank="0"'
+        stream = ',is_streaming="true"'
         with self.lock:
-            rows = [("sglang:prompt_tokens_total", "counter", self.prompt)]
-            rows += [("sglang:generation_tokens_total", "counter", self.generation)]
-            rows += [("sglang:num_running_reqs", "gauge", self.running)]
-            rows += [("sglang:spec_accept_length", "gauge", self.accept_length())] if self.k else []
-        out = [f"# HELP {n} standin metric\n# TYPE {n} {t}\n{n}{{{lbl}}} {float(v)}" for n, t, v in rows]
+            rows = [("sglang:prompt_tokens_total", "counter", stream, self.prompt)]
+            rows += [("sglang:generation_tokens_total", "counter", stream, self.sgl_generation)]
+            rows += [("sglang:num_running_reqs", "gauge", "", self.running)]
+            if self.k:
+                rows += [("sglang:spec_verify_calls_total", "counter", "", self.sgl_verify)]
+                rows += [("sglang:spec_accept_length", "gauge", "", self.accept_length())]
+        out = [f"# HELP {n} standin metric\n# TYPE {n} {t}\n{n}{{{lbl}{x}}} {float(v)}" for n, t, x, v in rows]
         return "\n".join(out) + "\n"
 
 
@@ -261,6 +286,10 @@ class Handler(BaseHTTPRequestHandler):
         if not self.authorized():
             return
         app, path = self.app, self.path.split("?", 1)[0]
+        # SGLang 0.5.23 sglang/srt/entrypoints/http_server.py:721-800: /health and /health_generate are one
+        # handler, 503 while starting (ServerStatus.Starting) and 200 after; /health_generate (and /health with
+        # SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION) runs a 1-token request and answers 503 when the scheduler
+        # does not answer within HEALTH_CHECK_TIMEOUT. The stand-in answers 503 at once when its engine is dead.
         if app.cfg.mode == "trtedge" and path in ("/health", "/health/ready"):
             self.send_json(*app.edge_health(path))
         elif path in ("/health", "/health_generate", "/ping"):  # vLLM's /health is 503 once its engine is dead
@@ -287,6 +316,13 @@ class Handler(BaseHTTPRequestHandler):
         if not self.authorized():
             return
         path = self.path.split("?", 1)[0]
+        if path == "/flush_cache" and self.app.cfg.mode == "sglang":
+            # SGLang 0.5.23 entrypoints/http_server.py:1025-1041; also resets /server_info's cumulative
+            # avg_spec_accept_length (scheduler_components/internal_state.py)
+            self.app.metrics.sglang_flush()
+            self.send_text(200, "Cache flushed.\nPlease check backend logs for more details. (When there are "
+                                "running or waiting requests, the operation will not be performed.)\n")
+            return
         if path not in ("/v1/chat/completions", "/v1/completions"):
             self.send_json(404, {"detail": "Not Found"})
             return
@@ -327,13 +363,21 @@ class App:
         info = {k.replace("-", "_"): decode(v) if isinstance(v, str) else v for k, v in opts if k != "api-key"}
         info.update(model_path=self.cfg.model, served_model_name=self.cfg.served_names[0], version=VERSION)
         info.update(port=self.cfg.port, context_length=self.cfg.max_len)
+        # SGLang 0.5.23 entrypoints/http_server.py:863-890: the resolved server args, "startup_time",
+        # "internal_states" (one per DP rank), "version", "frontend". Each state (managers/scheduler_components/
+        # internal_state.py:65-125): last_gen_throughput and effective_max_running_requests_per_dp (:73-74),
+        # memory_usage.token_capacity = max_total_num_tokens (:76-89), and with speculative decoding
+        # avg_spec_accept_length = total accepted tokens / total verify steps since start or the last
+        # /flush_cache (:119-125, :243-253): CUMULATIVE, not per window.
         state: dict[str, Any] = {
             "last_gen_throughput": 0.0,
+            "effective_max_running_requests_per_dp": 48,
             "memory_usage": {"token_capacity": self.kv_tokens},
         }
-        if self.cfg.spec:
-            state["avg_spec_accept_length"] = round(self.metrics.accept_length(), 4)
+        if self.cfg.spec and (avg := self.metrics.sglang_avg_accept_length()) is not None:
+            state["avg_spec_accept_length"] = round(avg, 4)
         info["internal_states"] = [state]
+        info["frontend"] = "python"
         return info
 
     def edge_health(self, path: str) -> tuple[int, dict[str, Any]]:
@@ -441,12 +485,15 @@ class App:
                 pos, c = pos + k, c + 1
             self.metrics.finish(prompt, reason)
             if self.cfg.mode == "sglang" and self.cfg.spec and c:
-                # SGLang's decode log line, here once per request: accept len = tokens per step.
+                self.metrics.sglang_finish(len(words), c)  # each chunk is one verify step
+                # SGLang 0.5.23's decode line (managers/scheduler_components/metrics_reporter.py:963-1042), here
+                # once per request instead of every 40 decode iterations: accept len = accepted tokens incl. the
+                # bonus / verify steps; accept rate = correct drafts / (verify steps x drafts per step, K).
                 length = len(words) / c
-                rate = (length - 1) / max(self.cfg.spec.k or 1, 1)
-                self.log.sgl(f"Decode batch, #running-req: 1, #token: {n_tokens}, token usage: 0.00, "
-                             f"accept len: {length:.2f}, accept rate: {rate:.2f}, "
-                             f"cpu graph: False, gen throughput (token/s): 0.00, #queue-req: 0, ", tp=True)
+                rate = (len(words) - c) / (c * max(self.cfg.spec.k or 1, 1))
+                self.log.sgl(f"Decode batch, #running-req: {self.metrics.running}, #token: {n_tokens}, "
+                             f"token usage: 0.00, accept len: {length:.2f}, accept rate: {rate:.2f}, "
+                             f"cpu graph: False, gen throughput (token/s): 0.00, #queue-req: 0", tp=True)
             if stream:
                 if (body.get("stream_options") or {}).get("include_usage"):
                     h.wfile.write(f"data: {json.dumps({**base, 'choices': [], 'usage': usage})}\n\n".encode())
@@ -684,10 +731,15 @@ class App:
         self.faults_at_start()
         delay = env_float("STANDIN_START_DELAY", 1.0)
         time.sleep(delay)
-        log.sgl(f"Load weight end. elapsed={delay:.2f} s, type=StandinForCausalLM, mem usage=0.25 GB.", True)
-        log.sgl(f"KV Cache is allocated. #tokens: {self.kv_tokens}, K size: 1.00 GB, V size: 1.00 GB", True)
+        # SGLang 0.5.23 (sglang/srt/): model_executor/model_runner.py:1372-1378, mem_cache/memory_pool.py:
+        # 2087-2090, managers/scheduler.py:1268-1275; "fired up" is entrypoints/http_server.py:2600
+        log.sgl(f"Load weight end. elapsed={delay:.2f} s, type=StandinForCausalLM, avail mem=109.75 GB, "
+                f"mem usage=0.25 GB.", True)
+        log.sgl(f"KV Cache is allocated. dtype: torch.bfloat16, #tokens: {self.kv_tokens}, K size: 1.00 GB, "
+                f"V size: 1.00 GB", True)
         limits = "chunked_prefill_size=8192, max_prefill_tokens=16384, max_running_requests=48"
-        log.sgl(f"max_total_num_tokens={self.kv_tokens}, {limits}, context_len={cfg.max_len}", True)
+        log.sgl(f"max_total_num_tokens={self.kv_tokens}, {limits}, context_len={cfg.max_len}, "
+                f"available_gpu_mem=107.75 GB", True)
         self.ready.set()
         log.sgl("The server is fired up and ready to roll!")
 

@@ -52,3 +52,12 @@ def acceptance(result: dict[str, Any]) -> Acceptance | tuple[None, None]:
         if found is not None:
             return found
     return None, None
+
+
+def acceptance_rate(result: dict[str, Any]) -> float | None:
+    """The window's acceptance rate (accepted ÷ proposed draft tokens), from whichever engine reported it."""
+    for adapter in ENGINES.values():
+        found = adapter.acceptance_rate(result)
+        if found is not None:
+            return found
+    return None

@@ -204,6 +204,11 @@ class Engine:
         """The acceptance length of a stored bench result, from what this engine reported."""
         return None
 
+    def acceptance_rate(self, result: dict[str, Any]) -> float | None:
+        """The share of proposed draft tokens accepted over the window, where this engine reported it."""
+        value = (result.get("speculative") or {}).get("acceptance_rate")
+        return None if value is None else float(value)
+
     def reset_prefix_cache(self, api: EngineAPI) -> None:
         """Between loads, so a later load's prefixes are not already cached."""
 

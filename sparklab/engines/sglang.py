@@ -20,7 +20,7 @@ from sparklab.engines.base import (
     where,
 )
 from sparklab.errors import EngineUnreachable as Unreachable
-from sparklab.scrape import StartupFacts, to_int
+from sparklab.scrape import StartupFacts, parse_metrics, to_int
 
 if TYPE_CHECKING:
     from sparklab.engine_api import EngineAPI
@@ -95,25 +95,86 @@ FATAL_LINES = (
 )
 
 
-_KV = re.compile(r"KV Cache is allocated\. #tokens: ([\d,]+)")
+# The startup lines sparklab reads, as SGLang 0.5.23 writes them (paths under sglang/srt/):
+#   mem_cache/memory_pool.py:2087-2090 f"{cache_name} is allocated. dtype: {self.dtype}, #tokens: {num_tokens}, "
+#       f"K size: {k:.2f} GB, V size: {v:.2f} GB" (cache_name "KV Cache"; a fused pool prints "KV size: X GB")
+#   managers/scheduler.py:1268-1275 f"max_total_num_tokens={n}, chunked_prefill_size={n}, max_prefill_tokens={n}, "
+#       f"max_running_requests={n}, context_len={n}, available_gpu_mem={x:.2f} GB" (available_cpu_mem on CPU)
+#   model_executor/model_runner.py:1372-1378 f"Load weight end. elapsed={t:.2f} s, type={cls}, [quant, ]"
+#       f"avail mem={x:.2f} GB, mem usage={y:.2f} GB."
+#   entrypoints/http_server.py:2600 "The server is fired up and ready to roll!" (after the warm-up request)
+_KV = re.compile(r"KV Cache is allocated\.(?: dtype: \S+,)? #tokens: ([\d,]+)")
 _MAX_TOKENS = re.compile(r"max_total_num_tokens=(\d+)")
 _MAX_RUNNING = re.compile(r"max_running_requests=(\d+)")
 _CONTEXT = re.compile(r"context_len=(\d+)")
 _LOAD_TIME = re.compile(r"Load weight end\..*?elapsed=([\d.]+) s")
 _LOAD_MEM = re.compile(r"Load weight end\..*?mem usage=([\d.]+) GB")
-_ACCEPT_LEN = re.compile(r"accept len: ([\d.]+)")
+
+# The decode log line, SGLang 0.5.23 managers/scheduler_components/metrics_reporter.py:963-1042:
+#   f"Decode batch, #running-req: {n}, {token usage parts}, " + (speculative only)
+#   f"accept len: {spec_accept_length:.2f}, accept rate: {spec_accept_rate:.2f}, " + optional
+#   "cap len: …, " / "block accept len: …, " / DSpark estimate, then
+#   f"{'cuda graph'|'cpu graph'}: {bool}, gen throughput (token/s): {x:.2f}, #queue-req: {n}"
+# One line every --decode-log-interval decode iterations (default 40). Its counters cover only the iterations
+# since the previous line and are reset after it (:1000-1004), so the lines of a window are that window's own.
+#   accept len  = accepted tokens incl. the bonus token / verify steps, a verify step being one request in one
+#                 decode iteration (update_spec_metrics adds the batch size, :543-555)
+#   accept rate = correct drafts / (verify steps x drafts per step), drafts per step being
+#                 --speculative-num-draft-tokens - 1 (:975-982): the share of proposed draft tokens accepted
+# `block accept len` (printed with SGLANG_RAGGED_VERIFY_MODE=cap_accept) must not be read as `accept len`.
+_DECODE_LINE = re.compile(r"Decode batch\b.*?#running-req: (\d+),.*?(?<!block )accept len: ([\d.]+), "
+                          r"accept rate: ([\d.]+)")
+_ACCEPT_LEN_ONLY = re.compile(r"Decode batch\b.*?#running-req: (\d+),.*?(?<!block )accept len: ([\d.]+)")
+
+# /metrics (only with --enable-metrics), SGLang 0.5.23 observability/metrics_collector.py: both counters grow
+# when a request finishes (observe_one_finished_request, :2092-2112), so their difference over a window is the
+# window's own: generated tokens / verify steps = the acceptance length of the requests finished in it, the
+# per-request `spec_accept_length` of tokenizer_manager.py:3166 (completion_tokens / spec_verify_ct) pooled.
+GENERATION_TOKENS = "sglang:generation_tokens_total"  # metrics_collector.py:1860
+VERIFY_CALLS = "sglang:spec_verify_calls_total"  # metrics_collector.py:1865 (incremented by spec_verify_ct)
+
+
+def _weighted(pairs: list[tuple[float, float]]) -> float:
+    total = sum(w for _, w in pairs)
+    return sum(v * w for v, w in pairs) / total if total else sum(v for v, _ in pairs) / len(pairs)
 
 
 def log_acceptance(text: str) -> dict[str, Any] | None:
-    """SGLang's per-batch `accept len: X` log lines (acceptance length incl. the bonus token), summarised."""
-    values = [float(v) for v in _ACCEPT_LEN.findall(text)]
-    if not values:
+    """SGLang's decode log lines of the window: acceptance length (incl. the bonus token) and rate.
+
+    Each line states its own stretch of decode iterations; their verify-step counts are not printed, so the
+    lines are pooled weighted by #running-req (the batch size when the line was written)."""
+    lengths: list[tuple[float, float]] = []
+    rates: list[tuple[float, float]] = []
+    for line in text.splitlines():
+        if m := _DECODE_LINE.search(line):
+            lengths.append((float(m.group(2)), float(m.group(1))))
+            rates.append((float(m.group(3)), float(m.group(1))))
+        elif m := _ACCEPT_LEN_ONLY.search(line):  # releases before `accept rate` was printed
+            lengths.append((float(m.group(2)), float(m.group(1))))
+    if not lengths:
         return None
-    ordered = sorted(values)
+    ordered = sorted(v for v, _ in lengths)
     mid = len(ordered) // 2
     median = ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
-    return {"samples": len(values), "median": median, "mean": sum(values) / len(values), "max": ordered[-1],
-            "source": "SGLang decode log lines 'accept len: X' within the window (per batch, not per token)"}
+    return {"samples": len(lengths), "median": median, "mean": _weighted(lengths), "max": ordered[-1],
+            "rate": _weighted(rates) if rates else None,
+            "source": "SGLang decode log lines in the window ('accept len' / 'accept rate', "
+                      "weighted by #running-req)"}
+
+
+def metrics_window(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any] | None:
+    """Acceptance length over the window from /metrics counter differences (None without --enable-metrics)."""
+    b, a = before.get("sglang_metrics") or {}, after.get("sglang_metrics") or {}
+    if any(m.get(k) is None for m in (a, b) for k in ("generation_tokens", "verify_calls")):
+        return None
+    steps = a["verify_calls"] - b["verify_calls"]
+    tokens = a["generation_tokens"] - b["generation_tokens"]
+    if steps <= 0:
+        return None
+    return {"acceptance_length": tokens / steps, "acceptance_rate": None, "verify_steps": steps,
+            "generated_tokens": tokens,
+            "source": f"SGLang /metrics over the window: {GENERATION_TOKENS} / {VERIFY_CALLS} differences"}
 
 
 class SGLang(Engine):
@@ -177,27 +238,51 @@ class SGLang(Engine):
             facts.model_load_gib = float(m.group(1))
 
     def snapshot(self, api: EngineAPI) -> dict[str, Any]:
-        """/server_info's internal_states[0].avg_spec_accept_length (cumulative over the server's life)."""
+        """/server_info's avg_spec_accept_length (cumulative: kept as a last resort) and, with --enable-metrics,
+        the /metrics counters whose differences give the window's acceptance length."""
+        snap: dict[str, Any] = {}
         try:
             answer = api.get("/server_info")
             if answer.status == 200:
                 states = answer.json().get("internal_states") or [{}]
-                return {"sglang_avg_spec_accept_length": states[0].get("avg_spec_accept_length")}
+                snap["sglang_avg_spec_accept_length"] = states[0].get("avg_spec_accept_length")
         except (Unreachable, ValueError, AttributeError, IndexError):
             pass
-        return {}
+        try:
+            answer = api.get("/metrics")  # 404 without --enable-metrics
+            if answer.status == 200:
+                values = parse_metrics(answer.text)
+                snap["sglang_metrics"] = {"generation_tokens": values.get(GENERATION_TOKENS),
+                                          "verify_calls": values.get(VERIFY_CALLS)}
+        except (Unreachable, ValueError):
+            pass
+        return snap
+
+    def window(self, before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+        found = metrics_window(before, after)
+        return {"speculative": found} if found else {}
 
     def log_acceptance(self, text: str) -> dict[str, Any] | None:
         return log_acceptance(text)
 
     def acceptance(self, result: dict[str, Any]) -> Acceptance | None:
+        """Per window first: /metrics differences (exact for the requests finished in the window), then the
+        window's decode log lines; /server_info's cumulative average only when neither exists."""
+        spec = result.get("speculative") or {}
+        if spec.get("verify_steps") and spec.get("acceptance_length") is not None:
+            return float(spec["acceptance_length"]), str(spec["source"])
         log = result.get("speculative_log") or {}
         if log.get("mean") is not None:
-            return float(log["mean"]), "SGLang `accept len` log lines in the window (mean over batches)"
+            return float(log["mean"]), "SGLang decode log lines in the window (accept len, weighted by #running-req)"
         info = ((result.get("server") or {}).get("after") or {}).get("sglang_avg_spec_accept_length")
         if info is not None:
-            return float(info), "SGLang /server_info avg_spec_accept_length after the window"
+            return float(info), "SGLang /server_info avg_spec_accept_length (cumulative since start or /flush_cache)"
         return None
+
+    def acceptance_rate(self, result: dict[str, Any]) -> float | None:
+        """The window's decode log lines' `accept rate` (SGLang's counters carry no draft counts)."""
+        log = result.get("speculative_log") or {}
+        return None if log.get("rate") is None else float(log["rate"])
 
     def reset_prefix_cache(self, api: EngineAPI) -> None:
         with contextlib.suppress(Unreachable):

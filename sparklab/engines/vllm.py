@@ -316,7 +316,7 @@ class VLLM(Engine):
 
     def acceptance(self, result: dict[str, Any]) -> Acceptance | None:
         spec = result.get("speculative") or {}
-        if spec.get("acceptance_length") is not None:
+        if spec.get("drafts") and spec.get("acceptance_length") is not None:  # drafts: vLLM's counters, not SGLang's
             return float(spec["acceptance_length"]), "vLLM spec-decode counters (/metrics delta over the window)"
         return None
 

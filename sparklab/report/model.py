@@ -55,13 +55,6 @@ def _summary(key: str, stat: str | None = None) -> Callable[[dict[str, Any]], fl
     return read
 
 
-def _speculative(key: str) -> Callable[[dict[str, Any]], float | None]:
-    def read(result: dict[str, Any]) -> float | None:
-        value = (result.get("speculative") or {}).get(key)
-        return None if value is None else float(value)
-    return read
-
-
 def acceptance(result: dict[str, Any]) -> tuple[float | None, str | None]:
     """Acceptance length and where it came from, as the engine's adapter reads its stored result (vLLM: its
     counters over the window; SGLang: its `accept len` log lines in the window, else /server_info)."""
@@ -76,7 +69,7 @@ METRICS: dict[str, Callable[[dict[str, Any]], float | None]] = {
     "ttft_p50_ms": _summary("ttft_ms", "p50"),
     "tpot_p50_ms": _summary("tpot_ms", "p50"),
     "acceptance_length": lambda result: acceptance(result)[0],
-    "acceptance_rate": _speculative("acceptance_rate"),
+    "acceptance_rate": engines.acceptance_rate,
     "prompt_tokens": _summary("prompt_tokens", "mean"),
     "tokens_per_request": _summary("tokens_per_request"),
 }

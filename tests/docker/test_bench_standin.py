@@ -40,21 +40,36 @@ def test_bench_a_running_up_server_with_multi_token_chunks_and_reasoning(cli: Cl
         assert cli.run("down", name).returncode == 0
 
 
-def test_bench_sglang_reads_server_info_and_the_accept_len_log_lines(cli: Cli, tmp_path) -> None:
+@pytest.mark.parametrize("metrics", [False, True], ids=["log-lines", "enable-metrics"])
+def test_bench_sglang_acceptance_is_the_windows_own_with_a_rate(cli: Cli, tmp_path, metrics: bool) -> None:
+    """Warm-up runs with 1-token chunks (acceptance length 1) before the window's 1,3,2 chunks (2.0): a
+    per-window reading says 2.0, the cumulative /server_info value says less."""
+    extra = ["--serve-arg=--enable-metrics"] if metrics else []
     up = cli.run("up", "dspark", "--engine", "sglang", "--detach", *cli.launch_args(
-        free_port(), "-e", "STANDIN_TOKENS_PER_CHUNK=1,3,2", "-e", "STANDIN_TOKEN_DELAY=0.002"))
+        free_port(), "-e", "STANDIN_TOKENS_PER_CHUNK=1,3,2", "-e", "STANDIN_TOKEN_DELAY=0.002", *extra))
     assert up.returncode == 0, up.stderr
     name = field(up.stdout, "container")
     try:
+        # earlier traffic the window must not count: 3 single-token chunks (acceptance length 1.0 each)
+        warm = cli.run("bench", "--container", name, "-n", "2", "--warmup", "0", "--max-tokens", "1",
+                       "--ignore-eos")
+        assert warm.returncode == 0, warm.stderr
         out = tmp_path / "cell.json"
         done = cli.run("bench", "--container", name, "-n", "4", "--warmup", "1", "--max-tokens", "24",
                        "--ignore-eos", "--json", str(out))
         assert done.returncode == 0, done.stderr
         result = json.loads(out.read_text())
-        assert result["speculative"] is None  # no vLLM counters on SGLang
-        assert result["server"]["after"]["sglang_avg_spec_accept_length"] == pytest.approx(2.0)
+        cumulative = result["server"]["after"]["sglang_avg_spec_accept_length"]
+        assert cumulative < 2.0  # the earlier requests pull the server-life average down
         log = result["speculative_log"]
         assert log["samples"] == 4 and log["median"] == pytest.approx(2.0)  # the warmup's line is outside the window
-        assert "accept len" in done.stdout
+        assert log["rate"] == pytest.approx((2.0 - 1) / 3, abs=0.005)  # DSpark K=3: 1 of 3 drafts accepted per step (.2f)
+        if metrics:
+            spec = result["speculative"]
+            assert spec["verify_steps"] == 4 * 12 and spec["acceptance_length"] == pytest.approx(2.0)
+            assert "sglang:spec_verify_calls_total" in spec["source"]
+        else:
+            assert result["speculative"] is None  # SGLang serves /metrics only with --enable-metrics
+        assert "accept len" in done.stdout and "rate 33.0%" in done.stdout
     finally:
         assert cli.run("down", name).returncode == 0

@@ -91,7 +91,9 @@ def test_sglang_sweep_keeps_the_accept_len_lines_and_reports_them(cli: Cli, tmp_
     doc = json.loads(shown.stdout)
     dspark = next(g for g in doc["groups"] if g["method"] == "dspark")
     assert dspark["n"] == 2 and dspark["metrics"]["acceptance_length"]["mean"] == pytest.approx(2.0)
-    assert dspark["acceptance_sources"] == ["SGLang `accept len` log lines in the window (mean over batches)"]
+    assert dspark["acceptance_sources"] == [
+        "SGLang decode log lines in the window (accept len, weighted by #running-req)"]
+    assert dspark["metrics"]["acceptance_rate"]["mean"] == pytest.approx(1 / 3, abs=0.005)  # (2.0 - 1) / K, printed .2f
     assert dspark["speedup"] and dspark["speedup_ci95_low"] is not None
     assert doc["best"][0]["up_command"].startswith("sparklab up gb10:")
     # The sweep's closing table is drawn from the same model: it shows the acceptance the report found (it
