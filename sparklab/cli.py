@@ -188,6 +188,20 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     return 0 if outcome.complete else 6
 
 
+def cmd_tune(args: argparse.Namespace) -> int:
+    import time
+
+    from sparklab import tuning
+    from sparklab.console import tune_summary
+
+    outcome = tuning.run_tune(tuning.request_from_args(args), lambda message: err.print(
+        f"{time.strftime('%H:%M:%S')} {message}", markup=False, highlight=False))
+    if outcome.interrupted:
+        return err.print(f"interrupted; the same command continues {outcome.run_dir}", markup=False) or 130
+    out.print(tune_summary(_built_report(outcome.run_dir / "results.sqlite"), outcome.state), markup=False)
+    return 0 if outcome.state.get("picks") else 6
+
+
 def _built_report(path: Path, overrides: Any = None) -> Any:
     from sparklab import report
     from sparklab.store import Store
@@ -303,8 +317,8 @@ def cmd_pull(args: argparse.Namespace) -> int:
 
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
-    "pull": cmd_pull,
-    "render": cmd_render, "up": cmd_up, "bench": cmd_bench, "sweep": cmd_sweep, "report": cmd_report,
+    "pull": cmd_pull, "render": cmd_render, "up": cmd_up, "bench": cmd_bench, "sweep": cmd_sweep, "tune": cmd_tune,
+    "report": cmd_report,
     "down": cmd_down, "ps": cmd_ps, "logs": cmd_logs, "gc": cmd_gc, "recipes": cmd_recipes,
 }
 

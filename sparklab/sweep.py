@@ -135,8 +135,9 @@ def timing_model(plan: Plan, history: list[Path]) -> TimingModel:
     return model
 
 
-def register(plan: Plan, store: Store) -> int:
-    """Put the plan into the store (idempotent: a run started again adds only what is new)."""
+def register(plan: Plan, store: Store, only: Callable[[ServerConfig, Any], bool] | None = None) -> int:
+    """Put the plan into the store (idempotent: a run started again adds only what is new); `only`: the cells
+    to add (every server config is added), for `sparklab tune`, which plans its cells as it goes."""
     devices = load_hardware()
     for server in plan.servers:
         # The spec holds no secret: the API key is the placeholder "<redacted:api-key>" or an env var name.
@@ -150,7 +151,7 @@ def register(plan: Plan, store: Store) -> int:
                 "sampling": plan.sweep.sampling.model_dump()}
     return store.add_cells(
         PlannedCell(c.id, server.id, c.concurrency, c.workload, c.repeat, {**settings, "requests": c.requests})
-        for server in plan.servers for c in server.cells)
+        for server in plan.servers for c in server.cells if only is None or only(server, c))
 
 
 def run(plan: Plan, store: Store, docker: Docker, run_dir: Path, options: Options, say: Say) -> dict[str, int]:
@@ -390,7 +391,7 @@ def sweep(request: Request, say: Say, docker: Docker | None = None) -> Outcome:
             if request.retry_failed:
                 say(f"{store.retry_failed()} failed or partial cell(s) will run again")
             if request.download and store.pending_cells():
-                _download(plan, store, say)
+                download(plan, store, say)
             say(f"run {run_dir} ({'continued' if exists else 'new'}; {added} new cell(s)): {store.counts()}")
             try:
                 counts = run(plan, store, docker, run_dir, request.options, say)
@@ -406,7 +407,7 @@ def sweep(request: Request, say: Say, docker: Docker | None = None) -> Outcome:
     return Outcome(run_dir, counts)
 
 
-def _download(plan: Plan, store: Store, say: Say) -> None:
+def download(plan: Plan, store: Store, say: Say) -> None:
     """Every checkpoint the servers mount into the cache, before any clock starts; revisions kept with the run."""
     from sparklab import pull
 
