@@ -136,6 +136,8 @@ def _tune_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--new", action="store_true", help="start a new run even if an earlier one can continue")
     p.add_argument("--runs-dir", type=Path, default=Path("runs"), help="where runs are kept (default ./runs)")
     p.add_argument("--pull", default="missing", choices=["missing", "always", "never"])
+    p.add_argument("--ulimit", dest="ulimits", action="append", default=[], metavar="NAME=SOFT[:HARD]",
+                   help="override a container ulimit for every server")
     p.add_argument("--no-download", dest="download", action="store_false",
                    help="do not fetch every model and draft into the Hugging Face cache first")
     p.set_defaults(command="tune")

@@ -334,9 +334,12 @@ def _bisect(state: _State, method: str) -> list[Config]:
     return out
 
 
+SINGLE_RUN_TIE = 0.01  # single runs have no interval: within 1% of each other they count as overlapping
+
+
 def _overlap(a: Estimate, b: Estimate) -> bool:
     if a.low is None or a.high is None or b.low is None or b.high is None:
-        return True  # a single run has no interval: nothing says they differ
+        return abs(a.mean - b.mean) <= SINGLE_RUN_TIE * max(a.mean, b.mean)
     return a.low <= b.high and b.low <= a.high
 
 
@@ -356,7 +359,9 @@ def _confirm(state: _State) -> tuple[list[Config], list[Pick]]:
             more += short
             continue
         config, chosen = min([(best, best_e), *close], key=lambda s: (_k(s[0]), -s[1].mean))
-        if not close:
+        if not close and best_e.low is None:
+            note = f"the highest of {len(scored)} measured, single runs (no interval: run with --repeats 2 or more)"
+        elif not close:
             note = f"{label(best)}'s 95% interval lies above every other config's ({len(scored)} measured)"
         elif config == best:
             note = (f"overlaps {', '.join(label(x) for x, _ in close)} after {best_e.n} repeats; "

@@ -39,6 +39,7 @@ class TuneRequest:
     new: bool = False
     options: sweep.Options = field(default_factory=sweep.Options)
     download: bool = True
+    ulimits: tuple[str, ...] = ()
 
 
 @dataclass
@@ -123,7 +124,7 @@ def run_tune(request: TuneRequest, say: sweep.Say, docker: Docker | None = None)
         path = run_dir / "results.sqlite"
         if not exists:
             space_path = write_space(run_dir, request.space, request.settings)
-            plan = build_plan(space_path, run_id=run_dir.name)
+            plan = build_plan(space_path, run_id=run_dir.name, ulimits=request.ulimits)
             store = Store.create(path, plan.sweep.model_dump(), __version__)
             with store:
                 store.set_host_facts(sweep.host_facts())
@@ -134,7 +135,7 @@ def run_tune(request: TuneRequest, say: sweep.Say, docker: Docker | None = None)
             state = _state(store)
             if not state:
                 raise SparklabError(f"{path}: a sweep's results, not a tune's", "Give a tune run to --resume.")
-            plan = build_plan(run_dir / SPACE_FILE, run_id=run_dir.name)
+            plan = build_plan(run_dir / SPACE_FILE, run_id=run_dir.name, ulimits=request.ulimits)
             if exists:
                 say(f"continuing {run_dir} with its stored space and settings ({run_dir / SPACE_FILE})")
             return _search(plan, store, docker or Docker(), run_dir, request, state, say)
@@ -261,4 +262,4 @@ def request_from_args(args: Any) -> TuneRequest:
                           "Give --max-repeats at least --repeats (equal: no extra repeats).")
     settings = tune.Settings(repeats, max_repeats, args.tolerance, args.ttft_max)
     return TuneRequest(space, settings, args.objective, args.runs_dir, args.resume, args.new,
-                       sweep.Options(args.pull), download=args.download)
+                       sweep.Options(args.pull), download=args.download, ulimits=tuple(args.ulimits))

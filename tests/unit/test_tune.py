@@ -239,3 +239,10 @@ def test_tune_on_a_sweep_file_takes_its_space_and_lays_flags_over_it() -> None:
     assert request.space["methods"] == ["none", "ngram", "draft_model"]
     assert request.space["num_speculative_tokens"] == [1, 2] and request.space["concurrency"] == [1, 4]
     assert request.settings == Settings(2, 2, 0.15, None)
+
+
+def test_single_runs_pick_the_highest_mean_and_say_there_is_no_interval() -> None:
+    world, sp = ngram_world(), space()
+    done, _, _ = run(world, sp, Settings(repeats=1, max_repeats=1))
+    assert {p.concurrency: p.config for p in done.picks} == {c: best_in_grid(world, sp, c) for c in CS}
+    assert all("no interval" in p.note for p in done.picks)
