@@ -363,6 +363,9 @@ def _confirm(state: _State) -> tuple[list[Config], list[Pick]]:
             note = f"the highest of {len(scored)} measured, single runs (no interval: run with --repeats 2 or more)"
         elif not close:
             note = f"{label(best)}'s 95% interval lies above every other config's ({len(scored)} measured)"
+        elif best_e.low is None:
+            note = (f"single runs within {SINGLE_RUN_TIE:.0%} of {', '.join(label(x) for x, _ in close)} (no "
+                    "interval): the smallest K among them")
         elif config == best:
             note = (f"overlaps {', '.join(label(x) for x, _ in close)} after {best_e.n} repeats; "
                     "it has the smallest K among them")

@@ -246,3 +246,4 @@ def test_single_runs_pick_the_highest_mean_and_say_there_is_no_interval() -> Non
     done, _, _ = run(world, sp, Settings(repeats=1, max_repeats=1))
     assert {p.concurrency: p.config for p in done.picks} == {c: best_in_grid(world, sp, c) for c in CS}
     assert all("no interval" in p.note for p in done.picks)
+    assert next(p for p in done.picks if p.concurrency == 4).config == ("ngram", 2)  # ties K=3: smaller K
