@@ -251,7 +251,7 @@ def _margin(state: _State, method: str) -> float:
     return max(errors) if errors else state.settings.tolerance
 
 
-def _kind(state: _State, method: str) -> str:
+def _role(state: _State, method: str) -> str:
     if not state.space.drafting[method]:
         return "baseline"
     if method in CHAIN_DRAFTERS and _mispredicted(state, method) is None:
@@ -263,11 +263,11 @@ def _probes(state: _State) -> list[Config]:
     wanted: list[Config] = []
     have_baseline = any(not state.space.drafting[m] for m in state.space.methods)
     for method in state.space.methods:
-        kind = "baseline" if not state.space.drafting[method] else (
+        role = "baseline" if not state.space.drafting[method] else (
             "chain" if method in CHAIN_DRAFTERS else "measured")
-        if kind == "baseline":
+        if role == "baseline":
             wanted.append((method, None))
-        elif kind == "chain":
+        elif role == "chain":
             probe = _probe(state, method)
             if probe is not None:
                 wanted.append(probe)
@@ -384,10 +384,10 @@ def decide(space: Space, settings: Settings, obs: Observations) -> Measure | Don
         return Measure(tuple(dict.fromkeys(probes)), settings.repeats, "probe")
     wanted: list[Config] = []
     for method in space.methods:
-        kind = _kind(state, method)
-        if kind == "chain":
+        role = _role(state, method)
+        if role == "chain":
             wanted += _promising_predictions(state, method)
-        elif kind == "measured":
+        elif role == "measured":
             wanted += _bisect(state, method)
     wanted = [config for config in dict.fromkeys(wanted) if not state.settled(config, settings.repeats)]
     if wanted:
