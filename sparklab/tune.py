@@ -34,6 +34,7 @@ from sparklab.metrics import Estimate, estimate
 # Drafters whose draft token at position i does not depend on K (vLLM method names).
 CHAIN_DRAFTERS = frozenset({"ngram", "draft_model", "eagle", "eagle3", "mtp", "medusa"})
 OBJECTIVES = ("aggregate", "per-request", "decode")
+BASELINE_ANCHOR = "baseline as K=0"
 
 Config = tuple[str, "int | None"]  # (method, K); K is None for a method that does not draft
 
@@ -142,9 +143,14 @@ class _State:
             return None
         return estimate(cell.values)
 
+    def leader(self, c: int) -> tuple[Config, float] | None:
+        """The measured config with the highest mean at c, and that mean."""
+        means = [(config, e.mean) for config in self.obs if (e := self.eligible(config, c)) is not None]
+        return max(means, key=lambda m: m[1]) if means else None
+
     def incumbent(self, c: int) -> float | None:
-        means = [e.mean for config in self.obs if (e := self.eligible(config, c)) is not None]
-        return max(means) if means else None
+        leader = self.leader(c)
+        return leader[1] if leader else None
 
 
 def acceptance_length(per_position: Iterable[float], k: int) -> float:
@@ -200,7 +206,7 @@ def predict(state: _State, method: str, c: int, leave_out: int | None = None) ->
         used.append(f"K={k}")
     if len(points) < 2 and (base := _baseline_cost(state, c)) is not None:
         points.append((0, base))
-        used.append("baseline as K=0")
+        used.append(BASELINE_ANCHOR)
     line = _fit(points)
     if line is None:
         return {}
@@ -217,7 +223,9 @@ def predict(state: _State, method: str, c: int, leave_out: int | None = None) ->
 
 
 def _errors(state: _State, method: str) -> list[tuple[float, int, int, float, float]]:
-    """(relative error, K, C, predicted, measured) of each measured K other than the probe, predicted without it."""
+    """(relative error, K, C, predicted, measured) of each measured K other than the probe, predicted without it
+    from two or more other measured K values (a prediction leaning on the baseline as K = 0 is only what picks
+    the second K, which is measured whatever it says)."""
     probe = _probe(state, method)
     out = []
     for k in state.space.ks:
@@ -228,7 +236,7 @@ def _errors(state: _State, method: str) -> list[tuple[float, int, int, float, fl
             if not cell.values:
                 continue
             guess = predict(state, method, c, leave_out=k).get(k)
-            if guess is not None:
+            if guess is not None and BASELINE_ANCHOR not in guess.basis:
                 measured = sum(cell.values) / len(cell.values)
                 out.append((guess.value / measured - 1, k, c, guess.value, measured))
     return out
@@ -244,11 +252,15 @@ def _mispredicted(state: _State, method: str) -> str | None:
     return None
 
 
+def _measured_ks(state: _State, method: str) -> set[int]:
+    return {k for k in state.space.ks for c in state.space.concurrencies if state.cell((method, k), c).values}
+
+
 def _margin(state: _State, method: str) -> float:
-    """How far below the best measured value a prediction may be and still be loaded: the tolerance until a
-    prediction of this method has been checked against a measurement, then the largest error seen."""
+    """How far below the best measured value a prediction may be and still be loaded: the largest error a
+    two-point prediction of this method has made; none yet: 0 (the line through two measured K is believed)."""
     errors = [abs(e[0]) for e in _errors(state, method)]
-    return max(errors) if errors else state.settings.tolerance
+    return max(errors) if errors else 0.0
 
 
 def _role(state: _State, method: str) -> str:
@@ -289,19 +301,27 @@ def _promising_predictions(state: _State, method: str) -> list[Config]:
     out = []
     margin = _margin(state, method)
     probe = _probe(state, method)
-    # Until a second K is measured, the step cost leans on the baseline as K = 0, which a drafting server's
-    # own overhead can make wrong in either direction: a competitive probe always gets a second K.
-    second = probe is not None and not any(state.cell((method, k), c).values for k in state.space.ks
-                                           if k != probe[1] for c in state.space.concurrencies)
+    others = sorted(k for k in state.space.ks if probe is not None and k < probe[1] and not state.dead((method, k)))
+    if probe is not None and others and len(_measured_ks(state, method)) < 2:
+        # The second point of the step-cost line: the smallest K (the farthest from the probe, so the line
+        # interpolates), loaded when the probe or a prediction leaning on the baseline as K = 0 competes.
+        for c in state.space.concurrencies:
+            guesses = predict(state, method, c)
+            probe_value = (e.mean if (e := state.eligible(probe, c)) else None)
+            top = max((p.value for p in guesses.values()), default=None)
+            if _competitive(state, probe_value, c) or _competitive(state, top, c):
+                return [(method, others[0])]
+        return []
     for c in state.space.concurrencies:
         guesses = predict(state, method, c)
         unmeasured = [p for k, p in guesses.items() if state.cell((method, k), c).settled == 0]
         if not unmeasured:
             continue
         top = max(unmeasured, key=lambda p: p.value)
-        check = second and probe is not None and _competitive(state, state.eligible(probe, c) and
-                                                              state.eligible(probe, c).mean, c)
-        if (check or _competitive(state, top.value, c, margin)) and not state.dead(top.config):
+        leader = state.leader(c)
+        if leader is not None and top.value <= leader[1] and _k(top.config) >= _k(leader[0]):
+            continue  # at best a tie with a smaller K, which wins ties
+        if _competitive(state, top.value, c, margin) and not state.dead(top.config):
             out.append(top.config)
     return out
 

@@ -99,7 +99,8 @@ def test_a_chain_drafter_is_predicted_and_the_best_found_with_fewer_loads_than_t
     picks = {p.concurrency: p.config for p in done.picks}
     assert picks == {c: best_in_grid(world, sp, c) for c in CS}
     assert picks[1] != picks[4]  # the world was built so that K differs per concurrency
-    # the baseline, the probe at K=6, the predicted best at each C, and K=3, predicted to tie with K=2 at C=4
+    # the baseline, the probe at K=6, K=1 for the step cost's second point, the predicted best at each C
+    # (K=3 ties K=2 at C=4 and is not loaded: the smaller K wins a tie)
     assert loads == 5 < 1 + len(KS)
     rows = tune.predictions(sp, Settings(), obs)
     unloaded = [(p, world.true(p.config, p.concurrency)) for p, measured in rows if measured is None]
