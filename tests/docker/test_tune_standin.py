@@ -25,7 +25,8 @@ def _space(tmp_path: Path, image: str) -> Path:
         "sampling": {"max_tokens": 12, "temperature": 0, "top_p": None, "ignore_eos": True},
         "set": [f"engines.vllm.image={image}", "engines.vllm.gpus=none", "engines.vllm.mount_hf_cache=false",
                 "engines.vllm.ulimits={stack: 67108864}", f"engines.vllm.port={free_port()}",
-                "gpu_memory_utilization=0.01", "engines.vllm.env={STANDIN_TOKEN_DELAY: '0.02', STANDIN_TOKENS_PER_CHUNK: '4,1,3,2'}"],
+                "gpu_memory_utilization=0.01",
+                "engines.vllm.env={STANDIN_TOKEN_DELAY: '0.02', STANDIN_TOKENS_PER_CHUNK: '5,1,5,2'}"],
     }
     path = tmp_path / "space.yaml"
     path.write_text(yaml.safe_dump(doc))
@@ -65,8 +66,9 @@ def test_tune_resumes_after_ctrl_c_and_loads_fewer_servers_than_the_grid(cli: Cl
     assert len({c.id for c in cells}) == len(cells)
     assert {p["concurrency"] for p in state["picks"]} == {1, 2}
     loaded = {name for r in state["rounds"] for name in r["loads"]}
-    # one step per chunk whatever K, chunks capped at K+1 with K-independent sizes: a chain drafter whose best
-    # K is the largest, found with the baseline, the probe at K=4 and one check of the prediction
+    # one step per chunk whatever K, chunks capped at K+1 with K-independent sizes (acceptance length 1.75,
+    # 2.25, 2.75, 3.25 at K=1..4): a chain drafter whose best K is the largest, found with the baseline, the
+    # probe at K=4 and K=1 for the step cost's second point
     assert {(p["method"], p["k"]) for p in state["picks"]} == {("mtp", 4)}
     assert len(loaded) == 3 < 1 + 4, loaded
     assert state["loads"] >= len(loaded)  # the interrupted round's server counts again when it reloads
