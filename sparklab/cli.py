@@ -189,15 +189,14 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    import time
-
     from sparklab import tuning
-    from sparklab.console import tune_summary
+    from sparklab.console import timestamped, tune_summary
 
-    outcome = tuning.run_tune(tuning.request_from_args(args), lambda message: err.print(
-        f"{time.strftime('%H:%M:%S')} {message}", markup=False, highlight=False))
+    say = timestamped(err)
+    outcome = tuning.run_tune(tuning.request_from_args(args), say)
     if outcome.interrupted:
-        return err.print(f"interrupted; the same command continues {outcome.run_dir}", markup=False) or 130
+        say(f"interrupted; the same command continues {outcome.run_dir}")
+        return 130
     out.print(tune_summary(_built_report(outcome.run_dir / "results.sqlite"), outcome.state), markup=False)
     return 0 if outcome.state.get("picks") else 6
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import shlex
+import time
+from collections.abc import Callable
 from typing import Any
 
 from rich.console import Group
@@ -187,6 +189,13 @@ def recipes_table() -> Table:
         for name, engine in recipe.engines.items():
             table.add_row(recipe.name, name, ", ".join(engine.methods), engine.image)
     return table
+
+
+def timestamped(console: Any) -> Callable[[str], None]:
+    """A plain line per event, with the time: for logs and overnight runs."""
+    def say(message: str) -> None:
+        console.print(f"{time.strftime('%H:%M:%S')} {message}", markup=False, highlight=False)
+    return say
 
 
 def _interval(low: float | None, high: float | None) -> str:
