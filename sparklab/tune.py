@@ -19,8 +19,9 @@ The search, per concurrency, for the objective (higher is better; a TTFT bound m
    "measured only" from then on;
 3. measured-only methods: halve the K interval around the best measured K (a bisection over the list of K,
    assuming tok/s is unimodal in K) while the method is within `tolerance` of the best;
-4. confirm: the best measured config and every config whose 95% interval overlaps its own get repeats up to
-   `max_repeats`; if intervals still overlap, the smallest K among them wins (no drafting counts as K = 0).
+4. confirm: the best measured config and every config it cannot be told apart from (the 95% interval of the
+   ratio of their means holds 1.0) get repeats up to `max_repeats`; if they still cannot be told apart, the
+   smallest K among them wins (no drafting counts as K = 0).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from sparklab.metrics import Estimate, estimate
+from sparklab.metrics import Estimate, estimate, ratio
 
 # Drafters whose draft token at position i does not depend on K (vLLM method names).
 CHAIN_DRAFTERS = frozenset({"ngram", "draft_model", "eagle", "eagle3", "mtp", "medusa"})
@@ -358,9 +359,12 @@ SINGLE_RUN_TIE = 0.01  # single runs have no interval: within 1% of each other t
 
 
 def _overlap(a: Estimate, b: Estimate) -> bool:
-    if a.low is None or a.high is None or b.low is None or b.high is None:
+    """Whether two configs' measurements do not tell them apart: the 95% interval of the ratio of their means
+    (Welch, as the report's speed-ups) holds 1.0; for single runs, means within 1% of each other."""
+    interval = ratio(a, b)
+    if interval is None or interval.significant is None:
         return abs(a.mean - b.mean) <= SINGLE_RUN_TIE * max(a.mean, b.mean)
-    return a.low <= b.high and b.low <= a.high
+    return not interval.significant
 
 
 def _confirm(state: _State) -> tuple[list[Config], list[Pick]]:
@@ -382,16 +386,17 @@ def _confirm(state: _State) -> tuple[list[Config], list[Pick]]:
         if not close and best_e.low is None:
             note = f"the highest of {len(scored)} measured, single runs (no interval: run with --repeats 2 or more)"
         elif not close:
-            note = f"{label(best)}'s 95% interval lies above every other config's ({len(scored)} measured)"
+            note = (f"faster than each of the other {len(scored) - 1} measured configs: the 95% interval of the "
+                    "ratio excludes 1")
         elif best_e.low is None:
             note = (f"single runs within {SINGLE_RUN_TIE:.0%} of {', '.join(label(x) for x, _ in close)} (no "
                     "interval): the smallest K among them")
         elif config == best:
-            note = (f"overlaps {', '.join(label(x) for x, _ in close)} after {best_e.n} repeats; "
+            note = (f"not told apart from {', '.join(label(x) for x, _ in close)} after {best_e.n} repeats; "
                     "it has the smallest K among them")
         else:
-            note = (f"{label(best)} has the highest mean but its 95% interval overlaps this one's after "
-                    f"{best_e.n} repeats: the smaller K is chosen")
+            note = (f"{label(best)} has the highest mean, but after {best_e.n} repeats the 95% interval of their "
+                    "ratio holds 1: the smaller K is chosen")
         picks.append(Pick(c, config, chosen, best, tuple(x for x, _ in close), note))
     return more, picks
 
