@@ -189,6 +189,19 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     return 0 if outcome.complete else 6
 
 
+def cmd_tune(args: argparse.Namespace) -> int:
+    from sparklab import tuning
+    from sparklab.console import timestamped, tune_summary
+
+    say = timestamped(err)
+    outcome = tuning.run_tune(tuning.request_from_args(args), say)
+    if outcome.interrupted:
+        say(f"interrupted; the same command continues {outcome.run_dir}")
+        return 130
+    out.print(tune_summary(_built_report(outcome.run_dir / "results.sqlite"), outcome.state), markup=False)
+    return 0 if outcome.state.get("picks") else 6
+
+
 def _built_report(path: Path, overrides: Any = None) -> Any:
     from sparklab import report
     from sparklab.store import Store
@@ -246,7 +259,8 @@ def cmd_pull(args: argparse.Namespace) -> int:
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "pull": cmd_pull,
-    "render": cmd_render, "up": cmd_up, "bench": cmd_bench, "sweep": cmd_sweep, "report": cmd_report,
+    "render": cmd_render, "up": cmd_up, "bench": cmd_bench, "sweep": cmd_sweep, "tune": cmd_tune,
+    "report": cmd_report,
     "down": _on_hosts("down"), "ps": _on_hosts("ps"), "logs": _on_hosts("logs"), "gc": _on_hosts("gc"),
     "recipes": cmd_recipes,
 }

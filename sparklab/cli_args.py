@@ -99,6 +99,50 @@ def launch_options(args: argparse.Namespace, mode: str = "up") -> LaunchOptions:
 
 def _host_option(p: argparse.ArgumentParser, help: str) -> None:
     p.add_argument("--host", dest="hosts", action="append", default=[], metavar="DOCKER_HOST", help=help)
+def k_values(text: str) -> list[int]:
+    """--k: 1-8, 1,2,4 or 3 (each K from 1 to MAX_SPECULATIVE_TOKENS)."""
+    whole = _whole(1, MAX_SPECULATIVE_TOKENS)
+    out: list[int] = []
+    for part in text.split(","):
+        low, _, high = part.partition("-")
+        first, last = whole(low.strip()), whole((high or low).strip())
+        if first > last:
+            raise argparse.ArgumentTypeError(f"expected a range from low to high, got {part}")
+        out += range(first, last + 1)
+    return sorted(set(out))
+
+
+def _tune_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("space", metavar="RECIPE|SWEEP",
+                   help="a recipe (name or file) with --methods/--k/--concurrency, or a sweep file (or its name "
+                        "under recipes/sweeps) whose methods x K x concurrency is the space")
+    p.add_argument("--methods", nargs="+", metavar="METHOD", help="methods of the recipe (none, ngram, mtp, …)")
+    p.add_argument("--k", type=k_values, metavar="K", help="speculative tokens to consider: 1-8, 1,2,4 (default 1-3)")
+    p.add_argument("--concurrency", nargs="+", type=_whole(1, MAX_CONCURRENCY), metavar="C",
+                   help="concurrencies to answer for (each gets its own best)")
+    p.add_argument("-w", "--workload", help="one workload (default: the sweep's, else seed)")
+    p.add_argument("--objective", choices=["aggregate", "per-request", "decode"], default="aggregate",
+                   help="what to maximise: aggregate output tok/s, mean per-request tok/s or mean decode tok/s")
+    p.add_argument("--ttft-max", type=_positive(MAX_DURATION_S * 1000), metavar="MS",
+                   help="only configs whose median TTFT (mean over repeats) is at most MS count")
+    p.add_argument("--repeats", type=_whole(1, 20), metavar="N",
+                   help="repeats of every measured config (default: the sweep's, else 2)")
+    p.add_argument("--max-repeats", type=_whole(1, 20), metavar="N",
+                   help="repeats for configs whose 95%% interval overlaps the best's (default: 2 x --repeats)")
+    p.add_argument("-n", "--requests", type=_whole(1, MAX_REQUESTS), help="measured requests per cell (default 10)")
+    p.add_argument("--max-tokens", type=_whole(1, MAX_TOKENS), help="max_tokens per request (default: sweep's)")
+    p.add_argument("--tolerance", type=_positive(1.0), default=0.15, metavar="FRACTION",
+                   help="a prediction this far off stops predicting that method; configs predicted within it "
+                        "of the best are measured (default 0.15)")
+    p.add_argument("--resume", metavar="RUN", help="continue this tune run (default: the newest unfinished one)")
+    p.add_argument("--new", action="store_true", help="start a new run even if an earlier one can continue")
+    p.add_argument("--runs-dir", type=Path, default=Path("runs"), help="where runs are kept (default ./runs)")
+    p.add_argument("--pull", default="missing", choices=["missing", "always", "never"])
+    p.add_argument("--ulimit", dest="ulimits", action="append", default=[], metavar="NAME=SOFT[:HARD]",
+                   help="override a container ulimit for every server")
+    p.add_argument("--no-download", dest="download", action="store_false",
+                   help="do not fetch every model and draft into the Hugging Face cache first")
+    p.set_defaults(command="tune")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -195,6 +239,8 @@ def build_parser() -> argparse.ArgumentParser:
     _host_option(p, "spread the servers over these Docker hosts instead of the sweep file's hosts: "
                     "(repeatable; local, ssh://user@host, tcp://host:2376, or a Docker context)")
     p.set_defaults(command="sweep")
+
+    _tune_args(sub.add_parser("tune", help="the best method and K per concurrency, loading as few servers as it can"))
 
     p = sub.add_parser("report", help="tables, plots, roofline and the best config from a sweep's results (offline)")
     p.add_argument("run", metavar="RUN",

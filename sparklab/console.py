@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import shlex
+import time
+from collections.abc import Callable
 from typing import Any
 
 from rich.console import Group
@@ -219,3 +222,56 @@ def recipes_table() -> Table:
                 f" from {engine.venv}" if engine.venv else "")
             table.add_row(recipe.name, name, ", ".join(engine.methods), where)
     return table
+
+
+def timestamped(console: Any) -> Callable[[str], None]:
+    """A plain line per event, with the time: for logs and overnight runs."""
+    def say(message: str) -> None:
+        console.print(f"{time.strftime('%H:%M:%S')} {message}", markup=False, highlight=False)
+    return say
+
+
+def _interval(low: float | None, high: float | None) -> str:
+    return f" [{low:.2f}, {high:.2f}]" if low is not None and high is not None else " (one run: no interval)"
+
+
+def tune_summary(report: Any, state: dict[str, Any]) -> str:
+    """`sparklab tune`'s answer: the pick per concurrency and how sure, predictions against measurements, the
+    loads it took, and the `sparklab up` command of each winner (with a K schedule where the engine has one)."""
+    settings = state.get("settings", {})
+    bound = f", median TTFT <= {settings['ttft_max_ms']:g} ms" if settings.get("ttft_max_ms") else ""
+    lines = [f"best per concurrency ({state.get('objective')} tok/s{bound}; 95% intervals over repeats):"]
+    for pick in state.get("picks", []):
+        lines.append(f"  C={pick['concurrency']}: {pick['label']}: {pick['mean']:.2f} tok/s"
+                     f"{_interval(pick['low'], pick['high'])} (n={pick['n']}); {pick['note']}")
+    if not state.get("picks"):
+        lines.append("  none: no config finished at any concurrency (see the report's failures)")
+    predicted = state.get("predictions", [])
+    if predicted:
+        lines.append("predicted vs measured (step cost linear in K, acceptance from the largest K's per-position "
+                     "rates; a measured K's prediction was made without it):")
+        for row in predicted:
+            measured = row["measured"]
+            after = (f"measured {measured:.2f} ({row['predicted'] / measured - 1:+.1%})" if measured
+                     else "not loaded")
+            lines.append(f"  {row['method']} K={row['k']} C={row['concurrency']}: predicted {row['predicted']:.2f}, "
+                         f"{after}")
+    lines.append(f"model loads: {state.get('loads', 0)} in {len(state.get('rounds', []))} round(s); "
+                 f"wall time {state.get('wall_s', 0.0):.0f} s")
+    lines += [f"note: {note}" for note in state.get("notes", [])]
+    servers = {(s.method, s.k): s for s in report.servers}
+    lines.append("run the winner:")
+    for pick in state.get("picks", []):
+        server = servers.get((pick["method"], pick["k"]))
+        if server is not None:
+            lines.append(f"  C={pick['concurrency']}: {server.up_command}")
+    schedule = state.get("schedule")
+    if schedule and schedule.get("serve_args") and (server := servers.get((schedule["method"], schedule["k"]))):
+        ranges = ", ".join(f"{a}-{b}: K={k}" for a, b, k in schedule["ranges"])
+        lines.append(f"one server for every concurrency, K per batch size ({ranges}):")
+        extra = "".join(" " + shlex.quote(f"--serve-arg={a}") for a in schedule["serve_args"])
+        lines.append(f"  {server.up_command}{extra}")
+    elif schedule:
+        lines.append(f"no K schedule printed: {schedule['method']} wins with different K per concurrency, but "
+                     f"engine version {schedule.get('engine_version')} has no per-batch-size K setting sparklab knows")
+    return "\n".join(lines)

@@ -60,10 +60,6 @@ def image_changes(label: str, earlier: set[str], digest: str | None) -> list[str
     return [f"server {label}'s image is now {digest}, its earlier cells ran on {', '.join(sorted(earlier))}"]
 
 
-def as_meta(value: dict[str, Any]) -> str:
-    return json.dumps(value, sort_keys=True)
-
-
 def from_meta(meta: dict[str, str]) -> dict[str, Any] | None:
     text = meta.get(META_KEY)
     return json.loads(text) if text else None

@@ -266,9 +266,12 @@ class Store:
                      _dumps(cell.settings))).rowcount
         return added
 
-    def set_meta(self, key: str, value: str) -> None:
+    def set_meta(self, key: str, value: Any) -> None:
+        """A JSON document about the run beside the sweep (e.g. `sparklab tune`'s state); "sweep" is fixed."""
+        if key == "sweep":
+            raise ValueError("the sweep document is written once, by Store.create")
         with self._transaction() as conn:
-            conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (key, value))
+            conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (key, _dumps(value)))
 
     def set_host_facts(self, facts: dict[str, Any]) -> None:
         with self._transaction() as conn:

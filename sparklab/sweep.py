@@ -140,8 +140,9 @@ def timing_model(plan: Plan, history: list[Path]) -> TimingModel:
     return model
 
 
-def register(plan: Plan, store: Store) -> int:
-    """Put the plan into the store (idempotent: a run started again adds only what is new)."""
+def register(plan: Plan, store: Store, only: Callable[[ServerConfig, Any], bool] | None = None) -> int:
+    """Put the plan into the store (idempotent: a run started again adds only what is new); `only`: the cells
+    to add (every server config is added), for `sparklab tune`, which plans its cells as it goes."""
     devices = load_hardware()
     for server in plan.servers:
         # The spec holds no secret: the API key is the placeholder "<redacted:api-key>" or an env var name.
@@ -155,7 +156,7 @@ def register(plan: Plan, store: Store) -> int:
                 "sampling": plan.sweep.sampling.model_dump()}
     return store.add_cells(
         PlannedCell(c.id, server.id, c.concurrency, c.workload, c.repeat, {**settings, "requests": c.requests})
-        for server in plan.servers for c in server.cells)
+        for server in plan.servers for c in server.cells if only is None or only(server, c))
 
 
 def run(plan: Plan, store: Store, docker: Runtime | Docker | None, run_dir: Path, options: Options, say: Say,
@@ -475,7 +476,7 @@ def sweep(request: Request, say: Say, docker: Runtime | None = None) -> Outcome:
             if request.retry_failed:
                 say(f"{store.retry_failed()} failed or partial cell(s) will run again")
             if request.download and store.pending_cells():
-                _download(plan, store, say)
+                download(plan, store, say)
             say(f"run {run_dir} ({'continued' if exists else 'new'}; {added} new cell(s)): {store.counts()}")
             try:
                 counts = run(plan, store, docker, run_dir, request.options, say, hosts)
@@ -505,7 +506,7 @@ def _check_drift(plan: Plan, store: Store, exists: bool, allow: bool, say: Say) 
         store.record_failure("drift", "; ".join(changes) + " (--allow-drift)")
         say(f"drift allowed: {'; '.join(changes)}")
     if not changes or not store.meta().get(provenance.META_KEY):
-        store.set_meta(provenance.META_KEY, provenance.as_meta(current))
+        store.set_meta(provenance.META_KEY, current)
 
 
 def _hosts(request: Request, plan: Plan) -> list[Host] | None:
@@ -515,7 +516,7 @@ def _hosts(request: Request, plan: Plan) -> list[Host] | None:
     return parse_hosts(plan.sweep.hosts, f"{request.file}") if plan.sweep.hosts else None
 
 
-def _download(plan: Plan, store: Store, say: Say) -> None:
+def download(plan: Plan, store: Store, say: Say) -> None:
     """Every checkpoint the servers mount into the cache, before any clock starts; revisions kept with the run."""
     from sparklab import pull
 

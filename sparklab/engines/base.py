@@ -215,6 +215,11 @@ class Engine:
     def version(self, api: EngineAPI) -> str | None:
         return None
 
+    def k_schedule_args(self, ranges: Sequence[tuple[int, int, int]], version: str | None) -> list[str] | None:
+        """Serve arguments for K per batch-size range ((first, last, K), inclusive), or None when this engine
+        (at this version) has no such setting."""
+        return None
+
 
 # ---------------------------------------------------------------------------------------------------
 # argv helpers shared by the adapters

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -331,6 +332,16 @@ class VLLM(Engine):
             return str(answer.json().get("version")) if answer.status == 200 else None
         except (Unreachable, ValueError, AttributeError):
             return None
+
+    def k_schedule_args(self, ranges: Sequence[tuple[int, int, int]], version: str | None) -> list[str] | None:
+        """speculative_config.num_speculative_tokens_per_batch_size: [[first, last, K], ...] (read in vLLM 0.27.1's
+        vllm/config/speculative.py and v1/spec_decode/dynamic/utils.py: ranges from batch size 1, K <= the
+        server's num_speculative_tokens, K 0 allowed). Not known for older versions: None."""
+        numbers = tuple(int(x) for x in re.findall(r"\d+", version or "")[:3])
+        if len(numbers) < 3 or numbers < (0, 27, 1):
+            return None
+        value = json.dumps([list(r) for r in ranges], separators=(",", ":"))
+        return [f"--speculative_config.num_speculative_tokens_per_batch_size={value}"]
 
 
 ENGINE = VLLM()

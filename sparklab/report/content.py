@@ -253,6 +253,37 @@ def _best(report: Report) -> Section:
     ])
 
 
+def _tune(report: Report) -> Section | None:
+    """`sparklab tune`'s picks, its predictions against what it measured, and what the search cost."""
+    import json
+
+    if "tune" not in report.meta:
+        return None
+    state = json.loads(report.meta["tune"])
+    picks = tuple((str(p["concurrency"]), p["label"], f"{p['mean']:,.2f}",
+                   f"[{p['low']:,.2f}, {p['high']:,.2f}]" if p["low"] is not None else DASH, str(p["n"]), p["note"])
+                  for p in state.get("picks", []))
+    rows = tuple((f"{r['method']} K={r['k']}", str(r["concurrency"]), f"{r['predicted']:,.2f}",
+                  f"{r['measured']:,.2f}" if r["measured"] else "not loaded",
+                  f"{r['predicted'] / r['measured'] - 1:+.1%}" if r["measured"] else DASH, r["basis"])
+                 for r in state.get("predictions", []))
+    rounds = "; ".join(f"{r['why']}: {', '.join(r['loads']) or 'nothing new'}" for r in state.get("rounds", []))
+    blocks: list[Block] = [
+        Para(f"This run is a `sparklab tune` search (objective: {state.get('objective')} tok/s): "
+             f"{state.get('loads', 0)} model loads in {len(state.get('rounds', []))} rounds, "
+             f"{state.get('wall_s', 0.0):,.0f} s of wall time. Rounds: {rounds or 'none'}."),
+        Table(("C", "pick", "mean tok/s", "95% interval", "n", "how sure"), picks,
+              (True, False, True, False, True, False)),
+    ]
+    if rows:
+        blocks += [Para("Predicted vs measured: acceptance length at K from the largest K's per-position rates, "
+                        "step time linear in K; a measured K's prediction was made without its own numbers."),
+                   Table(("config", "C", "predicted tok/s", "measured tok/s", "error", "step cost fitted through"),
+                         rows, (False, True, True, True, True, False))]
+    blocks += [Para(note) for note in state.get("notes", [])]
+    return Section("sparklab tune: the best method and K per concurrency", blocks=blocks)
+
+
 def _facts(report: Report) -> Section:
     rows = []
     warnings: dict[str, list[str]] = {}
@@ -446,8 +477,9 @@ def _failures(report: Report) -> Section | None:
 
 def document(report: Report, plots: list[tuple[str, Path]] | None = None) -> Document:
     lead = generation_sections(report) if report.lead == DECODE_LEAD else []  # seed 004's columns first
-    sections = [_overview(report), *lead, _method(report), *_seed_tables(report), *_k_pivot(report), _best(report),
-                _checks(report), _reliability(report), *_detail_tables(report)]
+    tuned = [t] if (t := _tune(report)) else []  # sparklab tune's picks and predicted vs measured
+    sections = [_overview(report), *lead, _method(report), *_seed_tables(report), *tuned, *_k_pivot(report),
+                _best(report), _checks(report), _reliability(report), *_detail_tables(report)]
     if acceptance := _acceptance(report):
         sections.append(acceptance)
     if tools := _tool_calls(report):

@@ -1,0 +1,250 @@
+"""The search of `sparklab tune` on scripted worlds: acceptance curves and step costs, no engine."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import pytest
+
+from sparklab import tune
+from sparklab.cli_args import build_parser, k_values
+from sparklab.engines import engine
+from sparklab.errors import RecipeError
+from sparklab.tune import CellObs, Done, Measure, Settings, Space
+
+KS = (1, 2, 3, 4, 5, 6)
+CS = (1, 4)
+
+
+@dataclass
+class World:
+    """True tok/s per (method, K, C): AL(K) / (a + b K) for chain drafters, with per-repeat noise."""
+
+    rates: dict[str, list[float]]
+    cost: dict[tuple[str, int], tuple[float, float]]  # (method, C) -> (a, b): seconds per step
+    baseline: dict[int, float]  # C -> tok/s without drafting
+    noise: Callable[[tune.Config, int, int], float] = lambda config, c, repeat: 0.0
+    fails: set[tune.Config] = field(default_factory=set)
+    al_override: dict[tune.Config, float] = field(default_factory=dict)  # a drafter that changes with K
+    ttft: dict[tune.Config, float] = field(default_factory=dict)
+
+    def true(self, config: tune.Config, c: int) -> float:
+        method, k = config
+        if k is None:
+            return self.baseline[c]
+        a, b = self.cost[(method, c)]
+        return self.al(config) / (a + b * k)
+
+    def al(self, config: tune.Config) -> float:
+        method, k = config
+        return self.al_override.get(config, tune.acceptance_length(self.rates[method], k or 0))
+
+    def cell(self, config: tune.Config, c: int, repeats: int) -> CellObs:
+        if config in self.fails:
+            return CellObs(settled=repeats)
+        values = tuple(self.true(config, c) * (1 + self.noise(config, c, r)) for r in range(repeats))
+        method, k = config
+        per_position = tuple(self.rates[method][: k]) if k else ()
+        return CellObs(values, (self.ttft.get(config, 100.0),) * repeats, per_position,
+                       self.al(config) if k else None, repeats)
+
+
+def run(world: World, space: Space, settings: Settings, obs: dict | None = None, rounds: int | None = None):
+    """Decide, measure, repeat: (outcome, observations, model loads)."""
+    obs = {} if obs is None else obs
+    loads = 0
+    for _ in range(rounds or 50):
+        decision = tune.decide(space, settings, obs)
+        if isinstance(decision, Done):
+            return decision, obs, loads
+        for config in decision.configs:
+            have = min((obs.get(config, {}).get(c, CellObs()).settled for c in space.concurrencies), default=0)
+            if have < decision.repeats:
+                loads += 1
+                obs[config] = {c: world.cell(config, c, decision.repeats) for c in space.concurrencies}
+    if rounds is not None:
+        return None, obs, loads
+    raise AssertionError("the search did not finish")
+
+
+def space(methods=("none", "ngram"), ks=KS, cs=CS) -> Space:
+    return Space(tuple(methods), tuple(ks), tuple(cs), {m: m != "none" for m in methods})
+
+
+def ngram_world(**changes) -> World:
+    # C=1: verifying is nearly free, so the largest useful K wins; C=4: each draft costs, a small K wins.
+    base = dict(rates={"ngram": [0.8, 0.6, 0.45, 0.3, 0.15, 0.05], "dspark": [0.9, 0.8, 0.7, 0.5, 0.3, 0.1]},
+                cost={("ngram", 1): (0.020, 0.001), ("ngram", 4): (0.020, 0.006),
+                      ("dspark", 1): (0.022, 0.002), ("dspark", 4): (0.022, 0.008)},
+                baseline={1: 50.0, 4: 50.0})
+    base.update(changes)
+    return World(**base)
+
+
+def best_in_grid(world: World, sp: Space, c: int) -> tune.Config:
+    configs = [config for m in sp.methods for config in sp.configs(m) if config not in world.fails]
+    return max(configs, key=lambda config: world.true(config, c))
+
+
+def test_acceptance_length_from_per_position_rates() -> None:
+    assert tune.acceptance_length([0.8, 0.6, 0.45], 2) == pytest.approx(2.4)
+    assert tune.acceptance_length([0.8], 3) == pytest.approx(1.8)  # positions never reached count 0
+
+
+def test_a_chain_drafter_is_predicted_and_the_best_found_with_fewer_loads_than_the_grid() -> None:
+    world, sp = ngram_world(), space()
+    done, obs, loads = run(world, sp, Settings(repeats=2, max_repeats=2))
+    picks = {p.concurrency: p.config for p in done.picks}
+    assert picks == {c: best_in_grid(world, sp, c) for c in CS}
+    assert picks[1] != picks[4]  # the world was built so that K differs per concurrency
+    # the baseline, the probe at K=6, K=1 for the step cost's second point, the predicted best at each C
+    # (K=3 ties K=2 at C=4 and is not loaded: the smaller K wins a tie)
+    assert loads == 5 < 1 + len(KS)
+    rows = tune.predictions(sp, Settings(), obs)
+    unloaded = [(p, world.true(p.config, p.concurrency)) for p, measured in rows if measured is None]
+    assert unloaded and tune.prediction_error((p.value, truth) for p, truth in unloaded) < 1e-9
+
+
+def test_without_a_baseline_the_smallest_k_is_the_second_step_cost_point() -> None:
+    world, sp = ngram_world(), space(methods=("ngram",))
+    first = tune.decide(sp, Settings(), {})
+    assert isinstance(first, Measure) and set(first.configs) == {("ngram", 6), ("ngram", 1)}
+    done, _, _ = run(world, sp, Settings())
+    assert {p.concurrency: p.config for p in done.picks} == {c: best_in_grid(world, sp, c) for c in CS}
+
+
+def test_tied_configs_overlap_and_the_smaller_k_wins() -> None:
+    # ngram K=1 and K=2 equal at C=4 with noise: their intervals overlap after max_repeats.
+    world = ngram_world(cost={("ngram", 1): (0.02, 0.001), ("ngram", 4): (0.02, 0.0)},
+                        rates={"ngram": [0.5, 0.0, 0.0, 0.0, 0.0, 0.0]}, baseline={1: 50.0, 4: 50.0},
+                        noise=lambda config, c, r: (0.03, -0.03, 0.02, -0.02)[r % 4])
+    sp = space(ks=(1, 2, 3))
+    done, obs, _ = run(world, sp, Settings(repeats=2, max_repeats=4))
+    pick = next(p for p in done.picks if p.concurrency == 4)
+    assert pick.config == ("ngram", 1)
+    assert ("ngram", 2) in obs and obs[("ngram", 2)][4].settled == 4  # it was loaded to try to separate them
+    assert "smallest K" in pick.note or "smaller K" in pick.note
+
+
+def test_a_noisy_cell_gets_more_repeats_and_does_not_win_on_one_lucky_run() -> None:
+    # ngram K=6 at C=1 is truly a little slower than K=5 but one repeat of it is very fast.
+    world = ngram_world(noise=lambda config, c, r: 0.4 if (config, c, r) == (("ngram", 6), 1, 0) else 0.0)
+    sp = space()
+    done, obs, _ = run(world, sp, Settings(repeats=2, max_repeats=4))
+    pick = next(p for p in done.picks if p.concurrency == 1)
+    assert obs[("ngram", 6)][1].settled == 4  # more repeats for the noisy contender
+    assert pick.config != ("ngram", 6)
+
+
+def test_a_failing_server_is_skipped_and_the_probe_moves_to_the_next_largest_k() -> None:
+    world, sp = ngram_world(fails={("ngram", 6)}), space()
+    done, obs, _ = run(world, sp, Settings())
+    assert obs[("ngram", 6)][1].failed
+    assert ("ngram", 5) in obs  # the new probe
+    assert all(p.config != ("ngram", 6) for p in done.picks)
+    assert {p.concurrency: p.config for p in done.picks} == {c: best_in_grid(world, sp, c) for c in CS}
+
+
+def test_every_server_failing_gives_no_picks_instead_of_looping() -> None:
+    sp = space()
+    world = ngram_world(fails={config for m in sp.methods for config in sp.configs(m)})
+    done, _, loads = run(world, sp, Settings())
+    assert done.picks == () and loads == 1 + len(KS)
+
+
+def test_a_resume_in_the_middle_asks_for_the_same_next_step_and_ends_with_the_same_picks() -> None:
+    world, sp, settings = ngram_world(), space(), Settings(repeats=2, max_repeats=3)
+    whole, _, whole_loads = run(world, sp, settings)
+    _, partial, first_loads = run(world, sp, settings, rounds=2)
+    again = tune.decide(sp, settings, dict(partial))  # a new process reads the same store
+    assert again == tune.decide(sp, settings, partial)
+    resumed, _, rest_loads = run(world, sp, settings, obs=dict(partial))
+    assert resumed.picks == whole.picks and first_loads + rest_loads == whole_loads
+
+
+def test_a_prediction_that_misses_makes_the_method_measured_and_says_why() -> None:
+    # the K=3 server accepts far less than the K=6 probe's per-position rates say (a drafter that depends on K)
+    misses = {("ngram", k): 1.05 for k in (1, 2, 3, 4, 5)}
+    world, sp = ngram_world(al_override=misses), space()
+    done, _, _ = run(world, sp, Settings())
+    assert any("measured, not predicted" in note for note in done.notes)
+    assert {p.concurrency: p.config for p in done.picks} == {c: best_in_grid(world, sp, c) for c in CS}
+
+
+def test_block_drafters_are_bracketed_and_found_with_fewer_loads_than_their_ks() -> None:
+    world, sp = ngram_world(), space(methods=("none", "dspark"), ks=(1, 2, 3, 4, 5, 6, 7, 8))
+    world.rates["dspark"] = [0.9, 0.85, 0.8, 0.7, 0.5, 0.3, 0.1, 0.05]
+    first = tune.decide(sp, Settings(), {})
+    assert isinstance(first, Measure) and set(first.configs) == {("none", None), ("dspark", 1), ("dspark", 5),
+                                                                 ("dspark", 8)}
+    done, _, loads = run(world, sp, Settings())
+    assert {p.concurrency: p.config for p in done.picks} == {c: best_in_grid(world, sp, c) for c in CS}
+    assert loads < 1 + 8
+
+
+def test_a_ttft_bound_rules_configs_out() -> None:
+    slow = {("ngram", k): 5000.0 for k in KS}
+    world, sp = ngram_world(ttft=slow), space()
+    done, _, _ = run(world, sp, Settings(ttft_max_ms=1000))
+    assert {p.config for p in done.picks} == {("none", None)}
+
+
+def _pick(c: int, config: tune.Config) -> tune.Pick:
+    estimate = tune.estimate([1.0, 1.0])
+    assert estimate is not None
+    return tune.Pick(c, config, estimate, config, (), "")
+
+
+def test_k_schedule_per_batch_size() -> None:
+    picks = [_pick(1, ("ngram", 4)), _pick(4, ("ngram", 2)), _pick(8, ("none", None))]
+    assert tune.k_schedule(picks) == ("ngram", [(1, 1, 4), (2, 4, 2), (5, 1024, 0)])
+    assert tune.k_schedule([_pick(1, ("ngram", 2)), _pick(4, ("ngram", 2))]) is None  # one K: no schedule
+    assert tune.k_schedule([_pick(1, ("ngram", 2)), _pick(4, ("mtp", 1))]) is None  # two methods
+
+
+def test_vllm_k_schedule_args_only_where_the_version_has_them() -> None:
+    vllm = engine("vllm")
+    ranges = [(1, 1, 3), (2, 1024, 1)]
+    assert vllm.k_schedule_args(ranges, "0.27.1") == [
+        "--speculative_config.num_speculative_tokens_per_batch_size=[[1,1,3],[2,1024,1]]"]
+    assert vllm.k_schedule_args(ranges, "0.11.0") is None
+    assert vllm.k_schedule_args(ranges, None) is None
+    assert engine("sglang").k_schedule_args(ranges, "0.5.23") is None
+
+
+def test_k_ranges_parse_and_bad_ones_are_usage_errors() -> None:
+    assert k_values("1-3") == [1, 2, 3] and k_values("1,2,4") == [1, 2, 4] and k_values("2") == [2]
+    for bad in ("3-1", "0-2", "a"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            k_values(bad)
+
+
+def test_tune_on_a_recipe_needs_methods_and_concurrency() -> None:
+    from sparklab.tuning import request_from_args
+
+    args = build_parser().parse_args(["tune", "cpu", "--k", "1-3"])
+    with pytest.raises(RecipeError, match="--methods and --concurrency"):
+        request_from_args(args)
+    args = build_parser().parse_args(["tune", "cpu-demo", "--repeats", "3", "--max-repeats", "2"])
+    with pytest.raises(RecipeError, match="--max-repeats 2 is below --repeats 3"):
+        request_from_args(args)
+
+
+def test_tune_on_a_sweep_file_takes_its_space_and_lays_flags_over_it() -> None:
+    from sparklab.tuning import request_from_args
+
+    args = build_parser().parse_args(["tune", "cpu-demo", "--k", "1-2", "--repeats", "2", "--max-repeats", "2"])
+    request = request_from_args(args)
+    assert request.space["methods"] == ["none", "ngram", "draft_model"]
+    assert request.space["num_speculative_tokens"] == [1, 2] and request.space["concurrency"] == [1, 4]
+    assert request.settings == Settings(2, 2, 0.15, None)
+
+
+def test_single_runs_pick_the_highest_mean_and_say_there_is_no_interval() -> None:
+    world, sp = ngram_world(), space()
+    done, _, _ = run(world, sp, Settings(repeats=1, max_repeats=1))
+    assert {p.concurrency: p.config for p in done.picks} == {c: best_in_grid(world, sp, c) for c in CS}
+    assert all("no interval" in p.note for p in done.picks)
+    assert next(p for p in done.picks if p.concurrency == 4).config == ("ngram", 2)  # ties K=3: smaller K

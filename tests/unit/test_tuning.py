@@ -1,0 +1,107 @@
+"""`sparklab tune`'s runner without an engine: the space file, what the store gives the search, and the report's
+"predicted vs measured" section and the command line's closing lines."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from sparklab import report, sweep, tune, tuning
+from sparklab.console import tune_summary
+from sparklab.plan import build_plan
+from sparklab.store import Store
+
+
+def _planned(tmp_path: Path) -> tuple[Any, Store]:
+    space = tuning.load_space("cpu-demo")
+    assert space is not None
+    path = tuning.write_space(tmp_path, space, tune.Settings(2, 2))
+    plan = build_plan(path, run_id="tune-test")
+    store = Store.create(tmp_path / "results.sqlite", plan.sweep.model_dump(), "test")
+    sweep.register(plan, store, only=lambda server, cell: False)
+    return plan, store
+
+
+def _finish(store: Store, cell_id: str, tps: float, per_position: list[float] | None) -> None:
+    summary = {"requests": {"measured": 4, "ok": 4, "failed": 0}, "aggregate_tps": tps,
+               "ttft_ms": {"p50": 120.0}}
+    result: dict[str, Any] = {"summary": summary}
+    if per_position is not None:
+        result["speculative"] = {"per_position_acceptance": per_position,
+                                 "acceptance_length": 1 + sum(per_position)}
+    store.start_cell(cell_id)
+    store.finish_cell(cell_id, summary, result)
+
+
+def test_the_store_gives_the_search_values_acceptance_and_settled_repeats(tmp_path: Path) -> None:
+    plan, store = _planned(tmp_path)
+    with store:
+        assert store.cells() == [] and len(store.server_configs()) == len(plan.servers)  # no cell yet
+        wanted = {("none", None), ("ngram", 3)}
+        sweep.register(plan, store, only=lambda s, c: (s.method, s.num_speculative_tokens) in wanted and c.repeat < 2)
+        ids = {s.id: (s.method, s.num_speculative_tokens) for s in plan.servers}
+        for i, cell in enumerate(store.cells()):
+            config = ids[cell.server_config_id]
+            if config == ("ngram", 3) and cell.concurrency == 4 and cell.repeat == 1:
+                store.start_cell(cell.id)
+                store.fail_cell(cell.id, "bench_error", "boom", max_attempts=1)
+                continue
+            _finish(store, cell.id, 20.0 + i, [0.5, 0.3, 0.1] if config[1] else None)
+        obs = tuning.observations(store, plan, "aggregate")
+    assert set(obs) == wanted
+    ngram4 = obs[("ngram", 3)][4]
+    assert len(ngram4.values) == 1 and ngram4.settled == 2  # the failed repeat is settled, not a value
+    assert obs[("ngram", 3)][1].per_position == (0.5, 0.3, 0.1)
+    assert obs[("ngram", 3)][1].acceptance_length == 1.9 and obs[("none", None)][1].per_position == ()
+    assert obs[("none", None)][1].ttft_ms == (120.0, 120.0)
+
+
+def test_objective_values() -> None:
+    summary = {"aggregate_tps": 10.0, "per_request_tps": {"mean": 3.0}, "decode_tps": {"mean": 4.0}}
+    assert [tuning.objective_value(summary, o) for o in tune.OBJECTIVES] == [10.0, 3.0, 4.0]
+    assert tuning.objective_value({}, "decode") is None
+
+
+def test_the_report_and_the_closing_lines_show_picks_predictions_and_up_commands(tmp_path: Path) -> None:
+    plan, store = _planned(tmp_path)
+    with store:
+        sweep.register(plan, store, only=lambda s, c: c.repeat < 2)
+        ids = {s.id: (s.method, s.num_speculative_tokens) for s in plan.servers}
+        for cell in store.cells():
+            method, k = ids[cell.server_config_id]
+            tps = 20.0 + (k or 0) * (3 if cell.concurrency == 1 else -3) + cell.repeat * 0.1
+            _finish(store, cell.id, tps if method != "draft_model" else 10.0, [0.6, 0.4, 0.2] if k else None)
+        space = tuning.space_of(plan)
+        settings = tune.Settings(2, 2)
+        obs = tuning.observations(store, plan, "aggregate")
+        done = tune.decide(space, settings, obs)
+        assert isinstance(done, tune.Done)
+        state = {"settings": tuning.settings_dict(settings), "objective": "aggregate", "loads": 7, "wall_s": 12.0,
+                 "rounds": [{"why": "probe", "configs": [], "repeats": 2, "loads": ["vllm-cpu/none"]}],
+                 **tuning._finish(space, settings, obs, done)}
+        state["schedule"] = tuning._schedule_args(plan, store, state["schedule"])
+        store.set_meta("tune", state)
+    with Store.open(tmp_path / "results.sqlite", readonly=True) as store:
+        built = report.build(store, "tune-test")
+    markdown = report.render(built, "md")
+    assert "sparklab tune: the best method and K per concurrency" in markdown
+    assert "Predicted vs measured" in markdown and "7 model loads" in markdown
+    text = tune_summary(built, json.loads(json.dumps(state)))
+    assert "C=1: ngram K=3" in text and "C=4: none" in text
+    assert "C=1: sparklab up cpu:ngram --engine vllm-cpu -k 3" in text
+    assert "C=4: sparklab up cpu:none --engine vllm-cpu" in text
+    # ngram K=3 at C=1 and no drafting at C=4: one server with K per batch size, but the stored engine version
+    # is unknown here, so no argument is printed for it
+    assert [list(r) for r in state["schedule"]["ranges"]] == [[1, 1, 3], [2, 1024, 0]]
+    assert "no K schedule printed" in text
+
+
+def test_request_from_a_recipe_builds_the_space_from_flags() -> None:
+    from sparklab.cli_args import build_parser
+
+    args = build_parser().parse_args(["tune", "cpu", "--methods", "none", "ngram", "--k", "1-4",
+                                      "--concurrency", "1", "8", "--ttft-max", "500", "--objective", "decode"])
+    request = tuning.request_from_args(args)
+    assert request.space["recipe"] == "cpu" and request.space["num_speculative_tokens"] == [1, 2, 3, 4]
+    assert request.settings == tune.Settings(2, 4, 0.15, 500.0) and request.objective == "decode"
