@@ -28,7 +28,7 @@ def _finish(store: Store, cell_id: str, tps: float, per_position: list[float] | 
                "ttft_ms": {"p50": 120.0}}
     result: dict[str, Any] = {"summary": summary}
     if per_position is not None:
-        result["speculative"] = {"per_position_acceptance": per_position,
+        result["speculative"] = {"per_position_acceptance": per_position, "drafts": 40,  # vLLM's counters
                                  "acceptance_length": 1 + sum(per_position)}
     store.start_cell(cell_id)
     store.finish_cell(cell_id, summary, result)
