@@ -97,7 +97,7 @@ class Method(Strict):
 
 
 class EngineSpec(Strict):
-    kind: Literal["vllm", "sglang"]
+    kind: Literal["vllm", "sglang", "llamacpp"]
     image: str
     image_alternatives: list[str] = Field(default_factory=list)
     digest: str | None = Field(default=None, pattern=r"^sha256:[0-9a-f]{64}$")

@@ -301,7 +301,7 @@ class VLLM(Engine):
 
     def acceptance(self, result: dict[str, Any]) -> Acceptance | None:
         spec = result.get("speculative") or {}
-        if spec.get("acceptance_length") is not None:
+        if spec.get("acceptance_length") is not None and str(spec.get("source", "vllm:")).startswith("vllm:"):
             return float(spec["acceptance_length"]), "vLLM spec-decode counters (/metrics delta over the window)"
         return None
 
