@@ -3,7 +3,8 @@
 What this module knows was read off the real server, Debian sid's llama.cpp-tools 1:0.7.0+dfsg-2 =
 upstream build b11669 (`llama-server --version`: "0.7.0 (build 11669, commit Debian)"), the engine of the
 CPU tier (docker/llamacpp-cpu/build.sh), and off llama.cpp's source on GitHub (ggml-org/llama.cpp); strings
-are quoted so they can be found with grep in either:
+are quoted so they can be found with grep in either (line numbers are not given: the repository is too large
+to fetch here and Debian's mirror does not serve the package's source, so the strings are the citation):
 - flags: common/arg.cpp (`llama-server --help` prints the same table; tests/e2e parses it). The speculative
   flags were renamed in 2026: `--spec-type`, `--spec-draft-model` (alias `-md`, `--model-draft`),
   `--spec-draft-n-max`, `--spec-draft-n-min`, `--spec-draft-p-min` (alias `--draft-p-min`). The old
