@@ -252,7 +252,12 @@ class LlamaCpp(Engine):
             return {"metrics_error": str(exc)}
 
     def window(self, before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
-        delta = spec_delta(before.get("llamacpp_spec"), after.get("llamacpp_spec"))
+        counted = after.get("llamacpp_spec") or {}
+        if not counted.get("drafts"):
+            # llama-server prints its spec_decode counters whether or not it drafts: zero drafts over its whole
+            # life is a server without speculative decoding, which has no acceptance to report
+            return {"speculative": None}
+        delta = spec_delta(before.get("llamacpp_spec"), counted)
         if delta is not None:
             delta["source"] = _METRICS_SOURCE
         return {"speculative": delta}

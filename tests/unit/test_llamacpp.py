@@ -7,6 +7,7 @@ the startup log is cut to its non-parameter lines.
 from __future__ import annotations
 
 import dataclasses
+import re
 from pathlib import Path
 from typing import Any
 
@@ -172,6 +173,16 @@ def test_acceptance_over_the_window_from_the_servers_counters() -> None:
 def test_a_vllm_result_is_still_labelled_vllm() -> None:
     spec = {"acceptance_length": 2.5, "source": "vllm:spec_decode_* counters from /metrics, ..."}
     assert engines.acceptance({"speculative": spec})[1] == "vLLM spec-decode counters (/metrics delta over the window)"
+
+
+def test_a_server_that_never_drafted_has_no_speculative_window() -> None:
+    zero = (FIXTURES / "metrics-b11669.txt").read_text()
+    for name in ("drafts", "draft_tokens", "accepted_tokens"):
+        zero = re.sub(rf"(llamacpp:spec_decode_num_{name}_total) \d+", r"\1 0", zero)
+    api = FakeAPI([zero, zero])
+    before, after = ENGINE.snapshot(api), ENGINE.snapshot(api)  # type: ignore[arg-type]
+    assert after["llamacpp_spec"]["drafts"] == 0
+    assert ENGINE.window(before, after) == {"speculative": None}
 
 
 def test_no_metrics_endpoint_gives_no_acceptance_and_says_why() -> None:
