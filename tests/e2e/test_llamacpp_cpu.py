@@ -48,25 +48,26 @@ def test_draft_model_up_bench_acceptance_from_the_server(llamacpp_cli: Cli, dock
         # llama-server's own startup line: n_slots = 2, n_ctx_slot = 2048 (4096 / 2 slots)
         assert "max concurrency" in out and "2,048 tokens per request" in out, out
         assert requests.get(f"http://127.0.0.1:{port}/health", timeout=10).status_code == 200
+        headers = {"Authorization": f"Bearer {key}"}  # /metrics and /props need the key; /health does not
         result = _bench(llamacpp_cli, name, tmp_path, "draft")
         spec = result["speculative"]
         assert spec["source"].startswith("llamacpp:spec_decode_"), spec
         # the server's counters, read independently, agree with what the bench stored for its window
-        after = spec_counters(requests.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text)
+        after = spec_counters(requests.get(f"http://127.0.0.1:{port}/metrics", headers=headers, timeout=10).text)
         assert 0 < spec["drafts"] <= after["drafts"]
         assert 0 < spec["accepted_tokens"] <= spec["draft_tokens"]
         assert spec["acceptance_length"] == pytest.approx(1 + spec["accepted_tokens"] / spec["drafts"])
         assert 1 < spec["acceptance_length"] <= 4  # K = 3: at most 3 accepted + the bonus token per step
         measured["llama.cpp draft: acceptance length (server counters)"] = round(spec["acceptance_length"], 3)
         measured["llama.cpp draft: acceptance rate"] = round(spec["acceptance_rate"], 3)
-        version = requests.get(f"http://127.0.0.1:{port}/props", timeout=10).json()["build_info"]
+        version = requests.get(f"http://127.0.0.1:{port}/props", headers=headers,
+                               timeout=10).json()["build_info"]
         assert version.startswith("b11669")
         # a slot erase leaves the next identical prompt uncached
         from sparklab.engine_api import EngineAPI
         from sparklab.engines import engine
 
         body = {"messages": [{"role": "user", "content": PROMPTS[1]}], "max_tokens": 4}
-        headers = {"Authorization": f"Bearer {key}"}
         url = f"http://127.0.0.1:{port}/v1/chat/completions"
         requests.post(url, json=body, headers=headers, timeout=120).raise_for_status()
         cached = requests.post(url, json=body, headers=headers, timeout=120).json()["timings"]["cache_n"]
