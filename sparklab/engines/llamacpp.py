@@ -27,6 +27,7 @@ to fetch here and Debian's mirror does not serve the package's source, so the st
 from __future__ import annotations
 
 import contextlib
+import logging
 import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -51,6 +52,8 @@ if TYPE_CHECKING:
     from sparklab.engine_api import EngineAPI
     from sparklab.recipes import Recipe
     from sparklab.render import LaunchSpec
+
+log = logging.getLogger(__name__)
 
 BUILD = "b11669"
 # `--spec-type`'s choices in build b11669 (`llama-server --help`).
@@ -269,13 +272,23 @@ class LlamaCpp(Engine):
         return None
 
     def reset_prefix_cache(self, api: EngineAPI) -> None:
-        """Erase every slot's KV cache (POST /slots/{id}?action=erase; /slots is on by default)."""
+        """Erase every slot's KV cache: POST /slots/{id}?action=erase.
+
+        Build b11669 answers 501 "This server does not support slots action. Start it with `--slot-save-path`"
+        unless the server was started with --slot-save-path; measured on the CPU tier, a repeated prompt then
+        still reuses 36-40 cached tokens. So without that flag there is no reset, and a later load may hit
+        prefixes an earlier one left; the log says so.
+        """
         with contextlib.suppress(Unreachable, ValueError, AttributeError, TypeError):
             slots = api.get("/slots")
             if slots.status != 200:
                 return
             for slot in slots.json():
-                api.post(f"/slots/{int(slot['id'])}?action=erase")
+                answer = api.post(f"/slots/{int(slot['id'])}?action=erase")
+                if answer.status != 200:
+                    log.warning("llama-server kept its prompt cache: slot erase answered %s (%s)",
+                                answer.status, answer.text[:200])
+                    return
 
     def version(self, api: EngineAPI) -> str | None:
         """GET /props: build_info, e.g. "b11669-Debian"."""

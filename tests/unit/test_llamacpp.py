@@ -193,6 +193,13 @@ def test_no_metrics_endpoint_gives_no_acceptance_and_says_why() -> None:
     assert spec_counters("# TYPE llamacpp:requests_processing gauge\nllamacpp:requests_processing 0\n") == {}
 
 
+def test_a_refused_slot_erase_is_logged(caplog) -> None:
+    api = FakeAPI()
+    api.post = lambda path, timeout_s=30.0: Answer(501, '{"error": {"message": "Start it with --slot-save-path"}}')  # type: ignore[method-assign]
+    ENGINE.reset_prefix_cache(api)  # type: ignore[arg-type]
+    assert "kept its prompt cache: slot erase answered 501" in caplog.text
+
+
 def test_version_and_slot_erase() -> None:
     api = FakeAPI()
     assert ENGINE.version(api) == "b11669-Debian"  # type: ignore[arg-type]
