@@ -45,8 +45,8 @@ def test_draft_model_up_bench_acceptance_from_the_server(llamacpp_cli: Cli, dock
     port = free_port()
     out, name, key = _up(llamacpp_cli, "draft", port)
     try:
-        # llama-server's own startup line: n_slots = 2, n_ctx_slot = 2048 (4096 / 2 slots)
-        assert "max concurrency" in out and "2,048 tokens per request" in out, out
+        # llama-server's own startup line: n_slots = 2, n_ctx_slot = 8192 (16384 / 2 slots)
+        assert "max concurrency" in out and "8,192 tokens per request" in out, out
         assert requests.get(f"http://127.0.0.1:{port}/health", timeout=10).status_code == 200
         headers = {"Authorization": f"Bearer {key}"}  # /metrics and /props need the key; /health does not
         result = _bench(llamacpp_cli, name, tmp_path, "draft")
