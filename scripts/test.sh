@@ -2,8 +2,8 @@
 # The single command that sets up a fresh Debian 12 host (as root) and runs sparklab's whole test suite:
 #   bash scripts/test.sh [pytest args...]
 # Phases: host setup (docker, registry) -> base image -> stand-in engine image -> vLLM CPU image (if its
-# build script exists) -> test venv -> Edge-LLM source -> second Docker host (sshd + dockerd) -> SGLang parser venv
-# -> ruff -> pytest. Every phase is idempotent and fast when up to date.
+# build script exists) -> llama.cpp CPU image -> test venv -> Edge-LLM source -> second Docker host (sshd +
+# dockerd) -> SGLang parser venv -> ruff -> pytest. Every phase is idempotent and fast when up to date.
 # SPARKLAB_SKIP_VLLM_CPU_BUILD=1 skips the (slow) vLLM CPU image build; an image already in the registry is
 # still used. Exit status: 0 only if ruff and pytest both pass (pytest's "no tests collected", 5, fails).
 set -euo pipefail
@@ -16,6 +16,8 @@ REGISTRY=127.0.0.1:5000
 STANDIN_IMAGE="$REGISTRY/sparklab/standin:1"
 VLLM_CPU_REPO=sparklab/vllm-cpu
 VLLM_CPU_TAG=0.27.1
+LLAMACPP_CPU_REPO=sparklab/llamacpp-cpu
+LLAMACPP_CPU_TAG=b11669
 
 timings=()
 phase() {  # phase NAME CMD... : run CMD, print and record its elapsed time
@@ -61,6 +63,13 @@ if [ "${SPARKLAB_SKIP_VLLM_CPU_BUILD:-0}" = 1 ]; then
 elif [ -x docker/vllm-cpu/build.sh ]; then
   phase vllm-cpu-image bash docker/vllm-cpu/build.sh
 fi
+if [ "${SPARKLAB_SKIP_LLAMACPP_CPU_BUILD:-0}" = 1 ]; then
+  echo "[test] SPARKLAB_SKIP_LLAMACPP_CPU_BUILD=1: not building the llama.cpp CPU image"
+else  # ~90 s cold (a Debian rootfs with llama.cpp's server package, no compiling), instant when up to date.
+  # Not fatal: the pinned package comes from Debian sid, which drops old versions; its tests then skip, saying so.
+  phase llamacpp-image bash docker/llamacpp-cpu/build.sh ||
+    echo "[test] WARNING: the llama.cpp CPU image did not build; its engine-tier tests will skip" >&2
+fi
 phase venv setup_venv
 # TensorRT Edge-LLM's server parser (one wheel download, cached): tests/unit/test_edgellm_contract.py parses every
 # Edge-LLM recipe with it. A failed download is not fatal here; in CI the contract test then fails, naming it.
@@ -82,6 +91,13 @@ if registry_has "$VLLM_CPU_REPO" "$VLLM_CPU_TAG"; then
 else
   unset SPARKLAB_TEST_VLLM_CPU_IMAGE
   echo "[test] no $VLLM_CPU_REPO:$VLLM_CPU_TAG in the registry; engine-tier tests will skip"
+fi
+if registry_has "$LLAMACPP_CPU_REPO" "$LLAMACPP_CPU_TAG"; then
+  export SPARKLAB_TEST_LLAMACPP_CPU_IMAGE="$REGISTRY/$LLAMACPP_CPU_REPO:$LLAMACPP_CPU_TAG"
+  echo "[test] SPARKLAB_TEST_LLAMACPP_CPU_IMAGE=$SPARKLAB_TEST_LLAMACPP_CPU_IMAGE"
+else
+  unset SPARKLAB_TEST_LLAMACPP_CPU_IMAGE
+  echo "[test] no $LLAMACPP_CPU_REPO:$LLAMACPP_CPU_TAG in the registry; llama.cpp engine-tier tests will skip"
 fi
 echo "[test] SPARKLAB_TEST_STANDIN_IMAGE=$SPARKLAB_TEST_STANDIN_IMAGE"
 

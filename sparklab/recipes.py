@@ -97,7 +97,7 @@ class Method(Strict):
 
 
 class EngineSpec(Strict):
-    kind: Literal["vllm", "sglang", "trtedge"]
+    kind: Literal["vllm", "sglang", "trtedge", "llamacpp"]
     # container: a Docker image (sparklab/containers.py); process: a program on this host run in its own process
     # group (sparklab/processes.py), e.g. from a venv, with the same guarantees.
     runtime: Literal["container", "process"] = "container"

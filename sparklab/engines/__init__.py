@@ -5,14 +5,14 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from sparklab.engines import sglang, trtedge, vllm
+from sparklab.engines import llamacpp, sglang, trtedge, vllm
 from sparklab.engines.base import Acceptance, Engine
 from sparklab.errors import SparklabError
 
 if TYPE_CHECKING:
     from sparklab.engine_api import EngineAPI
 
-ENGINES: dict[str, Engine] = {e.kind: e for e in (vllm.ENGINE, sglang.ENGINE, trtedge.ENGINE)}
+ENGINES: dict[str, Engine] = {e.kind: e for e in (vllm.ENGINE, sglang.ENGINE, trtedge.ENGINE, llamacpp.ENGINE)}
 
 
 def engine(kind: str) -> Engine:

@@ -317,7 +317,9 @@ class VLLM(Engine):
 
     def acceptance(self, result: dict[str, Any]) -> Acceptance | None:
         spec = result.get("speculative") or {}
-        if spec.get("drafts") and spec.get("acceptance_length") is not None:  # drafts: vLLM's counters, not SGLang's
+        # drafts: vLLM's counters, not SGLang's; the source: not llama.cpp's counters of the same shape
+        if (spec.get("drafts") and spec.get("acceptance_length") is not None
+                and str(spec.get("source", "vllm:")).startswith("vllm:")):
             return float(spec["acceptance_length"]), "vLLM spec-decode counters (/metrics delta over the window)"
         return None
 

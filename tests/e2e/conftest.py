@@ -41,3 +41,18 @@ def pytest_terminal_summary(terminalreporter) -> None:
     out = Path(os.environ.get("SPARKLAB_CACHE", Path.home() / ".cache" / "sparklab")) / "measurements"
     out.mkdir(parents=True, exist_ok=True)
     (out / "engine-tier.json").write_text(json.dumps(MEASURED, indent=2))
+
+
+@pytest.fixture(scope="session")
+def llamacpp_cpu_image(docker_client) -> str:
+    """The real llama-server. A skip, not a failure, even in CI: its package comes from Debian sid, which can
+    drop the pinned version, and scripts/test.sh then says the image did not build."""
+    image = os.environ.get("SPARKLAB_TEST_LLAMACPP_CPU_IMAGE")
+    if not image:
+        pytest.skip("SPARKLAB_TEST_LLAMACPP_CPU_IMAGE is not set (build it with docker/llamacpp-cpu/build.sh)")
+    return image
+
+
+@pytest.fixture
+def llamacpp_cli(llamacpp_cpu_image: str, tmp_path: Path) -> Cli:
+    return make_cli(llamacpp_cpu_image, tmp_path)
