@@ -171,7 +171,7 @@ def test_acceptance_over_the_window_from_the_servers_counters() -> None:
 
 
 def test_a_vllm_result_is_still_labelled_vllm() -> None:
-    spec = {"acceptance_length": 2.5, "source": "vllm:spec_decode_* counters from /metrics, ..."}
+    spec = {"acceptance_length": 2.5, "drafts": 10, "source": "vllm:spec_decode_* counters from /metrics, ..."}
     assert engines.acceptance({"speculative": spec})[1] == "vLLM spec-decode counters (/metrics delta over the window)"
 
 
