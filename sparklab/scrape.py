@@ -61,6 +61,24 @@ def parse_metrics(text: str) -> dict[str, float]:
     return totals
 
 
+def spec_counters(text: str, counters: dict[str, str], per_position: str) -> dict[str, Any]:
+    """An engine's speculative-decoding counters from Prometheus text: each sample named in `counters` summed
+    under its key (over engines and label sets), and the `per_position` sample by its position label. Matched
+    on sample names, so it does not depend on how the exposition declares the family. Empty when none is there."""
+    out: dict[str, Any] = {}
+    positions: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if key := counters.get(sample.name):
+                out[key] = out.get(key, 0.0) + float(sample.value)
+            elif sample.name == per_position:
+                pos = sample.labels.get("position", "0")
+                positions[pos] = positions.get(pos, 0.0) + float(sample.value)
+    if out:
+        out["per_position"] = positions
+    return out
+
+
 def exit_code_meaning(code: int | None, oom_killed: bool | None = None, log_tail: str | None = None) -> str:
     """What an exit code says; oom_killed is Docker's State.OOMKilled where it was read (None: unknown).
 

@@ -32,6 +32,7 @@ import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from sparklab import scrape
 from sparklab.engines.base import (
     Acceptance,
     Engine,
@@ -155,20 +156,7 @@ _METRICS_SOURCE = ("llamacpp:spec_decode_* counters from /metrics (needs --metri
 
 def spec_counters(text: str) -> dict[str, Any]:
     """llama.cpp's speculative counters; empty when the server has drafted nothing yet or has no --metrics."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    out: dict[str, Any] = {}
-    per_position: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if key := _COUNTERS.get(sample.name):
-                out[key] = out.get(key, 0.0) + float(sample.value)
-            elif sample.name == _PER_POSITION:
-                pos = sample.labels.get("position", "0")
-                per_position[pos] = per_position.get(pos, 0.0) + float(sample.value)
-    if out:
-        out["per_position"] = per_position
-    return out
+    return scrape.spec_counters(text, _COUNTERS, _PER_POSITION)
 
 
 class LlamaCpp(Engine):

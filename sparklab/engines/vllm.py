@@ -8,6 +8,7 @@ import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from sparklab import scrape
 from sparklab.engines.base import (
     Acceptance,
     Engine,
@@ -171,25 +172,9 @@ _LATENCY = tuple(f"vllm:{name}_seconds_{part}" for name in (
 
 
 def spec_counters(text: str) -> dict[str, Any]:
-    """vLLM's speculative-decoding counters (summed over engines), per-position by position label.
-
-    Matched on sample names, so it does not depend on how the exposition declares the family.
-    Empty when the server has no speculative config (vLLM registers them only then).
-    """
-    from prometheus_client.parser import text_string_to_metric_families
-
-    out: dict[str, Any] = {}
-    per_position: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if key := _SPEC_COUNTERS.get(sample.name):
-                out[key] = out.get(key, 0.0) + float(sample.value)
-            elif sample.name == _PER_POSITION:
-                pos = sample.labels.get("position", "0")
-                per_position[pos] = per_position.get(pos, 0.0) + float(sample.value)
-    if out:
-        out["per_position"] = per_position
-    return out
+    """vLLM's speculative-decoding counters (summed over engines), per-position by position label; empty when
+    the server has no speculative config (vLLM registers them only then)."""
+    return scrape.spec_counters(text, _SPEC_COUNTERS, _PER_POSITION)
 
 
 _PREFIX = ("vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total")  # tokens (vllm/v1/metrics/loggers.py)
