@@ -117,6 +117,15 @@ def container_secrets(container: Container) -> list[bytes]:
 # ---------------------------------------------------------------------------------------------------
 
 
+def only_running(running: list[ContainerInfo]) -> str:
+    """The one running sparklab server's name, for a command given no name (several or none: say which)."""
+    if len(running) != 1:
+        names = ", ".join(c.name for c in running) or "none"
+        raise ContainerError(f"say which server to use (running sparklab servers: {names})",
+                             "Pass --container NAME, or --url URL for any OpenAI-compatible endpoint.")
+    return running[0].name
+
+
 @dataclass(frozen=True)
 class Target:
     """A running sparklab server as `sparklab bench` needs it."""
@@ -381,14 +390,7 @@ class Docker:
 
     def endpoint_of(self, name: str | None) -> Target:
         """Where a running sparklab server answers and with which key: the named one, or the only one."""
-        if name is None:
-            running = [c.name for c in self.containers(include_stopped=False)]
-            if len(running) != 1:
-                names = ", ".join(running) or "none"
-                raise ContainerError(f"say which server to use (running sparklab servers: {names})",
-                                     "Pass --container NAME, or --url URL for any OpenAI-compatible endpoint.")
-            name = running[0]
-        container = self.get(name)
+        container = self.get(name if name is not None else only_running(self.containers(include_stopped=False)))
         if container.status != "running":
             raise ContainerError(f"{name} is not running ({container.status})", "Start it again: sparklab up …")
         config = container.attrs.get("Config", {})

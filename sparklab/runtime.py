@@ -81,13 +81,7 @@ class Runtime:
         return docker.mount_sources() if docker is not None else set()
 
     def endpoint_of(self, name: str | None) -> Target:
-        if name is None:
-            running = [c.name for c in self.containers(include_stopped=False)]
-            if len(running) != 1:
-                names = ", ".join(running) or "none"
-                raise ContainerError(f"say which server to use (running sparklab servers: {names})",
-                                     "Pass --container NAME, or --url URL for any OpenAI-compatible endpoint.")
-            name = running[0]
+        name = name if name is not None else containers.only_running(self.containers(include_stopped=False))
         return self._owner(name).endpoint_of(name)
 
     def logs(self, name: str, follow: bool = False, tail: int | str = "all",
