@@ -6,6 +6,13 @@ once with time.perf_counter, de-chunks the body, splits it into SSE events and h
 a callback synchronously. Connections are kept alive and reused. Plain http only (local servers); callers
 fall back to the openai package for https, whose bytes go through the same SSE parser (`body_parser`).
 
+A kept-alive connection may be closed by the server just as the next request goes out on it, and some servers
+close every connection after a streamed response without saying `Connection: close`: llama-server (its
+cpp-httplib content provider returns false after the last chunk, which ends the keep-alive loop). A request
+whose reused connection closes before a single byte of response arrives was never read as a request, so it
+is sent again, once, on a new connection; from then on that client opens a connection per request (`stale`
+counts such connections, `opened` the connections opened).
+
 Nothing the server sends is believed without a bound: a header block, an SSE line and a whole response have
 size limits (`Limits`), a malformed response fails its request inside the protocol (never an asyncio "Fatal
 error" on stderr), and once the caller's callback says the answer is complete (finish_reason or [DONE]) the
@@ -378,26 +385,35 @@ class SSEClient:
                       f"Accept: text/event-stream\r\n{extra}").encode("latin-1")
         self._idle: list[_SSEProtocol] = []
         self._all: set[_SSEProtocol] = set()
+        self.reuse = True  # False once the server has closed a kept-alive connection under a request
+        self.stale = 0  # reused connections that closed before any byte of their response: the request went again
+        self.opened = 0  # connections opened
 
     def request_bytes(self, path: str, body: bytes) -> bytes:
         """The whole request, built once per prompt so sending costs one write."""
         return (f"POST {self.prefix}{path} HTTP/1.1\r\n".encode() + self._head
                 + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
 
-    async def _connection(self, fresh: bool = False) -> _SSEProtocol:
-        while self._idle and not fresh:
+    def _pooled(self) -> _SSEProtocol | None:
+        while self._idle:
             conn = self._idle.pop()
             if not conn.closed:
                 return conn
+            self._all.discard(conn)
+        return None
+
+    async def _open(self) -> _SSEProtocol:
         loop = asyncio.get_running_loop()
         _, protocol = await loop.create_connection(lambda: _SSEProtocol(self.limits), self.host, self.port)
         self._all.add(protocol)
+        self.opened += 1
         return protocol
 
     async def warm(self, connections: int) -> None:
         """Open connections ahead of a measured window, so no request there pays for a TCP handshake."""
+        self._idle = [conn for conn in self._idle if not conn.closed]
         missing = max(0, connections - len(self._idle))
-        opened = await asyncio.gather(*(self._connection(fresh=True) for _ in range(missing)))
+        opened = await asyncio.gather(*(self._open() for _ in range(missing)))
         self._idle.extend(opened)
 
     async def stream(self, request: bytes, on_event: OnEvent, timeout_s: float, grace_s: float = 2.0,
@@ -405,8 +421,24 @@ class SSEClient:
         """Send a prebuilt request; call on_event for each SSE data payload; return when the response ends.
 
         Returns when the request bytes were handed to the socket (perf_counter), and how the response ended.
+        A pooled connection that closes before any byte of the response is stale: the request goes again on a
+        new connection (the time lost there counts against timeout_s) and this client stops reusing connections.
         """
-        conn = await self._connection()
+        conn = self._pooled()
+        if conn is not None:
+            started = _perf_counter()
+            try:
+                return await self._send(conn, request, on_event, timeout_s, grace_s, stall_s, alive)
+            except ConnectionError:
+                if conn.total:  # the server answered something, then hung up: a failed request, not a stale one
+                    raise
+            self.stale += 1
+            self.reuse = False
+            timeout_s = max(0.0, timeout_s - (_perf_counter() - started))
+        return await self._send(await self._open(), request, on_event, timeout_s, grace_s, stall_s, alive)
+
+    async def _send(self, conn: _SSEProtocol, request: bytes, on_event: OnEvent, timeout_s: float, grace_s: float,
+                    stall_s: float | None, alive: AsyncAlive | None) -> tuple[float, Ending]:
         done = conn.start(request, on_event, grace_s)
         try:
             ending = await wait_watched(done, timeout_s, lambda: conn.last_read, stall_s, alive)
@@ -414,8 +446,13 @@ class SSEClient:
             done.cancel()  # nobody will look at it again: no "exception never retrieved" when the socket closes
             conn._fail(ConnectionAbortedError())
             raise
-        if not conn.closed:
+        if conn.closed:
+            self._all.discard(conn)
+        elif self.reuse:
             self._idle.append(conn)
+        else:
+            conn._close()
+            self._all.discard(conn)
         return conn.sent_at, ending
 
     def close(self) -> None:

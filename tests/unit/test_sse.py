@@ -98,3 +98,64 @@ def test_connection_lost_mid_stream_is_an_error() -> None:
     response = HEAD + b"Transfer-Encoding: chunked\r\n\r\n" + chunked(SSE_BODY, 5)[:30]
     _, error, done = _feed(response, 1, close_after=True)
     assert done and isinstance(error, ConnectionError)
+
+
+# -- a server that closes each connection after a streamed response (llama-server) ---------------------------------
+
+def test_a_server_that_closes_after_each_stream_loses_no_request() -> None:
+    """llama-server (cpp-httplib) ends a streamed response with chunked framing and no `Connection: close`, then
+    closes the connection without reading the next request. The client's next request on that kept-alive
+    connection is sent into a closing socket: it must go again on a new connection, not fail with "connection
+    closed before the response ended" (a sweep of 4 requests lost 2 this way), and the client must stop reusing
+    connections to that server. Hostile reads one request per connection and drains the rest before closing."""
+    from sparklab.client import ChatClient
+    from sparklab.records import Sampling
+    from tests.scripted_server import SSE_HEAD, Hostile, chunk, http_chunk, sse
+
+    events = [chunk(role="assistant"), chunk(content="a"), chunk(content="b", finish="stop")]
+    steps = [(0.0, SSE_HEAD + b"Transfer-Encoding: chunked\r\n\r\n"),
+             *((0.0, http_chunk(sse(e))) for e in events), (0.0, http_chunk(sse("[DONE]"))), (0.0, b"0\r\n\r\n")]
+    server = Hostile(lambda body: steps, hold_s=0.2)  # holds each used connection 0.2 s, reading, then closes
+
+    async def go() -> tuple[list[str | None], int, int]:
+        client = ChatClient(server.root + "/v1", "key", "m")
+        assert client.sse is not None
+        try:
+            await client.warm(1)
+            records = [await client.request(i, f"p{i % 2}", [{"role": "user", "content": "hi"}],
+                                            Sampling(max_tokens=16)) for i in range(4)]
+            return [r.error for r in records], client.sse.stale, client.sse.opened
+        finally:
+            await client.close()
+
+    try:
+        errors, stale, opened = asyncio.run(go())
+    finally:
+        server.close()
+    assert errors == [None] * 4
+    assert len(server.bodies) == 4  # each request answered once: the stale send was never read as a request
+    assert stale == 1  # found once; after that no connection to this server is reused
+    assert opened == 4  # warmed (request 0, then request 1 found it stale), then one each for requests 1, 2, 3
+
+
+def test_warm_replaces_pooled_connections_that_have_closed() -> None:
+    """warm(n) leaves n open connections, whatever became of the ones the pool held (closed by the server)."""
+    from sparklab.sse import SSEClient
+
+    async def go() -> int:
+        server = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)  # holds connections open
+        port = server.sockets[0].getsockname()[1]
+        client = SSEClient(f"http://127.0.0.1:{port}", {})
+        try:
+            await client.warm(2)
+            for conn in client._idle:
+                assert conn.transport is not None
+                conn.transport.close()  # as if the server had closed it: connection_lost follows
+            await asyncio.sleep(0.05)
+            await client.warm(2)
+            return sum(not conn.closed for conn in client._idle)
+        finally:
+            client.close()
+            server.close()
+
+    assert asyncio.run(go()) == 2
