@@ -158,12 +158,15 @@ async def _run(endpoint: Endpoint, model: str, workload: Workload, sampling: Sam
         measured = await runner(client, workload, sampling, load, on_done)
         window_end = max([r.end for r in measured], default=time.perf_counter())
         after = await asyncio.to_thread(engines.snapshot, endpoint.api, endpoint.kind)
+        connections = client.connections()
     finally:
         await client.close()
     records = warmup + sorted(measured, key=lambda r: r.index)
     result = _result(endpoint, model, workload, sampling, load, records, (window_start, window_end),
                      before, after)
     result["measurement"]["window_started_at"] = window_wall
+    if connections is not None:
+        result["measurement"]["connections"] = connections
     return result
 
 

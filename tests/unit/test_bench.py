@@ -71,6 +71,8 @@ def test_a_cell_measures_only_its_window(counters) -> None:
                                                             "seed-3", "seed-0"]
     measured = [r for r in result["requests"] if not r["warmup"]]
     assert min(r["start"] for r in measured) >= 0.0  # times are relative to the window start
+    connections = result["measurement"]["connections"]  # a keep-alive server: warmup's one, plus one for C=2
+    assert (connections["opened"], connections["stale_resent"], connections["reused"]) == (2, 0, True)
     text = json.dumps(result)
     assert "sekret-key" not in text
 
