@@ -115,7 +115,7 @@ def test_a_server_that_closes_after_each_stream_loses_no_request() -> None:
     events = [chunk(role="assistant"), chunk(content="a"), chunk(content="b", finish="stop")]
     steps = [(0.0, SSE_HEAD + b"Transfer-Encoding: chunked\r\n\r\n"),
              *((0.0, http_chunk(sse(e))) for e in events), (0.0, http_chunk(sse("[DONE]"))), (0.0, b"0\r\n\r\n")]
-    server = Hostile(lambda body: steps, hold_s=1.0)  # holds each used connection 1 s, reading, then closes
+    server = Hostile(lambda body: steps, hold_s=0.5)  # holds each used connection 0.5 s, reading, then closes
 
     async def go() -> tuple[list[str | None], int, int]:
         client = ChatClient(server.root + "/v1", "key", "m")
