@@ -9,9 +9,11 @@ fall back to the openai package for https, whose bytes go through the same SSE p
 A kept-alive connection may be closed by the server just as the next request goes out on it, and some servers
 close every connection after a streamed response without saying `Connection: close`: llama-server (its
 cpp-httplib content provider returns false after the last chunk, which ends the keep-alive loop). A request
-whose reused connection closes before a single byte of response arrives was never read as a request, so it
-is sent again, once, on a new connection; from then on that client opens a connection per request (`stale`
-counts such connections, `opened` the connections opened).
+whose reused connection closes before a single byte of response arrives is taken as never read (a server
+that read it and then died without a byte looks the same; the resend then meets the dead server), so it is
+sent again, once, on a new connection; from then on that client opens a connection per request (`stale`
+counts such connections, `opened` the connections opened). A connection the client opened for the request
+is never resent on: its failure is the request's.
 
 Nothing the server sends is believed without a bound: a header block, an SSE line and a whole response have
 size limits (`Limits`), a malformed response fails its request inside the protocol (never an asyncio "Fatal
