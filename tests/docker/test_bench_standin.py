@@ -42,8 +42,9 @@ def test_bench_a_running_up_server_with_multi_token_chunks_and_reasoning(cli: Cl
 
 @pytest.mark.parametrize("metrics", [False, True], ids=["log-lines", "enable-metrics"])
 def test_bench_sglang_acceptance_is_the_windows_own_with_a_rate(cli: Cli, tmp_path, metrics: bool) -> None:
-    """Warm-up runs with 1-token chunks (acceptance length 1) before the window's 1,3,2 chunks (2.0): a
-    per-window reading says 2.0, the cumulative /server_info value says less."""
+    """Earlier traffic with 1-token chunks (acceptance length 1) before the window's 1,3,2 chunks (2.0): the
+    window's log lines and /metrics differences say 2.0 and count only the window's steps. /server_info's
+    average is cumulative, but bench's cache reset after warmup (/flush_cache) restarts it, as SGLang does."""
     extra = ["--serve-arg=--enable-metrics"] if metrics else []
     up = cli.run("up", "dspark", "--engine", "sglang", "--detach", *cli.launch_args(
         free_port(), "-e", "STANDIN_TOKENS_PER_CHUNK=1,3,2", "-e", "STANDIN_TOKEN_DELAY=0.002", *extra))
@@ -51,16 +52,19 @@ def test_bench_sglang_acceptance_is_the_windows_own_with_a_rate(cli: Cli, tmp_pa
     name = field(up.stdout, "container")
     try:
         # earlier traffic the window must not count: 3 single-token chunks (acceptance length 1.0 each)
+        warm_out = tmp_path / "warm.json"
         warm = cli.run("bench", "--container", name, "-n", "2", "--warmup", "0", "--max-tokens", "1",
-                       "--ignore-eos")
+                       "--ignore-eos", "--json", str(warm_out))
         assert warm.returncode == 0, warm.stderr
         out = tmp_path / "cell.json"
         done = cli.run("bench", "--container", name, "-n", "4", "--warmup", "1", "--max-tokens", "24",
                        "--ignore-eos", "--json", str(out))
         assert done.returncode == 0, done.stderr
         result = json.loads(out.read_text())
-        cumulative = result["server"]["after"]["sglang_avg_spec_accept_length"]
-        assert cumulative < 2.0  # the earlier requests pull the server-life average down
+        before_flush = json.loads(warm_out.read_text())["server"]["after"]["sglang_avg_spec_accept_length"]
+        assert before_flush == pytest.approx(1.0)  # the earlier single-token requests, cumulative
+        after = result["server"]["after"]["sglang_avg_spec_accept_length"]
+        assert after == pytest.approx(2.0)  # /flush_cache after the warmup restarted the average
         log = result["speculative_log"]
         assert log["samples"] == 4 and log["median"] == pytest.approx(2.0)  # the warmup's line is outside the window
         assert log["rate"] == pytest.approx((2.0 - 1) / 3, abs=0.005)  # DSpark K=3: 1 of 3 drafts accepted per step (.2f)
