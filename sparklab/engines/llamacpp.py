@@ -21,10 +21,11 @@ to fetch here and Debian's mirror does not serve the package's source, so the st
   request, server-task.cpp `result_timings::to_json`), in the last chunk of a stream.
 - /props: `build_info` ("b11669-Debian"), `total_slots`.
 - the API key: `--api-key` or env LLAMA_API_KEY (common/arg.cpp), so the key stays out of argv.
-- keep-alive: a streamed response ends with chunked framing and no `Connection: close`, and then the server
-  closes the connection (tools/server/server-http.cpp: the chunked content provider returns `has_next`, false
-  after `sink.done()`, and cpp-httplib's write_content_chunked treats a false return as a failed write, which
-  ends its keep-alive loop). sparklab.sse resends a request caught by that close (it is never read).
+- keep-alive, read from the source and NOT yet confirmed on b11669: tools/server/server-http.cpp's chunked
+  content provider returns `has_next`, false after `sink.done()`, and cpp-httplib's write_content_chunked
+  treats a false return as a failed write, which ends its keep-alive loop: the connection closes after a
+  streamed response although its headers did not say `Connection: close`. (One probe of the CPU image saw
+  `Connection: close` on its responses.) sparklab.sse resends a request caught by such a close.
 - log lines: common/log.cpp stamps each line "M.SS.mmm.uuu L " (minutes, seconds, ms, us since start).
 """
 
