@@ -429,8 +429,8 @@ class Store:
     def _cells(self, where: str, params: tuple[Any, ...] = ()) -> list[CellRow]:
         rows = self._conn.execute(
             "SELECT c.id, c.server_config_id, c.concurrency, c.workload, c.repeat, c.settings_json, c.status,"
-            f" c.attempts, c.started_at, c.finished_at, c.summary_json, c.result_json, {self._digest_column()},"
-            f" {self._host('cells', 'c.')}"
+            " c.attempts, c.started_at, c.finished_at, c.summary_json, c.result_json,"
+            f" {self._column('cells', 'image_digest', 'c.')}, {self._column('cells', 'host', 'c.')}"
             f" FROM cells c JOIN server_configs s ON s.id = c.server_config_id {where} ORDER BY s.seq, c.seq",
             params).fetchall()
         return [CellRow(r[0], r[1], r[2], r[3], r[4], _loads(r[5]), r[6], r[7], r[8], r[9], _loads(r[10]),
@@ -440,16 +440,14 @@ class Store:
         """(workload, concurrency, summary, image digest) of a server config's done and partial cells, without
         their full results (cheap enough to ask before every cell)."""
         rows = self._conn.execute(
-            f"SELECT c.workload, c.concurrency, c.summary_json, {self._digest_column()} FROM cells c"
+            f"SELECT c.workload, c.concurrency, c.summary_json, {self._column('cells', 'image_digest', 'c.')}"
+            " FROM cells c"
             " WHERE c.server_config_id = ? AND c.status IN ('done', 'partial') ORDER BY c.seq",
             (server_config_id,)).fetchall()
         return [(r[0], r[1], _loads(r[2]), r[3]) for r in rows]
 
     def _version(self) -> int:
         return int(self._conn.execute("PRAGMA user_version").fetchone()[0])
-
-    def _digest_column(self) -> str:
-        return "c.image_digest" if self._version() >= 3 else "NULL"  # an older file opened read-only
 
     def outputs(self) -> dict[str, list[dict[str, Any]]]:
         """Each cell's stored answers (sparklab.outputs.kept), by cell id; empty for runs stored before them."""
@@ -469,13 +467,14 @@ class Store:
 
     def failures(self) -> list[FailureRow]:
         rows = self._conn.execute("SELECT id, cell_id, server_config_id, at, kind, message, exit_code, log_tail,"
-                                  f" {self._host('failures')} FROM failures ORDER BY id").fetchall()
+                                  f" {self._column('failures', 'host')} FROM failures ORDER BY id").fetchall()
         return [FailureRow(*r) for r in rows]
 
-    def _host(self, table: str, prefix: str = "") -> str:
-        """The host column, or NULL in a file from before schema 4 opened read-only (never migrated)."""
+    def _column(self, table: str, column: str, prefix: str = "") -> str:
+        """The column, or NULL in an older file opened read-only (never migrated): image_digest came with schema
+        3, host with 4."""
         columns = {r[1] for r in self._conn.execute(f"PRAGMA table_info({table})")}
-        return f"{prefix}host" if "host" in columns else "NULL"
+        return f"{prefix}{column}" if column in columns else "NULL"
 
     def counts(self) -> dict[str, int]:
         """Cells per status, every status present (0 when none)."""
