@@ -9,7 +9,6 @@ import contextlib
 import getpass
 import logging
 import os
-import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -23,6 +22,7 @@ import requests
 from docker.models.containers import Container
 from docker.types import DeviceRequest, Ulimit
 
+from sparklab import interrupts
 from sparklab.engines import ENGINES, candidates
 from sparklab.errors import ContainerError, ImageUnavailableError
 from sparklab.owners import owner_alive, owner_token
@@ -310,9 +310,12 @@ class Docker:
             kwargs["ports"] = {f"{spec.port}/tcp": (None if spec.public else "127.0.0.1", spec.port)}
         self._remove_stale_name(spec.name)
         container: Container | None = None
+        server: Server | None = None
         try:
-            container = self.client.containers.create(spec.image, **kwargs)
-            container.start()
+            with interrupts.deferred():  # a Ctrl-C between the daemon's answer and our handle would orphan it
+                container = self.client.containers.create(spec.image, **kwargs)
+                container.start()
+                server = Server(self, container, spec, log_path, detach=detach, on_log=on_log)
         except docker.errors.APIError as exc:
             if container is not None:
                 self._force_remove(container)
@@ -327,10 +330,12 @@ class Docker:
                 hint = "No GPU runtime on this Docker host: for CPU images use a recipe with gpus: none or --no-gpus."
             raise ContainerError(f"docker could not start {spec.name}: {text}", hint) from None
         except BaseException:
-            if container is not None:
+            if server is not None:
+                server.stop()
+            elif container is not None:
                 self._force_remove(container)
             raise
-        return Server(self, container, spec, log_path, detach=detach, on_log=on_log)
+        return server
 
     def _remove_stale_name(self, name: str) -> None:
         with contextlib.suppress(docker.errors.NotFound):
@@ -595,11 +600,8 @@ class Server:
     def stop(self, grace_s: float = 10) -> float:
         """Tear down, shielded from a second Ctrl-C; returns the seconds it took."""
         started = time.monotonic()
-        previous = _ignore_interrupts()
-        try:
+        with interrupts.shielded():
             teardown(self.container, grace_s)
-        finally:
-            _restore_interrupts(previous)
         return time.monotonic() - started
 
     def __enter__(self) -> Server:
@@ -608,15 +610,3 @@ class Server:
     def __exit__(self, *exc: object) -> None:
         if not self.kept:
             self.stop()
-
-
-def _ignore_interrupts() -> Any:
-    if threading.current_thread() is not threading.main_thread():
-        return None
-    return signal.signal(signal.SIGINT, signal.SIG_IGN), signal.signal(signal.SIGTERM, signal.SIG_IGN)
-
-
-def _restore_interrupts(previous: Any) -> None:
-    if previous is not None:
-        signal.signal(signal.SIGINT, previous[0])
-        signal.signal(signal.SIGTERM, previous[1])

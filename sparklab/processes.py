@@ -28,7 +28,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from sparklab import procwrap
+from sparklab import interrupts, procwrap
 from sparklab.containers import (
     DETACHED,
     OWNER,
@@ -37,8 +37,6 @@ from sparklab.containers import (
     ContainerInfo,
     ImageInfo,
     Target,
-    _ignore_interrupts,
-    _restore_interrupts,
     _user_name,
 )
 from sparklab.engines import ENGINES
@@ -116,27 +114,29 @@ class Processes:
         record.forget()
         config = {"argv": argv, "env": env, "secrets": hidden, "log_path": str(log_path),
                   "exit_path": str(record.exit_path), "index_path": str(record.index_path)}
-        previous = _ignore_interrupts()  # a Ctrl-C between the start and the run file would leave it unowned
         proc: subprocess.Popen[bytes] | None = None
+        server: ProcessServer | None = None
         try:
-            with log_path.open("ab") as keeper_errors:  # the keeper's own failure lands in the log too
-                proc = subprocess.Popen([sys.executable, "-u", str(KEEPER)], stdin=subprocess.PIPE,
-                                        stdout=subprocess.DEVNULL, stderr=keeper_errors, start_new_session=True,
-                                        close_fds=True)
-            record.pid, record.start_time = proc.pid, start_time(proc.pid)
-            record.save()
-            assert proc.stdin is not None
-            proc.stdin.write(json.dumps(config).encode())
-            proc.stdin.close()
+            with interrupts.deferred():  # a Ctrl-C between the start and the run file would leave it unowned
+                with log_path.open("ab") as keeper_errors:  # the keeper's own failure lands in the log too
+                    proc = subprocess.Popen([sys.executable, "-u", str(KEEPER)], stdin=subprocess.PIPE,
+                                            stdout=subprocess.DEVNULL, stderr=keeper_errors,
+                                            start_new_session=True, close_fds=True)
+                record.pid, record.start_time = proc.pid, start_time(proc.pid)
+                record.save()
+                assert proc.stdin is not None
+                proc.stdin.write(json.dumps(config).encode())
+                proc.stdin.close()
+                server = ProcessServer(self, record, spec, log_path, proc, detach=detach, on_log=on_log)
         except BaseException as exc:
-            if proc is not None:
+            if server is not None:
+                server.stop(grace_s=2)
+            elif proc is not None:
                 terminate(record, grace_s=2, proc=proc)
             if isinstance(exc, OSError):
                 raise ContainerError(f"could not start {spec.name}: {exc}") from None
             raise
-        finally:
-            _restore_interrupts(previous)
-        return ProcessServer(self, record, spec, log_path, proc, detach=detach, on_log=on_log)
+        return server
 
     def _clear_stale(self, name: str) -> None:
         record = self._record(name)
@@ -349,12 +349,11 @@ class ProcessServer:
     def stop(self, grace_s: float = 10) -> float:
         """End the group, shielded from a second Ctrl-C; returns the seconds it took."""
         started = time.monotonic()
-        previous = _ignore_interrupts()
         try:
-            terminate(self.record, grace_s, self.proc)
+            with interrupts.shielded():
+                terminate(self.record, grace_s, self.proc)
         finally:
             self._stop.set()
-            _restore_interrupts(previous)
         if self._tail is not None:
             self._tail.join(timeout=2)
         return time.monotonic() - started

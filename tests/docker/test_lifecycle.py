@@ -9,6 +9,7 @@ import re
 import signal
 import socket
 import subprocess
+import sys
 import time
 
 import openai
@@ -107,6 +108,50 @@ def test_foreground_up_stops_on_signal_within_15_s(cli: Cli, docker_client, sig:
             proc.kill()
     assert code == 0, proc.stderr.read() if proc.stderr else ""
     assert elapsed < 15
+    assert _ours(docker_client, port) == []
+
+
+# A Ctrl-C that lands inside `up`'s own start calls: the container exists on the daemon but sparklab may not
+# hold its handle yet. The hook sends the signal at that exact point, so the race is hit every time.
+_INTERRUPT_AT = """
+import os, signal, sys
+import docker.models.containers as dm
+import sparklab.containers as sc
+where = sys.argv.pop(1)
+def interrupt():
+    os.kill(os.getpid(), signal.SIGINT)
+if where == "create":  # the daemon has made the container; its answer is being read
+    real_create = dm.ContainerCollection.create
+    def create(self, *a, **k):
+        made = real_create(self, *a, **k)
+        interrupt()
+        return made
+    dm.ContainerCollection.create = create
+elif where == "start":
+    real_start = dm.Container.start
+    def start(self, *a, **k):
+        real_start(self, *a, **k)
+        interrupt()
+    dm.Container.start = start
+else:  # while the server's log follower is set up
+    real_init = sc.Server.__init__
+    def init(self, *a, **k):
+        real_init(self, *a, **k)
+        interrupt()
+    sc.Server.__init__ = init
+from sparklab.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize("where", ["create", "start", "server"])
+def test_ctrl_c_inside_the_start_call_leaves_no_container(cli: Cli, docker_client, where: str) -> None:
+    port = free_port()
+    proc = subprocess.run([sys.executable, "-c", _INTERRUPT_AT, where, "up", "none", *cli.launch_args(port)],
+                          capture_output=True, text=True, timeout=60, env=cli.env())
+    assert proc.returncode == 130, proc.stderr
+    assert "interrupted" in proc.stderr
+    assert "Traceback" not in proc.stderr
     assert _ours(docker_client, port) == []
 
 
