@@ -10,29 +10,30 @@ from __future__ import annotations
 
 import signal
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from types import FrameType
 
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
-def _main_thread() -> bool:
-    return threading.current_thread() is threading.main_thread()
-
-
 @contextmanager
-def shielded() -> Iterator[None]:
-    """Ignore Ctrl-C and SIGTERM inside the block: for a teardown that is itself the answer to one."""
-    if not _main_thread():
+def _handled_by(handler: signal.Handlers | Callable[[int, FrameType | None], None]) -> Iterator[None]:
+    """Both signals go to `handler` inside the block; the previous handlers come back after it."""
+    if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = [signal.signal(s, signal.SIG_IGN) for s in _SIGNALS]
+    previous = [signal.signal(s, handler) for s in _SIGNALS]
     try:
         yield
     finally:
-        for s, handler in zip(_SIGNALS, previous, strict=True):
-            signal.signal(s, handler)
+        for s, old in zip(_SIGNALS, previous, strict=True):
+            signal.signal(s, old)
+
+
+def shielded() -> AbstractContextManager[None]:
+    """Ignore Ctrl-C and SIGTERM inside the block: for a teardown that is itself the answer to one."""
+    return _handled_by(signal.SIG_IGN)
 
 
 @contextmanager
@@ -41,19 +42,8 @@ def deferred() -> Iterator[None]:
 
     For a start: the caller wraps the block so that, when this raises, it tears down what the block made.
     An error raised inside the block wins over a held signal (the caller cleans up either way)."""
-    if not _main_thread():
-        yield
-        return
     held: list[int] = []
-
-    def hold(signum: int, frame: FrameType | None) -> None:
-        held.append(signum)
-
-    previous = [signal.signal(s, hold) for s in _SIGNALS]
-    try:
+    with _handled_by(lambda signum, frame: held.append(signum)):
         yield
-    finally:
-        for s, handler in zip(_SIGNALS, previous, strict=True):
-            signal.signal(s, handler)
     if held:
         raise KeyboardInterrupt
