@@ -132,8 +132,9 @@ def _tune_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("-n", "--requests", type=_whole(1, MAX_REQUESTS), help="measured requests per cell (default 10)")
     p.add_argument("--max-tokens", type=_whole(1, MAX_TOKENS), help="max_tokens per request (default: sweep's)")
     p.add_argument("--tolerance", type=_positive(1.0), default=0.15, metavar="FRACTION",
-                   help="a prediction this far off stops predicting that method; configs predicted within it "
-                        "of the best are measured (default 0.15)")
+                   help="a drafter whose measured acceptance length misses its prediction by this much is "
+                        "measured, not predicted; in measured mode, K values within it of the best are tried "
+                        "(default 0.15)")
     p.add_argument("--resume", metavar="RUN", help="continue this tune run (default: the newest unfinished one)")
     p.add_argument("--new", action="store_true", help="start a new run even if an earlier one can continue")
     p.add_argument("--runs-dir", type=Path, default=Path("runs"), help="where runs are kept (default ./runs)")

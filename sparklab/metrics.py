@@ -228,11 +228,11 @@ def estimate(values: Iterable[float], confidence: float = CONFIDENCE) -> Estimat
     if data.size < 2:
         return Estimate(tuple(data.tolist()), mean, None, None, median, mad, 0.0, None)
     sd = float(data.std(ddof=1))
-    half = _t_quantile((1 + confidence) / 2, data.size - 1) * sd / float(np.sqrt(data.size))
+    half = t_quantile((1 + confidence) / 2, data.size - 1) * sd / float(np.sqrt(data.size))
     return Estimate(tuple(data.tolist()), mean, mean - half, mean + half, median, mad, sd, sd / mean if mean else None)
 
 
-def _t_quantile(q: float, df: float) -> float:
+def t_quantile(q: float, df: float) -> float:
     from scipy.stats import t  # imported here: scipy.stats takes a noticeable time to import
 
     return float(t.ppf(q, df))
@@ -270,5 +270,5 @@ def ratio(treatment: Estimate, baseline: Estimate, confidence: float = CONFIDENC
     if se == 0.0:
         return Ratio(value, value, value)
     df = se**4 / sum(p**2 / (e.n - 1) for p, e in zip(parts, (treatment, baseline), strict=True) if p > 0)
-    half = _t_quantile((1 + confidence) / 2, df) * se
+    half = t_quantile((1 + confidence) / 2, df) * se
     return Ratio(value, value * float(np.exp(-half)), value * float(np.exp(half)))

@@ -7,21 +7,25 @@ The model. For a drafter whose proposals do not depend on K (a chain: n-gram loo
 MTP), position i's draft token is the same at every K >= i, so vLLM's per-position acceptance rates measured
 at the largest K give the acceptance length at any smaller K: AL(K) = 1 + p_1 + … + p_K (p_i: the share of
 drafts whose token i was accepted, counted only when 1..i-1 were). Each verify step costs s(K) = AL(K) / tok/s
-(time per step, in the objective's unit), linear in K: fitted through the measured K values of the method,
-with the no-drafting baseline as K = 0 (one token per step) while only one K of the method is measured. So
-tok/s(K) = AL(K) / s(K) for every K, at each concurrency on its own.
+(time per step, in the objective's unit), measured at each loaded K and interpolated between them (piecewise
+linear: a real engine's step cost is not a straight line in K), with the no-drafting baseline as K = 0 (one
+token per step) while only one K of the method is measured. So tok/s(K) = AL(K) / s(K) for every K, at each
+concurrency on its own. Whether a drafter's proposals depend on K is checked, not assumed: when a loaded K's
+measured acceptance length misses AL(K) by more than `tolerance` (a block drafter such as DFlash/DSpark may
+draft a different block per K), the drafter switches to measured mode and the search says so.
 
 The search, per concurrency, for the objective (higher is better; a TTFT bound makes a config ineligible):
-1. probe: the baseline, every chain drafter at its largest K, every other drafter (block drafters such as
-   DFlash/DSpark, whose block may change with K, and unknown methods) at its smallest, middle and largest K;
-2. predict every K of each chain drafter; load the predicted best K if it could be within `tolerance` of the
-   best measured config; a measured K that its prediction missed by more than `tolerance` makes the method
-   "measured only" from then on;
-3. measured-only methods: halve the K interval around the best measured K (a bisection over the list of K,
+1. probe: the baseline and every drafter at its largest K;
+2. second point: every drafter that could match the best (through the baseline as K = 0) at its smallest K,
+   which checks the predicted acceptance and gives the step cost a second measured K;
+3. predicted drafters: load the K with the highest prediction only when it beats the best measured config by
+   more than the run-to-run noise allows (pooled over the repeats of every cell: the 95% half-width of the
+   difference of two means); every loaded K pins the step cost there and the rest is predicted again;
+   measured mode: halve the K interval around the best measured K (ends first, then the half around the best,
    assuming tok/s is unimodal in K) while the method is within `tolerance` of the best;
 4. confirm: the best measured config and every config it cannot be told apart from (the 95% interval of the
    ratio of their means holds 1.0) get repeats up to `max_repeats`; if they still cannot be told apart, the
-   smallest K among them wins (no drafting counts as K = 0).
+   smallest K among them wins (no drafting counts as K = 0, so it wins a tie with any drafter).
 """
 
 from __future__ import annotations
@@ -30,12 +34,11 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from sparklab.metrics import Estimate, estimate, ratio
+from sparklab.metrics import Estimate, estimate, ratio, t_quantile
 
-# Drafters whose draft token at position i does not depend on K (vLLM method names).
-CHAIN_DRAFTERS = frozenset({"ngram", "draft_model", "eagle", "eagle3", "mtp", "medusa"})
 OBJECTIVES = ("aggregate", "per-request", "decode")
 BASELINE_ANCHOR = "baseline as K=0"
+SINGLE_RUN_TIE = 0.01  # single runs have no interval: within 1% of each other they count as overlapping
 
 Config = tuple[str, "int | None"]  # (method, K); K is None for a method that does not draft
 
@@ -82,7 +85,7 @@ class Space:
 class Settings:
     repeats: int = 2
     max_repeats: int = 2
-    tolerance: float = 0.15  # a prediction this far off (relative) stops the method being predicted
+    tolerance: float = 0.15  # measured acceptance this far off its prediction: the drafter is measured, not predicted
     ttft_max_ms: float | None = None
 
 
@@ -92,7 +95,7 @@ class Prediction:
     concurrency: int
     value: float
     acceptance_length: float
-    basis: str  # which measured K values the step cost was fitted through
+    basis: str  # how the step cost at K was had: between which measured K (or the baseline as K = 0)
 
 
 @dataclass(frozen=True)
@@ -110,6 +113,7 @@ class Measure:
     configs: tuple[Config, ...]
     repeats: int
     why: str
+    notes: tuple[str, ...] = ()  # why a drafter is measured, not predicted (said once it is known)
 
 
 @dataclass(frozen=True)
@@ -160,18 +164,13 @@ def acceptance_length(per_position: Iterable[float], k: int) -> float:
     return 1.0 + sum(rates)
 
 
-def _fit(points: list[tuple[float, float]]) -> tuple[float, float] | None:
-    """Least-squares line s = a + b K through (K, s) points; None with fewer than two distinct K."""
-    if len({k for k, _ in points}) < 2:
-        return None
-    n = len(points)
-    mk, ms = sum(k for k, _ in points) / n, sum(s for _, s in points) / n
-    b = sum((k - mk) * (s - ms) for k, s in points) / sum((k - mk) ** 2 for k, _ in points)
-    return ms - b * mk, b
+def _mean(values: Iterable[float]) -> float:
+    data = list(values)
+    return sum(data) / len(data)
 
 
 def _probe(state: _State, method: str) -> Config | None:
-    """The largest K of a chain drafter whose server did not fail: its per-position rates cover every K below."""
+    """The largest K of a drafter whose server did not fail: its per-position rates cover every K below."""
     for k in sorted(state.space.ks, reverse=True):
         if not state.dead((method, k)):
             return method, k
@@ -183,153 +182,192 @@ def _baseline_cost(state: _State, c: int) -> float | None:
         if not state.space.drafting[method]:
             cell = state.cell((method, None), c)
             if cell.values:
-                return 1.0 / (sum(cell.values) / len(cell.values))
+                return 1.0 / _mean(cell.values)
     return None
 
 
+def _interpolate(points: list[tuple[int, float]], k: int) -> tuple[float, str]:
+    """The step cost at K from measured (K, cost) points (sorted, two or more): linear between the two measured K
+    around it, or the nearest segment carried on past the ends. Not one line through every point: the step cost
+    of a real engine is not linear in K, and a measured K should pin the curve where it was measured."""
+    below = [p for p in points if p[0] <= k]
+    above = [p for p in points if p[0] >= k]
+    if below and above:
+        (k0, s0), (k1, s1) = below[-1], above[0]
+        how = f"at K={k0}" if k0 == k1 else f"between K={k0} and K={k1}"
+    else:
+        (k0, s0), (k1, s1) = points[:2] if not below else points[-2:]
+        how = f"extended from K={k0} and K={k1}"
+    if k1 == k0:
+        return s0, how
+    return s0 + (s1 - s0) * (k - k0) / (k1 - k0), how
+
+
 def predict(state: _State, method: str, c: int, leave_out: int | None = None) -> dict[int, Prediction]:
-    """tok/s of every K of a chain drafter at concurrency c, from the probe's per-position rates and a step cost
-    fitted through the measured K values (leave_out: predict that K as if it had not been measured)."""
+    """tok/s of every K up to the probe's at concurrency c: acceptance length from the probe's per-position rates
+    over a step cost interpolated between the measured K values (while only one is measured, the no-drafting
+    baseline stands in as K = 0). leave_out: predict that K as if it had not been measured."""
     probe = _probe(state, method)
     if probe is None or probe[1] == leave_out:
         return {}
     rates = state.cell(probe, c).per_position
     if not rates:
         return {}
-    points: list[tuple[float, float]] = []
-    used = []
-    for k in state.space.ks:
+    points: list[tuple[int, float]] = []
+    for k in sorted(state.space.ks):
         cell = state.cell((method, k), c)
-        if k == leave_out or not cell.values:
-            continue
-        al = cell.acceptance_length or acceptance_length(rates, k)
-        points.append((k, al / (sum(cell.values) / len(cell.values))))
-        used.append(f"K={k}")
-    if len(points) < 2 and (base := _baseline_cost(state, c)) is not None:
-        points.append((0, base))
-        used.append(BASELINE_ANCHOR)
-    line = _fit(points)
-    if line is None:
+        if k != leave_out and cell.values:
+            al = cell.acceptance_length or acceptance_length(rates, k)
+            points.append((k, al / _mean(cell.values)))
+    base = _baseline_cost(state, c) if len(points) < 2 else None
+    anchored = base is not None
+    if base is not None:
+        points.insert(0, (0, base))
+    if len(points) < 2:
         return {}
-    a, b = line
     out = {}
     for k in state.space.ks:
         if k > (probe[1] or 0):
             continue
-        cost = a + b * k
+        cost, how = _interpolate(points, k)
         al = acceptance_length(rates, k)
         if cost > 0:
-            out[k] = Prediction((method, k), c, al / cost, al, "step cost through " + ", ".join(used))
+            basis = "step cost " + how.replace("K=0", BASELINE_ANCHOR) if anchored else "step cost " + how
+            out[k] = Prediction((method, k), c, al / cost, al, basis)
     return out
 
 
-def _errors(state: _State, method: str) -> list[tuple[float, int, int, float, float]]:
-    """(relative error, K, C, predicted, measured) of each measured K other than the probe, predicted without it
-    from two or more other measured K values (a prediction leaning on the baseline as K = 0 is only what picks
-    the second K, which is measured whatever it says)."""
+def _why_measured(state: _State, method: str) -> str | None:
+    """Why a drafter's tok/s cannot be predicted from its probe: the server reported no per-position acceptance,
+    or a smaller K's measured acceptance length missed what the probe's rates predict for it by more than the
+    tolerance (its drafts depend on K, as a block drafter's such as DFlash/DSpark may). None: predicted."""
     probe = _probe(state, method)
-    out = []
-    for k in state.space.ks:
-        if probe is None or k == probe[1]:
+    if probe is None:
+        return None
+    measured_probe = [c for c in state.space.concurrencies if state.cell(probe, c).values]
+    if measured_probe and not any(state.cell(probe, c).per_position for c in measured_probe):
+        return (f"{method}: the server reported no per-position acceptance at K={probe[1]}, so no K can be "
+                "predicted: measured mode (K tried ends first, then halving the interval around the best)")
+    for k in sorted(state.space.ks):
+        if k == probe[1]:
             continue
         for c in state.space.concurrencies:
-            cell = state.cell((method, k), c)
-            if not cell.values:
+            measured, rates = state.cell((method, k), c).acceptance_length, state.cell(probe, c).per_position
+            if measured is None or not rates:
                 continue
-            guess = predict(state, method, c, leave_out=k).get(k)
-            if guess is not None and BASELINE_ANCHOR not in guess.basis:
-                measured = sum(cell.values) / len(cell.values)
-                out.append((guess.value / measured - 1, k, c, guess.value, measured))
-    return out
-
-
-def _mispredicted(state: _State, method: str) -> str | None:
-    """Why the method's predictions cannot be trusted: a measured K (other than the probe) its leave-one-out
-    prediction missed by more than the tolerance at some concurrency."""
-    for error, k, c, guess, measured in _errors(state, method):
-        if abs(error) > state.settings.tolerance:
-            return (f"{method}: predicted {guess:.3g} at K={k} C={c}, measured {measured:.3g} "
-                    f"({error:+.0%}, tolerance {state.settings.tolerance:.0%}): measured, not predicted")
+            expected = acceptance_length(rates, k)
+            miss = measured / expected - 1
+            if abs(miss) > state.settings.tolerance:
+                return (f"{method}: acceptance length at K={k} C={c} measured {measured:.2f}, predicted {expected:.2f} "
+                        f"from K={probe[1]}'s per-position rates ({miss:+.0%}, tolerance "
+                        f"{state.settings.tolerance:.0%}): its drafts depend on K, so it switches to measured mode "
+                        "(K tried ends first, then halving the interval around the best)")
     return None
+
+
+def _role(state: _State, method: str) -> str:
+    if not state.space.drafting[method]:
+        return "baseline"
+    return "measured" if _why_measured(state, method) else "predicted"
+
+
+def pooled_noise(obs: Observations, c: int | None = None) -> tuple[float, int] | None:
+    """Run-to-run noise pooled over every cell (at concurrency c, if given) with two or more repeats: the
+    relative standard deviation (each value over its cell's mean) and its degrees of freedom. None before any
+    such cell has a second repeat."""
+    squares, df = 0.0, 0
+    for by_c in obs.values():
+        for at, cell in by_c.items():
+            if len(cell.values) >= 2 and c in (None, at):
+                mean = _mean(cell.values)
+                squares += sum((v / mean - 1) ** 2 for v in cell.values)
+                df += len(cell.values) - 1
+    return (math.sqrt(squares / df), df) if df else None
+
+
+def noise_margin(state: _State, c: int) -> float:
+    """How much a new config's mean may differ from the best's by noise alone, as a fraction: the 95% half-width
+    of the difference of two means (the best's repeats and `repeats` new ones) at the noise pooled over the
+    cells at c (noise differs by concurrency; none there yet: over every cell); no repeats anywhere: the
+    single-run tie."""
+    noise = pooled_noise(state.obs, c) or pooled_noise(state.obs)
+    leader = state.leader(c)
+    if noise is None or leader is None:
+        return SINGLE_RUN_TIE
+    sd, df = noise
+    n = len(state.cell(leader[0], c).values)
+    return t_quantile(0.975, df) * sd * math.sqrt(1 / n + 1 / state.settings.repeats)
+
+
+def _beats(state: _State, value: float | None, c: int) -> bool:
+    """A predicted value beats the best measured at c by more than the noise allows (nothing measured: it does)."""
+    best = state.incumbent(c)
+    return value is not None and (best is None or value > best * (1 + noise_margin(state, c)))
+
+
+def _could_match(state: _State, value: float | None, c: int, margin: float) -> bool:
+    best = state.incumbent(c)
+    return value is not None and (best is None or value >= best * (1 - margin))
 
 
 def _measured_ks(state: _State, method: str) -> set[int]:
     return {k for k in state.space.ks for c in state.space.concurrencies if state.cell((method, k), c).values}
 
 
-def _margin(state: _State, method: str) -> float:
-    """How far below the best measured value a prediction may be and still be loaded: the largest error a
-    two-point prediction of this method has made; none yet: 0 (the line through two measured K is believed)."""
-    errors = [abs(e[0]) for e in _errors(state, method)]
-    return max(errors) if errors else 0.0
-
-
-def _role(state: _State, method: str) -> str:
-    if not state.space.drafting[method]:
-        return "baseline"
-    if method in CHAIN_DRAFTERS and _mispredicted(state, method) is None:
-        return "chain"
-    return "measured"
-
-
 def _probes(state: _State) -> list[Config]:
+    """The baseline, and every drafter at its largest K (the one whose per-position rates cover every K)."""
     wanted: list[Config] = []
-    have_baseline = any(not state.space.drafting[m] for m in state.space.methods)
     for method in state.space.methods:
-        role = "baseline" if not state.space.drafting[method] else (
-            "chain" if method in CHAIN_DRAFTERS else "measured")
-        if role == "baseline":
+        if not state.space.drafting[method]:
             wanted.append((method, None))
-        elif role == "chain":
-            probe = _probe(state, method)
-            if probe is not None:
-                wanted.append(probe)
-            if not have_baseline and len(state.space.ks) > 1:  # a second K for the step cost
-                wanted.append((method, min(state.space.ks)))
-        else:
-            ks = sorted(state.space.ks)
-            wanted += [(method, k) for k in dict.fromkeys([ks[0], ks[len(ks) // 2], ks[-1]])]
+        elif (probe := _probe(state, method)) is not None:
+            wanted.append(probe)
     return wanted
 
 
-def _competitive(state: _State, value: float | None, c: int, margin: float | None = None) -> bool:
-    best = state.incumbent(c)
-    margin = state.settings.tolerance if margin is None else margin
-    return value is not None and (best is None or value >= best * (1 - margin))
+def _second_point(state: _State, method: str) -> list[Config] | None:
+    """A drafter's smallest K, the second point of its step cost (interpolating, not extrapolating) and the check
+    of its predicted acceptance: loaded when the method could match the best at some concurrency (its
+    predictions through the baseline as K = 0, or its probe within the tolerance when nothing can be
+    predicted). [] when it could not; None once two K are measured or no other K is left."""
+    probe = _probe(state, method)
+    if probe is None or len(_measured_ks(state, method)) >= 2:
+        return None
+    others = sorted(k for k in state.space.ks if k < (probe[1] or 0) and not state.dead((method, k)))
+    if not others:
+        return None
+    for c in state.space.concurrencies:
+        probe_cell = state.cell(probe, c)
+        guesses = predict(state, method, c)
+        if guesses:
+            top = max(p.value for p in guesses.values())
+            if _could_match(state, top, c, noise_margin(state, c)):
+                return [(method, others[0])]
+        elif probe_cell.values and _could_match(state, _mean(probe_cell.values), c, state.settings.tolerance):
+            return [(method, others[0])]
+    return []
 
 
 def _promising_predictions(state: _State, method: str) -> list[Config]:
+    """Per concurrency, the unmeasured K with the highest prediction, if it beats the best measured config by
+    more than the pooled noise allows (a prediction within the noise could at best tie, and a tie would not
+    change the pick enough to pay for a model load)."""
     out = []
-    margin = _margin(state, method)
-    probe = _probe(state, method)
-    others = sorted(k for k in state.space.ks if probe is not None and k < probe[1] and not state.dead((method, k)))
-    if probe is not None and others and len(_measured_ks(state, method)) < 2:
-        # The second point of the step-cost line: the smallest K (the farthest from the probe, so the line
-        # interpolates), loaded when the probe or a prediction leaning on the baseline as K = 0 competes.
-        for c in state.space.concurrencies:
-            guesses = predict(state, method, c)
-            probe_value = (e.mean if (e := state.eligible(probe, c)) else None)
-            top = max((p.value for p in guesses.values()), default=None)
-            if _competitive(state, probe_value, c) or _competitive(state, top, c):
-                return [(method, others[0])]
-        return []
     for c in state.space.concurrencies:
         guesses = predict(state, method, c)
-        unmeasured = [p for k, p in guesses.items() if state.cell((method, k), c).settled == 0]
-        if not unmeasured:
-            continue
-        top = max(unmeasured, key=lambda p: p.value)
-        leader = state.leader(c)
-        if leader is not None and top.value <= leader[1] and _k(top.config) >= _k(leader[0]):
-            continue  # at best a tie with a smaller K, which wins ties
-        if _competitive(state, top.value, c, margin) and not state.dead(top.config):
-            out.append(top.config)
+        unmeasured = [p for k, p in guesses.items()
+                      if state.cell((method, k), c).settled == 0 and not state.dead((method, k))]
+        if unmeasured:
+            top = max(unmeasured, key=lambda p: p.value)
+            if _beats(state, top.value, c):
+                out.append(top.config)
     return out
 
 
 def _bisect(state: _State, method: str) -> list[Config]:
-    """Measured-only methods, where they compete: halve the gap between the best measured K and its measured
-    neighbour on the better side (then the other side), until both neighbours of the best are measured."""
+    """Measured mode, where the method competes (its best measured K within the tolerance of the best): halve
+    the gap between the best measured K and its measured neighbour on the better side (then the other side),
+    until both neighbours of the best are measured (assuming tok/s is unimodal in K)."""
     ks = sorted(state.space.ks)
     out = []
     for c in state.space.concurrencies:
@@ -337,7 +375,7 @@ def _bisect(state: _State, method: str) -> list[Config]:
         if not measured:
             continue
         best = max(measured, key=lambda k: measured[k])
-        if not _competitive(state, measured[best], c):
+        if not _could_match(state, measured[best], c, state.settings.tolerance):
             continue
         tried = {k for k in ks if state.cell((method, k), c).settled > 0}
         i = ks.index(best)
@@ -353,9 +391,6 @@ def _bisect(state: _State, method: str) -> list[Config]:
                 out.append((method, ks[gap[len(gap) // 2]]))
                 break
     return out
-
-
-SINGLE_RUN_TIE = 0.01  # single runs have no interval: within 1% of each other they count as overlapping
 
 
 def _overlap(a: Estimate, b: Estimate) -> bool:
@@ -404,40 +439,47 @@ def _confirm(state: _State) -> tuple[list[Config], list[Pick]]:
 def decide(space: Space, settings: Settings, obs: Observations) -> Measure | Done:
     """The next configs to load (with how many repeats), or the picks when nothing left could change them."""
     state = _State(space, settings, obs)
+    notes = tuple(reason for method in space.methods if (reason := _why_measured(state, method)))
     probes = [config for config in _probes(state) if not state.settled(config, settings.repeats)]
     if probes:
-        return Measure(tuple(dict.fromkeys(probes)), settings.repeats, "probe")
-    wanted: list[Config] = []
+        return Measure(tuple(dict.fromkeys(probes)), settings.repeats,
+                       "probe: the baseline and each drafter at its largest K", notes)
+    wanted: dict[Config, str] = {}
     for method in space.methods:
-        role = _role(state, method)
-        if role == "chain":
-            wanted += _promising_predictions(state, method)
-        elif role == "measured":
-            wanted += _bisect(state, method)
-    wanted = [config for config in dict.fromkeys(wanted) if not state.settled(config, settings.repeats)]
+        if not space.drafting[method]:
+            continue
+        second = _second_point(state, method)
+        if second is not None:
+            wanted.update((config, "second K of a drafter that could match the best") for config in second)
+        elif _role(state, method) == "predicted":
+            wanted.update((config, "predicted to beat the best by more than the noise")
+                          for config in _promising_predictions(state, method))
+        else:
+            wanted.update((config, "measured mode: halving the K interval around the best")
+                          for config in _bisect(state, method))
+    wanted = {config: why for config, why in wanted.items() if not state.settled(config, settings.repeats)}
     if wanted:
-        return Measure(tuple(wanted), settings.repeats, "predicted or bracketed to compete with the best")
+        return Measure(tuple(wanted), settings.repeats, "; ".join(dict.fromkeys(wanted.values())), notes)
     more, picks = _confirm(state)
     if more:
-        return Measure(tuple(dict.fromkeys(more)), settings.max_repeats, "95% intervals overlap the best")
-    notes = [reason for method in space.methods if (reason := _mispredicted(state, method))
-             and method in CHAIN_DRAFTERS]
-    return Done(tuple(picks), tuple(notes))
+        return Measure(tuple(dict.fromkeys(more)), settings.max_repeats, "95% intervals overlap the best", notes)
+    return Done(tuple(picks), notes)
 
 
 def predictions(space: Space, settings: Settings, obs: Observations) -> list[tuple[Prediction, float | None]]:
-    """Every chain drafter's predicted objective per (K, concurrency), with the measured mean where there is
-    one. A measured K's prediction is made without it (leave one out), as it was before it was loaded."""
+    """Every drafter's predicted objective per (K, concurrency) where its probe gave per-position rates, with the
+    measured mean where there is one. A measured K's prediction is made without it (leave one out), as it was
+    before it was loaded."""
     state = _State(space, settings, obs)
     out = []
     for method in space.methods:
-        if not space.drafting[method] or method not in CHAIN_DRAFTERS:
+        if not space.drafting[method]:
             continue
         probe = _probe(state, method)
         for c in space.concurrencies:
             for k in space.ks:
                 cell = state.cell((method, k), c)
-                measured = sum(cell.values) / len(cell.values) if cell.values else None
+                measured = _mean(cell.values) if cell.values else None
                 guess = (predict(state, method, c, leave_out=k) if measured is not None
                          else predict(state, method, c)).get(k)
                 if guess is not None and (probe is None or k != probe[1]):

@@ -168,6 +168,10 @@ def _search(plan: Plan, store: Store, docker: Docker, run_dir: Path, request: Tu
                 raise SparklabError("tune made no progress: the same cells stayed pending after a round",
                                     f"See {run_dir / rundir.LOG_NAME}; run the same command again to retry.")
             last = marker
+            for note in decision.notes:
+                if note not in state.setdefault("notes", []):
+                    say(f"tune: {note}")  # a drafter switched to measured mode: said once, when it is known
+                    state["notes"].append(note)
             say(f"tune round {len(state['rounds']) + 1}: {decision.why}: load "
                 f"{', '.join(loading) or 'nothing new'} ({decision.repeats} repeat(s))")
             state["rounds"].append({"why": decision.why, "configs": [tune.label(c) for c in decision.configs],

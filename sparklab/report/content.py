@@ -277,8 +277,9 @@ def _tune(report: Report) -> Section | None:
     ]
     if rows:
         blocks += [Para("Predicted vs measured: acceptance length at K from the largest K's per-position rates, "
-                        "step time linear in K; a measured K's prediction was made without its own numbers."),
-                   Table(("config", "C", "predicted tok/s", "measured tok/s", "error", "step cost fitted through"),
+                        "step time interpolated between the measured K (piecewise linear); a measured K's "
+                        "prediction was made without its own numbers."),
+                   Table(("config", "C", "predicted tok/s", "measured tok/s", "error", "step cost"),
                          rows, (False, True, True, True, True, False))]
     blocks += [Para(note) for note in state.get("notes", [])]
     return Section("sparklab tune: the best method and K per concurrency", blocks=blocks)
