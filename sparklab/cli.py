@@ -194,7 +194,13 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from sparklab.console import timestamped, tune_summary
 
     say = timestamped(err)
-    outcome = tuning.run_tune(tuning.request_from_args(args), say)
+    request = tuning.request_from_args(args)
+    if args.dry_run:
+        from sparklab.console import tune_plan
+
+        out.print(tune_plan(tuning.dry_run(request)), markup=False)
+        return 0
+    outcome = tuning.run_tune(request, say)
     if outcome.interrupted:
         say(f"interrupted; the same command continues {outcome.run_dir}")
         return 130

@@ -135,6 +135,8 @@ def _tune_args(p: argparse.ArgumentParser) -> None:
                    help="a drafter whose measured acceptance length misses its prediction by this much is "
                         "measured, not predicted; in measured mode, K values within it of the best are tried "
                         "(default 0.15)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the plan, the most model loads it can take and an ETA upper bound; start nothing")
     p.add_argument("--resume", metavar="RUN", help="continue this tune run (default: the newest unfinished one)")
     p.add_argument("--new", action="store_true", help="start a new run even if an earlier one can continue")
     p.add_argument("--runs-dir", type=Path, default=Path("runs"), help="where runs are kept (default ./runs)")

@@ -235,6 +235,51 @@ def _interval(low: float | None, high: float | None) -> str:
     return f" [{low:.2f}, {high:.2f}]" if low is not None and high is not None else " (one run: no interval)"
 
 
+def _duration(seconds: float) -> str:
+    hours, rest = divmod(int(seconds), 3600)
+    return f"{hours} h {rest // 60:02d} min"
+
+
+def tune_plan(dry: Any) -> str:
+    """`sparklab tune --dry-run` (dry: sparklab.tuning.DryRun): the space, the next round with its serve commands,
+    how the search goes on, and the most loads and time it can take next to the full grid's. Nothing started."""
+    from sparklab.render import serve_command
+    from sparklab.tune import Done, label
+
+    space, settings = dry.space, dry.settings
+    ks = f"K {min(space.ks)}-{max(space.ks)}" if len(space.ks) > 1 else f"K {space.ks[0]}"
+    bound = f", median TTFT <= {settings.ttft_max_ms:g} ms" if settings.ttft_max_ms else ""
+    cs = ", ".join(map(str, space.concurrencies))
+    lines = [f"tune {dry.plan.sweep.name}: {', '.join(space.methods)}; {ks}; C {cs}; maximise {dry.objective} "
+             f"tok/s{bound}; {settings.repeats} repeat(s) per measured config, up to {settings.max_repeats} where "
+             "intervals overlap the best",
+             f"run: {dry.run_dir} ({'continues: the next step from its stored results' if dry.exists else 'new'})"]
+    step = dry.next_step
+    if isinstance(step, Done):
+        lines.append("next: nothing to load; the stored results already answer (run it to print the picks)")
+    else:
+        lines.append(f"next round: {step.why} ({step.repeats} repeat(s)):")
+        servers = {(s.method, s.num_speculative_tokens): s for s in dry.plan.servers}
+        for config in step.configs:
+            server = servers[config]
+            lines.append(f"  {label(config)}: {serve_command(server.spec)}")
+        lines += [f"  note: {note}" for note in step.notes]
+    lines += [
+        "then, from what those measure: the smallest K of each drafter that could match the best; the K whose "
+        "predicted tok/s beats the best by more than the run-to-run noise; drafters whose acceptance misses its "
+        "prediction in measured mode (halving the K interval); repeats where intervals overlap the best",
+        f"at most {dry.max_loads} model loads (each of the {dry.grid_loads} configs once"
+        + (f", and once more for repeats up to {settings.max_repeats}" if dry.max_loads > dry.grid_loads else "")
+        + "; retried failed starts not counted)",
+        f"ETA at most {_duration(dry.eta_upper_s)} (those loads, every cell up to {settings.max_repeats} repeat(s)); "
+        f"the full grid: {dry.grid_loads} loads, ETA {_duration(dry.grid_eta_s)}. Timing model: "
+        f"{dry.model.startup_s:.0f} s per server start, {dry.model.tokens_per_s:.1f} tok/s at c=1 scaled by "
+        f"c^{dry.model.batching} (refined from earlier runs of this recipe when there are any)",
+        "dry run: nothing started",
+    ]
+    return "\n".join(lines)
+
+
 def tune_summary(report: Any, state: dict[str, Any]) -> str:
     """`sparklab tune`'s answer: the pick per concurrency and how sure, predictions against measurements, the
     loads it took, and the `sparklab up` command of each winner (with a K schedule where the engine has one)."""

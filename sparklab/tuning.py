@@ -22,7 +22,7 @@ from sparklab import __version__, rundir, sweep, tune
 from sparklab.containers import Docker
 from sparklab.engines import acceptance, engine
 from sparklab.errors import DiskFullError, RecipeError, SparklabError
-from sparklab.plan import Plan, build_plan, load_sweep
+from sparklab.plan import Plan, build_plan, estimate_seconds, load_sweep
 from sparklab.store import Store
 
 SPACE_FILE = "tune.yaml"
@@ -139,6 +139,62 @@ def run_tune(request: TuneRequest, say: sweep.Say, docker: Docker | None = None)
             if exists:
                 say(f"continuing {run_dir} with its stored space and settings ({run_dir / SPACE_FILE})")
             return _search(plan, store, docker or Docker(), run_dir, request, state, say)
+
+
+@dataclass(frozen=True)
+class DryRun:
+    """What `sparklab tune --dry-run` prints: the space, the next round, and bounds on loads and time."""
+
+    plan: Plan
+    space: tune.Space
+    settings: tune.Settings
+    objective: str
+    run_dir: Path
+    exists: bool
+    next_step: tune.Measure | tune.Done
+    max_loads: int
+    eta_upper_s: float
+    grid_loads: int
+    grid_eta_s: float
+    model: Any  # the sweep's TimingModel behind both ETAs
+
+
+def dry_run(request: TuneRequest) -> DryRun:
+    """The tune's plan without starting anything: the same run resolution, space file, plan and first decision as
+    a run (a stored run's space and results when it would continue one).
+
+    At most every config is loaded once at --repeats and, if --max-repeats is larger, once more for the
+    confirming repeats (a config is loaded again only when it has cells pending); failed starts retried by the
+    sweep machinery are not counted. The ETA bound is those loads, each with every cell up to --max-repeats,
+    on the sweep's timing model (its start time and tok/s, refined from earlier runs of the recipe)."""
+    import tempfile
+
+    name = f"tune-{request.space['name']}"
+    run_dir, exists = rundir.resolve(request.runs_dir, name, request.resume, request.new)
+    obs: tune.Observations = {}
+    settings, objective = request.settings, request.objective
+    with tempfile.TemporaryDirectory() as scratch:
+        if exists:
+            plan = build_plan(run_dir / SPACE_FILE, run_id=run_dir.name, ulimits=request.ulimits)
+            with Store.open(run_dir / "results.sqlite", readonly=True) as store:
+                state = _state(store)
+                if state:
+                    settings, objective = _settings(state), state["objective"]
+                obs = observations(store, plan, objective)
+        else:
+            space_path = write_space(Path(scratch), request.space, request.settings)
+            plan = build_plan(space_path, run_id=run_dir.name, ulimits=request.ulimits)
+    space = space_of(plan)
+    configs = len(plan.servers)
+    max_loads = configs * (2 if settings.max_repeats > settings.repeats else 1)
+    model = sweep.timing_model(plan, sorted(request.runs_dir.glob("*/results.sqlite")))
+    per_load = model.startup_s + model.teardown_s
+    eta = estimate_seconds(plan, model) + (max_loads - configs) * per_load  # every cell at --max-repeats
+    grid = tuple(dataclasses.replace(s, cells=tuple(c for c in s.cells if c.repeat < settings.repeats))
+                 for s in plan.servers)
+    grid_eta = estimate_seconds(dataclasses.replace(plan, servers=grid), model)  # the grid at --repeats
+    return DryRun(plan, space, settings, objective, run_dir, exists, tune.decide(space, settings, obs), max_loads,
+                  eta, configs, grid_eta, model)
 
 
 def _search(plan: Plan, store: Store, docker: Docker, run_dir: Path, request: TuneRequest, state: dict[str, Any],

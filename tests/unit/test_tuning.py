@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -105,3 +106,26 @@ def test_request_from_a_recipe_builds_the_space_from_flags() -> None:
     request = tuning.request_from_args(args)
     assert request.space["recipe"] == "cpu" and request.space["num_speculative_tokens"] == [1, 2, 3, 4]
     assert request.settings == tune.Settings(2, 4, 0.15, 500.0) and request.objective == "decode"
+
+
+def test_dry_run_prints_the_plan_the_most_loads_and_an_eta_bound_and_starts_nothing(capsys, tmp_path: Path,
+                                                                                  monkeypatch) -> None:
+    from sparklab import containers
+    from sparklab.cli import main
+
+    def no_docker(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("a dry run touched Docker")
+
+    monkeypatch.setattr(containers.Docker, "__init__", no_docker)
+    runs = tmp_path / "runs"
+    code = main(["tune", "cpu-demo", "--dry-run", "--runs-dir", str(runs), "--repeats", "2", "--max-repeats", "3"])
+    out = capsys.readouterr().out
+    assert code == 0 and not runs.exists()  # no run directory, no store
+    assert "next round: probe" in out and "draft_model K=3: vllm serve" in out and "ngram K=1:" not in out
+    # cpu-demo: none, ngram and draft_model at K 1 and 3 = 5 configs, each loaded at most twice (2 then 3 repeats)
+    assert "at most 10 model loads (each of the 5 configs once, and once more for repeats up to 3" in out
+    eta = re.search(r"ETA at most (\d+) h (\d+) min.*the full grid: 5 loads, ETA (\d+) h (\d+) min", out)
+    assert eta is not None
+    upper, grid = (int(eta[1]) * 60 + int(eta[2])), (int(eta[3]) * 60 + int(eta[4]))
+    assert upper > grid > 0  # the bound counts the second loads and the third repeats the grid does not
+    assert out.rstrip().endswith("dry run: nothing started")
