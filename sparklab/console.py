@@ -313,10 +313,15 @@ def tune_summary(report: Any, state: dict[str, Any]) -> str:
     schedule = state.get("schedule")
     if schedule and schedule.get("serve_args") and (server := servers.get((schedule["method"], schedule["k"]))):
         ranges = ", ".join(f"{a}-{b}: K={k}" for a, b, k in schedule["ranges"])
-        lines.append(f"one server for every concurrency, K per batch size ({ranges}):")
+        lines.append(f"one server for every concurrency, K per batch size ({ranges}; a range's K is capped at the "
+                     f"server's K={schedule['k']}, K=0 drafts nothing):")
         extra = "".join(" " + shlex.quote(f"--serve-arg={a}") for a in schedule["serve_args"])
         lines.append(f"  {server.up_command}{extra}")
+        flag, _, value = schedule["serve_args"][0].partition("=")
+        where = f"engines.{schedule.get('engine', server.engine)}.methods.{schedule['method']}.args"
+        lines.append(f"  or in the recipe, added to {where}: [{flag}, '{value}']")
     elif schedule:
-        lines.append(f"no K schedule printed: {schedule['method']} wins with different K per concurrency, but "
-                     f"engine version {schedule.get('engine_version')} has no per-batch-size K setting sparklab knows")
+        why = schedule.get("why_not") or (f"engine version {schedule.get('engine_version')} has no per-batch-size K "
+                                          "setting sparklab knows")
+        lines.append(f"no K schedule printed: {schedule['method']} wins with different K per concurrency, but {why}")
     return "\n".join(lines)

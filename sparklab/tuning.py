@@ -277,8 +277,10 @@ def _schedule_args(plan: Plan, store: Store, schedule: dict[str, Any] | None) ->
     server = next(s for s in plan.servers if s.method == schedule["method"] and s.num_speculative_tokens == top)
     versions = {row.id: row.engine_version for row in store.server_configs()}
     version = versions.get(server.id)
-    args = engine(server.spec.kind).k_schedule_args([tuple(r) for r in schedule["ranges"]], version)
-    return {**schedule, "k": top, "engine_version": version, "serve_args": args}
+    adapter = engine(server.spec.kind)
+    args = adapter.k_schedule_args([tuple(r) for r in schedule["ranges"]], version)
+    return {**schedule, "k": top, "engine": server.engine, "engine_version": version, "serve_args": args,
+            "why_not": None if args else adapter.k_schedule_why_not(version)}
 
 
 def load_space(text: str) -> dict[str, Any] | None:

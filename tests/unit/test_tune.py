@@ -282,6 +282,10 @@ def test_vllm_k_schedule_args_only_where_the_version_has_them() -> None:
     assert vllm.k_schedule_args(ranges, "0.11.0") is None
     assert vllm.k_schedule_args(ranges, None) is None
     assert engine("sglang").k_schedule_args(ranges, "0.5.23") is None
+    assert vllm.k_schedule_why_not("0.27.1") == ""
+    assert "0.27.1's source only" in vllm.k_schedule_why_not("0.11.0")
+    assert "did not report its vLLM version" in vllm.k_schedule_why_not(None)
+    assert "no per-batch-size K setting of sglang" in engine("sglang").k_schedule_why_not("0.5.23")
 
 
 def test_k_ranges_parse_and_bad_ones_are_usage_errors() -> None:

@@ -95,7 +95,18 @@ def test_the_report_and_the_closing_lines_show_picks_predictions_and_up_commands
     # ngram K=3 at C=1 and no drafting at C=4: one server with K per batch size, but the stored engine version
     # is unknown here, so no argument is printed for it
     assert [list(r) for r in state["schedule"]["ranges"]] == [[1, 1, 3], [2, 1024, 0]]
-    assert "no K schedule printed" in text
+    assert "no K schedule printed" in text and "did not report its vLLM version" in text
+    with Store.open(tmp_path / "results.sqlite") as store:  # the K=3 server reported vLLM 0.27.1
+        ngram3 = next(s.id for s in plan.servers if (s.method, s.num_speculative_tokens) == ("ngram", 3))
+        store.record_server_start(ngram3, image_digest=None, startup_facts=None, ready_s=1.0, log_path=None,
+                                  engine_version="0.27.1")
+        state["schedule"] = tuning._schedule_args(plan, store, {"method": "ngram", "ranges": [[1, 1, 3], [2, 1024, 0]]})
+    with Store.open(tmp_path / "results.sqlite", readonly=True) as store:
+        text = tune_summary(report.build(store, "tune-test"), json.loads(json.dumps(state)))
+    flag = "--speculative_config.num_speculative_tokens_per_batch_size=[[1,1,3],[2,1024,0]]"
+    assert f"  sparklab up cpu:ngram --engine vllm-cpu -k 3 '--serve-arg={flag}'" in text
+    assert ("or in the recipe, added to engines.vllm-cpu.methods.ngram.args: "
+            "[--speculative_config.num_speculative_tokens_per_batch_size, '[[1,1,3],[2,1024,0]]']") in text
 
 
 def test_request_from_a_recipe_builds_the_space_from_flags() -> None:
