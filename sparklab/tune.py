@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from sparklab.metrics import Estimate, estimate, ratio, t_quantile
 
@@ -127,7 +127,6 @@ class _State:
     space: Space
     settings: Settings
     obs: Observations
-    notes: list[str] = field(default_factory=list)
 
     def cell(self, config: Config, c: int) -> CellObs:
         return self.obs.get(config, {}).get(c, CellObs())
