@@ -27,7 +27,7 @@ from sparklab import engine_cache, interrupts, preflight
 from sparklab.containers import Docker, PullCallback
 from sparklab.engine_log import DEAD_STOP_GRACE_S, LogWatch
 from sparklab.engines import engine
-from sparklab.errors import NotReadyError
+from sparklab.errors import NotReadyError, SparklabError
 from sparklab.health import exited_error, wait_ready
 from sparklab.launch import Launch, Ready, _facts_after_ready, state_dir
 from sparklab.multinode import ClusterSpec
@@ -215,7 +215,11 @@ def start(p: Launch, cluster: ClusterSpec, dockers: Sequence[Docker], *, pull_po
         tell(f"cluster port {cluster.head_address}:{cluster.cluster_port} is open")
         for rank in range(1, len(nodes)):
             tell(f"{server.where(rank)}: starting {nodes[rank].name}")
-            server.add(dockers[rank].launch(nodes[rank], provided, logs / f"{nodes[rank].name}.log"))
+            try:
+                server.add(dockers[rank].launch(nodes[rank], provided, logs / f"{nodes[rank].name}.log"))
+            except SparklabError as exc:  # say which host refused it
+                exc.message = f"{server.where(rank)}: {exc.message}"
+                raise
         server.watch()
         headers = {"Authorization": f"Bearer {key}"} if key and adapter.ready_needs_key else None
         ready(server, head.endpoint + head.ready_path, kind=head.kind, timeout_s=head.ready_timeout_s,

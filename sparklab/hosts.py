@@ -35,7 +35,7 @@ _CONTEXT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
 _AUTO_OFFSET = 100
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 _NET_NAME = r"^[A-Za-z0-9_.:^,=-]+$"  # an address, interface or HCA name (ends up in a container's env)
-_EXTRAS = ("cluster_address", "interface", "ib_hca", "name", "address")
+_EXTRAS = ("cluster_address", "interface", "ib_hca", "name", "address", "hf_cache")
 
 
 class HostEntry(Strict):
