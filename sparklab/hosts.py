@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Literal
 from urllib.parse import urlsplit
 
-from pydantic import Field
+from pydantic import Field, ValidationError
 
 from sparklab.errors import RecipeError
 from sparklab.recipes import Strict
@@ -131,8 +131,9 @@ def _from_text(text: str, where: str) -> HostEntry:
         extras[key] = value
     try:
         return HostEntry(docker=docker, **extras)
-    except ValueError as exc:
-        raise RecipeError(f"{where}: {text!r}: {str(exc).splitlines()[-1].strip()}",
+    except ValidationError as exc:
+        wrong = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
+        raise RecipeError(f"{where}: {text!r}: {wrong}",
                           "Addresses, interface and HCA names are letters, digits and . : _ -") from None
 
 
