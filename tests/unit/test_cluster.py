@@ -172,7 +172,7 @@ def test_a_head_that_exits_before_its_cluster_port_opens_fails_at_once_and_no_wo
 
 def test_a_cluster_port_that_never_opens_is_an_error_naming_the_address_to_check() -> None:
     events: list[str] = []
-    p, spec = _pair()
+    _, spec = _pair()
     server = cluster.ClusterServer(spec)
     server.add(FakeNode("head", events, port_after=10**6))
     clock = iter(range(0, 1000, 100))
