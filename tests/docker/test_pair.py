@@ -16,7 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
+from sparklab.store import Store
 from tests.dockerkit import Cli, Lines, free_port, sparklab_containers, ulimit_args
 
 pytestmark = pytest.mark.docker
@@ -116,3 +118,30 @@ def test_a_node_refused_by_the_second_host_takes_the_head_down(
     assert "error: node 1 (worker) on 127.0.0.1:" in up.stderr and "docker could not start" in up.stderr
     assert "invalid volume specification" in up.stderr
     assert sparklab_containers(docker_client) == before and _pair(docker_client, second_client) == ([], [])
+
+
+def test_a_sweep_runs_a_server_across_both_hosts_and_leaves_nothing(
+        cli: Cli, tmp_path: Path, second_host: str, second_client: Any, docker_client: Any) -> None:
+    port, cluster_port = _ports()
+    link = {"cluster_address": "127.0.0.1", "interface": "lo", "ib_hca": "standin0"}
+    doc = {
+        "name": "pair", "recipe": "gb10-pair", "methods": ["none", "dspark"], "num_speculative_tokens": [3],
+        "concurrency": [1, 2], "requests": 3, "warmup": 1,
+        "sampling": {"max_tokens": 16, "temperature": 0, "top_p": None, "ignore_eos": True},
+        "set": [f"engines.vllm.image={cli.image}", "engines.vllm.gpus=none", "engines.vllm.mount_hf_cache=false",
+                "engines.vllm.engine_cache=false", "engines.vllm.ulimits={stack: 67108864}",
+                f"engines.vllm.port={port}", f"engines.vllm.cluster_port={cluster_port}",
+                "gpu_memory_utilization=0.01", "unified_memory=false"],
+        # the second host's servers listen 100 ports up; its head (if it takes the server) serves there
+        "hosts": [{"docker": "local", **link}, {"docker": second_host, "network": "host", **link}],
+    }
+    path = tmp_path / "pair.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    done = cli.run("sweep", str(path), "--runs-dir", str(tmp_path / "runs"), *ulimit_args(), timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    across = [line for line in done.stdout.splitlines() if ": across " in line]
+    assert len(across) == 2 and all("local" in line and "127.0.0.1:" in line for line in across), done.stdout
+    (db,) = sorted((tmp_path / "runs").glob("*/results.sqlite"))
+    with Store.open(db) as store:
+        assert store.counts()["done"] == 4 and not store.failures(), (store.counts(), store.failures())
+    assert _pair(docker_client, second_client) == ([], [])
