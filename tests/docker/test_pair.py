@@ -139,8 +139,8 @@ def test_a_sweep_runs_a_server_across_both_hosts_and_leaves_nothing(
     path.write_text(yaml.safe_dump(doc))
     done = cli.run("sweep", str(path), "--runs-dir", str(tmp_path / "runs"), *ulimit_args(), timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
-    across = [line for line in done.stdout.splitlines() if ": across " in line]
-    assert len(across) == 2 and all("local" in line and "127.0.0.1:" in line for line in across), done.stdout
+    across = [line for line in (done.stdout + done.stderr).splitlines() if ": across " in line]
+    assert len(across) == 2 and all("local" in line and "127.0.0.1:" in line for line in across), done.stderr
     (db,) = sorted((tmp_path / "runs").glob("*/results.sqlite"))
     with Store.open(db) as store:
         assert store.counts()["done"] == 4 and not store.failures(), (store.counts(), store.failures())
