@@ -106,8 +106,12 @@ def render_cluster(recipe: Recipe, engine: str | None, method: str | None, optio
             options, hf_cache=Path(host.hf_cache) if host.hf_cache else options.hf_cache)
         context = {"node": node, "head": nodes[0], "nodes": spec.nodes, "cluster_port": spec.cluster_port}
         base = render(recipe, engine_name, method, node_options, node=context)
-        entrypoint, argv = adapter.node_command(base.entrypoint, base.argv, rank, spec.nodes, head_address,
-                                                spec.cluster_port, str(node["address"]))
+        try:
+            entrypoint, argv = adapter.node_command(base.entrypoint, base.argv, rank, spec.nodes, head_address,
+                                                    spec.cluster_port, str(node["address"]))
+        except RecipeError as exc:
+            exc.message = f"{where}: {exc.message}"
+            raise
         labels = {**base.labels, "sparklab.cluster": base.name, "sparklab.node_rank": str(rank),
                   "sparklab.node_host": host.name}
         keyless = rank > 0 and API_KEY_PLACEHOLDER not in argv  # a Ray worker serves nothing: no key to hold

@@ -25,6 +25,7 @@ from sparklab.engines.base import (
     where,
 )
 from sparklab.errors import EngineUnreachable as Unreachable
+from sparklab.errors import RecipeError
 from sparklab.metrics import spec_delta
 from sparklab.scrape import StartupFacts, parse_metrics, to_int
 
@@ -232,6 +233,11 @@ class VLLM(Engine):
         (vllm/config/parallel.py:243-252: "to use "ray" you must manually set distributed_executor_backend"),
         joins the running cluster (ray.init("auto"), vllm/v1/executor/ray_utils.py:570-587) and waits for a
         placement group across the nodes (ray_utils.py:445-470, PG_WAIT_TIMEOUT 1800 s at :29)."""
+        if flag_value(argv, "--distributed-executor-backend") != "ray":
+            # vLLM 0.27.1's parser takes any string here (a class path too) and fails only at start
+            raise RecipeError("a vLLM server across hosts runs its workers through Ray, but the serve command does "
+                              "not say --distributed-executor-backend ray",
+                              "Add `--distributed-executor-backend, ray` to the engine's args (see gb10-pair.yaml).")
         if rank == 0:
             script = (f"ray start --head --port={cluster_port} --node-ip-address={shlex.quote(address)} "
                       '&& exec "$0" "$@"')  # $0 "$@": the serve command, as given after the script

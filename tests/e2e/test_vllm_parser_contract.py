@@ -73,8 +73,9 @@ BAD = [
     # vLLM's parser accepts any MoE backend name here, marlin included; that the MTP drafter cannot run
     # marlin is only found at start-up, which is why sparklab's preflight checks it (tests/unit).
     ("spec-moe-backend", "--speculative_config.moe_backend", "tritonn", "speculative"),
-    # gb10-pair's head: the executor backend is a closed choice (vllm/config/parallel.py:37)
-    ("executor-backend", "--distributed-executor-backend", "rayy", "distributed"),
+    # Not here: --distributed-executor-backend rayy. vLLM 0.27.1's parser accepts any string there (a class
+    # path, vllm/config/parallel.py:243-245) and fails only at start, so sparklab refuses a vLLM server across
+    # hosts without `ray` itself (tests/unit/test_multinode.py).
 ]
 
 

@@ -109,6 +109,19 @@ def test_a_multinode_recipe_must_say_how_the_nodes_meet(change: str, says: str) 
     assert "gb10-pair.yaml" in caught.value.message and says in caught.value.message
 
 
+@pytest.mark.parametrize("backend", ["mp", "rayy"])
+def test_a_vllm_server_across_hosts_must_use_ray_which_vllms_parser_does_not_check(backend: str) -> None:
+    recipe = load_recipe(PAIR)
+    args = list(recipe.engines["vllm"].args)
+    args[args.index("--distributed-executor-backend") + 1] = backend
+    engines = {**recipe.engines, "vllm": recipe.engines["vllm"].model_copy(update={"args": args})}
+    with pytest.raises(RecipeError) as caught:
+        render_cluster(recipe.model_copy(update={"engines": engines}), "vllm", "none", LaunchOptions(),
+                       parse_hosts(LINK, "--host"))
+    assert "gb10-pair.yaml: engines.vllm: a vLLM server across hosts runs its workers through Ray" \
+        in caught.value.message and "--distributed-executor-backend, ray" in (caught.value.hint or "")
+
+
 def test_a_one_host_recipe_is_not_spread_over_two() -> None:
     with pytest.raises(RecipeError, match="serves from one host, yet 2 hosts were given"):
         render_cluster(load_recipe(PAIR.with_name("gb10.yaml")), "vllm", "none", LaunchOptions(),
