@@ -13,7 +13,7 @@ cd "$REPO_ROOT"
 CACHE="${SPARKLAB_CACHE:-$HOME/.cache/sparklab}"
 VENV="$CACHE/venv-test"
 REGISTRY=127.0.0.1:5000
-STANDIN_IMAGE="$REGISTRY/sparklab/standin:1"
+STANDIN_IMAGE="$REGISTRY/sparklab/standin:2"
 VLLM_CPU_REPO=sparklab/vllm-cpu
 VLLM_CPU_TAG=0.27.1
 LLAMACPP_CPU_REPO=sparklab/llamacpp-cpu

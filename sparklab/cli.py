@@ -14,7 +14,7 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
-from sparklab import launch, preflight
+from sparklab import cluster_commands, launch, multinode, preflight
 from sparklab.cli_args import build_parser, launch_options
 from sparklab.engines import engine as engine_adapter
 from sparklab.errors import SparklabError
@@ -31,6 +31,8 @@ def cmd_render(args: argparse.Namespace) -> int:
     p = launch.prepare(args.spec, target=args.target, engine_name=args.engine, overrides=args.overrides,
                        options=options, check_host=args.host_checks)
     _print_warnings(p.warnings)
+    if args.hosts or multinode.nodes_of(p.recipe, p.spec.engine) > 1:  # one server across several hosts
+        return cluster_commands.cmd_render(args, p, options, out)
     spec = p.spec
     out.print(f"# {spec.recipe_path}: engine {spec.engine}, method {spec.method}")
     out.print(launch_command(spec), markup=False)
@@ -57,6 +59,8 @@ def cmd_up(args: argparse.Namespace) -> int:
     key_warning = engine_adapter(spec.kind).api_key_warning
     if spec.needs_api_key and key_warning:
         err.print("[yellow]warning:[/] " + escape(key_warning), markup=True)
+    if args.hosts or multinode.nodes_of(p.recipe, p.spec.engine) > 1:
+        return cluster_commands.cmd_up(args, p, options, out, err)
     if args.dry_run:
         out.print(launch_command(spec), markup=False)
         out.print("dry run: preflight passed, nothing started.")

@@ -99,6 +99,12 @@ def launch_options(args: argparse.Namespace, mode: str = "up") -> LaunchOptions:
 
 def _host_option(p: argparse.ArgumentParser, help: str) -> None:
     p.add_argument("--host", dest="hosts", action="append", default=[], metavar="DOCKER_HOST", help=help)
+
+
+_ACROSS = ("serve across these Docker hosts, the head first (a recipe with nodes: 2); each as "
+           "DOCKER_HOST[,cluster_address=IP][,interface=IFACE][,ib_hca=HCA]")
+
+
 def k_values(text: str) -> list[int]:
     """--k: 1-8, 1,2,4 or 3 (each K from 1 to MAX_SPECULATIVE_TOKENS)."""
     whole = _whole(1, MAX_SPECULATIVE_TOKENS)
@@ -157,11 +163,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("render", help="print the docker run and serve command a recipe gives")
     _launch_args(p)
+    _host_option(p, _ACROSS)
     p.add_argument("--host-checks", action="store_true", help="also run the host preflight checks")
     p.set_defaults(command="render")
 
     p = sub.add_parser("up", help="start a server from a recipe and wait until it is ready")
     _launch_args(p)
+    _host_option(p, _ACROSS)
     p.add_argument("-d", "--detach", action="store_true", help="leave it running and return")
     p.add_argument("--pull", default="missing", choices=["missing", "always", "never"],
                    help="when to pull the image (default: missing)")

@@ -585,6 +585,18 @@ class Server:
         except (docker.errors.APIError, requests.RequestException):
             return self.log_path.read_text("utf-8", "replace") if self.log_path and self.log_path.exists() else ""
 
+    def port_open(self, address: str, port: int, timeout_s: int = 5) -> bool:
+        """Whether address:port accepts a connection as seen from inside this container (its host's network):
+        the head of a multi-host server checks its own cluster port where the other nodes will reach it, which
+        the controller may not (the Sparks' link is often theirs alone). Needs bash and timeout in the image."""
+        try:
+            result = self.container.exec_run(["timeout", str(timeout_s), "bash", "-c", 'exec 3<>"/dev/tcp/$0/$1"',
+                                              address, str(port)])
+        except (docker.errors.APIError, requests.RequestException) as exc:
+            log.debug("port check in %s: %s", self.name, exc)
+            return False
+        return result.exit_code == 0
+
     def kill(self) -> None:
         """SIGKILL now, keeping the container (and its log) for the teardown: a dead engine's in-flight
         requests then fail at once instead of hanging. Tolerates a container that is gone or stopped."""

@@ -9,6 +9,9 @@ round trip to TTFT (well under a millisecond on a direct ConnectX-7 or 10 GbE li
 milliseconds and more), and nothing to inter-token times; the report shows each cell's host, so cells of a
 host far away are easy to tell apart.
 
+A server across several hosts (a recipe with `nodes: 2`, sparklab.multinode) takes its host and as many other
+idle hosts that can hold it; they serve nothing else until it is done. Its head runs on the host that took it.
+
 A host lost mid-sweep (its daemon or ssh gone) gives its server's cells back: the one in flight returns to
 pending without spending an attempt, finished ones stay, and the server configs it ran that still have
 pending cells go back to the queue for the other hosts; the lost host takes no more work in this run.
@@ -24,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sparklab import preflight
+from sparklab import multinode, preflight
 from sparklab.containers import Docker
 from sparklab.errors import DiskFullError, PreflightError, SparklabError
 from sparklab.hosts import Host, with_address
@@ -139,6 +142,18 @@ def for_host(server: ServerConfig, host: Host) -> ServerConfig:
     return dataclasses.replace(server, spec=spec, options=options)
 
 
+def for_hosts(server: ServerConfig, hosts: list[Host]) -> ServerConfig:
+    """A server across hosts rendered for these (the head on hosts[0]): its head's spec and every node's."""
+    head = for_host(server, hosts[0])
+    assert head.options is not None
+    nodes = multinode.render_cluster(server.recipe, server.engine, server.method, head.options, hosts)
+    return dataclasses.replace(head, spec=nodes.head, cluster=nodes)
+
+
+def nodes_of(server: ServerConfig) -> int:
+    return multinode.nodes_of(server.recipe, server.engine)
+
+
 class HostStore:
     """The run's store as one host's worker sees it: every call under one lock (one SQLite connection for all
     threads), and what it records carries the host's name."""
@@ -167,9 +182,9 @@ class HostStore:
         return locked
 
 
-# serve(member, server, store, say): run this server config's pending cells on this host; raise HostLost when
-# the host went away under it.
-Serve = Callable[[Member, ServerConfig, Any, Say], None]
+# serve(member, server, store, say[, partners=…]): run this server config's pending cells on this host (and, for a
+# server across hosts, on the partners' too); raise HostLost when the host went away under it.
+Serve = Callable[..., None]
 
 
 def run(plan: Plan, store: Store, members: list[Member], serve: Serve, say: Say, run_id: str) -> None:
@@ -179,21 +194,40 @@ def run(plan: Plan, store: Store, members: list[Member], serve: Serve, say: Say,
     pending = {c.id for c in store.pending_cells()}
     queue = [s for s in plan.servers if any(c.id in pending for c in s.cells)]
     busy: set[str] = set()
+    reserved: set[str] = set()  # hosts serving another host's server across hosts
     stop = threading.Event()
     fatal: list[BaseException] = []  # an error that ends the whole run (the controller's disk is full)
 
-    def take(member: Member) -> ServerConfig | None:
+    def partners_for(server: ServerConfig, member: Member) -> list[Member] | None:
+        """The other idle hosts a server across hosts needs (none needed: []; not enough idle now: None)."""
+        need = nodes_of(server) - 1
+        idle = [m for m in members if m is not member and m.name not in busy and not m.lost
+                and unfit(server, m) is None][:need]
+        return idle if len(idle) == need else None
+
+    def take(member: Member) -> tuple[ServerConfig, list[Member]] | None:
         with cond:
-            while not stop.is_set():
-                for server in queue:
-                    if unfit(server, member) is None:
+            while not stop.is_set() and not member.lost:
+                for server in queue if member.name not in reserved else []:
+                    partners = partners_for(server, member) if unfit(server, member) is None else None
+                    if partners is not None:
                         queue.remove(server)
-                        busy.add(member.name)
-                        return server
+                        busy.update([member.name, *(p.name for p in partners)])
+                        reserved.update(p.name for p in partners)
+                        return server, partners
                 if not busy:  # nothing in flight could come back to the queue
                     return None
                 cond.wait(1.0)
             return None
+
+    def release(partners: list[Member]) -> None:
+        with cond:
+            for partner in partners:
+                reserved.discard(partner.name)
+                busy.discard(partner.name)
+                if not partner.docker.alive():
+                    partner.lost = partner.lost or "the Docker host stopped answering during a server across hosts"
+            cond.notify_all()
 
     def give_back(member: Member) -> None:
         with cond:
@@ -210,10 +244,16 @@ def run(plan: Plan, store: Store, members: list[Member], serve: Serve, say: Say,
             say(f"[{member.name}] {message}")
 
         try:
-            while (server := take(member)) is not None:
+            while (taken := take(member)) is not None:
+                server, partners = taken
                 member.ran.append(server.id)
                 try:
-                    serve(member, for_host(server, member.host), hstore, host_say)
+                    if partners:
+                        hosts = [member.host, *(p.host for p in partners)]
+                        host_say(f"server {server.label}: across {', '.join(h.name for h in hosts)}")
+                        serve(member, for_hosts(server, hosts), hstore, host_say, partners=partners)
+                    else:
+                        serve(member, for_host(server, member.host), hstore, host_say)
                 except HostLost as exc:
                     member.lost = str(exc) or "the Docker host stopped answering"
                 except (KeyboardInterrupt, DiskFullError):
@@ -226,6 +266,8 @@ def run(plan: Plan, store: Store, members: list[Member], serve: Serve, say: Say,
                 else:
                     if not member.docker.alive():
                         member.lost = "the Docker host stopped answering after its server"
+                finally:
+                    release(partners)
                 if member.lost:
                     host_say(f"lost: {member.lost}; it takes no more servers in this run")
                     give_back(member)
@@ -265,6 +307,7 @@ def run(plan: Plan, store: Store, members: list[Member], serve: Serve, say: Say,
         raise
     with cond:
         for server in queue:
-            reasons = {m.name: m.lost or unfit(server, m) for m in members}
+            short = f"the server needs {nodes_of(server)} hosts that can hold it" if nodes_of(server) > 1 else None
+            reasons = {m.name: m.lost or unfit(server, m) or short for m in members}
             say(f"server {server.label}: no host could take it ("
                 + "; ".join(f"{name}: {why}" for name, why in reasons.items()) + "); its cells stay pending")

@@ -162,6 +162,7 @@ class ServerConfig:
     recipe: Recipe
     cells: tuple[Cell, ...] = field(default_factory=tuple)
     options: LaunchOptions | None = None  # what rendered spec; another host renders it again with its own port
+    cluster: Any = None  # a server across hosts, once its hosts are chosen: multinode.ClusterSpec (spec: its head)
 
 
     @property

@@ -13,7 +13,17 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, TypeAdapter, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    TypeAdapter,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from sparklab.errors import RecipeError
 
@@ -122,6 +132,24 @@ class EngineSpec(Strict):
     engine_cache: bool = True
     ready_timeout_s: Seconds = 1800
     methods: dict[str, Method] = Field(min_length=1)
+    # One server across several Docker hosts (sparklab.multinode): rank 0 (the head) serves HTTP, the others
+    # join it on cluster_port (Ray's GCS for vLLM, torch.distributed's store for SGLang's --dist-init-addr).
+    nodes: int = Field(default=1, strict=True, ge=1, le=8)
+    cluster_port: Port | None = None
+
+    @model_validator(mode="after")
+    def _cluster(self) -> EngineSpec:
+        if self.nodes == 1:
+            return self
+        if self.kind not in ("vllm", "sglang"):
+            raise ValueError(f"nodes: {self.nodes} needs an engine with a multi-node mode (vllm, sglang), "
+                             f"not {self.kind}")
+        if self.cluster_port is None:
+            raise ValueError("nodes > 1 needs cluster_port (the head's port the other nodes join on, e.g. 6379)")
+        if self.runtime != "container" or self.network != "host":
+            raise ValueError("nodes > 1 runs containers on the host network (NCCL and Ray open many ports); "
+                             "set runtime: container and network: host")
+        return self
 
     @field_validator("args")
     @classmethod

@@ -125,6 +125,13 @@ def template_context(recipe: Recipe, engine: str, method: str, port: int) -> dic
     }
 
 
+def placeholder_node(nodes: int, cluster_port: int | None) -> dict[str, Any]:
+    """Template names of a multi-node recipe before its hosts are known."""
+    head = {"rank": 0, "address": "<head cluster_address>", "interface": "<head interface>",
+            "ib_hca": "<head ib_hca>"}
+    return {"node": head, "head": head, "nodes": nodes, "cluster_port": cluster_port}
+
+
 _MAX_TEMPLATE_RESULT = 1_000_000  # characters or items a `*` or `**` in a template may produce
 
 
@@ -217,7 +224,10 @@ def _env(spec: EngineSpec, method_env: dict[str, str], options: LaunchOptions, c
 
 
 def render(recipe: Recipe, engine: str | None = None, method: str | None = None,
-           options: LaunchOptions | None = None) -> LaunchSpec:
+           options: LaunchOptions | None = None, node: dict[str, Any] | None = None) -> LaunchSpec:
+    """The engine's server as the recipe describes it. A recipe with `nodes: N` renders its head's serve command
+    here; `node` gives the templates `node` and `head` (sparklab.multinode passes each node's; without it they
+    are placeholders, so a plan or a parser check can render the serve command before hosts are chosen)."""
     options = options or LaunchOptions()
     engine_name, spec = recipe.engine(engine)
     method = method or (recipe.default_method if recipe.default_method in spec.methods else next(iter(spec.methods)))
@@ -234,6 +244,8 @@ def render(recipe: Recipe, engine: str | None = None, method: str | None = None,
         raise RecipeError(f"port {port} is not a TCP port",
                           f"Give a port from 1 to 65535, or leave --port out for the recipe's {spec.port}.")
     context = template_context(recipe, engine_name, method, port)
+    if spec.nodes > 1:
+        context.update(node or placeholder_node(spec.nodes, spec.cluster_port))
     argv = _args(recipe, engine_name, spec, method, context)
     recipe_argv_len = len(argv)
     argv.extend(options.extra_args)
@@ -359,9 +371,11 @@ def process_command(spec: LaunchSpec, multiline: bool = True) -> str:
     return sep.join([head, *groups])
 
 
-def docker_command(spec: LaunchSpec, multiline: bool = True) -> str:
-    """A `docker run` a human can paste: the same container sparklab would start (labels aside)."""
-    opts: list[list[str]] = [["docker", "run", "--rm", "--init", "--name", spec.name]]
+def docker_command(spec: LaunchSpec, multiline: bool = True, docker_host: str | None = None) -> str:
+    """A `docker run` a human can paste: the same container sparklab would start (labels aside), on another
+    Docker host with `docker -H URL` when docker_host names one."""
+    opts: list[list[str]] = [["docker", *(("-H", docker_host) if docker_host else ()), "run", "--rm", "--init",
+                              "--name", spec.name]]
     if spec.gpus:
         opts.append(["--gpus", "all"])
     if spec.ipc == "host":

@@ -17,7 +17,19 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from sparklab import __version__, bench, fleet, launch, memory, memwatch, preflight, provenance, repeats, rundir
+from sparklab import (
+    __version__,
+    bench,
+    cluster,
+    fleet,
+    launch,
+    memory,
+    memwatch,
+    preflight,
+    provenance,
+    repeats,
+    rundir,
+)
 from sparklab.containers import Docker
 from sparklab.engine_api import EngineAPI
 from sparklab.engine_log import CAUSE_LINES, fatal_error
@@ -163,6 +175,12 @@ def run(plan: Plan, store: Store, docker: Runtime | Docker | None, run_dir: Path
         hosts: list[Host] | None = None) -> dict[str, int]:
     """Run what is pending: on the local engine one server after another, or over several Docker hosts
     (sparklab.fleet), each host one server at a time."""
+    need = max((fleet.nodes_of(s) for s in plan.servers), default=1)
+    if need > len(hosts or [None]):
+        raise PreflightError(f"{plan.source}: a server of this sweep runs across {need} hosts; the sweep has "
+                             f"{len(hosts or [None])}",
+                             "List the hosts in the sweep file (hosts: [local, ssh://me@spark-2]) or give --host "
+                             "once per host; each names its cluster_address (and interface, ib_hca) for the link.")
     for cell_id in store.reset_interrupted(plan.sweep.max_attempts):
         say(f"cell {cell_id} was in flight when sparklab stopped; it runs again")
     started, done_at_start = time.monotonic(), store.counts()["done"]
@@ -181,12 +199,14 @@ def run(plan: Plan, store: Store, docker: Runtime | Docker | None, run_dir: Path
                 say(f"[{member.name}] removed leftover container {info.name} (its sparklab process is gone)")
         baseline, _ = preflight.mem_available_gib()
 
-        def serve(member: fleet.Member, server: ServerConfig, hstore: Any, host_say: Say) -> None:
+        def serve(member: fleet.Member, server: ServerConfig, hstore: Any, host_say: Say,
+                  partners: list[fleet.Member] | None = None) -> None:
             pending = {c.id for c in hstore.pending_cells()}
             cells = [c for c in server.cells if c.id in pending]
             if cells:
                 _serve(plan, hstore, member.docker, run_dir, options, server, cells, host_say, baseline,
-                       local=member.host.local, lost=lambda: not member.docker.alive())
+                       local=member.host.local, lost=lambda: not member.docker.alive(),
+                       partners=[p.docker for p in partners or []])
 
         fleet.run(plan, store, members, serve, say_progress, run_dir.name)
         return store.counts()
@@ -204,7 +224,7 @@ def run(plan: Plan, store: Store, docker: Runtime | Docker | None, run_dir: Path
 
 def _serve(plan: Plan, store: Any, docker: Runtime | Docker, run_dir: Path, options: Options, server: ServerConfig,
            cells: list, say: Say, baseline: float, local: bool = True,
-           lost: Callable[[], bool] | None = None) -> None:
+           lost: Callable[[], bool] | None = None, partners: list[Docker] | None = None) -> None:
     """One server config on one Docker host. Memory waits, the page cache and the memory floor are this
     machine's, so only a local server has them. lost: whether the host went away (then HostLost, not a fault)."""
     rundir.check_free_space(run_dir, options.min_free_mib)
@@ -217,11 +237,12 @@ def _serve(plan: Plan, store: Any, docker: Runtime | Docker, run_dir: Path, opti
     attempted: set[str] = set()  # cells this server start ran (they counted their attempt)
     try:
         if not local:
-            _run_server(plan, store, docker, run_dir, options, server, cells, say, attempted, None, local=False)
+            _run_server(plan, store, docker, run_dir, options, server, cells, say, attempted, None, local=False,
+                        partners=partners)
             return
         with memwatch.Sampler(floor_gib=floor, locate=lambda name=server.spec.name: docker.container_id(name),
                               on_floor=lambda name=server.spec.name: docker.kill(name)) as watch:
-            _run_server(plan, store, docker, run_dir, options, server, cells, say, attempted, watch)
+            _run_server(plan, store, docker, run_dir, options, server, cells, say, attempted, watch, partners=partners)
     except (KeyboardInterrupt, DiskFullError, provenance.DriftError):
         raise
     except Exception as exc:  # one fault ends this server's work, never the sweep
@@ -250,6 +271,11 @@ def _contain(plan: Plan, store: Any, docker: Runtime | Docker, run_dir: Path, se
         say(f"could not remove the server's container ({_one_line(cleanup)}); `sparklab gc` removes it later")
 
 
+def runtime_docker(docker: Runtime | Docker) -> Docker:
+    """The Docker engine behind a runtime (a server across hosts runs containers only)."""
+    return docker.docker if isinstance(docker, Runtime) else docker
+
+
 def _one_line(exc: BaseException) -> str:
     text = exc.message if isinstance(exc, SparklabError) else str(exc)
     first = (text.strip().splitlines() or [""])[0]
@@ -258,7 +284,7 @@ def _one_line(exc: BaseException) -> str:
 
 def _run_server(plan: Plan, store: Any, docker: Runtime | Docker, run_dir: Path, options: Options, server: ServerConfig,
                 cells: list, say: Say, attempted: set[str], watch: memwatch.Sampler | None = None,
-                local: bool = True) -> None:
+                local: bool = True, partners: list[Docker] | None = None) -> None:
     spec = server.spec
     max_attempts = plan.sweep.max_attempts
     start_mark = watch.mark() if watch is not None else 0
@@ -268,9 +294,14 @@ def _run_server(plan: Plan, store: Any, docker: Runtime | Docker, run_dir: Path,
         _wait_port_free(spec.host, spec.port, options.port_wait_s, remote)
         # another host's memory, port and cache are not this machine's: fleet.unfit and the start check them
         prepared = launch.checked(server.recipe, spec) if local else launch.checked(server.recipe, spec, False)
-        ready = launch.start(prepared, docker, pull_policy=options.pull_policy,
-                             log_path=run_dir / "logs" / f"{server.id}-{server.engine}-{server.method}.log",
-                             stall_s=plan.sweep.load_stall_s)
+        if server.cluster is not None:  # one server across hosts: every node in order, readiness on the head
+            ready = cluster.start(prepared, server.cluster, [runtime_docker(docker), *(partners or [])],
+                                  pull_policy=options.pull_policy, log_dir=run_dir / "logs",
+                                  stall_s=plan.sweep.load_stall_s, say=say)
+        else:
+            ready = launch.start(prepared, docker, pull_policy=options.pull_policy,
+                                 log_path=run_dir / "logs" / f"{server.id}-{server.engine}-{server.method}.log",
+                                 stall_s=plan.sweep.load_stall_s)
     except (NotReadyError, ContainerError, PreflightError) as exc:
         if watch is not None and watch.tripped:
             _fail_at_floor(store, server, watch, max_attempts, None, say)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build the sparklab stand-in engine image on the local base image (no pull) and push it to the local
-# registry as 127.0.0.1:5000/sparklab/standin:1 (plus a content tag :h-<hash>); SPARKLAB_STANDIN_TAG=T
-# pushes :T instead of :1.
+# registry as 127.0.0.1:5000/sparklab/standin:2 (plus a content tag :h-<hash>); SPARKLAB_STANDIN_TAG=T
+# pushes :T instead of :2 (:2 added bin/ray and the two-node mode; :1 is the image before it).
 # Skips everything when the registry already holds an image built from the same docker/standin contents
 # and the same base image.
 #
@@ -12,7 +12,7 @@ HERE="$(cd "$(dirname "$0")" && pwd)"
 REPO_ROOT="$(cd "$HERE/../.." && pwd)"
 REGISTRY="${SPARKLAB_REGISTRY:-127.0.0.1:5000}"
 NAME="sparklab/standin"
-STABLE_TAG="${SPARKLAB_STANDIN_TAG:-1}"  # another tag lets a branch test its own stand-in beside :1
+STABLE_TAG="${SPARKLAB_STANDIN_TAG:-2}"  # another tag lets a branch test its own stand-in beside :2
 BASE_IMAGE="sparklab/base:bookworm"
 FORCE=0
 [ "${1:-}" = "--force" ] && FORCE=1

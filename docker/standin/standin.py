@@ -22,6 +22,7 @@ import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+import standin_cluster
 from standin_args import Config, decode, names, parse_args
 
 VERSION = "standin"
@@ -701,6 +702,7 @@ class App:
         sc = spec and f"SpeculativeConfig(method={spec.method!r}, model={spec.model!r}, num_spec_tokens={spec.k})"
         msg = f"Initializing a V1 LLM engine ({VERSION}) with config: model={cfg.model!r}, speculative_config="
         log.engine("core.py:93", f"{msg}{sc}, max_seq_len={cfg.max_len}, served_model_name={cfg.served_names[0]}")
+        self.join_ray()
         self.faults_at_start()
         self.unified_memory_check()
         delay = env_float("STANDIN_START_DELAY", 1.0)
@@ -717,16 +719,45 @@ class App:
         self.ready.set()
         log.uvicorn("Application startup complete.")
 
+    def join_ray(self) -> None:
+        """--distributed-executor-backend ray over more than one GPU: wait until the Ray cluster this container's
+        `ray start --head` made has one node per GPU (standin_cluster.py)."""
+        opts = self.cfg.opts
+        world = int(opts.get("tensor-parallel-size") or 1) * int(opts.get("pipeline-parallel-size") or 1)
+        if opts.get("distributed-executor-backend") != "ray" or world < 2:
+            return
+        try:
+            address = standin_cluster.read_address()
+        except OSError:
+            self.log.emit("ConnectionError: could not find any running Ray instance (standin: no ray start --head "
+                          "in this container)", err=True)
+            os._exit(1)
+        waiting = (f"Waiting for creating a placement group of specs for 10 seconds. specs={[{'GPU': 1.0}] * world}. "
+                   "Check `ray status` and `ray list nodes` to see if you have enough resources (standin).")
+        standin_cluster.wait_for_nodes(address, world, 1800, waiting)
+        self.log.engine("ray_utils.py:470", f"Ray cluster has the {world} nodes the placement group needs (standin)")
+
     def run_sglang(self) -> None:
         cfg, log, spec = self.cfg, self.log, self.cfg.spec
         algo = repr(spec.method) if spec else None
         args = f"model_path={cfg.model!r}, host={cfg.host!r}, port={cfg.port}, context_length={cfg.max_len}"
         log.sgl(f"server_args=ServerArgs({args}, speculative_algorithm={algo}, version={VERSION!r})")
+        nnodes, rank = int(cfg.opts.get("nnodes") or 1), int(cfg.opts.get("node-rank") or 0)
+        dist = str(cfg.opts.get("dist-init-addr") or "127.0.0.1:20000")
+        if nnodes > 1 and rank > 0:  # no HTTP on the other ranks: join rank 0, end when it goes away
+            log.sgl(f"node rank {rank} of {nnodes}: joining {dist} (standin)")
+            os._exit(standin_cluster.join_and_block(dist, f"rank{rank}", env_float("STANDIN_JOIN_TIMEOUT", 60)))
+        if nnodes > 1:
+            standin_cluster.Membership(int(dist.rpartition(":")[2])).serve()
         self.listen()
         log.uvicorn(f"Started server process [{os.getpid()}]")
         log.uvicorn("Waiting for application startup.")
         log.uvicorn("Application startup complete.")
         log.uvicorn(f"Uvicorn running on http://{cfg.host}:{cfg.port} (Press CTRL+C to quit)")
+        if nnodes > 1:
+            standin_cluster.wait_for_nodes(f"127.0.0.1:{dist.rpartition(':')[2]}", nnodes, 1800,
+                                           f"waiting for {nnodes} nodes at {dist} (standin)")
+            log.sgl(f"all {nnodes} nodes joined at {dist} (standin)")
         log.sgl("Load weight begin. avail mem=110.00 GB", tp=True)
         self.faults_at_start()
         delay = env_float("STANDIN_START_DELAY", 1.0)

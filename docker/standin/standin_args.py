@@ -30,7 +30,8 @@ SGLANG_SPEC_KEYS = names(
 )
 KNOWN = SGLANG_SPEC_KEYS | names(
     """host port model model-path served-model-name max-model-len context-length api-key speculative-config
-    max-num-batched-tokens enable-metrics max-batch-size max-input-len max-kv-cache-capacity reasoning-parser"""
+    max-num-batched-tokens enable-metrics max-batch-size max-input-len max-kv-cache-capacity reasoning-parser
+    tensor-parallel-size pipeline-parallel-size distributed-executor-backend nnodes node-rank dist-init-addr"""
 )
 
 

@@ -19,7 +19,7 @@ RUN=/run/sparklab-host2
 DATA=/var/lib/sparklab-host2
 SOCK="$RUN/docker.sock"
 PIDFILE="$RUN/docker.pid"
-IMAGE="${SPARKLAB_TEST_STANDIN_IMAGE:-127.0.0.1:5000/sparklab/standin:1}"
+IMAGE="${SPARKLAB_TEST_STANDIN_IMAGE:-127.0.0.1:5000/sparklab/standin:2}"
 LOG_DIR="$CACHE/logs"
 mkdir -p "$DIR" "$RUN" "$DATA" "$LOG_DIR"
 chmod 700 "$DIR"

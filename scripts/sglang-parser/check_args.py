@@ -48,7 +48,7 @@ SPEC_FIELDS = ("speculative_algorithm", "speculative_draft_model_path", "specula
                "speculative_eagle_topk", "speculative_num_draft_tokens", "speculative_dspark_block_size",
                "speculative_moe_runner_backend", "moe_runner_backend", "mamba_ssm_dtype",
                "cuda_graph_max_bs_decode", "reasoning_parser", "tool_call_parser", "max_running_requests",
-               "mem_fraction_static", "context_length", "api_key")
+               "mem_fraction_static", "context_length", "api_key", "nnodes", "node_rank", "dist_init_addr", "tp_size")
 
 
 def check(argv: list[str]) -> dict[str, Any]:

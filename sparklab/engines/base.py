@@ -104,6 +104,12 @@ class Engine:
     def api_key_args(self, key: str) -> list[str]:
         return []
 
+    def node_command(self, entrypoint: Sequence[str], argv: Sequence[str], rank: int, nodes: int, head: str,
+                     cluster_port: int, address: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """(entrypoint, argv) of node `rank` of a server across `nodes` hosts (rank 0, the head, serves HTTP);
+        head is the head's cluster address, address this node's (sparklab.multinode)."""
+        raise NotImplementedError(f"{self.kind} has no multi-node mode in sparklab")
+
     def sweep_env(self) -> tuple[str, ...]:
         """Environment a sweep adds (e.g. what enables the prefix-cache reset between loads)."""
         return ()

@@ -198,6 +198,15 @@ class SGLang(Engine):
     def api_key_args(self, key: str) -> list[str]:
         return ["--api-key", key]
 
+    def node_command(self, entrypoint: Sequence[str], argv: Sequence[str], rank: int, nodes: int, head: str,
+                     cluster_port: int, address: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """SGLang's own multi-node mode: every node runs launch_server with --nnodes, its --node-rank and the
+        head's --dist-init-addr (SGLang 0.5.23 sglang/srt/arg_groups/fields/parallel.py:32-44); only rank 0 serves
+        HTTP: a node of rank >= 1 returns from launch_server once its schedulers exit (entrypoints/
+        http_server.py:3163-3165) and runs no tokenizer (entrypoints/engine.py:1234-1235)."""
+        return tuple(entrypoint), (*argv, "--nnodes", str(nodes), "--node-rank", str(rank),
+                                   "--dist-init-addr", f"{head}:{cluster_port}")
+
     def cache_env(self, target: str) -> dict[str, str]:
         # SGLang 0.5.23 sglang/srt/environ.py:1383 (else ~/.cache/sglang): its DeepGEMM, CuTe AOT and JIT kernel
         # caches live under it (environ.py:1373, 1387; sglang/kernels/jit/utils/compile/cache.py:318 falls back

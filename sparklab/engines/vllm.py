@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+import shlex
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -24,6 +25,7 @@ from sparklab.engines.base import (
     where,
 )
 from sparklab.errors import EngineUnreachable as Unreachable
+from sparklab.errors import RecipeError
 from sparklab.metrics import spec_delta
 from sparklab.scrape import StartupFacts, parse_metrics, to_int
 
@@ -222,6 +224,25 @@ class VLLM(Engine):
 
     def speculative(self, argv: Sequence[str]) -> Speculative | None:
         return speculative(argv)
+
+    def node_command(self, entrypoint: Sequence[str], argv: Sequence[str], rank: int, nodes: int, head: str,
+                     cluster_port: int, address: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """Ray, as vLLM's multi-node docs and NVIDIA's two-Spark playbook (run_cluster.sh) run it: the head starts
+        Ray's head (`ray start --head`, which returns once Ray runs) and then serves in the same container; each
+        other node joins with `ray start --address=HEAD:PORT --block`. vLLM 0.27.1 uses Ray only when told
+        (vllm/config/parallel.py:243-252: "to use "ray" you must manually set distributed_executor_backend"),
+        joins the running cluster (ray.init("auto"), vllm/v1/executor/ray_utils.py:570-587) and waits for a
+        placement group across the nodes (ray_utils.py:445-470, PG_WAIT_TIMEOUT 1800 s at :29)."""
+        if flag_value(argv, "--distributed-executor-backend") != "ray":
+            # vLLM 0.27.1's parser takes any string here (a class path too) and fails only at start
+            raise RecipeError("a vLLM server across hosts runs its workers through Ray, but the serve command does "
+                              "not say --distributed-executor-backend ray",
+                              "Add `--distributed-executor-backend, ray` to the engine's args (see gb10-pair.yaml).")
+        if rank == 0:
+            script = (f"ray start --head --port={cluster_port} --node-ip-address={shlex.quote(address)} "
+                      '&& exec "$0" "$@"')  # $0 "$@": the serve command, as given after the script
+            return ("bash", "-c", script, *entrypoint), tuple(argv)
+        return ("ray",), ("start", f"--address={head}:{cluster_port}", f"--node-ip-address={address}", "--block")
 
     def sweep_env(self) -> tuple[str, ...]:
         return ("VLLM_SERVER_DEV_MODE=1",)  # vLLM serves POST /reset_prefix_cache only in dev mode

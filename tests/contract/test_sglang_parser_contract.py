@@ -17,6 +17,8 @@ from typing import Any
 
 import pytest
 
+from sparklab.hosts import parse_hosts
+from sparklab.multinode import render_cluster
 from sparklab.plan import build_plan
 from sparklab.recipes import list_recipes, load_recipe, recipes_dir
 from sparklab.render import LaunchOptions, LaunchSpec, render
@@ -25,6 +27,8 @@ pytestmark = pytest.mark.parser
 
 ROOT = Path(__file__).resolve().parents[2]
 CHECK = ROOT / "scripts" / "sglang-parser" / "check_args.py"
+PAIR_HOSTS = parse_hosts(["local,cluster_address=10.0.0.1,interface=eth1,ib_hca=hca1",
+                          "ssh://me@spark-2,cluster_address=10.0.0.2,interface=eth1,ib_hca=hca1"], "contract")
 SGLANG_VERSION = "0.5.23"
 
 # What SGLang's parser cannot judge without the checkpoint or the GPU, each with why (not asserted per flag:
@@ -52,6 +56,11 @@ def _cases() -> list[dict[str, Any]]:
             if spec.kind != "sglang":
                 continue
             for method in spec.methods:
+                if spec.nodes > 1:  # a server across hosts: every rank's command as each host runs it
+                    nodes = render_cluster(recipe, engine, method, LaunchOptions(run_id="contract"), PAIR_HOSTS)
+                    for rank, node in enumerate(nodes.nodes):
+                        cases[f"{recipe.name}:{engine}:{method}:rank{rank}"] = _argv(node)
+                    continue
                 cases[f"{recipe.name}:{engine}:{method}"] = _argv(
                     render(recipe, engine, method, LaunchOptions(run_id="contract")))
     for sweep in sorted((recipes_dir() / "sweeps").glob("*.yaml")):
@@ -114,7 +123,8 @@ def verdicts() -> dict[str, dict[str, Any]]:
 
 def test_every_sglang_command_parses_under_sglang(verdicts) -> None:
     ids = [c["id"] for c in _cases()]
-    assert {"gb10:sglang:none", "gb10:sglang:dspark", "gb10:sglang:eagle", "seed002:sglang/dspark K=3"} <= set(ids)
+    assert {"gb10:sglang:none", "gb10:sglang:dspark", "gb10:sglang:eagle", "seed002:sglang/dspark K=3",
+            "gb10-pair:sglang:dspark:rank0", "gb10-pair:sglang:dspark:rank1"} <= set(ids)
     rejected = {i: [f"{e['flag']}: {e['message']}" for e in verdicts[i]["errors"]] for i in ids if not verdicts[i]["ok"]}
     assert rejected == {}, f"SGLang {SGLANG_VERSION} rejects these commands (id → flag: message): {rejected}"
 
@@ -134,6 +144,13 @@ def test_the_parser_reads_the_recipe_values_as_sglang_means_them(verdicts) -> No
     eagle = verdicts["gb10:sglang:eagle"]["parsed"]
     assert (eagle["speculative_algorithm"], eagle["speculative_num_steps"], eagle["speculative_eagle_topk"],
             eagle["speculative_num_draft_tokens"]) == ("EAGLE", 3, 1, 4)
+
+
+def test_both_ranks_of_a_server_across_hosts_mean_what_sparklab_means(verdicts) -> None:
+    for rank in (0, 1):
+        parsed = verdicts[f"gb10-pair:sglang:dspark:rank{rank}"]["parsed"]
+        assert (parsed["nnodes"], parsed["node_rank"], parsed["dist_init_addr"], parsed["tp_size"]) == \
+            (2, rank, "10.0.0.1:20000", 2)
 
 
 def test_the_key_can_come_from_a_config_file_in_dashed_spelling_only(tmp_path: Path) -> None:

@@ -7,11 +7,9 @@ the end whatever happens."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,43 +17,10 @@ import pytest
 import yaml
 
 from sparklab.store import Store
-from tests.dockerkit import Cli, Lines, _missing, free_port, ulimit_args
+from tests.docker.conftest import SCRIPT
+from tests.dockerkit import Cli, Lines, free_port, ulimit_args
 
 pytestmark = pytest.mark.docker
-
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "ci" / "second-host.sh"
-
-
-def _second_host_client(url: str) -> Any:
-    import docker
-
-    return docker.DockerClient(base_url=url, use_ssh_client=True, timeout=60)
-
-
-@pytest.fixture(scope="module")
-def second_host() -> Iterator[str]:
-    """The second host's ssh:// URL; it is running (scripts/test.sh sets it up and exports the variable)."""
-    url = os.environ.get("SPARKLAB_TEST_SECOND_HOST")
-    if not url:
-        _missing("SPARKLAB_TEST_SECOND_HOST is not set (bash scripts/ci/second-host.sh sets up the second host)")
-    up = subprocess.run(["bash", str(SCRIPT), "up"], capture_output=True, text=True, timeout=180)
-    if up.returncode != 0:
-        pytest.fail(f"the second Docker host does not come up: {up.stderr}")
-    yield str(url)
-
-
-@pytest.fixture
-def second_client(second_host: str) -> Iterator[Any]:
-    """A client of the second daemon; the test's containers there are checked and removed afterwards."""
-    client = _second_host_client(second_host)
-    before = {c.name for c in client.containers.list(all=True, filters={"label": "sparklab"})}
-    yield client
-    subprocess.run(["bash", str(SCRIPT), "up"], capture_output=True, text=True, timeout=180)  # never left stopped
-    client = _second_host_client(second_host)
-    left = {c.name for c in client.containers.list(all=True, filters={"label": "sparklab"})} - before
-    for name in left:
-        client.containers.get(name).remove(force=True)
-    assert not left, f"containers left on the second host: {sorted(left)}"
 
 
 def _sweep(tmp_path: Path, image: str, second: str, **changes: Any) -> Path:

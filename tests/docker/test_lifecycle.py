@@ -37,7 +37,7 @@ def test_up_detached_pulls_from_the_registry_then_ps_logs_chat_down(cli: Cli, do
     name = field(out, "container")
     try:
         assert re.search(r"ready in \d+\.\d s \(from container start until /v1/models answered 200", out)
-        assert re.search(r"image\s+127\.0\.0\.1:5000/sparklab/standin:1 \(sha256:[0-9a-f]{64}\)", out)
+        assert re.search(r"image\s+127\.0\.0\.1:5000/sparklab/standin:2 \(sha256:[0-9a-f]{64}\)", out)
         assert "KV cache        93,184 tokens" in out
         assert "max concurrency 1.42x at 65,536 tokens per request" in out  # 93,184 / 65,536
         assert "advice: vLLM capped max_num_scheduled_tokens" in out  # the speculative budget warning

@@ -43,6 +43,8 @@ def _recipe_cases() -> list[dict[str, Any]]:
             if spec.kind != "vllm":
                 continue
             for method in spec.methods:
+                # a recipe across hosts: its head's serve command (tests/unit/test_multinode.py shows the head
+                # runs exactly this after `ray start --head`; the other nodes run `ray start`, not vLLM)
                 launch = render(recipe, engine, method, LaunchOptions(run_id="contract"))
                 cases.append({"id": f"{recipe.name}:{engine}:{method}",
                               "argv": [*launch.entrypoint[1:], *launch.argv]})
@@ -71,6 +73,9 @@ BAD = [
     # vLLM's parser accepts any MoE backend name here, marlin included; that the MTP drafter cannot run
     # marlin is only found at start-up, which is why sparklab's preflight checks it (tests/unit).
     ("spec-moe-backend", "--speculative_config.moe_backend", "tritonn", "speculative"),
+    # Not here: --distributed-executor-backend rayy. vLLM 0.27.1's parser accepts any string there (a class
+    # path, vllm/config/parallel.py:243-245) and fails only at start, so sparklab refuses a vLLM server across
+    # hosts without `ray` itself (tests/unit/test_multinode.py).
 ]
 
 
@@ -92,7 +97,8 @@ def verdicts(vllm_cpu_image: str) -> dict[str, dict[str, Any]]:
 def test_every_vllm_recipe_parses_under_vllm_0_27_1(verdicts) -> None:
     ids = [c["id"] for c in _recipe_cases()]
     assert {"gb10:vllm:none", "gb10:vllm:mtp", "gb10:vllm:dflash", "gb10:vllm:dspark",
-            "gb10-modelcard:vllm:dspark", "cpu:vllm-cpu:ngram", "cpu:vllm-cpu:draft_model"} <= set(ids)
+            "gb10-modelcard:vllm:dspark", "cpu:vllm-cpu:ngram", "cpu:vllm-cpu:draft_model",
+            "gb10-pair:vllm:none", "gb10-pair:vllm:dspark"} <= set(ids)
     rejected = {i: [f"{e['flag']}: {e['message']}" for e in verdicts[i]["errors"]] for i in ids if not verdicts[i]["ok"]}
     assert rejected == {}, f"vLLM 0.27.1 rejects these recipes (recipe:engine:method → flag: message): {rejected}"
 

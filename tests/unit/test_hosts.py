@@ -254,3 +254,70 @@ def test_a_full_disk_on_the_controller_stops_every_host(plan: Any, store: Any) -
     with pytest.raises(DiskFullError):
         fleet.run(plan, store, members, serve, lambda m: None, "r1")
     assert all(getattr(m.docker, "removed", None) == "r1" for m in members)  # both hosts' servers came down
+
+
+# -- a server across two hosts (recipes/gb10-pair.yaml) -----------------------------------------------------------
+
+
+def _linked(name: str, address: str) -> fleet.Member:
+    text = "local" if name == "local" else f"ssh://r@{name}"
+    (host,) = parse_hosts([f"{text},cluster_address={address},interface=eth1,ib_hca=hca1"], "t")
+    return fleet.Member(host, FakeDocker(), {"architecture": "x86_64", "mem_total_gib": 64.0})  # type: ignore[arg-type]
+
+
+def _pair_plan(tmp_path: Path, store_path: Path) -> tuple[Any, Store]:
+    path = tmp_path / "pair.yaml"
+    path.write_text(yaml.safe_dump({
+        "name": "p", "recipe": "gb10-pair", "engines": ["vllm", "sglang"], "methods": ["none", "dspark"],
+        "num_speculative_tokens": [3], "concurrency": [1], "requests": 2,
+        "set": ["engines.vllm.image=example/standin:2", "engines.sglang.image=example/standin:2",
+                "unified_memory=false"]}))
+    plan = build_plan(path, run_id="r1")
+    store = Store.create(store_path, {}, "test")
+    for server in plan.servers:
+        store.add_server_config(server.id, engine=server.engine, method=server.method,
+                                k=server.num_speculative_tokens, config={}, argv=[], image=server.spec.image)
+    store.add_cells(PlannedCell(c.id, server.id, c.concurrency, c.workload, c.repeat, {})
+                    for server in plan.servers for c in server.cells)
+    return plan, store
+
+
+def test_a_server_across_two_hosts_gets_two_idle_hosts_and_they_serve_nothing_else_meanwhile(tmp_path: Path) -> None:
+    plan, store = _pair_plan(tmp_path, tmp_path / "r" / "results.sqlite")
+    members = [_linked("local", "10.0.0.1"), _linked("spark-2", "10.0.0.2"), _linked("spark-3", "10.0.0.3")]
+    serving: dict[str, str] = {}  # host -> server id it serves now (as head or worker)
+    runs: list[tuple[str, ...]] = []
+    lock = threading.Lock()
+
+    def serve(member: fleet.Member, server: Any, hstore: Any, say: Any, partners: list[fleet.Member] = ()) -> None:
+        hosts = [member.name, *(p.name for p in partners)]
+        with lock:
+            assert not set(hosts) & set(serving), (hosts, serving)  # no host serves two at once
+            serving.update(dict.fromkeys(hosts, server.id))
+            runs.append(tuple(hosts))
+        assert server.cluster is not None and [h.name for h in server.cluster.hosts] == hosts
+        assert server.cluster.head_address == member.host.cluster_address and server.spec is server.cluster.head
+        for cell in server.cells:
+            hstore.start_cell(cell.id)
+            hstore.finish_cell(cell.id, {}, {})
+        with lock:
+            for host in hosts:
+                del serving[host]
+
+    with store:
+        fleet.run(plan, store, members, serve, lambda m: None, "r1")
+        assert store.counts()["done"] == len(plan.cells) == 4
+    assert len(runs) == len(plan.servers) == 4 and all(len(hosts) == 2 for hosts in runs)
+
+
+def test_a_server_across_two_hosts_waits_when_only_one_host_can_hold_it(tmp_path: Path) -> None:
+    plan, store = _pair_plan(tmp_path, tmp_path / "r" / "results.sqlite")
+    said: list[str] = []
+
+    def serve(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("no pair of hosts: nothing may start")
+
+    with store:
+        fleet.run(plan, store, [_linked("local", "10.0.0.1")], serve, said.append, "r1")
+        assert store.counts()["pending"] == 4
+    assert sum("needs 2 hosts that can hold it" in s and "stay pending" in s for s in said) == 4
