@@ -374,7 +374,8 @@ async def wait_watched(done: asyncio.Future[T], timeout_s: float, last_read: Cal
 class SSEClient:
     """POSTs JSON and streams the SSE response, over a pool of keep-alive connections to one server."""
 
-    def __init__(self, base_url: str, headers: dict[str, str], limits: Limits | None = None) -> None:
+    def __init__(self, base_url: str, headers: dict[str, str], limits: Limits | None = None,
+                 reuse: bool = True) -> None:
         parts = urlsplit(base_url)
         self.limits = limits or Limits()
         if parts.scheme != "http":
@@ -387,7 +388,10 @@ class SSEClient:
                       f"Accept: text/event-stream\r\n{extra}").encode("latin-1")
         self._idle: list[_SSEProtocol] = []
         self._all: set[_SSEProtocol] = set()
-        self.reuse = True  # False once the server has closed a kept-alive connection under a request
+        # False from the start for a server known to close after each streamed response (one connection per
+        # request), else once the server has closed a kept-alive connection under a request
+        self.reuse = reuse
+        self.per_request = not reuse  # the policy was chosen up front, not learnt from a stale connection
         self.stale = 0  # reused connections that closed before any byte of their response: the request went again
         self.opened = 0  # connections opened
 
