@@ -262,9 +262,10 @@ def _engine_stated(facts: dict[str, Any], engine: str, method: str, startup: dic
     if recipe_bits != bits:
         kind = f" {weights['file_type']}" if weights.get("file_type") else ""
         was = f", not the recipe's {recipe_bits:g}" if recipe_bits else ""
-        _note(notes, f"{engine} {method}: weights at {bits:g} bits per parameter, as the engine states for the "
-                     f"file it loaded ({weights.get('source', 'the engine')}:{kind} {weights.get('bytes', 0):,} bytes "
-                     f"for {weights.get('params', 0):,} parameters){was}")
+        said = (f"{weights.get('source', 'the engine')}:{kind} {weights.get('bytes', 0):,} bytes for "
+                f"{weights.get('params', 0):,} parameters")
+        _note(notes, f"{engine} {METHOD_NAMES.get(method, method)}: weights at {bits:g} bits per parameter, as the "
+                     f"engine states for the file it loaded ({said}){was}")
     return {**facts, "weight_bits": float(bits)}
 
 

@@ -105,3 +105,9 @@ def test_request_from_a_recipe_builds_the_space_from_flags() -> None:
     request = tuning.request_from_args(args)
     assert request.space["recipe"] == "cpu" and request.space["num_speculative_tokens"] == [1, 2, 3, 4]
     assert request.settings == tune.Settings(2, 4, 0.15, 500.0) and request.objective == "decode"
+
+
+def test_a_sweep_of_two_engines_tunes_its_first() -> None:
+    space = tuning.load_space("cpu-demo")  # vLLM and llama.cpp: tune searches method x K of one engine
+    assert space is not None and space["engines"] == ["vllm-cpu"]
+    assert all(m.get("engine") in (None, "vllm-cpu") for m in space.get("exclude", []))
