@@ -266,7 +266,11 @@ def _engine_stated(facts: dict[str, Any], engine: str, method: str, startup: dic
                 f"{weights.get('params', 0):,} parameters")
         _note(notes, f"{engine} {METHOD_NAMES.get(method, method)}: weights at {bits:g} bits per parameter, as the "
                      f"engine states for the file it loaded ({said}){was}")
-    return {**facts, "weight_bits": float(bits)}
+    stated = {**facts, "weight_bits": float(bits)}
+    params = weights.get("params")
+    if params and facts.get("active_params_b") in (None, facts.get("total_params_b")):  # dense: every weight read
+        stated["active_params_b"] = stated["total_params_b"] = params / 1e9
+    return stated
 
 
 def _ttfts(cells: list[CellRow]) -> tuple[float, ...]:
