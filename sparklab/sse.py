@@ -13,7 +13,9 @@ whose reused connection closes before a single byte of response arrives is taken
 that read it and then died without a byte looks the same; the resend then meets the dead server), so it is
 sent again, once, on a new connection; from then on that client opens a connection per request (`stale`
 counts such connections, `opened` the connections opened). A connection the client opened for the request
-is never resent on: its failure is the request's.
+is never resent on: its failure is the request's. For a server known to close after every stream (an engine
+adapter's `keeps_streamed_connections = False`: llama-server b11669, measured) the client is made with
+`reuse=False` and opens a connection per request from the start, so no request goes into a closing socket.
 
 Nothing the server sends is believed without a bound: a header block, an SSE line and a whole response have
 size limits (`Limits`), a malformed response fails its request inside the protocol (never an asyncio "Fatal
