@@ -3,8 +3,10 @@
 What this module knows was read off the real server, Debian sid's llama.cpp-tools 1:0.7.0+dfsg-2 =
 upstream build b11669 (`llama-server --version`: "0.7.0 (build 11669, commit Debian)"), the engine of the
 CPU tier (docker/llamacpp-cpu/build.sh), and off llama.cpp's source on GitHub (ggml-org/llama.cpp); strings
-are quoted so they can be found with grep in either (line numbers are not given: the repository is too large
-to fetch here and Debian's mirror does not serve the package's source, so the strings are the citation):
+are quoted so they can be found with grep in either. Line numbers at tag b11669 could not be pinned: the
+repository (1.47 GB) is over the 500 MiB a snapshot may have here, the source index holds one later version per
+file (server-http.cpp at commit 00dd081, server-context.cpp at 001d906), and Debian's mirror does not serve the
+package's source; so the strings are the citation:
 - flags: common/arg.cpp (`llama-server --help` prints the same table; tests/e2e parses it). The speculative
   flags were renamed in 2026: `--spec-type`, `--spec-draft-model` (alias `-md`, `--model-draft`),
   `--spec-draft-n-max`, `--spec-draft-n-min`, `--spec-draft-p-min` (alias `--draft-p-min`). The old
@@ -24,7 +26,8 @@ to fetch here and Debian's mirror does not serve the package's source, so the st
 - keep-alive: a streamed response carries `Keep-Alive: timeout=5, max=100` and no `Connection: close`, yet the
   server closes the connection right after the chunked body's last chunk. Measured on b11669 with a raw socket
   (3 of 3 connections: recv() gave EOF 0.000 s after `0\r\n\r\n`). The source says why:
-  tools/server/server-http.cpp's chunked content provider returns `has_next`, false after `sink.done()`, and
+  tools/server/server-http.cpp process_handler_response's `chunked_content_provider` calls `sink.done()` and
+  then `return has_next;`, false after the last chunk, and
   cpp-httplib's write_content_chunked treats a false return as a failed write, which ends its keep-alive loop.
   So `keeps_streamed_connections = False`: bench opens one connection per request (none is sent into a closing
   socket and resent).
