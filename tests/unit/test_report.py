@@ -344,3 +344,20 @@ def test_a_gguf_row_is_bounded_by_the_bytes_llama_cpp_states_it_loaded(tmp_path:
     given = _build(path, Overrides(Device("given", 20.0), {"weight_bits": 4.0}))
     r4 = next(g for g in given.groups if g.is_baseline and g.concurrency == 1).roofline
     assert r4 is not None and r4.bytes_per_step == pytest.approx(0.135e9 * 4 / 8 + r4.context_tokens * 23040)
+
+
+def test_llama_cpp_prompt_cache_counters_feed_the_prefix_cache_check(tmp_path: Path) -> None:
+    """The same real run: llama.cpp's prompt-token counters over each window. At C=1 the second request of a window
+    reuses the 24-token system message SmolLM2's template puts before every prompt (20% of the window's prompt
+    tokens): a true warning. At C=4 each request has a freshly erased slot of its own: no hit."""
+    from sparklab.report.checks import run_checks
+    from tests.reportkit import load_dump
+
+    path = load_dump(Path(__file__).parents[1] / "fixtures" / "report" / "llamacpp-cpu-sweep.sql",
+                     tmp_path / "wt15-llama-part-20261201-023636-2afa17")
+    (check,) = [c for c in run_checks(_build(path)) if c.name == "prefix-cache hits"]
+    assert check.not_checked is None
+    assert sorted(check.findings) == [
+        f"llamacpp-cpu {m} C=1 seed: 20% of prompt tokens came from the prefix cache (72 of 360) - its TTFT is "
+        "flattered; use a workload with more distinct prompts than requests, or turn prefix caching off"
+        for m in ("draft model K=3", "none")]
