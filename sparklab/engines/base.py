@@ -99,6 +99,9 @@ class Engine:
     # False: the server closes its connection after every streamed response whatever its headers say, so the
     # client opens one per request instead of sending the next request into a closing socket and resending it.
     keeps_streamed_connections: bool = True
+    # Each engine step streams one chunk of 1 + its accepted draft tokens (vLLM, SGLang), so the report can check the
+    # client's tokens per chunk against the server's accepted-token counter; False: it streams token by token.
+    streams_one_chunk_per_step: bool = True
 
     # -- launch ------------------------------------------------------------------------------------------
     def network_args(self, host: str, port: int) -> list[str]:

@@ -94,6 +94,12 @@ class Server:
     startup: dict[str, Any]
     model: dict[str, Any]
     device: Device | None
+    kind: str | None = None  # the engine adapter's kind (vllm, llamacpp, ...); None in runs that did not store it
+
+    @property
+    def streams_one_chunk_per_step(self) -> bool:
+        """Whether each engine step streams one chunk (vLLM, SGLang); unknown engines are taken to."""
+        return engines.ENGINES[self.kind].streams_one_chunk_per_step if self.kind in engines.ENGINES else True
 
     @property
     def method_name(self) -> str:
@@ -245,7 +251,7 @@ def _servers(store: Store, overrides: Overrides, notes: list[str]) -> list[Serve
         servers.append(Server(row.id, seq, row.engine, row.method, row.k, str(config.get("recipe", "?")),
                               tuple(config.get("overrides", ())), tuple(config.get("serve_args", ())), row.image,
                               row.image_digest, row.engine_version, row.ready_s, row.startup_facts or {}, model,
-                              device))
+                              device, config.get("kind")))
     return servers
 
 
