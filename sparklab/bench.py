@@ -142,9 +142,10 @@ class Patience:
 
 async def _run(endpoint: Endpoint, model: str, workload: Workload, sampling: Sampling, load: Load,
                on_done: Progress | None, patience: Patience) -> BenchResult:
+    reuse = engines.engine(endpoint.kind).keeps_streamed_connections if endpoint.kind else True
     client = ChatClient(endpoint.root + "/v1", endpoint.api_key, model, timeout_s=patience.request_timeout_s,
                         finish_grace_s=patience.finish_grace_s, stall_timeout_s=patience.stall_timeout_s,
-                        alive=patience.alive)
+                        alive=patience.alive, reuse_connections=reuse)
     try:
         # sequential, like seed 000's bench.py
         warmup = [await _send(client, workload, sampling, load, i, warmup=True) for i in range(load.warmup)]

@@ -97,7 +97,7 @@ class ChatClient:
 
     def __init__(self, base_url: str, api_key: str | None, model: str, timeout_s: float = 1800,
                  lean: bool = True, *, finish_grace_s: float = 2.0, stall_timeout_s: float | None = 60.0,
-                 alive: Alive | None = None, limits: Limits | None = None) -> None:
+                 alive: Alive | None = None, limits: Limits | None = None, reuse_connections: bool = True) -> None:
         self.model = model
         self.timeout_s = timeout_s
         self.finish_grace_s = finish_grace_s
@@ -108,7 +108,8 @@ class ChatClient:
         self.client = openai.AsyncOpenAI(base_url=base_url, api_key=api_key or "EMPTY", timeout=timeout_s,
                                          max_retries=0)
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self.sse = SSEClient(base_url, headers, self.limits) if lean and base_url.startswith("http://") else None
+        self.sse = (SSEClient(base_url, headers, self.limits, reuse=reuse_connections)
+                    if lean and base_url.startswith("http://") else None)
         self._requests: dict[tuple[str, Sampling], bytes] = {}  # request bytes per (prompt id, sampling)
 
     async def warm(self, connections: int) -> None:
@@ -122,8 +123,10 @@ class ChatClient:
         and whether it still reuses connections."""
         if self.sse is None:
             return None
+        policy = ("one connection per request (the engine closes it after each streamed response)"
+                  if self.sse.per_request else "keep-alive")
         return {"opened": self.sse.opened, "stale_resent": self.sse.stale, "reused": self.sse.reuse,
-                "source": "sparklab.sse counters over the cell, warmup included"}
+                "policy": policy, "source": "sparklab.sse counters over the cell, warmup included"}
 
     async def close(self) -> None:
         if self.sse is not None:

@@ -130,8 +130,10 @@ def checkpoints(recipe: Recipe, spec: LaunchSpec) -> list[Checkpoint]:
     cache = host_hub_cache(spec)
     if cache is None:
         return []
-    wanted = [(recipe.model.id, "model.id")]
-    wanted += [(draft.id, f"model.drafts.{name}.id") for name, draft in recipe.model.drafts.items()
+    model = recipe.model_of(spec.engine)
+    key = "model" if model is recipe.model else f"engines.{spec.engine}.model"
+    wanted = [(model.id, f"{key}.id")]
+    wanted += [(draft.id, f"{key}.drafts.{name}.id") for name, draft in model.drafts.items()
                if _mentions(spec.argv, draft.id)]
     found: dict[str, Checkpoint] = {}
     for repo_id, key in wanted:

@@ -233,6 +233,8 @@ def build_plan(path: Path, run_id: str = "plan", ulimits: tuple[str, ...] = ()) 
                               f"Use one of: {', '.join(base.engines)}.")
         for j, method in enumerate(sweep.methods):
             if method not in base.engines[engine].methods:
+                if any(m.matches({"engine": engine, "method": method}) for m in sweep.exclude):
+                    continue  # excluded for this engine, as the hint below suggests
                 raise RecipeError(f"{src}: methods[{j}]: engine {engine!r} of {recipe_path} has no method {method!r}",
                                   f"Its methods: {', '.join(base.engines[engine].methods)}; or exclude the "
                                   f"combination under exclude: [{{engine: {engine}, method: {method}}}].")

@@ -88,9 +88,10 @@ def pull(servers: list[Server], *, pull_image: PullImage | None, models: bool = 
     if not models:
         return pulled
     for recipe, spec in servers:
-        if hub.host_hub_cache(spec) is None and hub.is_hub_id(recipe.model.id):
+        model_id = recipe.model_of(spec.engine).id
+        if hub.host_hub_cache(spec) is None and hub.is_hub_id(model_id):
             say(f"{spec.engine}/{spec.method}: the container sees no host Hugging Face cache "
-                f"(mount_hf_cache off, or HF_HOME outside the mount), so {recipe.model.id} cannot be pulled for it")
+                f"(mount_hf_cache off, or HF_HOME outside the mount), so {model_id} cannot be pulled for it")
     for checkpoint in hub.plan_checkpoints(servers):
         say(f"{checkpoint.repo_id} → {checkpoint.cache_dir}")
         fetched = hub.download(checkpoint, on_progress, endpoint=endpoint)

@@ -131,6 +131,9 @@ class EngineSpec(Strict):
     # Mount sparklab's per-image cache for torch.compile, Triton, FlashInfer, … (sparklab/engine_cache.py).
     engine_cache: bool = True
     ready_timeout_s: Seconds = 1800
+    # This engine's own copy of the model (llama.cpp serves a GGUF, vLLM the safetensors): replaces the
+    # recipe's `model` for it, in templates, pulls and the report's roofline facts.
+    model: ModelSpec | None = None
     methods: dict[str, Method] = Field(min_length=1)
     # One server across several Docker hosts (sparklab.multinode): rank 0 (the head) serves HTTP, the others
     # join it on cluster_port (Ray's GCS for vLLM, torch.distributed's store for SGLang's --dist-init-addr).
@@ -173,6 +176,11 @@ class Recipe(Strict):
 
     # Where it came from, for error messages; not part of the file.
     source: str = Field(default="<memory>", exclude=True)
+
+    def model_of(self, engine: str | None) -> ModelSpec:
+        """The model an engine serves: its own `engines.NAME.model`, else the recipe's."""
+        spec = self.engines.get(engine) if engine else None
+        return spec.model if spec is not None and spec.model is not None else self.model
 
     def engine(self, name: str | None) -> tuple[str, EngineSpec]:
         key = name or self.default_engine
@@ -387,10 +395,12 @@ def load_hardware(directory: Path | None = None) -> dict[str, Hardware]:
         raise explain_validation(exc, str(path)) from None
 
 
-def stored_facts(recipe: Recipe, devices: dict[str, Hardware]) -> dict[str, Any]:
-    """What a report needs years later without the recipe files: the model's facts and the device."""
+def stored_facts(recipe: Recipe, devices: dict[str, Hardware], engine: str | None = None) -> dict[str, Any]:
+    """What a report needs years later without the recipe files: the facts of the model the engine serves, and
+    the device."""
     device = devices.get(recipe.hardware) if recipe.hardware else None
-    return {"model": {"id": recipe.model.id, "facts": recipe.model.facts.model_dump(exclude_none=True)},
+    model = recipe.model_of(engine)
+    return {"model": {"id": model.id, "facts": model.facts.model_dump(exclude_none=True)},
             "hardware": {"name": recipe.hardware, **device.model_dump(exclude_none=True)} if device else None}
 
 

@@ -114,11 +114,12 @@ def _endpoint(host: str, port: int, address: str | None) -> str:
 
 
 def template_context(recipe: Recipe, engine: str, method: str, port: int) -> dict[str, Any]:
+    model = recipe.model_of(engine)
     return {
         **recipe.vars,
-        "model": recipe.model.id,
-        "served_name": recipe.model.served_name or recipe.model.id,
-        "drafts": {name: draft.id for name, draft in recipe.model.drafts.items()},
+        "model": model.id,
+        "served_name": model.served_name or model.id,
+        "drafts": {name: draft.id for name, draft in model.drafts.items()},
         "engine": engine,
         "method": method,
         "port": port,

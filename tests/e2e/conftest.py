@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tests.dockerkit import Cli, docker_client, image_from_env, make_cli, no_container_left_behind
+from tests.dockerkit import Cli, docker_client, image_from_env, llamacpp_image, make_cli, no_container_left_behind
 
 __all__ = ["docker_client", "no_container_left_behind"]
 
@@ -45,12 +45,9 @@ def pytest_terminal_summary(terminalreporter) -> None:
 
 @pytest.fixture(scope="session")
 def llamacpp_cpu_image(docker_client) -> str:
-    """The real llama-server. A skip, not a failure, even in CI: its package comes from Debian sid, which can
-    drop the pinned version, and scripts/test.sh then says the image did not build."""
-    image = os.environ.get("SPARKLAB_TEST_LLAMACPP_CPU_IMAGE")
-    if not image:
-        pytest.skip("SPARKLAB_TEST_LLAMACPP_CPU_IMAGE is not set (build it with docker/llamacpp-cpu/build.sh)")
-    return image
+    """The real llama-server (tests.dockerkit.llamacpp_image: a failure under CI, unless its pinned Debian
+    package is gone)."""
+    return llamacpp_image()
 
 
 @pytest.fixture

@@ -1,6 +1,7 @@
-"""The main job on this machine, for real: the CPU demo sweep (none vs ngram vs SmolLM2 drafting for itself,
-K 1 and 3, concurrency 1 and 4, 3 repeats) through real Docker, resumable, ending with the results table, then
-the report made from the stored run: every drafting config's answers identical to none's at temperature 0."""
+"""The main job on this machine, for real: the CPU demo sweep (vLLM: none vs ngram vs SmolLM2 drafting for
+itself, K 1 and 3, concurrency 1 and 4; llama.cpp b11669: none vs its Q4_0 draft at K=3, concurrency 1; 3 repeats)
+through real Docker, resumable, ending with the results table, then the report made from the stored run: every
+drafting config's answers identical to its engine's none at temperature 0."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import json
 import subprocess
 import sys
 import time
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -19,17 +21,25 @@ from tests.dockerkit import Cli
 pytestmark = pytest.mark.engine
 
 
-def test_cpu_demo_sweep(engine_cli: Cli, tmp_path: Path, measured) -> None:
+def test_cpu_demo_sweep(engine_cli: Cli, llamacpp_cpu_image: str, tmp_path: Path, measured) -> None:
     sweep = recipes_dir() / "sweeps" / "cpu-demo.yaml"
     started = time.monotonic()
     done = subprocess.run([sys.executable, "-m", "sparklab", "sweep", str(sweep), "--runs-dir", str(tmp_path)],
                           capture_output=True, text=True, timeout=2400, env=engine_cli.env())
     assert done.returncode == 0, done.stderr[-4000:]
-    measured["cpu demo: sweep wall time (s), 5 servers x 6 cells"] = round(time.monotonic() - started, 1)
+    measured["cpu demo: sweep wall time (s), 5 vLLM servers x 6 cells + 2 llama.cpp servers x 3"] = round(
+        time.monotonic() - started, 1)
     (db,) = tmp_path.glob("cpu-demo-*/results.sqlite")
     with Store.open(db) as store:
-        assert store.counts()["done"] == 30 and not store.failures()
+        assert store.counts()["done"] == 36 and not store.failures()
         labels = {s.id: s.config["label"] for s in store.server_configs()}
+        engine_of = {s.id: s.engine for s in store.server_configs()}
+        llama_started = min(datetime.fromisoformat(s.started_at) for s in store.server_configs()
+                            if s.engine == "llamacpp-cpu" and s.started_at)
+        llama_cells = [c for c in store.cells("done") if engine_of[c.server_config_id] == "llamacpp-cpu"]
+        llama_done = max(datetime.fromisoformat(c.finished_at) for c in llama_cells if c.finished_at)
+        # b11669 closes every connection after a stream: one connection per request, none sent twice
+        assert all(c.result["measurement"]["connections"]["stale_resent"] == 0 for c in llama_cells)
         tps: dict[tuple[str, int], list[float]] = {}
         accept: dict[str, float] = {}
         for cell in store.cells("done"):
@@ -40,15 +50,20 @@ def test_cpu_demo_sweep(engine_cli: Cli, tmp_path: Path, measured) -> None:
                 accept[labels[cell.server_config_id]] = spec["acceptance_length"]
         ready = [s.ready_s for s in store.server_configs()]
         answers = store.outputs()
-        digests = {c.image_digest for c in store.cells("done")}
-    assert len(digests) == 1 and None not in digests  # each cell knows the image it ran on
-    assert all(a["token_ids"] for cell in answers.values() for a in cell)  # vLLM's token ids, not text
+        digests = {(engine_of[c.server_config_id], c.image_digest) for c in store.cells("done")}
+        vllm_cells = {c.id for c in store.cells("done") if engine_of[c.server_config_id] == "vllm-cpu"}
+    measured["cpu demo: llama.cpp part (s), first server start to last cell"] = round(
+        (llama_done - llama_started).total_seconds(), 1)
+    assert len(digests) == 2 and None not in {d for _, d in digests}  # each cell knows the image it ran on
+    assert all(a["token_ids"] for cell, kept in answers.items() if cell in vllm_cells for a in kept)  # not text
+    assert 1.0 < accept["llamacpp-cpu/draft_model K=3"] <= 4  # its Q4_0 copy drafts: most, not all, accepted
     # SmolLM2 drafting for itself: every draft is accepted (greedy), acceptance length K + 1.
     for k in (1, 3):
         assert accept[f"vllm-cpu/draft_model K={k}"] == pytest.approx(k + 1)
         assert 1.0 < accept[f"vllm-cpu/ngram K={k}"] <= k + 1
     for (label, c), values in sorted(tps.items()):
-        value, base = sum(values) / len(values), sum(tps[("vllm-cpu/none", c)]) / len(tps[("vllm-cpu/none", c)])
+        none = tps[(label.split("/")[0] + "/none", c)]
+        value, base = sum(values) / len(values), sum(none) / len(none)
         measured[f"cpu demo: {label} c={c} tok/s, mean of {len(values)} (vs none)"] = f"{value:.2f} ({value / base:.2f}x)"
     measured["cpu demo: server ready (s), min-max"] = f"{min(ready):.1f}-{max(ready):.1f}"
     assert "vs none" in done.stdout and "vllm-cpu draft model K=3" in done.stdout  # the report's labels
@@ -66,26 +81,36 @@ def test_cpu_demo_sweep(engine_cli: Cli, tmp_path: Path, measured) -> None:
                 c.summary["per_request_tps"]["mean"] if c.concurrency == 1 else c.summary["aggregate_tps"])
     headline = {key: sum(v) / len(v) for key, v in runs.items()}
     base = {c: v for (sid, c), v in headline.items() if labels[sid] == "vllm-cpu/none"}
-    assert len(doc["groups"]) == 10
+    llama_base = {c: v for (sid, c), v in headline.items() if labels[sid] == "llamacpp-cpu/none"}
+    assert len(doc["groups"]) == 12
     for group in doc["groups"]:
         stored = headline[(group["server_config_id"], group["concurrency"])]
-        assert group["n"] == 3 and group["speedup"] == pytest.approx(stored / base[group["concurrency"]])
+        own_base = base if group["engine"] == "vllm-cpu" else llama_base
+        assert group["n"] == 3 and group["speedup"] == pytest.approx(stored / own_base[group["concurrency"]])
         assert group["roofline_percent"] is not None
         if group["method"] != "none":  # temperature 0: drafting must not change one token
-            measured[f"cpu demo: identical to none, {group['method']} K={group['k']} c={group['concurrency']}"] = (
+            measured[f"cpu demo: identical to none, {group['engine']} {group['method']} K={group['k']} "
+                     f"c={group['concurrency']}"] = (
                 f"{group['identical_to_none']:.2f} of {group['outputs_compared']}")
             assert group["equality"] == "checked" and group["outputs_compared"] == 3 * (2 if group["concurrency"] == 1
                                                                                          else 4)
             assert group["identical_to_none"] == 1.0, group
     assert {b["concurrency"] for b in doc["best"]} == {1, 4}
     md = (out / "report.md").read_text()
-    assert md.count("| draft model | ") == 2 and md.count("| ngram | ") == 2
+    assert md.count("| draft model | ") == 3 and md.count("| ngram | ") == 2  # vLLM at C=1 and 4, llama.cpp at C=1
     assert "identical to none: passed" in md
     checks = md[md.index("## Checks on the verdict"):md.index("## How far to trust this")]
     for line in checks.splitlines():
         if ": passed (" in line or ": not checked (" in line or "warning(s)" in line:
             measured[f"cpu demo check: {line.split(':')[0]}"] = line.split(":", 1)[1].strip()[:60]
-    assert "warning(s)" not in checks, checks  # none spurious: every check passes on a healthy run
+    # One true warning and no spurious one: in a llama.cpp window at C=1 the second request finds the first one's
+    # system prompt (SmolLM2's chat template adds the same 24-token system message to every prompt) still in its
+    # slot and reuses it, so about 20% of the window's prompt tokens come from the prompt cache. vLLM's CPU build
+    # reports no prefix-cache hits on these prompts. The reset between loads is whole (tests/e2e/test_llamacpp_cpu.py).
+    warnings = [line for line in checks.splitlines() if line.startswith("- ")]
+    assert "prefix-cache hits: 2 warning(s)" in checks and len(warnings) == 2, checks
+    assert all(w.startswith("- llamacpp-cpu ") and " C=1 seed: " in w and "from the prefix cache" in w for w in warnings)
+    assert "warning(s)" not in checks.replace("prefix-cache hits: 2 warning(s)", ""), checks
     assert sorted(p.name for p in (out / "plots").glob("*.png")) == [
         "acceptance-seed.png", "speedup-seed.png", "throughput-vs-k-seed.png", "ttft-seed.png"]
     measured["cpu demo: best per concurrency"] = "; ".join(f"C={b['concurrency']}: {b['label']}" for b in doc["best"])

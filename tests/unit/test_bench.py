@@ -202,3 +202,25 @@ def test_a_cell_keeps_its_answers_and_prefix_cache_window_and_resets_the_cache_a
     window = result["prefix_cache"]
     assert window is not None and (window["queried_tokens"], window["hit_tokens"]) == (300.0, 30.0)
     assert result["workload"]["content_hash"] == load_workload("seed").content_hash
+
+
+def test_an_engine_that_closes_after_each_stream_gets_one_connection_per_request() -> None:
+    """llama-server closes every connection after a streamed response although its headers keep it alive
+    (cpp-httplib, see sparklab/engines/llamacpp.py); its adapter says so, and bench then opens a connection per
+    request: no request is sent into a closing socket and resent (stale_resent stays 0)."""
+    from tests.scripted_server import SSE_HEAD, Hostile, http_chunk, sse
+
+    stream = [(0.0, SSE_HEAD + b"Transfer-Encoding: chunked\r\nKeep-Alive: timeout=5, max=100\r\n\r\n"),
+              *((0.0, http_chunk(sse(e))) for e in (chunk(content="a"), chunk(content="b", finish="stop"))),
+              (0.0, http_chunk(sse("[DONE]"))), (0.0, b"0\r\n\r\n")]
+    not_found = [(0.0, b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")]
+    server = Hostile(lambda body: stream if body.get("messages") else not_found, hold_s=0.5)
+    try:
+        result = bench.run(bench.Endpoint(server.root, None, "m", "llamacpp"), load_workload("seed"),
+                           Sampling(max_tokens=16), bench.Load(concurrency=1, requests=3, warmup=1))
+    finally:
+        server.close()
+    assert [r["error"] for r in result["requests"]] == [None] * 4
+    connections = result["measurement"]["connections"]
+    assert (connections["opened"], connections["stale_resent"], connections["reused"]) == (4, 0, False)
+    assert len([b for b in server.bodies if b.get("messages")]) == 4  # no request sent twice

@@ -23,7 +23,8 @@ def answer(prompt: str, ids: list[int] | None, text: str = "", index: int = 0, o
 
 def _run(tmp_path: Path, make: Cellfn, sampling: str = "{max_tokens: 64, temperature: 0, ignore_eos: true}",
          methods: str = "[none, dspark]", concurrency: str = "[1]", repeats: int = 1,
-         digest: Callable[[str, int], str] | None = None, extra: str = "") -> Path:
+         digest: Callable[[str, int], str] | None = None, extra: str = "", engines: str = "[vllm]",
+         engine_digest: Callable[[str], str] | None = None) -> Path:
     """A seed000-like plan whose cells are finished with what `make(method, k, concurrency, repeat)` returns."""
     from sparklab import sweep as sweeper
     from sparklab.plan import build_plan
@@ -31,18 +32,20 @@ def _run(tmp_path: Path, make: Cellfn, sampling: str = "{max_tokens: 64, tempera
     sweep_file = tmp_path / "fake.yaml"
     tmp_path.mkdir(parents=True, exist_ok=True)
     sweep_file.write_text(
-        f"name: fake\nrecipe: gb10\nengines: [vllm]\nmethods: {methods}\nnum_speculative_tokens: [3]\n"
+        f"name: fake\nrecipe: gb10\nengines: {engines}\nmethods: {methods}\nnum_speculative_tokens: [3]\n"
         f"concurrency: {concurrency}\nrepeats: {repeats}\nrequests: 4\nsampling: {sampling}\n{extra}")
     plan = build_plan(sweep_file, run_id="fake")
     path = tmp_path / "fake-run" / "results.sqlite"
     with Store.create(path, plan.sweep.model_dump(), "test") as store:
         sweeper.register(plan, store)
         servers = {s.id: (s.method, s.k) for s in store.server_configs()}
+        engine_of = {s.id: s.engine for s in store.server_configs()}
         for cell in store.cells():
             method, k = servers[cell.server_config_id]
             summary, result = make(method, k, cell.concurrency, cell.repeat)
-            store.finish_cell(cell.id, summary, {"summary": summary, **result},
-                              image_digest=digest(method, cell.repeat) if digest else "sha256:aaa")
+            image = (engine_digest(engine_of[cell.server_config_id]) if engine_digest else
+                     digest(method, cell.repeat) if digest else "sha256:aaa")
+            store.finish_cell(cell.id, summary, {"summary": summary, **result}, image_digest=image)
     return path
 
 
@@ -216,11 +219,32 @@ def test_impossible_or_contradicting_numbers_are_flagged(tmp_path: Path, decode:
 def test_cells_from_different_image_digests_are_marked(tmp_path: Path) -> None:
     path = _run(tmp_path, _equal_cells(), repeats=2,
                 digest=lambda method, repeat: "sha256:new" if (method, repeat) == ("dspark", 1) else "sha256:old")
-    findings = _findings(_build(path), "one image per run")
+    findings = _findings(_build(path), "one image per engine")
     assert any("vllm DSpark K=3 C=1 seed: its repeats ran on 2 images (sha256:new, sha256:old)" in f
                for f in findings)
     one = _run(tmp_path / "one", _equal_cells(), repeats=2)
-    assert _findings(_build(one), "one image per run") == ()
+    assert _findings(_build(one), "one image per engine") == ()
+
+
+def test_two_engines_on_their_own_images_are_not_mixed_images(tmp_path: Path) -> None:
+    """A run that compares engines (the CPU demo: vLLM and llama.cpp) has one image per engine, not a mix."""
+    path = _run(tmp_path, _equal_cells(), engines="[vllm, sglang]", engine_digest=lambda e: f"sha256:{e}")
+    assert _findings(_build(path), "one image per engine") == ()
+
+
+def test_an_engine_that_streams_token_by_token_is_not_held_to_one_chunk_per_step(tmp_path: Path) -> None:
+    """llama.cpp b11669 streams every token as its own event, drafted or not (a real run: 1.00 tokens per chunk at
+    acceptance length 2.53), so its tokens per chunk are not compared with its accepted-token counter."""
+    from tests.reportkit import load_dump
+
+    path = load_dump(Path(__file__).parents[1] / "fixtures" / "report" / "llamacpp-cpu-sweep.sql",
+                     tmp_path / "wt15-llama-part-20261201-023636-2afa17")
+    built = _build(path)
+    draft = [g for g in built.groups if not g.is_baseline]
+    assert draft and all(g.server.kind == "llamacpp" and not g.server.streams_one_chunk_per_step for g in draft)
+    assert all(r["summary"]["tokens_per_chunk"] == 1.0 and r["speculative"]["accepted_tokens"] > 10
+               for g in draft for c in g.cells if (r := c.result))
+    assert _findings(built, "sanity ceilings") == ()
 
 
 def test_the_client_keeps_each_answers_token_ids_and_text() -> None:

@@ -182,14 +182,14 @@ def test_a_server_that_never_drafted_has_no_speculative_window() -> None:
     api = FakeAPI([zero, zero])
     before, after = ENGINE.snapshot(api), ENGINE.snapshot(api)  # type: ignore[arg-type]
     assert after["llamacpp_spec"]["drafts"] == 0
-    assert ENGINE.window(before, after) == {"speculative": None}
+    assert ENGINE.window(before, after)["speculative"] is None
 
 
 def test_no_metrics_endpoint_gives_no_acceptance_and_says_why() -> None:
     api = FakeAPI(status=501)
     snap = ENGINE.snapshot(api)  # type: ignore[arg-type]
     assert "--metrics" in snap["metrics_error"]
-    assert ENGINE.window(snap, snap) == {"speculative": None}
+    assert ENGINE.window(snap, snap) == {"speculative": None, "prefix_cache": None}
     assert spec_counters("# TYPE llamacpp:requests_processing gauge\nllamacpp:requests_processing 0\n") == {}
 
 
@@ -211,3 +211,33 @@ def test_the_api_key_travels_in_the_environment() -> None:
     spec, _ = _spec("llamacpp-cpu", "draft")
     assert spec.api_key_env == "LLAMA_API_KEY" and "--api-key" not in spec.argv
     assert ENGINE.ready_path == "/health" and not ENGINE.ready_needs_key
+
+
+def test_prompt_cache_counters_over_the_window() -> None:
+    """b11669's /metrics counts prompt tokens processed (excluding cached) and reused from the cache; the real
+    fixture: 3 requests, 41 + 41 + 37 prompt tokens, 0 + 40 + 24 of them from the cache."""
+    after_text = (FIXTURES / "metrics-prompt-cache-b11669.txt").read_text()
+    api = FakeAPI(["# TYPE llamacpp:requests_processing gauge\nllamacpp:requests_processing 0\n", after_text])
+    before, after = ENGINE.snapshot(api), ENGINE.snapshot(api)  # type: ignore[arg-type]
+    window = engines.window(before, after, "llamacpp")["prefix_cache"]
+    assert (window["queried_tokens"], window["hit_tokens"]) == (41 + 41 + 37, 40 + 24)
+    assert window["hit_rate"] == pytest.approx(64 / 119) and "prompt_tokens_cached_total" in window["source"]
+
+
+def test_the_weights_it_serves_come_from_v1_models() -> None:
+    api = FakeAPI()
+    api.get = lambda path, timeout_s=5.0, with_key=True: Answer(  # type: ignore[method-assign]
+        200, (FIXTURES / "models-b11669.json").read_text())
+    weights = ENGINE.served_facts(api)["weights"]  # type: ignore[arg-type]
+    assert (weights["bytes"], weights["params"], weights["file_type"]) == (96576768, 134515008, "Q4_1")
+    assert weights["bits_per_param"] == pytest.approx(8 * 96576768 / 134515008, abs=1e-3)  # 5.744, not Q4_1's 5
+    assert ENGINE.served_facts(FakeAPI()) == {}  # type: ignore[arg-type]  # no /v1/models: nothing claimed
+
+
+def test_a_sweep_enables_a_whole_prefix_cache_reset_and_bench_opens_a_connection_per_request() -> None:
+    # slot erase needs a slot save path; the RAM prompt cache survives an erase (measured on b11669), so it is off
+    assert set(ENGINE.sweep_env()) == {"LLAMA_ARG_SLOT_SAVE_PATH=/tmp", "LLAMA_ARG_CACHE_RAM=0"}
+    plan_spec = render(load_recipe(recipes_dir() / "cpu.yaml"), "llamacpp-cpu", "none",
+                       LaunchOptions(mode="sweep", env=ENGINE.sweep_env()))
+    assert plan_spec.env["LLAMA_ARG_CACHE_RAM"] == "0" and plan_spec.env["LLAMA_ARG_SLOT_SAVE_PATH"] == "/tmp"
+    assert ENGINE.keeps_streamed_connections is False and engine("vllm").keeps_streamed_connections

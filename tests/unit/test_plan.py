@@ -36,8 +36,19 @@ def test_k_is_a_server_axis_but_a_baseline_has_no_k() -> None:
 def test_ids_are_stable_and_distinct() -> None:
     a, b = build_plan(SWEEPS / "cpu-demo.yaml"), build_plan(SWEEPS / "cpu-demo.yaml", run_id="other")
     assert [c.id for c in a.cells] == [c.id for c in b.cells]  # the run id is not part of a cell's identity
-    assert len({c.id for c in a.cells}) == len(a.cells) == 30  # 5 servers x 2 concurrencies x 3 repeats
-    assert len({s.id for s in a.servers}) == 5
+    # vLLM: 5 servers x 2 concurrencies x 3 repeats; llama.cpp: 2 servers x C=1 x 3 repeats
+    assert len({c.id for c in a.cells}) == len(a.cells) == 36
+    assert len({s.id for s in a.servers}) == 7
+
+
+def test_an_engine_without_a_method_is_excluded_for_it_not_an_error() -> None:
+    plan = build_plan(SWEEPS / "cpu-demo.yaml")  # llama.cpp has no ngram: excluded for it by the file
+    assert [s.label for s in plan.servers if s.engine == "llamacpp-cpu"] == ["llamacpp-cpu/none",
+                                                                             "llamacpp-cpu/draft_model K=3"]
+    assert {c.concurrency for s in plan.servers if s.engine == "llamacpp-cpu" for c in s.cells} == {1}
+    llama = next(s for s in plan.servers if s.engine == "llamacpp-cpu")
+    assert llama.spec.argv[llama.spec.argv.index("--model") + 1].endswith(".Q4_1.gguf")  # its own model
+    assert llama.spec.env["LLAMA_ARG_CACHE_RAM"] == "0"  # a sweep's prefix-cache reset is whole
 
 
 def _write(tmp_path: Path, doc: dict) -> Path:

@@ -126,3 +126,21 @@ class TestResolve:
     def test_unknown_target(self) -> None:
         with pytest.raises(RecipeError, match=r"Available recipes: .*gb10"):
             resolve("dspark", target="nope")
+
+
+def test_an_engine_may_serve_its_own_copy_of_the_model() -> None:
+    """cpu.yaml: vLLM serves the fp32 safetensors, llama.cpp the Q4_1 GGUF (engines.llamacpp-cpu.model); templates,
+    the stored roofline facts and the drafts follow the engine."""
+    from sparklab.recipes import load_recipe, recipes_dir, stored_facts
+    from sparklab.render import render
+
+    recipe = load_recipe(recipes_dir() / "cpu.yaml")
+    vllm, llama = render(recipe, "vllm-cpu", "none"), render(recipe, "llamacpp-cpu", "draft_model")
+    assert vllm.argv[1] == "/models/SmolLM2-135M-Instruct"
+    assert llama.argv[llama.argv.index("--model") + 1] == "/models/SmolLM2-135M-Instruct.Q4_1.gguf"
+    assert llama.argv[llama.argv.index("--spec-draft-model") + 1] == "/models/SmolLM2-135M-Instruct.Q4_0.gguf"
+    assert stored_facts(recipe, {}, "vllm-cpu")["model"]["facts"]["weight_bits"] == 32
+    assert stored_facts(recipe, {}, "llamacpp-cpu")["model"] == {
+        "id": "/models/SmolLM2-135M-Instruct.Q4_1.gguf", "facts": {
+            "total_params_b": 0.135, "active_params_b": 0.135, "weight_bits": 5.0, "layers": 30,
+            "attention_layers": 30, "kv_bytes_per_token": 23040.0}}

@@ -321,3 +321,43 @@ def test_partial_cells_show_their_failed_requests_and_flag_every_speedup_that_re
     assert "49 of 80 measured requests failed" in text and "(partial)" in text
     rows = list(csv.DictReader(io.StringIO(report.render(built, "csv"))))
     assert {r["failed_requests"] for r in rows if r["method"] == "none" and r["concurrency"] == "8"} == {"49"}
+
+
+def test_a_gguf_row_is_bounded_by_the_bytes_llama_cpp_states_it_loaded(tmp_path: Path) -> None:
+    """A real llama.cpp b11669 run (the CPU recipe's llama.cpp engine, Q4_1 GGUF): the roofline reads the weights
+    the server stated (GET /v1/models: 96,576,768 bytes for 134,515,008 parameters), not the recipe's facts, and
+    never vLLM's fp32 copy of the model."""
+    from tests.reportkit import load_dump
+
+    path = load_dump(Path(__file__).parents[1] / "fixtures" / "report" / "llamacpp-cpu-sweep.sql",
+                     tmp_path / "wt15-llama-part-20261201-023636-2afa17")
+    built = _build(path, Overrides(Device("given", 20.0)))
+    none_c1 = next(g for g in built.groups if g.is_baseline and g.concurrency == 1)
+    r = none_c1.roofline
+    assert r is not None and r.context_tokens is not None
+    weights = 134515008 * 5.744 / 8  # the stated bits per parameter, rounded to 3 decimals
+    assert weights == pytest.approx(96576768, rel=1e-4)
+    assert r.bytes_per_step == pytest.approx(weights + r.context_tokens * 23040)
+    assert any("5.744 bits per parameter" in n and "Q4_1 96,576,768 bytes" in n and "not the recipe's 5" in n
+               for n in built.roofline_notes)
+    # --fact weight_bits wins over what the engine stated
+    given = _build(path, Overrides(Device("given", 20.0), {"weight_bits": 4.0}))
+    r4 = next(g for g in given.groups if g.is_baseline and g.concurrency == 1).roofline
+    assert r4 is not None and r4.bytes_per_step == pytest.approx(0.135e9 * 4 / 8 + r4.context_tokens * 23040)
+
+
+def test_llama_cpp_prompt_cache_counters_feed_the_prefix_cache_check(tmp_path: Path) -> None:
+    """The same real run: llama.cpp's prompt-token counters over each window. At C=1 the second request of a window
+    reuses the 24-token system message SmolLM2's template puts before every prompt (20% of the window's prompt
+    tokens): a true warning. At C=4 each request has a freshly erased slot of its own: no hit."""
+    from sparklab.report.checks import run_checks
+    from tests.reportkit import load_dump
+
+    path = load_dump(Path(__file__).parents[1] / "fixtures" / "report" / "llamacpp-cpu-sweep.sql",
+                     tmp_path / "wt15-llama-part-20261201-023636-2afa17")
+    (check,) = [c for c in run_checks(_build(path)) if c.name == "prefix-cache hits"]
+    assert check.not_checked is None
+    assert sorted(check.findings) == [
+        f"llamacpp-cpu {m} C=1 seed: 20% of prompt tokens came from the prefix cache (72 of 360) - its TTFT is "
+        "flattered; use a workload with more distinct prompts than requests, or turn prefix caching off"
+        for m in ("draft model K=3", "none")]

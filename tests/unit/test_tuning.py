@@ -140,3 +140,9 @@ def test_dry_run_prints_the_plan_the_most_loads_and_an_eta_bound_and_starts_noth
     upper, grid = (int(eta[1]) * 60 + int(eta[2])), (int(eta[3]) * 60 + int(eta[4]))
     assert upper > grid > 0  # the bound counts the second loads and the third repeats the grid does not
     assert out.rstrip().endswith("dry run: nothing started")
+
+
+def test_a_sweep_of_two_engines_tunes_its_first() -> None:
+    space = tuning.load_space("cpu-demo")  # vLLM and llama.cpp: tune searches method x K of one engine
+    assert space is not None and space["engines"] == ["vllm-cpu"]
+    assert all(m.get("engine") in (None, "vllm-cpu") for m in space.get("exclude", []))
