@@ -9,19 +9,15 @@ from __future__ import annotations
 
 import argparse
 import os
-from typing import Any, Protocol
 
 from sparklab import cluster, hosts, launch, multinode
 from sparklab.errors import SparklabError
+from sparklab.host_commands import Console
 from sparklab.render import LaunchOptions, docker_command
 
 
-class Console(Protocol):  # cli's rich consoles
-    def print(self, *objects: Any, **kwargs: Any) -> None: ...
-
-
 def across(args: argparse.Namespace, p: launch.Launch, options: LaunchOptions) -> multinode.ClusterSpec:
-    chosen = hosts.from_command_line(args.hosts)
+    chosen = hosts.parse_hosts(list(args.hosts), "--host")
     head = multinode.head_options(options, chosen[0]) if chosen else options
     return multinode.render_cluster(p.recipe, p.spec.engine, p.spec.method, head, chosen)
 

@@ -169,10 +169,6 @@ def with_address(host: Host, url: str) -> Host:
     return dataclasses.replace(host, address=urlsplit(url).hostname)
 
 
-def from_command_line(values: Sequence[str], where: str = "--host") -> list[Host]:
-    return parse_hosts(list(values), where)
-
-
 def redact_url(url: str) -> str:
     """A host URL as it may be printed or stored: a password in it (ssh://user:pw@host) becomes ***."""
     if "://" not in url:
