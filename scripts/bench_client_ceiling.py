@@ -281,9 +281,9 @@ class ClientRun:
 
 
 def run_sparklab(cell: Cell, port: int, prompts_file: Path) -> ClientRun:
-    from sparklab import bench
+    from sparklab.bench import cell as bench
+    from sparklab.bench.workloads import load_workload
     from sparklab.records import RequestRecord, Sampling
-    from sparklab.workloads import load_workload
 
     endpoint = bench.Endpoint.from_url(f"http://127.0.0.1:{port}/v1", model=MODEL)
     sampling = Sampling(max_tokens=cell.max_tokens, temperature=0, ignore_eos=True)  # = --temperature 0 --ignore-eos

@@ -31,11 +31,12 @@ from typing import Any
 
 import requests
 
-from sparklab import launch, rundir
-from sparklab.containers import Docker, teardown
 from sparklab.errors import SparklabError
-from sparklab.recipes import parse_recipe, read_yaml, recipes_dir
-from sparklab.render import LaunchOptions, render
+from sparklab.recipes.render import LaunchOptions, render
+from sparklab.recipes.schema import parse_recipe, read_yaml, recipes_dir
+from sparklab.runtimes import launch
+from sparklab.runtimes.containers import Docker, teardown
+from sparklab.sweep import rundir
 
 IMAGE = "127.0.0.1:5000/sparklab/vllm-cpu:0.27.1-cc"
 BENCH_LABEL = "sparklab-bench.pid"

@@ -21,9 +21,10 @@ import time
 import urllib.request
 from collections.abc import Iterator
 
-from sparklab import bench, memwatch
+from sparklab.bench import cell
+from sparklab.bench.workloads import load_workload
+from sparklab.host import watchdog
 from sparklab.records import Sampling
-from sparklab.workloads import load_workload
 
 
 def free_port() -> int:
@@ -52,8 +53,8 @@ def standin(image: str, port: int, token_delay: float) -> Iterator[str]:
 
 def one_round(url: str, concurrency: int, requests: int, max_tokens: int) -> float:
     sampling = Sampling(max_tokens=max_tokens, temperature=0, top_p=None, ignore_eos=True)
-    load = bench.Load(concurrency=concurrency, requests=requests, warmup=concurrency)
-    result = bench.run(bench.Endpoint(url, None, None, "vllm"), load_workload("seed"), sampling, load)
+    load = cell.Load(concurrency=concurrency, requests=requests, warmup=concurrency)
+    result = cell.run(cell.Endpoint(url, None, None, "vllm"), load_workload("seed"), sampling, load)
     return float(result["summary"]["aggregate_tps"])
 
 
@@ -78,7 +79,7 @@ def main() -> None:
             for name, interval in arms.items():
                 if interval is None:
                     continue
-                with memwatch.Sampler(interval_s=interval, locate=lambda: container) as sampler:
+                with watchdog.Sampler(interval_s=interval, locate=lambda: container) as sampler:
                     tps = one_round(url, args.concurrency, args.requests, args.max_tokens)
                 samples[name] = samples.get(name, 0) + sampler.count()
                 ratios[name].append(tps)

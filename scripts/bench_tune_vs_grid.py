@@ -24,10 +24,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from sparklab import tune, tuning
-from sparklab.plan import build_plan
-from sparklab.recipes import recipes_dir
-from sparklab.store import Store
+from sparklab.recipes.plan import build_plan
+from sparklab.recipes.schema import recipes_dir
+from sparklab.sweep.store import Store
+from sparklab.tune import driver, search
 
 LOCK = Path("/tmp/sparklab-docker.lock")
 
@@ -67,12 +67,12 @@ def _store(runs: Path, side: str) -> Path:
 def compare(space_path: Path, runs: Path) -> dict[str, Any]:
     """The grid's pick by tune's own rule (best mean; a smaller K whose interval overlaps it wins), against tune's."""
     plan = build_plan(space_path)
-    space = tuning.space_of(plan)
+    space = driver.space_of(plan)
     repeats = int(plan.sweep.repeats)
     with Store.open(_store(runs, "grid"), readonly=True) as store:
-        grid_obs = tuning.observations(store, plan, "aggregate")
-    grid = tune.decide(space, tune.Settings(repeats, repeats), grid_obs)
-    assert isinstance(grid, tune.Done), "the grid measured every config: nothing should be left to load"
+        grid_obs = driver.observations(store, plan, "aggregate")
+    grid = search.decide(space, search.Settings(repeats, repeats), grid_obs)
+    assert isinstance(grid, search.Done), "the grid measured every config: nothing should be left to load"
     with Store.open(_store(runs, "tune"), readonly=True) as store:
         state = json.loads(store.meta()["tune"])
     sides = {side: json.loads((runs / f"{side}.json").read_text()) for side in ("grid", "tune")}
@@ -87,9 +87,9 @@ def compare(space_path: Path, runs: Path) -> dict[str, Any]:
         mine = picks.get(pick.concurrency)
         e = pick.estimate
         interval = f"[{e.low:.2f}, {e.high:.2f}]" if e.low is not None else "(single run)"
-        tied = f"; overlapping it: {', '.join(tune.label(x) for x in pick.overlapping)}" if pick.overlapping else ""
+        tied = f"; overlapping it: {', '.join(search.label(x) for x in pick.overlapping)}" if pick.overlapping else ""
         best = grid_obs[pick.best_mean][pick.concurrency].values
-        best_e = tune.estimate(best)
+        best_e = search.estimate(best)
         assert best_e is not None
         within = ""
         if mine is not None:
@@ -98,8 +98,8 @@ def compare(space_path: Path, runs: Path) -> dict[str, Any]:
             inside = (best_e.low is not None and grid_value is not None and best_e.low <= grid_value)
             within = (f"; tune's pick measured {grid_value:.2f} in the grid, "
                       f"{'inside' if inside else 'outside'} the grid best's interval" if grid_value else "")
-        print(f"C={pick.concurrency}: grid best mean {tune.label(pick.best_mean)} {best_e.mean:.2f} tok/s "
-              f"[{best_e.low:.2f}, {best_e.high:.2f}], grid pick {tune.label(pick.config)} {e.mean:.2f} {interval}"
+        print(f"C={pick.concurrency}: grid best mean {search.label(pick.best_mean)} {best_e.mean:.2f} tok/s "
+              f"[{best_e.low:.2f}, {best_e.high:.2f}], grid pick {search.label(pick.config)} {e.mean:.2f} {interval}"
               f"{tied}; tune pick {mine['label'] if mine else 'none'}{within}")
     errors = []
     for row in state["predictions"]:

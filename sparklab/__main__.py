@@ -1,3 +1,3 @@
-from sparklab.cli import main
+from sparklab.cli.main import main
 
 raise SystemExit(main())

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 import yaml
 
-from sparklab.recipes import recipes_dir
+from sparklab.recipes.schema import recipes_dir
 
 
 @pytest.fixture

@@ -8,10 +8,10 @@ from typing import Any
 
 import yaml
 
-from sparklab import sweep
-from sparklab.plan import build_plan
-from sparklab.recipes import recipes_dir
-from sparklab.store import SCHEMA_VERSION, Store
+from sparklab.recipes.plan import build_plan
+from sparklab.recipes.schema import recipes_dir
+from sparklab.sweep import runner
+from sparklab.sweep.store import SCHEMA_VERSION, Store
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "report"
 GOLDEN = Path(__file__).resolve().parent / "golden" / "report"
@@ -63,7 +63,7 @@ def seed000_run(tmp_path: Path) -> Path:
     plan = build_plan(single_run_sweep("seed000", tmp_path), run_id="seed000-published")
     path = tmp_path / "seed000-published" / "results.sqlite"
     with Store.create(path, plan.sweep.model_dump(), "test") as store:
-        sweep.register(plan, store)
+        runner.register(plan, store)
         methods = {s.id: s.method for s in store.server_configs()}
         for cell in store.cells():
             row = published["results"][methods[cell.server_config_id]]
@@ -84,7 +84,7 @@ def seed004_run(tmp_path: Path) -> Path:
     plan = build_plan(recipes_dir() / "sweeps" / "seed004.yaml", run_id="seed004-published")
     path = tmp_path / "seed004-published" / "results.sqlite"
     with Store.create(path, plan.sweep.model_dump(), "test") as store:
-        sweep.register(plan, store)
+        runner.register(plan, store)
         methods = {s.id: s.method for s in store.server_configs()}
         for cell in store.cells():
             row = published["results"][cell.workload]

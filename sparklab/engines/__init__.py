@@ -10,7 +10,7 @@ from sparklab.engines.base import Acceptance, Engine
 from sparklab.errors import SparklabError
 
 if TYPE_CHECKING:
-    from sparklab.engine_api import EngineAPI
+    from sparklab.engines.api import EngineAPI
 
 ENGINES: dict[str, Engine] = {e.kind: e for e in (vllm.ENGINE, sglang.ENGINE, trtedge.ENGINE, llamacpp.ENGINE)}
 

@@ -16,13 +16,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from sparklab.scrape import StartupFacts, collect_warnings
+from sparklab.engines.scrape import StartupFacts, collect_warnings
 
 if TYPE_CHECKING:
-    from sparklab.engine_api import EngineAPI
-    from sparklab.recipes import Recipe
+    from sparklab.engines.api import EngineAPI
+    from sparklab.recipes.render import LaunchSpec
+    from sparklab.recipes.schema import Recipe
     from sparklab.records import Sampling
-    from sparklab.render import LaunchSpec
 
 
 @dataclass(frozen=True)

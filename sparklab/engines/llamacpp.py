@@ -52,7 +52,8 @@ import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from sparklab import scrape
+from sparklab.bench.metrics import spec_delta
+from sparklab.engines import scrape
 from sparklab.engines.base import (
     Acceptance,
     Engine,
@@ -65,14 +66,13 @@ from sparklab.engines.base import (
     flag_values,
     where,
 )
+from sparklab.engines.scrape import StartupFacts
 from sparklab.errors import EngineUnreachable as Unreachable
-from sparklab.metrics import spec_delta
-from sparklab.scrape import StartupFacts
 
 if TYPE_CHECKING:
-    from sparklab.engine_api import EngineAPI
-    from sparklab.recipes import Recipe
-    from sparklab.render import LaunchSpec
+    from sparklab.engines.api import EngineAPI
+    from sparklab.recipes.render import LaunchSpec
+    from sparklab.recipes.schema import Recipe
 
 log = logging.getLogger(__name__)
 

@@ -19,13 +19,13 @@ from sparklab.engines.base import (
     flag_value,
     where,
 )
+from sparklab.engines.scrape import StartupFacts, parse_metrics, to_int
 from sparklab.errors import EngineUnreachable as Unreachable
-from sparklab.scrape import StartupFacts, parse_metrics, to_int
 
 if TYPE_CHECKING:
-    from sparklab.engine_api import EngineAPI
-    from sparklab.recipes import Recipe
-    from sparklab.render import LaunchSpec
+    from sparklab.engines.api import EngineAPI
+    from sparklab.recipes.render import LaunchSpec
+    from sparklab.recipes.schema import Recipe
 
 # server_args.py's built-in speculative algorithms.
 METHODS = frozenset({"EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM", "DFLASH", "DSPARK"})

@@ -23,13 +23,13 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from sparklab.engines.base import Engine, Finding, KnownFailure, Speculative, as_int, check_k, flag_value, where
+from sparklab.engines.scrape import StartupFacts
 from sparklab.errors import SparklabError
-from sparklab.scrape import StartupFacts
 
 if TYPE_CHECKING:
-    from sparklab.recipes import Recipe
+    from sparklab.recipes.render import LaunchSpec
+    from sparklab.recipes.schema import Recipe
     from sparklab.records import Sampling
-    from sparklab.render import LaunchSpec
 
 METHODS = frozenset({"eagle3", "mtp", "dflash", "jetspec", "dspark"})  # config.py:73
 NEEDS_DRAFT = METHODS - {"mtp"}  # config.py:90-94

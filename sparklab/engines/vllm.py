@@ -9,7 +9,8 @@ import shlex
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from sparklab import scrape
+from sparklab.bench.metrics import spec_delta
+from sparklab.engines import scrape
 from sparklab.engines.base import (
     Acceptance,
     Engine,
@@ -24,15 +25,14 @@ from sparklab.engines.base import (
     norm_flag,
     where,
 )
+from sparklab.engines.scrape import StartupFacts, parse_metrics, to_int
 from sparklab.errors import EngineUnreachable as Unreachable
 from sparklab.errors import RecipeError
-from sparklab.metrics import spec_delta
-from sparklab.scrape import StartupFacts, parse_metrics, to_int
 
 if TYPE_CHECKING:
-    from sparklab.engine_api import EngineAPI
-    from sparklab.recipes import Recipe
-    from sparklab.render import LaunchSpec
+    from sparklab.engines.api import EngineAPI
+    from sparklab.recipes.render import LaunchSpec
+    from sparklab.recipes.schema import Recipe
 
 # SpeculativeConfig's method Literal in vLLM 0.27.1 (vllm/config/speculative.py), per-model MTP aliases aside.
 METHODS = frozenset({

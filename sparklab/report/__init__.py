@@ -70,7 +70,7 @@ def locate(run: str, runs_dir: Path) -> tuple[Path, str | None]:
 
 def overrides_from(hardware: str | None, bandwidth_gbps: float | None, facts: list[str]) -> Overrides:
     """The report-time corrections `--hardware`, `--bandwidth-gbps` and `--fact KEY=VALUE`, checked."""
-    from sparklab.recipes import ModelFacts, load_hardware
+    from sparklab.recipes.schema import ModelFacts, load_hardware
     from sparklab.report.roofline import Device
 
     device = None

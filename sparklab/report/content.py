@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from sparklab.metrics import CONFIDENCE, SPREAD_WARN, Estimate, Ratio
+from sparklab.bench.metrics import CONFIDENCE, SPREAD_WARN, Estimate, Ratio
 from sparklab.report.checks import run_checks
 from sparklab.report.document import Block, Bullets, Code, Document, Image, Para, Section, Table
 from sparklab.report.generation import generation_sections
@@ -21,7 +21,7 @@ from sparklab.report.model import (
     memory_rows,
 )
 from sparklab.report.roofline import assumptions, model_inputs
-from sparklab.store import HOST_LOST
+from sparklab.sweep.store import HOST_LOST
 
 DASH = "-"
 

@@ -8,7 +8,7 @@ import json
 from dataclasses import asdict
 from typing import Any
 
-from sparklab.metrics import Estimate
+from sparklab.bench.metrics import Estimate
 from sparklab.report.model import METRICS, Group, Report, headline_name
 
 SCHEMA = "sparklab.report/1"

@@ -8,7 +8,7 @@ C=1, one column pair per drafting configuration against the same engine's `none`
 
 from __future__ import annotations
 
-from sparklab.metrics import Estimate
+from sparklab.bench.metrics import Estimate
 from sparklab.report.document import Para, Section, Table
 from sparklab.report.model import Group, Report
 

@@ -14,10 +14,10 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from sparklab import engines
-from sparklab.metrics import Estimate, Ratio, estimate, ratio
+from sparklab.bench.metrics import Estimate, Ratio, estimate, ratio
 from sparklab.outputs import Equality, ToolCalls, equality, tool_calls
 from sparklab.report.roofline import Device, RooflinePoint, bound, model_inputs
-from sparklab.store import CellRow, FailureRow, Store
+from sparklab.sweep.store import CellRow, FailureRow, Store
 
 METHOD_NAMES = {"none": "none", "mtp": "MTP", "dflash": "DFlash", "dspark": "DSpark", "eagle": "EAGLE",
                 "ngram": "ngram", "draft_model": "draft model"}
@@ -216,7 +216,7 @@ class Overrides:
 def _recipe_facts(name: str, notes: list[str], engine: str | None = None) -> dict[str, Any]:
     """For runs stored before sparklab kept model facts and the device with them: today's recipe file."""
     from sparklab.errors import SparklabError
-    from sparklab.recipes import load_hardware, load_recipe, recipes_dir, stored_facts
+    from sparklab.recipes.schema import load_hardware, load_recipe, recipes_dir, stored_facts
 
     if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*", name):  # a name from the store, never a path
         return {}

@@ -17,11 +17,11 @@ from typing import Any
 
 import pytest
 
-from sparklab.hosts import parse_hosts
-from sparklab.multinode import render_cluster
-from sparklab.plan import build_plan
-from sparklab.recipes import list_recipes, load_recipe, recipes_dir
-from sparklab.render import LaunchOptions, LaunchSpec, render
+from sparklab.recipes.hosts import parse_hosts
+from sparklab.recipes.multinode import render_cluster
+from sparklab.recipes.plan import build_plan
+from sparklab.recipes.render import LaunchOptions, LaunchSpec, render
+from sparklab.recipes.schema import list_recipes, load_recipe, recipes_dir
 
 pytestmark = pytest.mark.parser
 

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
-from sparklab.store import Store
+from sparklab.sweep.store import Store
 from tests.docker.conftest import SCRIPT
 from tests.dockerkit import Cli, Lines, free_port, ulimit_args
 

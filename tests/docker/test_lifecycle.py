@@ -116,7 +116,7 @@ def test_foreground_up_stops_on_signal_within_15_s(cli: Cli, docker_client, sig:
 _INTERRUPT_AT = """
 import os, signal, sys
 import docker.models.containers as dm
-import sparklab.containers as sc
+import sparklab.runtimes.containers as sc
 where = sys.argv.pop(1)
 def interrupt():
     os.kill(os.getpid(), signal.SIGINT)
@@ -139,7 +139,7 @@ else:  # while the server's log follower is set up
         real_init(self, *a, **k)
         interrupt()
     sc.Server.__init__ = init
-from sparklab.cli import main
+from sparklab.cli.main import main
 sys.exit(main(sys.argv[1:]))
 """
 

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from sparklab import memory
-from sparklab.recipes import load_recipe, recipes_dir
+from sparklab.host import memory
+from sparklab.recipes.schema import load_recipe, recipes_dir
 from tests.docker.test_sweep_standin import _store, _sweep, ulimit_flags
 from tests.dockerkit import Cli, free_port
 

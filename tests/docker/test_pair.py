@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
-from sparklab.store import Store
+from sparklab.sweep.store import Store
 from tests.dockerkit import Cli, Lines, free_port, sparklab_containers, ulimit_args
 
 pytestmark = pytest.mark.docker

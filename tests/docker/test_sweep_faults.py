@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from sparklab.store import Store
+from sparklab.sweep.store import Store
 from tests.docker.test_sweep_standin import _run, _store, _sweep, ulimit_flags
 from tests.dockerkit import Cli, Lines
 from tests.tmpfs import tmpfs

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 import yaml
 
-from sparklab.plan import build_plan
-from sparklab.store import Store
+from sparklab.recipes.plan import build_plan
+from sparklab.sweep.store import Store
 from tests.dockerkit import Cli, Lines, free_port, sparklab_containers, ulimit_args
 
 pytestmark = pytest.mark.docker

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sparklab.store import Store
+from sparklab.sweep.store import Store
 from tests.dockerkit import Cli, Lines, free_port, sparklab_containers, ulimit_args
 
 pytestmark = pytest.mark.docker

@@ -11,7 +11,7 @@ import pytest
 import requests
 
 from sparklab import engines
-from sparklab.engine_api import EngineAPI
+from sparklab.engines.api import EngineAPI
 from sparklab.engines.vllm import server_latency, spec_counters
 from tests.dockerkit import Cli, field, free_port
 

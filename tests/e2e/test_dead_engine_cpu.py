@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sparklab.recipes import recipes_dir
+from sparklab.recipes.schema import recipes_dir
 from tests.dockerkit import Cli, free_port, ulimit_args
 
 pytestmark = pytest.mark.engine

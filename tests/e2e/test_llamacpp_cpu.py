@@ -12,8 +12,8 @@ import pytest
 import requests
 
 from sparklab.engines.llamacpp import spec_counters
-from sparklab.recipes import list_recipes, load_recipe
-from sparklab.render import LaunchOptions, render
+from sparklab.recipes.render import LaunchOptions, render
+from sparklab.recipes.schema import list_recipes, load_recipe
 from tests.dockerkit import Cli, field, free_port, sparklab_containers
 
 pytestmark = pytest.mark.engine
@@ -141,7 +141,7 @@ def test_the_prefix_cache_reset_is_whole_only_with_a_sweeps_environment(llamacpp
     """Prompt A, prompt B (A's slot goes to the RAM prompt cache), the adapter's reset, prompt A again. Without the
     sweep's environment the reset is refused (501, no --slot-save-path) and A comes from the cache; with it (slot
     save path, RAM cache off) A is computed afresh."""
-    from sparklab.engine_api import EngineAPI
+    from sparklab.engines.api import EngineAPI
     from sparklab.engines.llamacpp import ENGINE
 
     port = free_port()

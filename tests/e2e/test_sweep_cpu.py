@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from sparklab.recipes import recipes_dir
-from sparklab.store import Store
+from sparklab.recipes.schema import recipes_dir
+from sparklab.sweep.store import Store
 from tests.dockerkit import Cli
 
 pytestmark = pytest.mark.engine

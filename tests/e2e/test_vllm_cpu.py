@@ -8,7 +8,7 @@ import openai
 import pytest
 import requests
 
-from sparklab.scrape import parse_metrics
+from sparklab.engines.scrape import parse_metrics
 from tests.dockerkit import Cli, field, free_port, sparklab_containers
 
 pytestmark = pytest.mark.engine

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from sparklab.recipes import list_recipes, load_recipe
-from sparklab.render import LaunchOptions, render
+from sparklab.recipes.render import LaunchOptions, render
+from sparklab.recipes.schema import list_recipes, load_recipe
 
 pytestmark = pytest.mark.engine
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from sparklab.process_groups import group_members
+from sparklab.runtimes.runfiles import group_members
 from tests.dockerkit import Lines, field, free_port
 from tests.process.conftest import RECIPE, STANDIN, HostCli, processes_of
 

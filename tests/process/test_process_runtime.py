@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from sparklab.process_groups import group_members
-from sparklab.processes import Processes
-from sparklab.recipes import load_recipe
-from sparklab.render import API_KEY_PLACEHOLDER, LaunchOptions, LaunchSpec, render
+from sparklab.recipes.render import API_KEY_PLACEHOLDER, LaunchOptions, LaunchSpec, render
+from sparklab.recipes.schema import load_recipe
+from sparklab.runtimes.processes import Processes
+from sparklab.runtimes.runfiles import group_members
 from tests.dockerkit import free_port
 from tests.process.conftest import RECIPE, STANDIN
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import yaml
 
-from sparklab.store import Store
+from sparklab.sweep.store import Store
 from tests.dockerkit import Lines, free_port
 from tests.process.conftest import RECIPE, STANDIN, HostCli, processes_of
 

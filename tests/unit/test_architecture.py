@@ -16,15 +16,15 @@ def _importers(module: str) -> set[str]:
 
 
 @pytest.mark.parametrize(("module", "only"), [
-    ("docker", {"containers.py"}),
-    ("openai", {"client.py"}),
-    ("requests", {"engine_api.py", "containers.py"}),  # engine HTTP; docker-py's own transport errors
-    ("sparklab.sse", {"client.py"}),
-    ("jinja2", {"render.py", "report/document.py"}),  # recipes' templates; the report's HTML page
-    ("rich", {"cli.py", "console.py", "progress.py"}),
+    ("docker", {"runtimes/containers.py"}),
+    ("openai", {"bench/client.py"}),
+    ("requests", {"engines/api.py", "runtimes/containers.py"}),  # engine HTTP; docker-py's own transport errors
+    ("sparklab.bench.sse", {"bench/client.py"}),
+    ("jinja2", {"recipes/render.py", "report/document.py"}),  # recipes' templates; the report's HTML page
+    ("rich", {"cli/main.py", "cli/console.py", "cli/progress.py"}),
     ("matplotlib", {"report/plots.py"}),
-    ("scipy", {"metrics.py"}),
-    ("huggingface_hub", {"hub.py"}),
+    ("scipy", {"bench/metrics.py"}),
+    ("huggingface_hub", {"host/downloads.py"}),
 ])
 def test_one_module_per_external_system(module: str, only: set[str]) -> None:
     assert _importers(module) == only
@@ -40,7 +40,7 @@ def test_engine_knowledge_lives_in_the_adapters() -> None:
     pattern = re.compile(r"""kind\s*[!=]=\s*["']|["'](vllm|sglang)["']\s*(==|!=|in\b|:)|VLLM_[A-Z_]+|SGLANG_[A-Z_]+""")
     offenders = {p.relative_to(PACKAGE).as_posix() for p in PACKAGE.rglob("*.py")
                  if "engines" not in p.parts and pattern.search(p.read_text())}
-    assert offenders == {"render.py"}  # its comment lists VLLM_API_KEY among the names treated as secrets
+    assert offenders == {"recipes/render.py"}  # its comment lists VLLM_API_KEY among the names treated as secrets
 
 
 def test_the_offline_report_imports_nothing_that_talks_to_a_network() -> None:
@@ -48,8 +48,8 @@ def test_the_offline_report_imports_nothing_that_talks_to_a_network() -> None:
     import subprocess
     import sys
 
-    blocked = ["openai", "requests", "docker", "httpx", "sparklab.client", "sparklab.sse", "sparklab.engine_api",
-               "sparklab.containers"]
+    blocked = ["openai", "requests", "docker", "httpx", "sparklab.bench.client", "sparklab.bench.sse",
+               "sparklab.engines.api", "sparklab.runtimes"]
     code = (
         "import sys\n"
         f"blocked = {blocked!r}\n"
@@ -58,7 +58,7 @@ def test_the_offline_report_imports_nothing_that_talks_to_a_network() -> None:
         "        if any(name == b or name.startswith(b + '.') for b in blocked):\n"
         "            raise ImportError('blocked: ' + name)\n"
         "sys.meta_path.insert(0, Block())\n"
-        "import sparklab.report, sparklab.report.plots, sparklab.console\n"
+        "import sparklab.report, sparklab.report.plots, sparklab.cli.console\n"
         "print('ok')\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
@@ -67,7 +67,7 @@ def test_the_offline_report_imports_nothing_that_talks_to_a_network() -> None:
 
 def test_the_cli_stays_thin() -> None:
     """parse → one call → print: the grammar lives in cli_args.py, the work behind one call per command."""
-    lines = (PACKAGE / "cli.py").read_text().count("\n")
+    lines = (PACKAGE / "cli" / "main.py").read_text().count("\n")
     assert lines < 350, f"cli.py has {lines} lines"
 
 
@@ -76,4 +76,4 @@ def test_host_processes_are_started_and_signalled_in_one_place() -> None:
     (with process_groups.py, and its keeper procwrap.py) starts an engine or signals a process group."""
     pattern = re.compile(r"\b(os\.killpg|subprocess\.Popen|os\.kill)\(")
     users = {p.relative_to(PACKAGE).as_posix() for p in PACKAGE.rglob("*.py") if pattern.search(p.read_text())}
-    assert users == {"processes.py", "process_groups.py", "procwrap.py"}
+    assert users == {"runtimes/processes.py", "runtimes/runfiles.py", "runtimes/keeper.py"}

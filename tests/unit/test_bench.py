@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from sparklab import bench
+from sparklab.bench import cell
+from sparklab.bench.workloads import load_workload
 from sparklab.errors import SparklabError
 from sparklab.records import Sampling
-from sparklab.workloads import load_workload
 from tests.scripted_server import Scripted, Step, chunk, usage
 
 
@@ -53,8 +53,8 @@ def counters():
 def test_a_cell_measures_only_its_window(counters) -> None:
     c, server = counters
     done: list[int] = []
-    result = bench.run(bench.Endpoint.from_url(server.root + "/v1", api_key="sekret-key"), load_workload("seed"),
-                       Sampling(max_tokens=6), bench.Load(concurrency=2, requests=5, warmup=2),
+    result = cell.run(cell.Endpoint.from_url(server.root + "/v1", api_key="sekret-key"), load_workload("seed"),
+                       Sampling(max_tokens=6), cell.Load(concurrency=2, requests=5, warmup=2),
                        on_done=lambda r: done.append(r.index))
     assert c.requests == 7 and sorted(done) == [0, 1, 2, 3, 4]
     s = result["summary"]
@@ -79,16 +79,16 @@ def test_a_cell_measures_only_its_window(counters) -> None:
 
 def test_duration_mode_stops_issuing_at_the_deadline(counters) -> None:
     _, server = counters
-    result = bench.run(bench.Endpoint.from_url(server.root), load_workload("seed"), Sampling(max_tokens=6),
-                       bench.Load(concurrency=1, requests=None, duration_s=0.3, warmup=0))
+    result = cell.run(cell.Endpoint.from_url(server.root), load_workload("seed"), Sampling(max_tokens=6),
+                       cell.Load(concurrency=1, requests=None, duration_s=0.3, warmup=0))
     n = result["summary"]["requests"]["measured"]
     assert 3 <= n <= 20 and result["summary"]["wall_s"] < 1.0
 
 
 def test_poisson_arrivals(counters) -> None:
     c, server = counters
-    result = bench.run(bench.Endpoint.from_url(server.root), load_workload("seed"), Sampling(max_tokens=6),
-                       bench.Load(concurrency=4, requests=8, rate=50.0, warmup=0, seed=1))
+    result = cell.run(cell.Endpoint.from_url(server.root), load_workload("seed"), Sampling(max_tokens=6),
+                       cell.Load(concurrency=4, requests=8, rate=50.0, warmup=0, seed=1))
     assert result["summary"]["requests"]["ok"] == 8 and c.requests == 8
 
 
@@ -100,13 +100,13 @@ def test_poisson_arrivals(counters) -> None:
 ])
 def test_bad_load_settings(kwargs: dict[str, Any], message: str) -> None:
     with pytest.raises(SparklabError, match=message):
-        bench.Load(**kwargs)
+        cell.Load(**kwargs)
 
 
 def test_url_must_be_http() -> None:
     with pytest.raises(SparklabError, match="is not an http"):
-        bench.Endpoint.from_url("localhost:8000")
-    assert bench.Endpoint.from_url("http://h:1/v1/").root == "http://h:1"
+        cell.Endpoint.from_url("localhost:8000")
+    assert cell.Endpoint.from_url("http://h:1/v1/").root == "http://h:1"
 
 
 # -- §3 of issue 11 ------------------------------------------------------------------------------------------------
@@ -114,10 +114,10 @@ def test_url_must_be_http() -> None:
 _LIMITED_BENCH = """
 import json, resource, sys
 resource.setrlimit(resource.RLIMIT_NOFILE, ({soft}, {hard}))
-from sparklab import bench
+from sparklab.bench import cell as bench
 from sparklab.errors import SparklabError
 from sparklab.records import Sampling
-from sparklab.workloads import load_workload
+from sparklab.bench.workloads import load_workload
 try:
     result = bench.run(bench.Endpoint.from_url(sys.argv[1], model="m"), load_workload("seed"), Sampling(max_tokens=6),
                        bench.Load(concurrency={concurrency}, requests=2, warmup=0), request_timeout_s=20)
@@ -161,8 +161,8 @@ def test_a_stall_on_a_dead_engine_ends_the_cell_early() -> None:
     held = Hostile(lambda body: [(0.0, SSE_HEAD + b"Transfer-Encoding: chunked\r\n\r\n"),
                                  (0.0, http_chunk(sse(chunk(content="a", token_ids=[1]))))], hold_s=30)
     try:
-        result = bench.run(bench.Endpoint.from_url(held.root, model="m"), load_workload("seed"), Sampling(max_tokens=6),
-                           bench.Load(concurrency=2, requests=2, warmup=0), request_timeout_s=30,
+        result = cell.run(cell.Endpoint.from_url(held.root, model="m"), load_workload("seed"), Sampling(max_tokens=6),
+                           cell.Load(concurrency=2, requests=2, warmup=0), request_timeout_s=30,
                            stall_timeout_s=0.5, alive=lambda: False)
     finally:
         held.close()
@@ -189,9 +189,9 @@ def test_a_cell_keeps_its_answers_and_prefix_cache_window_and_resets_the_cache_a
 
     server = Scripted(script, metrics)
     try:
-        endpoint = bench.Endpoint(server.root, None, None, "vllm")  # a sparklab-started vLLM
-        result = bench.run(endpoint, load_workload("seed"), Sampling(max_tokens=6),
-                           bench.Load(concurrency=1, requests=3, warmup=2))
+        endpoint = cell.Endpoint(server.root, None, None, "vllm")  # a sparklab-started vLLM
+        result = cell.run(endpoint, load_workload("seed"), Sampling(max_tokens=6),
+                           cell.Load(concurrency=1, requests=3, warmup=2))
     finally:
         server.close()
     assert server.resets == [2]  # after the two warmup requests, before the window
@@ -216,8 +216,8 @@ def test_an_engine_that_closes_after_each_stream_gets_one_connection_per_request
     not_found = [(0.0, b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")]
     server = Hostile(lambda body: stream if body.get("messages") else not_found, hold_s=0.5)
     try:
-        result = bench.run(bench.Endpoint(server.root, None, "m", "llamacpp"), load_workload("seed"),
-                           Sampling(max_tokens=16), bench.Load(concurrency=1, requests=3, warmup=1))
+        result = cell.run(cell.Endpoint(server.root, None, "m", "llamacpp"), load_workload("seed"),
+                           Sampling(max_tokens=16), cell.Load(concurrency=1, requests=3, warmup=1))
     finally:
         server.close()
     assert [r["error"] for r in result["requests"]] == [None] * 4

@@ -12,7 +12,7 @@ import pytest
 from sparklab import report
 from sparklab.outputs import KEEP_TOKENS, compare, equality, kept
 from sparklab.report.checks import run_checks
-from sparklab.store import Store
+from sparklab.sweep.store import Store
 
 Cellfn = Callable[[str, int | None, int, int], tuple[dict[str, Any], dict[str, Any]]]
 
@@ -26,8 +26,8 @@ def _run(tmp_path: Path, make: Cellfn, sampling: str = "{max_tokens: 64, tempera
          digest: Callable[[str, int], str] | None = None, extra: str = "", engines: str = "[vllm]",
          engine_digest: Callable[[str], str] | None = None) -> Path:
     """A seed000-like plan whose cells are finished with what `make(method, k, concurrency, repeat)` returns."""
-    from sparklab import sweep as sweeper
-    from sparklab.plan import build_plan
+    from sparklab.recipes.plan import build_plan
+    from sparklab.sweep import runner as sweeper
 
     sweep_file = tmp_path / "fake.yaml"
     tmp_path.mkdir(parents=True, exist_ok=True)
@@ -248,7 +248,7 @@ def test_an_engine_that_streams_token_by_token_is_not_held_to_one_chunk_per_step
 
 
 def test_the_client_keeps_each_answers_token_ids_and_text() -> None:
-    from sparklab.client import _on_event
+    from sparklab.bench.client import _on_event
     from sparklab.records import RequestRecord
 
     record = RequestRecord(index=0, prompt_id="seed-0", warmup=False, start=0.0)
@@ -269,7 +269,7 @@ def test_the_client_keeps_each_answers_token_ids_and_text() -> None:
 
 
 def test_the_client_joins_streamed_tool_call_deltas_and_counts_identical_calls() -> None:
-    from sparklab.client import _on_event
+    from sparklab.bench.client import _on_event
     from sparklab.outputs import runaway
     from sparklab.records import RequestRecord
 
@@ -292,7 +292,7 @@ def test_the_client_joins_streamed_tool_call_deltas_and_counts_identical_calls()
 
 
 def test_the_probe_workload_offers_a_tool_with_required_and_auto() -> None:
-    from sparklab.workloads import load_workload
+    from sparklab.bench.workloads import load_workload
 
     probe = load_workload("toolcall-probe")
     assert [(p.id, (p.extra or {})["tool_choice"]) for p in probe.prompts] == [

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from sparklab.cli import main
+from sparklab.cli.main import main
 
 
 def test_render_prints_docker_run_and_serve_command(capsys) -> None:

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from sparklab.client import ChatClient
-from sparklab.metrics import summarize
+from sparklab.bench.client import ChatClient
+from sparklab.bench.metrics import summarize
 from sparklab.records import (
     CHUNK_COUNT,
     CHUNK_COUNT_OVER_USAGE,
@@ -306,7 +306,7 @@ def test_an_endless_line_is_cut_off(hostile) -> None:
 
 def test_a_response_larger_than_the_cap_is_cut_off(hostile) -> None:
     """Endless comments or empty events carry no chunk, yet they cost bandwidth and time: total bytes are capped."""
-    from sparklab.sse import Limits
+    from sparklab.bench.sse import Limits
 
     steps = [(0.0, SSE_HEAD + b"\r\n"), *((0.0, b": keep-alive\n\n" * 10_000) for _ in range(50))]
     record, _ = _client_request(hostile(steps, hold_s=30).root, timeout_s=20,

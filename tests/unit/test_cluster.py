@@ -10,14 +10,14 @@ from typing import Any
 
 import pytest
 
-from sparklab import cluster
-from sparklab.containers import ImageInfo
 from sparklab.errors import ContainerError, ImageUnavailableError, NotReadyError
-from sparklab.hosts import parse_hosts
-from sparklab.launch import Launch
-from sparklab.multinode import ClusterSpec, render_cluster
-from sparklab.recipes import load_recipe
-from sparklab.render import LaunchOptions
+from sparklab.recipes.hosts import parse_hosts
+from sparklab.recipes.multinode import ClusterSpec, render_cluster
+from sparklab.recipes.render import LaunchOptions
+from sparklab.recipes.schema import load_recipe
+from sparklab.runtimes import cluster
+from sparklab.runtimes.containers import ImageInfo
+from sparklab.runtimes.launch import Launch
 
 PAIR = Path(__file__).resolve().parents[2] / "recipes" / "gb10-pair.yaml"
 LINK = ["local,cluster_address=10.0.0.1,interface=eth1,ib_hca=hca1",

@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 
 from sparklab.engines.trtedge import METHODS, NEEDS_DRAFT, SPEC_KEYS
-from sparklab.recipes import list_recipes, load_recipe
-from sparklab.render import API_KEY_PLACEHOLDER, LaunchOptions, render
+from sparklab.recipes.render import API_KEY_PLACEHOLDER, LaunchOptions, render
+from sparklab.recipes.schema import list_recipes, load_recipe
 
 DEFAULT_SRC = Path(os.environ.get("SPARKLAB_CACHE", Path.home() / ".cache" / "sparklab")) / "edgellm-src" / "0.11.0"
 

@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
-from sparklab import engine_cache
+from sparklab.engines import caches as engine_cache
 from sparklab.engines import engine
 from sparklab.errors import RecipeError
-from sparklab.recipes import load_recipe, recipes_dir
-from sparklab.render import LaunchOptions, Mount, docker_command, render
+from sparklab.recipes.render import LaunchOptions, Mount, docker_command, render
+from sparklab.recipes.schema import load_recipe, recipes_dir
 
 TARGET = engine_cache.TARGET
 DIGEST = "sha256:" + "0123456789abcdef" * 4
@@ -191,7 +191,7 @@ def test_trim_removes_the_directories_and_describe_says_so(caches: Path) -> None
 
 
 def test_docker_reports_the_cache_mounts_of_existing_containers() -> None:
-    from sparklab.containers import Docker
+    from sparklab.runtimes.containers import Docker
 
     def container(name: str, sources: list[str]) -> Any:
         return SimpleNamespace(name=name, attrs={"Mounts": [{"Type": "bind", "Source": s} for s in sources]})
@@ -208,8 +208,8 @@ def test_docker_reports_the_cache_mounts_of_existing_containers() -> None:
 
 
 def test_cli_gc_caches_lists_and_trims_but_spares_the_mounted_one(caches: Path, monkeypatch, capsys) -> None:
-    import sparklab.containers
-    from sparklab.cli import main
+    import sparklab.runtimes.containers
+    from sparklab.cli.main import main
 
     root = caches.parent / "engine-cache"
     os.rename(caches, root)
@@ -221,7 +221,7 @@ def test_cli_gc_caches_lists_and_trims_but_spares_the_mounted_one(caches: Path, 
         def mount_sources(self) -> set[str]:
             return {str(root / "aaaa")}
 
-    monkeypatch.setattr(sparklab.containers, "Docker", FakeDocker)
+    monkeypatch.setattr(sparklab.runtimes.containers, "Docker", FakeDocker)
     monkeypatch.setenv("SPARKLAB_CACHE", str(caches.parent))
     assert main(["gc", "--caches"]) == 0
     shown = capsys.readouterr().out

@@ -7,11 +7,11 @@ from collections.abc import Callable
 
 import pytest
 
-from sparklab.engine_log import FATAL_GRACE_S, LogWatch
 from sparklab.engines import engine
 from sparklab.engines.base import root_cause
+from sparklab.engines.logwatch import FATAL_GRACE_S, LogWatch
 from sparklab.errors import NotReadyError
-from sparklab.health import wait_ready
+from sparklab.runtimes.health import wait_ready
 
 # Lines exactly as vLLM 0.27.1 prints them (process prefix from vllm/utils/system_utils.py _add_prefix, format
 # from vllm/logger.py), with the traceback logger.exception adds after the message.

@@ -10,7 +10,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from sparklab.errors import NotReadyError
-from sparklab.health import wait_ready
+from sparklab.runtimes.health import wait_ready
 
 
 class Scripted:

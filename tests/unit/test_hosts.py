@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 import yaml
 
-from sparklab import fleet
 from sparklab.errors import PreflightError, RecipeError
-from sparklab.hosts import LOCAL, HostEntry, parse_hosts, redact_url
-from sparklab.plan import build_plan, load_sweep
-from sparklab.store import PlannedCell, Store
+from sparklab.recipes.hosts import LOCAL, HostEntry, parse_hosts, redact_url
+from sparklab.recipes.plan import build_plan, load_sweep
+from sparklab.sweep import fleet
+from sparklab.sweep.store import PlannedCell, Store
 
 
 def test_hosts_are_named_addressed_and_given_their_own_port_ranges() -> None:
@@ -214,7 +214,7 @@ def test_no_reachable_host_is_a_preflight_error() -> None:
 
 
 def test_the_command_line_names_a_bad_host_in_one_paragraph(tmp_path: Path, capsys: Any) -> None:
-    from sparklab.cli import main
+    from sparklab.cli.main import main
 
     path = tmp_path / "s.yaml"
     path.write_text(yaml.safe_dump({"name": "s", "recipe": "gb10", "methods": ["none"], "concurrency": [1],

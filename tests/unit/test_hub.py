@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 
-from sparklab import hub
 from sparklab.errors import SparklabError
-from sparklab.plan import build_plan
-from sparklab.recipes import load_recipe, recipes_dir
-from sparklab.render import LaunchOptions, render
+from sparklab.host import downloads
+from sparklab.recipes.plan import build_plan
+from sparklab.recipes.render import LaunchOptions, render
+from sparklab.recipes.schema import load_recipe, recipes_dir
 from tests.fake_hub import FakeHub, FakeRepo, Fault
 
 SECRET = "hf_sparklabTestSecret0123456789abcdef"
@@ -57,8 +57,8 @@ def only_loopback(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[Any]]:
     assert all(a[0] == "127.0.0.1" for a in seen if isinstance(a, tuple))
 
 
-def _checkpoint(tmp_path: Path, repo_id: str = "acme/tiny-model", key: str = "model.id") -> hub.Checkpoint:
-    return hub.Checkpoint(repo_id=repo_id, cache_dir=tmp_path / "hf" / "hub", source="recipes/custom.yaml", key=key)
+def _checkpoint(tmp_path: Path, repo_id: str = "acme/tiny-model", key: str = "model.id") -> downloads.Checkpoint:
+    return downloads.Checkpoint(repo_id=repo_id, cache_dir=tmp_path / "hf" / "hub", source="recipes/custom.yaml", key=key)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -67,9 +67,9 @@ def _checkpoint(tmp_path: Path, repo_id: str = "acme/tiny-model", key: str = "mo
 
 def test_a_small_repo_lands_in_the_cache_the_container_reads(tmp_path: Path, only_loopback: list[Any]) -> None:
     repo = small_repo()
-    events: list[hub.Progress] = []
+    events: list[downloads.Progress] = []
     with FakeHub({"acme/tiny-model": repo}) as fake:
-        fetched = hub.download(_checkpoint(tmp_path), events.append, endpoint=fake.endpoint)
+        fetched = downloads.download(_checkpoint(tmp_path), events.append, endpoint=fake.endpoint)
     assert fetched.commit == repo.sha
     storage = tmp_path / "hf" / "hub" / "models--acme--tiny-model"
     assert fetched.path == storage / "snapshots" / repo.sha
@@ -89,20 +89,20 @@ def test_a_small_repo_lands_in_the_cache_the_container_reads(tmp_path: Path, onl
 
 def test_a_second_pull_downloads_nothing(tmp_path: Path) -> None:
     with FakeHub({"acme/tiny-model": small_repo()}) as fake:
-        hub.download(_checkpoint(tmp_path), endpoint=fake.endpoint)
+        downloads.download(_checkpoint(tmp_path), endpoint=fake.endpoint)
         before = len(fake.gets())
-        again = hub.download(_checkpoint(tmp_path), endpoint=fake.endpoint)
+        again = downloads.download(_checkpoint(tmp_path), endpoint=fake.endpoint)
     assert len(fake.gets()) == before
     assert again.bytes_received == 0
 
 
 def test_a_complete_cache_is_enough_when_the_hub_is_unreachable(tmp_path: Path) -> None:
     with FakeHub({"acme/tiny-model": small_repo()}) as fake:
-        first = hub.download(_checkpoint(tmp_path), endpoint=fake.endpoint)
+        first = downloads.download(_checkpoint(tmp_path), endpoint=fake.endpoint)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         closed = f"http://127.0.0.1:{s.getsockname()[1]}"
-    again = hub.download(_checkpoint(tmp_path), endpoint=closed)
+    again = downloads.download(_checkpoint(tmp_path), endpoint=closed)
     assert (again.commit, again.path, again.bytes_received) == (first.commit, first.path, 0)
 
 
@@ -114,7 +114,7 @@ def test_a_dropped_connection_resumes_with_a_range_request(tmp_path: Path) -> No
     cut = chunk + 512 * 1024
     with FakeHub({"acme/tiny-model": repo}) as fake:
         fake.faults[("acme/tiny-model", "model.safetensors")] = Fault(drop_after=cut)
-        fetched = hub.download(_checkpoint(tmp_path), endpoint=fake.endpoint)
+        fetched = downloads.download(_checkpoint(tmp_path), endpoint=fake.endpoint)
     first, second = fake.gets("model.safetensors")
     assert "range" not in first.headers and first.body_bytes == cut
     assert second.headers["range"] == f"bytes={chunk}-" and second.status == 206
@@ -129,13 +129,13 @@ def test_an_interrupted_pull_fetches_only_what_is_missing_next_time(tmp_path: Pa
     with FakeHub({"acme/tiny-model": repo}) as fake:
         fake.faults[("acme/tiny-model", "model.safetensors")] = Fault(status=500)
         with pytest.raises(SparklabError) as failed:
-            hub.download(_checkpoint(tmp_path), endpoint=fake.endpoint)
+            downloads.download(_checkpoint(tmp_path), endpoint=fake.endpoint)
         assert "acme/tiny-model" in failed.value.message and "500" in failed.value.message
         done = len(fake.gets())
         # huggingface_hub may cancel downloads not yet started when one fails (a race under load): what is
         # in the snapshot after the failure is what the next pull must not fetch again
         kept = {p.name for p in tmp_path.glob("hf/hub/models--acme--tiny-model/snapshots/*/*")}
-        fetched = hub.download(_checkpoint(tmp_path), endpoint=fake.endpoint)
+        fetched = downloads.download(_checkpoint(tmp_path), endpoint=fake.endpoint)
     assert "model.safetensors" not in kept
     assert sorted(e.path.rsplit("/", 1)[1] for e in fake.gets()[done:]) == sorted(set(repo.files) - kept)
     assert fetched.bytes_received == WEIGHTS_SIZE
@@ -150,7 +150,7 @@ def test_a_gated_repo_without_a_token_says_to_set_hf_token(tmp_path: Path) -> No
     repo = small_repo()
     repo.gated = True
     with FakeHub({"acme/gated-model": repo}, token=SECRET) as fake, pytest.raises(SparklabError) as raised:
-        hub.download(_checkpoint(tmp_path, "acme/gated-model"), endpoint=fake.endpoint)
+        downloads.download(_checkpoint(tmp_path, "acme/gated-model"), endpoint=fake.endpoint)
     text = str(raised.value)
     assert "acme/gated-model" in raised.value.message and "gated" in raised.value.message
     assert "HF_TOKEN" in text and "\n\n" not in raised.value.message
@@ -163,7 +163,7 @@ def test_a_gated_repo_downloads_with_the_token_from_the_environment(tmp_path: Pa
     repo.gated = True
     monkeypatch.setenv("HF_TOKEN", SECRET)
     with FakeHub({"acme/gated-model": repo}, token=SECRET) as fake:
-        fetched = hub.download(_checkpoint(tmp_path, "acme/gated-model"), endpoint=fake.endpoint)
+        fetched = downloads.download(_checkpoint(tmp_path, "acme/gated-model"), endpoint=fake.endpoint)
     assert fetched.commit == repo.sha
     assert all(e.headers.get("authorization") == f"Bearer {SECRET}" for e in fake.log)
 
@@ -175,7 +175,7 @@ def test_a_missing_repo_names_the_recipe_file_and_key(tmp_path: Path, monkeypatc
         monkeypatch.setenv("HF_TOKEN", token)
     checkpoint = _checkpoint(tmp_path, "acme/no-such-draft", key="model.drafts.dspark.id")
     with FakeHub({}) as fake, pytest.raises(SparklabError) as raised:
-        hub.download(checkpoint, endpoint=fake.endpoint)
+        downloads.download(checkpoint, endpoint=fake.endpoint)
     text = str(raised.value)
     assert fake.log[0].status == status
     assert "acme/no-such-draft" in text and "recipes/custom.yaml" in text and "model.drafts.dspark.id" in text
@@ -187,7 +187,7 @@ def test_an_unreachable_hub_names_the_endpoint_and_hf_endpoint(tmp_path: Path) -
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     with pytest.raises(SparklabError) as raised:
-        hub.download(_checkpoint(tmp_path), endpoint=f"http://127.0.0.1:{port}")
+        downloads.download(_checkpoint(tmp_path), endpoint=f"http://127.0.0.1:{port}")
     text = str(raised.value)
     assert f"127.0.0.1:{port}" in raised.value.message and "acme/tiny-model" in raised.value.message
     assert "HF_ENDPOINT" in text
@@ -213,9 +213,9 @@ def small_tmpfs(path: Path, size: str = "2m") -> Iterator[Path]:
 @pytest.mark.tmpfs
 def test_a_full_disk_names_the_path_and_the_free_space(tmp_path: Path) -> None:
     with small_tmpfs(tmp_path / "small") as small, FakeHub({"acme/tiny-model": small_repo()}) as fake:
-        checkpoint = hub.Checkpoint("acme/tiny-model", small / "hub", "recipes/custom.yaml", "model.id")
+        checkpoint = downloads.Checkpoint("acme/tiny-model", small / "hub", "recipes/custom.yaml", "model.id")
         with pytest.raises(SparklabError) as raised:
-            hub.download(checkpoint, endpoint=fake.endpoint)
+            downloads.download(checkpoint, endpoint=fake.endpoint)
         message = raised.value.message
         assert "no space left" in message.lower() and str(small / "hub") in message
         assert "free" in message and "acme/tiny-model" in message
@@ -232,10 +232,10 @@ def test_hf_token_never_appears_in_output_logs_or_errors(tmp_path: Path, monkeyp
     texts: list[str] = []
     with FakeHub({"acme/gated-model": gated, "acme/tiny-model": small_repo()}, token="hf_anotherToken") as fake:
         fake.faults[("acme/tiny-model", "model.safetensors")] = Fault(drop_after=1000)  # a retry is logged
-        hub.download(_checkpoint(tmp_path), endpoint=fake.endpoint)
+        downloads.download(_checkpoint(tmp_path), endpoint=fake.endpoint)
         for repo_id in ("acme/gated-model", "acme/absent"):
             with pytest.raises(SparklabError) as raised:
-                hub.download(_checkpoint(tmp_path, repo_id), endpoint=fake.endpoint)
+                downloads.download(_checkpoint(tmp_path, repo_id), endpoint=fake.endpoint)
             error: BaseException | None = raised.value
             while error is not None:  # the whole chain, in case a traceback is shown with --debug
                 texts += [str(error), repr(error), str(getattr(error, "hint", ""))]
@@ -265,7 +265,7 @@ def _gb10_spec(method: str, engine: str = "vllm", hf_cache: Path = Path("/data/h
 ])
 def test_the_target_and_only_the_drafts_the_argv_references(engine: str, method: str, drafts: list[str]) -> None:
     recipe, spec = _gb10_spec(method, engine)
-    found = hub.checkpoints(recipe, spec)
+    found = downloads.checkpoints(recipe, spec)
     assert [c.repo_id for c in found] == [recipe.model.id, *drafts]
     assert {c.cache_dir for c in found} == {Path("/data/hf/hub")}
     assert found[0].key == "model.id" and found[0].source.endswith("gb10.yaml")
@@ -275,24 +275,24 @@ def test_the_target_and_only_the_drafts_the_argv_references(engine: str, method:
 def test_local_paths_are_not_downloaded() -> None:
     recipe = load_recipe(recipes_dir() / "cpu.yaml")
     for method in ("none", "ngram", "draft_model"):
-        assert hub.checkpoints(recipe, render(recipe, None, method)) == []
+        assert downloads.checkpoints(recipe, render(recipe, None, method)) == []
 
 
 def test_the_cache_is_where_the_container_looks() -> None:
     _, spec = _gb10_spec("none")
-    assert hub.host_hub_cache(spec) == Path("/data/hf/hub")
+    assert downloads.host_hub_cache(spec) == Path("/data/hf/hub")
     moved = replace(spec, env={**spec.env, "HF_HOME": "/root/.cache/huggingface/elsewhere"})
-    assert hub.host_hub_cache(moved) == Path("/data/hf/elsewhere/hub")
+    assert downloads.host_hub_cache(moved) == Path("/data/hf/elsewhere/hub")
     pinned = replace(spec, env={**spec.env, "HF_HUB_CACHE": "/root/.cache/huggingface/h"})
-    assert hub.host_hub_cache(pinned) == Path("/data/hf/h")
+    assert downloads.host_hub_cache(pinned) == Path("/data/hf/h")
     outside = replace(spec, env={**spec.env, "HF_HOME": "/opt/hf"})
-    assert hub.host_hub_cache(outside) is None  # not on the mount: a pull could not help this container
-    assert hub.host_hub_cache(replace(spec, mounts=(), hf_cache=None)) is None
+    assert downloads.host_hub_cache(outside) is None  # not on the mount: a pull could not help this container
+    assert downloads.host_hub_cache(replace(spec, mounts=(), hf_cache=None)) is None
 
 
 def test_a_sweep_needs_each_checkpoint_once() -> None:
     plan = build_plan(recipes_dir() / "sweeps" / "seed000.yaml")
-    found = hub.plan_checkpoints((s.recipe, s.spec) for s in plan.servers)
+    found = downloads.plan_checkpoints((s.recipe, s.spec) for s in plan.servers)
     assert [c.repo_id for c in found] == [
         "nvidia/NVIDIA-Nemotron-3.5-Lightning-30B-A3B-NVFP4",
         "nvidia/NVIDIA-Nemotron-3.5-Lightning-30B-A3B-NVFP4-DFlash",
@@ -305,8 +305,8 @@ def test_a_sweep_needs_each_checkpoint_once() -> None:
     ("ngram", False), ("gpt2", False), ("a/b/c", False), ("org/..", False), ("org--x/y", False), ("", False),
 ])
 def test_what_counts_as_a_hub_id(ref: str, expected: bool) -> None:
-    assert hub.is_hub_id(ref) is expected
+    assert downloads.is_hub_id(ref) is expected
 
 
 def test_containers_get_offline_mode() -> None:
-    assert hub.offline_env() == {"HF_HUB_OFFLINE": "1"}
+    assert downloads.offline_env() == {"HF_HUB_OFFLINE": "1"}

@@ -14,12 +14,12 @@ from typing import Any
 import pytest
 
 from sparklab import engines
-from sparklab.engine_api import Answer
 from sparklab.engines import engine
+from sparklab.engines.api import Answer
 from sparklab.engines.llamacpp import ENGINE, spec_counters, speculative
 from sparklab.errors import EngineUnreachable
-from sparklab.recipes import load_recipe, recipes_dir
-from sparklab.render import LaunchOptions, LaunchSpec, render
+from sparklab.recipes.render import LaunchOptions, LaunchSpec, render
+from sparklab.recipes.schema import load_recipe, recipes_dir
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "llamacpp"
 

@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-from sparklab import memory, memwatch, preflight
-from sparklab.recipes import Recipe, load_recipe, recipes_dir
-from sparklab.render import LaunchOptions, LaunchSpec, render
-from sparklab.scrape import exit_code_meaning
+from sparklab.engines.scrape import exit_code_meaning
+from sparklab.host import memory, preflight, watchdog
+from sparklab.recipes.render import LaunchOptions, LaunchSpec, render
+from sparklab.recipes.schema import Recipe, load_recipe, recipes_dir
 
 KB_PER_GIB = 1024 * 1024
 
@@ -232,8 +232,8 @@ def test_clock_fields_that_say_na_are_none(fake_smi) -> None:
 # -- the sampler and the floor -------------------------------------------------------------------------------
 
 
-def _sampler(tmp_path: Path, info: Path, **kwargs: Any) -> memwatch.Sampler:
-    return memwatch.Sampler(meminfo=info, cgroup_root=tmp_path / "cgroup", interval_s=0.02, gpu=False, **kwargs)
+def _sampler(tmp_path: Path, info: Path, **kwargs: Any) -> watchdog.Sampler:
+    return watchdog.Sampler(meminfo=info, cgroup_root=tmp_path / "cgroup", interval_s=0.02, gpu=False, **kwargs)
 
 
 def _wait(predicate, timeout: float = 5.0) -> None:
@@ -294,7 +294,7 @@ def test_the_floor_stops_the_server_once_with_the_samples(tmp_path: Path) -> Non
         _wait(lambda: sampler.count(0) >= 6)
     assert calls == [1]
     assert sampler.tripped is not None and sampler.tripped.host.available_gib == pytest.approx(7.5, abs=1e-3)
-    message, tail = memwatch.floor_failure(sampler, 8.0)
+    message, tail = watchdog.floor_failure(sampler, 8.0)
     assert "MemAvailable fell to 7.5 GiB" in message and "floor of 8.0 GiB" in message
     assert "MemAvailable" in tail and len(tail.splitlines()) >= 3
 
@@ -302,10 +302,10 @@ def test_the_floor_stops_the_server_once_with_the_samples(tmp_path: Path) -> Non
 def test_the_floor_is_8_gib_for_unified_memory_recipes_unless_set() -> None:
     _, unified = _gb10()
     _, plain = _gb10(overrides=["unified_memory=false"])
-    assert memwatch.floor_for(unified, None) == 8.0
-    assert memwatch.floor_for(plain, None) is None
-    assert memwatch.floor_for(plain, 2.5) == 2.5
-    assert memwatch.floor_for(unified, 0) is None  # 0 turns it off
+    assert watchdog.floor_for(unified, None) == 8.0
+    assert watchdog.floor_for(plain, None) is None
+    assert watchdog.floor_for(plain, 2.5) == 2.5
+    assert watchdog.floor_for(unified, 0) is None  # 0 turns it off
 
 
 # -- exit 137/143 without a traceback ------------------------------------------------------------------------
@@ -360,7 +360,7 @@ def test_no_oom_evidence_where_nothing_is_readable(tmp_path: Path, monkeypatch) 
 
 @pytest.mark.parametrize(("flags", "drop"), [([], None), (["--drop-caches"], True), (["--no-drop-caches"], False)])
 def test_freeing_the_page_cache_is_the_default_and_can_be_turned_off(flags: list[str], drop: bool | None) -> None:
-    from sparklab.cli_args import build_parser
+    from sparklab.cli.args import build_parser
 
     args = build_parser().parse_args(["sweep", "s.yaml", *flags])
     assert args.drop_caches is drop and args.memory_floor_gib is None
@@ -369,8 +369,8 @@ def test_freeing_the_page_cache_is_the_default_and_can_be_turned_off(flags: list
 def test_the_floor_flag_and_the_sweep_file_field(tmp_path: Path) -> None:
     import yaml
 
-    from sparklab.cli_args import build_parser
-    from sparklab.plan import load_sweep
+    from sparklab.cli.args import build_parser
+    from sparklab.recipes.plan import load_sweep
 
     assert build_parser().parse_args(["sweep", "s.yaml", "--memory-floor-gib", "2.5"]).memory_floor_gib == 2.5
     path = tmp_path / "s.yaml"
@@ -393,7 +393,7 @@ def test_the_report_shows_peak_memory_and_headroom_per_config_and_flags_fallen_c
 
     from sparklab.report import content, model
     from sparklab.report.document import markdown
-    from sparklab.store import Store
+    from sparklab.sweep.store import Store
     from tests.reportkit import seed000_run
 
     path = seed000_run(tmp_path)
@@ -408,11 +408,11 @@ def test_the_report_shows_peak_memory_and_headroom_per_config_and_flags_fallen_c
     for cell in cells:
         result = {**(cell.result or {}), "memory": _memory_facts(19.14, 98.5, 12.5)}
         if cell.id == slow.id:
-            result["gpu_clocks"] = memwatch.cell_clocks(
+            result["gpu_clocks"] = watchdog.cell_clocks(
                 {"sm_clock_mhz": 2400.0, "temperature_c": 60.0, "power_w": 30.0},
                 {"sm_clock_mhz": 2000.0, "temperature_c": 88.0, "power_w": 29.0})
         else:
-            result["gpu_clocks"] = memwatch.cell_clocks({"sm_clock_mhz": 2400.0}, {"sm_clock_mhz": 2300.0})
+            result["gpu_clocks"] = watchdog.cell_clocks({"sm_clock_mhz": 2400.0}, {"sm_clock_mhz": 2300.0})
         conn.execute("UPDATE cells SET result_json = ? WHERE id = ?", (json_dumps(result), cell.id))
     conn.commit()
     conn.close()
@@ -431,7 +431,7 @@ def test_the_report_shows_peak_memory_and_headroom_per_config_and_flags_fallen_c
 def test_a_report_without_memory_samples_has_no_memory_section(tmp_path: Path) -> None:
     from sparklab.report import content, model
     from sparklab.report.document import markdown
-    from sparklab.store import Store
+    from sparklab.sweep.store import Store
     from tests.reportkit import seed000_run
 
     with Store.open(seed000_run(tmp_path), readonly=True) as store:

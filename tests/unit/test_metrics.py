@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sparklab.metrics import chunk_gaps, decode_tps, itl_per_token, spec_delta, stats, summarize, tpot
+from sparklab.bench.metrics import chunk_gaps, decode_tps, itl_per_token, spec_delta, stats, summarize, tpot
 from sparklab.records import CHUNK_COUNT, TOKEN_IDS, USAGE_ONLY, RequestRecord
 
 

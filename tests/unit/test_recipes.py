@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from sparklab.errors import RecipeError
-from sparklab.recipes import list_recipes, load_recipe, recipes_dir, resolve
+from sparklab.recipes.schema import list_recipes, load_recipe, recipes_dir, resolve
 
 
 def test_every_bundled_recipe_loads() -> None:
@@ -131,8 +131,8 @@ class TestResolve:
 def test_an_engine_may_serve_its_own_copy_of_the_model() -> None:
     """cpu.yaml: vLLM serves the fp32 safetensors, llama.cpp the Q4_1 GGUF (engines.llamacpp-cpu.model); templates,
     the stored roofline facts and the drafts follow the engine."""
-    from sparklab.recipes import load_recipe, recipes_dir, stored_facts
-    from sparklab.render import render
+    from sparklab.recipes.render import render
+    from sparklab.recipes.schema import load_recipe, recipes_dir, stored_facts
 
     recipe = load_recipe(recipes_dir() / "cpu.yaml")
     vllm, llama = render(recipe, "vllm-cpu", "none"), render(recipe, "llamacpp-cpu", "draft_model")

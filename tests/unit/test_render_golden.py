@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sparklab.recipes import load_recipe, recipes_dir
-from sparklab.render import LaunchOptions, docker_command, render, serve_command
+from sparklab.recipes.render import LaunchOptions, docker_command, render, serve_command
+from sparklab.recipes.schema import load_recipe, recipes_dir
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden"
 SEEDS = yaml.safe_load((GOLDEN / "seed_commands.yaml").read_text())
@@ -100,7 +100,7 @@ def test_sglang_cookbook_spelling_is_an_alternative() -> None:
     ("MAX_TOKENS", False), ("KEYBOARD", False),
 ])
 def test_secret_names(name: str, secret: bool) -> None:
-    from sparklab.render import is_secret_name
+    from sparklab.recipes.render import is_secret_name
 
     assert is_secret_name(name) is secret
 

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from sparklab import repeats, sweep
-from sparklab.cli import main
-from sparklab.plan import build_plan
-from sparklab.store import Store
+from sparklab.cli.main import main
+from sparklab.recipes.plan import build_plan
+from sparklab.sweep import repeats, runner
+from sparklab.sweep.store import Store
 
 
 def _sweep(tmp_path: Path, value: str = "auto", extra: str = "auto_repeats: {min: 3, max: 5, target: 0.03}\n") -> Path:
@@ -35,7 +35,7 @@ def test_the_sweep_skips_the_repeats_a_quiet_load_does_not_need(tmp_path: Path) 
     assert len(server.cells) == 2 * 5  # planned up to max
     said: list[str] = []
     with Store.create(tmp_path / "run" / "results.sqlite", plan.sweep.model_dump(), "test") as store:
-        sweep.register(plan, store)
+        runner.register(plan, store)
         quiet = {1: [20.0, 20.1, 19.9], 4: [60.0, 75.0, 50.0]}
         for cell in server.cells:
             if cell.repeat < 3:
@@ -44,8 +44,8 @@ def test_the_sweep_skips_the_repeats_a_quiet_load_does_not_need(tmp_path: Path) 
                 store.start_cell(cell.id)
                 store.finish_cell(cell.id, summary, {"summary": summary})
         fourth = {c.concurrency: c for c in server.cells if c.repeat == 3}
-        assert sweep._measured_enough(plan, store, server, fourth[1], said.append) is True
-        assert sweep._measured_enough(plan, store, server, fourth[4], said.append) is False
+        assert runner._measured_enough(plan, store, server, fourth[1], said.append) is True
+        assert runner._measured_enough(plan, store, server, fourth[4], said.append) is False
         assert store.cell(fourth[1].id).status == "skipped" and store.cell(fourth[4].id).status == "pending"
     assert said == ["cell vllm-cpu/none c=1 seed #3: skipped, 3 runs pin the mean to ±1.2% (repeats: auto, target 3%)"]
 

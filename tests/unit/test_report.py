@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 
 from sparklab import report
-from sparklab.cli import main
-from sparklab.metrics import estimate, ratio
+from sparklab.bench.metrics import estimate, ratio
+from sparklab.cli.main import main
 from sparklab.report.model import Overrides
 from sparklab.report.roofline import Device, bound, model_inputs
-from sparklab.store import Store
+from sparklab.sweep.store import Store
 from tests.reportkit import CPU_RUN_ID, GOLDEN, cpu_run, seed000_run, single_run_sweep
 
 
@@ -111,9 +111,9 @@ def test_cpu_run_marks_not_significant_and_spread(tmp_path: Path) -> None:
 
 def _fake_run(tmp_path: Path, values: dict[str, list[float]]) -> Path:
     """seed000's plan, C=8 only, each method with the given repeat values (aggregate tok/s)."""
-    from sparklab import sweep as sweeper
-    from sparklab.plan import build_plan
-    from sparklab.recipes import recipes_dir
+    from sparklab.recipes.plan import build_plan
+    from sparklab.recipes.schema import recipes_dir
+    from sparklab.sweep import runner as sweeper
 
     sweep_file = tmp_path / "fake.yaml"
     sweep_file.write_text(
@@ -228,8 +228,8 @@ def test_report_never_writes_the_results_file(tmp_path: Path, capsys) -> None:
 
 
 def test_failures_and_missing_cells_are_shown_not_hidden(tmp_path: Path) -> None:
-    from sparklab import sweep as sweeper
-    from sparklab.plan import build_plan
+    from sparklab.recipes.plan import build_plan
+    from sparklab.sweep import runner as sweeper
 
     plan = build_plan(single_run_sweep("seed000", tmp_path), run_id="partial")
     path = tmp_path / "partial" / "results.sqlite"
@@ -261,8 +261,8 @@ def test_a_sweep_name_means_its_newest_run(tmp_path: Path, capsys) -> None:
 def test_two_engines_get_their_own_baselines_and_one_best_across_both(tmp_path: Path) -> None:
     """Seed 002's plan (vLLM and SGLang, DSpark K=3 and K=8, C=1..8) with seed 002's C=1 figures where it
     published them, synthetic elsewhere: each engine compared with its own none, the best picked across both."""
-    from sparklab import sweep as sweeper
-    from sparklab.plan import build_plan
+    from sparklab.recipes.plan import build_plan
+    from sparklab.sweep import runner as sweeper
 
     plan = build_plan(single_run_sweep("seed002", tmp_path), run_id="two-engines")
     path = tmp_path / "two-engines" / "results.sqlite"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from sparklab import report
-from sparklab.store import Store
+from sparklab.sweep.store import Store
 from tests.reportkit import seed004_run
 
 

@@ -13,7 +13,7 @@ import pytest
 from sparklab import report
 from sparklab.report.model import Overrides
 from sparklab.report.roofline import Device
-from sparklab.store import Store
+from sparklab.sweep.store import Store
 from tests.reportkit import cpu_run
 
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",

@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-import sparklab.containers
+import sparklab.runtimes.containers
 from sparklab.errors import ContainerError
-from sparklab.processes import Processes
-from sparklab.runtime import Runtime, pick
+from sparklab.runtimes.local import Runtime, pick
+from sparklab.runtimes.processes import Processes
 
 
 class _Spec:
@@ -35,7 +35,7 @@ def test_a_launch_goes_to_the_runtime_the_recipe_names(monkeypatch: pytest.Monke
 def test_without_docker_host_processes_are_still_listed_and_collected(monkeypatch: pytest.MonkeyPatch,
                                                                       tmp_path: Path, caplog) -> None:
     monkeypatch.setenv("SPARKLAB_STATE", str(tmp_path))
-    monkeypatch.setattr(sparklab.containers, "Docker", _no_docker)
+    monkeypatch.setattr(sparklab.runtimes.containers, "Docker", _no_docker)
     runtime = Runtime()
     with caplog.at_level(logging.WARNING):
         assert runtime.gc() == [] and runtime.containers() == [] and runtime.orphans() == []

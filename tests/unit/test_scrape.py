@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from sparklab.engines import engine
-from sparklab.scrape import exit_code_meaning
+from sparklab.engines.scrape import exit_code_meaning
 
 VLLM_LOG = """\
 (APIServer pid=1) INFO 11-29 13:05:01 [api_server.py:1900] vLLM API server version 0.27.1
@@ -75,7 +75,7 @@ def test_exit_codes() -> None:
 
 
 def test_metrics_are_parsed_with_prometheus_client() -> None:
-    from sparklab.scrape import parse_metrics
+    from sparklab.engines.scrape import parse_metrics
 
     text = (
         "# HELP vllm:spec_decode_num_drafts_total Number of spec decoding drafts.\n"

@@ -12,13 +12,13 @@ import pytest
 import yaml
 
 from sparklab import report
-from sparklab.cli import main
+from sparklab.cli.main import main
 from sparklab.errors import RecipeError
-from sparklab.plan import build_plan
-from sparklab.recipes import load_recipe, recipes_dir
+from sparklab.recipes.plan import build_plan
+from sparklab.recipes.render import render
+from sparklab.recipes.schema import load_recipe, recipes_dir
 from sparklab.redaction import redact, redacted_lines
-from sparklab.render import render
-from sparklab.store import Store
+from sparklab.sweep.store import Store
 from tests.reportkit import cpu_run
 
 # -- templates run in a sandbox ----------------------------------------------------------------------------------
@@ -184,7 +184,7 @@ def test_redaction_leaves_ordinary_text_and_flushes_a_held_tail() -> None:
 
 
 def test_up_does_not_print_a_key_it_was_given(capsys, monkeypatch) -> None:
-    from sparklab import cli
+    from sparklab.cli import main
 
     ready = SimpleNamespace(
         seconds_to_ready=1.0, api_key="my-own-key-123",
@@ -193,10 +193,10 @@ def test_up_does_not_print_a_key_it_was_given(capsys, monkeypatch) -> None:
         image=SimpleNamespace(ref="img", digest=None),
         facts=SimpleNamespace(kv_cache_tokens=None, max_concurrency=None, kv_cache_memory_gib=None,
                               model_load_seconds=None, engine_init_seconds=None, advice=[], source="log"))
-    cli._print_ready(ready, key_given=True)  # type: ignore[arg-type]
+    main._print_ready(ready, key_given=True)  # type: ignore[arg-type]
     printed = capsys.readouterr().out
     assert "my-own-key-123" not in printed and "api key     the one you gave" in printed
-    cli._print_ready(ready, key_given=False)  # type: ignore[arg-type]
+    main._print_ready(ready, key_given=False)  # type: ignore[arg-type]
     assert "my-own-key-123" in capsys.readouterr().out  # a generated key is shown once
 
 
@@ -234,7 +234,7 @@ class FakeDocker:
 
 
 def _info(name: str, uid: str | None, mode: str = "up") -> Any:
-    from sparklab.containers import ContainerInfo
+    from sparklab.runtimes.containers import ContainerInfo
 
     labels = {"sparklab": "1", "sparklab.mode": mode}
     if uid is not None:
@@ -251,12 +251,12 @@ def test_down_all_removes_only_the_callers_containers(flags: list[str], removed:
                                                        capsys) -> None:
     import os
 
-    import sparklab.containers
+    import sparklab.runtimes.containers
 
     me, other = str(os.getuid()), str(os.getuid() + 1)
     fake = FakeDocker([_info("mine-1", me), _info("theirs", other), _info("mine-2", me, mode="sweep"),
                        _info("unlabelled", None)])
-    monkeypatch.setattr(sparklab.containers, "Docker", lambda: fake)
+    monkeypatch.setattr(sparklab.runtimes.containers, "Docker", lambda: fake)
     assert main(["down", *flags]) == 0
     assert fake.removed == removed
 
@@ -264,7 +264,7 @@ def test_down_all_removes_only_the_callers_containers(flags: list[str], removed:
 def test_launch_labels_the_container_with_its_user() -> None:
     import os
 
-    from sparklab.containers import USER_ID, Docker
+    from sparklab.runtimes.containers import USER_ID, Docker
 
     created: dict[str, Any] = {}
 

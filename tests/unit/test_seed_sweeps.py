@@ -7,9 +7,9 @@ from pathlib import Path
 from typing import Any
 
 from sparklab import report
-from sparklab.plan import build_plan
-from sparklab.recipes import recipes_dir
-from sparklab.store import Store
+from sparklab.recipes.plan import build_plan
+from sparklab.recipes.schema import recipes_dir
+from sparklab.sweep.store import Store
 from tests.unit.test_checks import _run
 
 SWEEPS = recipes_dir() / "sweeps"

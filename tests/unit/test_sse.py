@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from sparklab.sse import HTTPStatusError, _SSEProtocol
+from sparklab.bench.sse import HTTPStatusError, _SSEProtocol
 
 EVENTS = [b'{"a": 1}', b'{"b": 2}', b"[DONE]"]
 SSE_BODY = b"".join(b"data: " + e + b"\n\n" for e in EVENTS)
@@ -108,7 +108,7 @@ def test_a_server_that_closes_after_each_stream_loses_no_request() -> None:
     connection is sent into a closing socket: it must go again on a new connection, not fail with "connection
     closed before the response ended" (a sweep of 4 requests lost 2 this way), and the client must stop reusing
     connections to that server. Hostile reads one request per connection and drains the rest before closing."""
-    from sparklab.client import ChatClient
+    from sparklab.bench.client import ChatClient
     from sparklab.records import Sampling
     from tests.scripted_server import SSE_HEAD, Hostile, chunk, http_chunk, sse
 
@@ -140,7 +140,7 @@ def test_a_server_that_closes_after_each_stream_loses_no_request() -> None:
 
 def test_warm_replaces_pooled_connections_that_have_closed() -> None:
     """warm(n) leaves n open connections, whatever became of the ones the pool held (closed by the server)."""
-    from sparklab.sse import SSEClient
+    from sparklab.bench.sse import SSEClient
 
     async def go() -> int:
         server = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)  # holds connections open

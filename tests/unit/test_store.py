@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from sparklab.errors import SparklabError
-from sparklab.store import SCHEMA_VERSION, PlannedCell, Store
+from sparklab.sweep.store import SCHEMA_VERSION, PlannedCell, Store
 from tests.tmpfs import tmpfs
 
 SWEEP = {"name": "seed000", "matrix": {"method": ["none", "dspark"], "concurrency": [1, 8]}}
@@ -203,7 +203,7 @@ def test_a_cell_that_keeps_killing_sparklab_is_marked_failed(store: Store) -> No
 
 CRASHING_SWEEP = """
     import os, signal, sys
-    from sparklab.store import PlannedCell, Store
+    from sparklab.sweep.store import PlannedCell, Store
     store = Store.create(sys.argv[1], {"name": "crash"}, "0.1.0")
     store.add_server_config("sc", engine="vllm", method="none", k=None, config={}, argv=["vllm"], image="img")
     store.add_cells([PlannedCell("c1", "sc", 1, "w", 0, {}), PlannedCell("c2", "sc", 8, "w", 0, {})])

@@ -3,13 +3,13 @@ the stall detector's settings, and a fatal line while a cell runs."""
 
 from __future__ import annotations
 
-from sparklab.engine_log import LogWatch
 from sparklab.engines import engine
+from sparklab.engines.logwatch import LogWatch
 from sparklab.errors import NotReadyError
 
 
 def test_sweep_failure_kinds() -> None:
-    from sparklab.sweep import _failure_kind
+    from sparklab.sweep.runner import _failure_kind
 
     assert _failure_kind(NotReadyError("x", kind="fatal")) == "fatal"
     assert _failure_kind(NotReadyError("x", kind="stalled")) == "stalled"
@@ -19,7 +19,7 @@ def test_sweep_failure_kinds() -> None:
 def test_sweep_files_stall_detector_is_on_by_default_and_can_be_turned_off(tmp_path) -> None:
     import yaml
 
-    from sparklab.plan import load_sweep
+    from sparklab.recipes.plan import load_sweep
 
     doc = {"name": "t", "recipe": "cpu", "methods": ["none"], "concurrency": [1]}
     path = tmp_path / "sweep.yaml"
@@ -32,7 +32,7 @@ def test_sweep_files_stall_detector_is_on_by_default_and_can_be_turned_off(tmp_p
 
 
 def test_up_has_a_stall_timeout_flag_off_by_default() -> None:
-    from sparklab.cli_args import build_parser
+    from sparklab.cli.args import build_parser
 
     parser = build_parser()
     assert parser.parse_args(["up", "cpu:none"]).stall_timeout is None
@@ -84,13 +84,13 @@ def test_a_fatal_line_while_a_cell_runs_fails_the_server_at_once_and_requeues_it
 
     import yaml
 
-    from sparklab import sweep as sweep_mod
-    from sparklab.containers import ImageInfo
+    from sparklab.engines.scrape import StartupFacts
     from sparklab.errors import EngineUnreachable
-    from sparklab.launch import Ready
-    from sparklab.plan import build_plan
-    from sparklab.scrape import StartupFacts
-    from sparklab.store import Store
+    from sparklab.recipes.plan import build_plan
+    from sparklab.runtimes.containers import ImageInfo
+    from sparklab.runtimes.launch import Ready
+    from sparklab.sweep import runner as sweep_mod
+    from sparklab.sweep.store import Store
 
     path = tmp_path / "sweep.yaml"
     path.write_text(yaml.safe_dump({"name": "t", "recipe": "cpu", "methods": ["none"], "concurrency": [1, 2],

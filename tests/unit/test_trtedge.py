@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 
 from sparklab.errors import PreflightError, RecipeError
-from sparklab.launch import checked
-from sparklab.recipes import load_recipe, recipes_dir
-from sparklab.render import LaunchOptions, launch_command, render
+from sparklab.recipes.render import LaunchOptions, launch_command, render
+from sparklab.recipes.schema import load_recipe, recipes_dir
+from sparklab.runtimes.launch import checked
 
 SEED004 = "trtedge serve nvidia/NVIDIA-Nemotron-3.5-Lightning-30B-A3B-NVFP4"
 DSPARK = '{"method": "dspark", "num_speculative_tokens": 3, "model": "nvidia/NVIDIA-Nemotron-3.5-Lightning-30B-A3B-NVFP4-DSpark"}'
@@ -105,7 +105,7 @@ def test_startup_facts_and_known_failures_from_edgellms_own_lines() -> None:
 def test_seed004_sweep_plans_seed_004s_table() -> None:
     """recipes/sweeps/seed004.yaml: Edge-LLM as the seed ran it, none vs DSpark K=3, its three workloads at
     batch 1, output cap 128, thinking on, and seed 004's columns first in the report."""
-    from sparklab.plan import build_plan
+    from sparklab.recipes.plan import build_plan
 
     plan = build_plan(recipes_dir() / "sweeps" / "seed004.yaml", run_id="t")
     assert [(s.engine, s.method, s.spec.speculative and s.spec.speculative.num_speculative_tokens)

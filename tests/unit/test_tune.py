@@ -8,11 +8,11 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from sparklab import tune
-from sparklab.cli_args import build_parser, k_values
+from sparklab.cli.args import build_parser, k_values
 from sparklab.engines import engine
 from sparklab.errors import RecipeError
-from sparklab.tune import CellObs, Done, Measure, Settings, Space
+from sparklab.tune import search
+from sparklab.tune.search import CellObs, Done, Measure, Settings, Space
 
 KS = (1, 2, 3, 4, 5, 6)
 CS = (1, 4)
@@ -25,14 +25,14 @@ class World:
     rates: dict[str, list[float]]
     cost: dict[tuple[str, int], tuple[float, float]]  # (method, C) -> (a, b): seconds per step
     baseline: dict[int, float]  # C -> tok/s without drafting
-    noise: Callable[[tune.Config, int, int], float] = lambda config, c, repeat: 0.0
-    fails: set[tune.Config] = field(default_factory=set)
-    al_override: dict[tune.Config, float] = field(default_factory=dict)  # a drafter that changes with K
-    ttft: dict[tune.Config, float] = field(default_factory=dict)
+    noise: Callable[[search.Config, int, int], float] = lambda config, c, repeat: 0.0
+    fails: set[search.Config] = field(default_factory=set)
+    al_override: dict[search.Config, float] = field(default_factory=dict)  # a drafter that changes with K
+    ttft: dict[search.Config, float] = field(default_factory=dict)
     step: dict[tuple[str, int], Callable[[int], float]] = field(default_factory=dict)  # a step cost not linear in K
     no_rates: set[str] = field(default_factory=set)  # methods whose server reports no per-position acceptance
 
-    def true(self, config: tune.Config, c: int) -> float:
+    def true(self, config: search.Config, c: int) -> float:
         method, k = config
         if k is None:
             return self.baseline[c]
@@ -41,11 +41,11 @@ class World:
         a, b = self.cost[(method, c)]
         return self.al(config) / (a + b * k)
 
-    def al(self, config: tune.Config) -> float:
+    def al(self, config: search.Config) -> float:
         method, k = config
-        return self.al_override.get(config, tune.acceptance_length(self.rates[method], k or 0))
+        return self.al_override.get(config, search.acceptance_length(self.rates[method], k or 0))
 
-    def cell(self, config: tune.Config, c: int, repeats: int) -> CellObs:
+    def cell(self, config: search.Config, c: int, repeats: int) -> CellObs:
         if config in self.fails:
             return CellObs(settled=repeats)
         values = tuple(self.true(config, c) * (1 + self.noise(config, c, r)) for r in range(repeats))
@@ -60,7 +60,7 @@ def run(world: World, space: Space, settings: Settings, obs: dict | None = None,
     obs = {} if obs is None else obs
     loads = 0
     for _ in range(rounds or 50):
-        decision = tune.decide(space, settings, obs)
+        decision = search.decide(space, settings, obs)
         if isinstance(decision, Done):
             return decision, obs, loads
         for config in decision.configs:
@@ -87,14 +87,14 @@ def ngram_world(**changes) -> World:
     return World(**base)
 
 
-def best_in_grid(world: World, sp: Space, c: int) -> tune.Config:
+def best_in_grid(world: World, sp: Space, c: int) -> search.Config:
     configs = [config for m in sp.methods for config in sp.configs(m) if config not in world.fails]
     return max(configs, key=lambda config: world.true(config, c))
 
 
 def test_acceptance_length_from_per_position_rates() -> None:
-    assert tune.acceptance_length([0.8, 0.6, 0.45], 2) == pytest.approx(2.4)
-    assert tune.acceptance_length([0.8], 3) == pytest.approx(1.8)  # positions never reached count 0
+    assert search.acceptance_length([0.8, 0.6, 0.45], 2) == pytest.approx(2.4)
+    assert search.acceptance_length([0.8], 3) == pytest.approx(1.8)  # positions never reached count 0
 
 
 def test_a_chain_drafter_is_predicted_and_the_best_found_with_fewer_loads_than_the_grid() -> None:
@@ -106,17 +106,17 @@ def test_a_chain_drafter_is_predicted_and_the_best_found_with_fewer_loads_than_t
     # the baseline, the probe at K=6, K=1 for the step cost's second point, the predicted best at each C
     # (K=3 ties K=2 at C=4 and is not loaded: the smaller K wins a tie)
     assert loads == 5 < 1 + len(KS)
-    rows = tune.predictions(sp, Settings(), obs)
+    rows = search.predictions(sp, Settings(), obs)
     unloaded = [(p, world.true(p.config, p.concurrency)) for p, measured in rows if measured is None]
-    assert unloaded and tune.prediction_error((p.value, truth) for p, truth in unloaded) < 1e-9
+    assert unloaded and search.prediction_error((p.value, truth) for p, truth in unloaded) < 1e-9
 
 
 def test_without_a_baseline_the_smallest_k_is_the_second_step_cost_point() -> None:
     world, sp = ngram_world(), space(methods=("ngram",))
-    first = tune.decide(sp, Settings(), {})
+    first = search.decide(sp, Settings(), {})
     assert isinstance(first, Measure) and set(first.configs) == {("ngram", 6)}
     obs = {("ngram", 6): {c: world.cell(("ngram", 6), c, 2) for c in CS}}
-    second = tune.decide(sp, Settings(), obs)
+    second = search.decide(sp, Settings(), obs)
     assert isinstance(second, Measure) and second.configs == (("ngram", 1),)
     done, _, _ = run(world, sp, Settings())
     assert {p.concurrency: p.config for p in done.picks} == {c: best_in_grid(world, sp, c) for c in CS}
@@ -146,7 +146,7 @@ def test_no_drafting_wins_a_tie_with_any_drafter() -> None:
     assert all(p.overlapping for p in done.picks)  # a tie, not a win
 
 
-def _k(config: tune.Config) -> int:
+def _k(config: search.Config) -> int:
     return config[1] or 0
 
 
@@ -156,9 +156,9 @@ def test_a_noisy_cell_gets_more_repeats_and_widens_only_its_concurrency_s_margin
     sp = space()
     done, obs, _ = run(world, sp, Settings(repeats=2, max_repeats=4))
     assert obs[("ngram", 6)][1].settled == 4  # more repeats for the noisy leader
-    at_1, at_4 = tune.pooled_noise(obs, 1), tune.pooled_noise(obs, 4)
+    at_1, at_4 = search.pooled_noise(obs, 1), search.pooled_noise(obs, 4)
     assert at_1 is not None and at_1[0] > 0.02 and at_4 is not None and at_4[0] == 0.0
-    assert tune.pooled_noise({}) is None
+    assert search.pooled_noise({}) is None
     picks = {p.concurrency: p.config for p in done.picks}
     assert picks[4] == best_in_grid(world, sp, 4)  # the noise at C=1 does not hide C=4's best
     # at C=1 a prediction must clear the noise to be loaded: the pick is within it of the grid's best
@@ -180,12 +180,12 @@ def test_a_nonlinear_step_cost_is_interpolated_between_measured_k() -> None:
     for pick in done.picks:
         best = world.true(best_in_grid(world, sp, pick.concurrency), pick.concurrency)
         assert world.true(pick.config, pick.concurrency) >= 0.99 * best
-    unloaded = [(p.value, world.true(p.config, p.concurrency)) for p, measured in tune.predictions(sp, Settings(), obs)
+    unloaded = [(p.value, world.true(p.config, p.concurrency)) for p, measured in search.predictions(sp, Settings(), obs)
                 if measured is None]
-    assert len(unloaded) >= 8 and tune.prediction_error(unloaded) < 0.03
+    assert len(unloaded) >= 8 and search.prediction_error(unloaded) < 0.03
     assert all(abs(value / truth - 1) < 0.05 for value, truth in unloaded)
     # a loaded K pins the step cost: K=2 at C=4 is predicted between the measured K=1 and K=3
-    (k2,) = [p for p, _ in tune.predictions(sp, Settings(), obs) if p.config == ("ngram", 2) and p.concurrency == 4]
+    (k2,) = [p for p, _ in search.predictions(sp, Settings(), obs) if p.config == ("ngram", 2) and p.concurrency == 4]
     assert "between K=1 and K=3" in k2.basis
 
 
@@ -209,8 +209,8 @@ def test_a_resume_in_the_middle_asks_for_the_same_next_step_and_ends_with_the_sa
     world, sp, settings = ngram_world(), space(), Settings(repeats=2, max_repeats=3)
     whole, _, whole_loads = run(world, sp, settings)
     _, partial, first_loads = run(world, sp, settings, rounds=2)
-    again = tune.decide(sp, settings, dict(partial))  # a new process reads the same store
-    assert again == tune.decide(sp, settings, partial)
+    again = search.decide(sp, settings, dict(partial))  # a new process reads the same store
+    assert again == search.decide(sp, settings, partial)
     resumed, _, rest_loads = run(world, sp, settings, obs=dict(partial))
     assert resumed.picks == whole.picks and first_loads + rest_loads == whole_loads
 
@@ -220,9 +220,9 @@ def test_a_drafter_whose_acceptance_misses_the_prediction_is_measured_and_the_se
     misses = {("ngram", k): 1.05 for k in (1, 2, 3, 4, 5)}
     world, sp = ngram_world(al_override=misses), space()
     obs = {config: {c: world.cell(config, c, 2) for c in CS} for config in (("none", None), ("ngram", 6))}
-    assert not tune.decide(sp, Settings(), obs).notes  # one K measured: nothing to check yet
+    assert not search.decide(sp, Settings(), obs).notes  # one K measured: nothing to check yet
     obs[("ngram", 1)] = {c: world.cell(("ngram", 1), c, 2) for c in CS}
-    after = tune.decide(sp, Settings(), obs)
+    after = search.decide(sp, Settings(), obs)
     assert isinstance(after, Measure) and "measured mode" in after.why  # said as soon as it is known
     assert any("acceptance length at K=1" in n and "switches to measured mode" in n for n in after.notes)
     done, _, _ = run(world, sp, Settings())
@@ -236,7 +236,7 @@ def test_a_block_drafter_that_drafts_differently_per_k_is_measured_by_halving_wi
     world, sp = ngram_world(), space(methods=("none", "dspark"), ks=tuple(range(1, 9)))
     world.rates["dspark"] = [0.9, 0.85, 0.8, 0.7, 0.5, 0.3, 0.1, 0.05]
     world.al_override = {("dspark", k): 1 + 0.55 * k * 0.93 ** k for k in range(1, 8)}
-    first = tune.decide(sp, Settings(), {})
+    first = search.decide(sp, Settings(), {})
     assert isinstance(first, Measure) and set(first.configs) == {("none", None), ("dspark", 8)}
     done, _, loads = run(world, sp, Settings())
     assert any(n.startswith("dspark: acceptance length at K=1") for n in done.notes)
@@ -251,7 +251,7 @@ def test_a_drafter_without_per_position_counters_is_measured_from_its_probe_on()
     done, obs, loads = run(world, sp, Settings())
     assert any("no per-position acceptance" in n for n in done.notes)
     assert {p.concurrency: p.config for p in done.picks} == {c: best_in_grid(world, sp, c) for c in CS}
-    assert loads < 1 + 8 and not tune.predictions(sp, Settings(), obs)
+    assert loads < 1 + 8 and not search.predictions(sp, Settings(), obs)
 
 
 def test_a_ttft_bound_rules_configs_out() -> None:
@@ -261,17 +261,17 @@ def test_a_ttft_bound_rules_configs_out() -> None:
     assert {p.config for p in done.picks} == {("none", None)}
 
 
-def _pick(c: int, config: tune.Config) -> tune.Pick:
-    estimate = tune.estimate([1.0, 1.0])
+def _pick(c: int, config: search.Config) -> search.Pick:
+    estimate = search.estimate([1.0, 1.0])
     assert estimate is not None
-    return tune.Pick(c, config, estimate, config, (), "")
+    return search.Pick(c, config, estimate, config, (), "")
 
 
 def test_k_schedule_per_batch_size() -> None:
     picks = [_pick(1, ("ngram", 4)), _pick(4, ("ngram", 2)), _pick(8, ("none", None))]
-    assert tune.k_schedule(picks) == ("ngram", [(1, 1, 4), (2, 4, 2), (5, 1024, 0)])
-    assert tune.k_schedule([_pick(1, ("ngram", 2)), _pick(4, ("ngram", 2))]) is None  # one K: no schedule
-    assert tune.k_schedule([_pick(1, ("ngram", 2)), _pick(4, ("mtp", 1))]) is None  # two methods
+    assert search.k_schedule(picks) == ("ngram", [(1, 1, 4), (2, 4, 2), (5, 1024, 0)])
+    assert search.k_schedule([_pick(1, ("ngram", 2)), _pick(4, ("ngram", 2))]) is None  # one K: no schedule
+    assert search.k_schedule([_pick(1, ("ngram", 2)), _pick(4, ("mtp", 1))]) is None  # two methods
 
 
 def test_vllm_k_schedule_args_only_where_the_version_has_them() -> None:
@@ -296,7 +296,7 @@ def test_k_ranges_parse_and_bad_ones_are_usage_errors() -> None:
 
 
 def test_tune_on_a_recipe_needs_methods_and_concurrency() -> None:
-    from sparklab.tuning import request_from_args
+    from sparklab.tune.driver import request_from_args
 
     args = build_parser().parse_args(["tune", "cpu", "--k", "1-3"])
     with pytest.raises(RecipeError, match="--methods and --concurrency"):
@@ -307,7 +307,7 @@ def test_tune_on_a_recipe_needs_methods_and_concurrency() -> None:
 
 
 def test_tune_on_a_sweep_file_takes_its_space_and_lays_flags_over_it() -> None:
-    from sparklab.tuning import request_from_args
+    from sparklab.tune.driver import request_from_args
 
     args = build_parser().parse_args(["tune", "cpu-demo", "--k", "1-2", "--repeats", "2", "--max-repeats", "2"])
     request = request_from_args(args)

@@ -8,19 +8,21 @@ import re
 from pathlib import Path
 from typing import Any
 
-from sparklab import report, sweep, tune, tuning
-from sparklab.console import tune_summary
-from sparklab.plan import build_plan
-from sparklab.store import Store
+from sparklab import report
+from sparklab.cli.console import tune_summary
+from sparklab.recipes.plan import build_plan
+from sparklab.sweep import runner
+from sparklab.sweep.store import Store
+from sparklab.tune import driver, search
 
 
 def _planned(tmp_path: Path) -> tuple[Any, Store]:
-    space = tuning.load_space("cpu-demo")
+    space = driver.load_space("cpu-demo")
     assert space is not None
-    path = tuning.write_space(tmp_path, space, tune.Settings(2, 2))
+    path = driver.write_space(tmp_path, space, search.Settings(2, 2))
     plan = build_plan(path, run_id="tune-test")
     store = Store.create(tmp_path / "results.sqlite", plan.sweep.model_dump(), "test")
-    sweep.register(plan, store, only=lambda server, cell: False)
+    runner.register(plan, store, only=lambda server, cell: False)
     return plan, store
 
 
@@ -40,7 +42,7 @@ def test_the_store_gives_the_search_values_acceptance_and_settled_repeats(tmp_pa
     with store:
         assert store.cells() == [] and len(store.server_configs()) == len(plan.servers)  # no cell yet
         wanted = {("none", None), ("ngram", 3)}
-        sweep.register(plan, store, only=lambda s, c: (s.method, s.num_speculative_tokens) in wanted and c.repeat < 2)
+        runner.register(plan, store, only=lambda s, c: (s.method, s.num_speculative_tokens) in wanted and c.repeat < 2)
         ids = {s.id: (s.method, s.num_speculative_tokens) for s in plan.servers}
         for i, cell in enumerate(store.cells()):
             config = ids[cell.server_config_id]
@@ -49,7 +51,7 @@ def test_the_store_gives_the_search_values_acceptance_and_settled_repeats(tmp_pa
                 store.fail_cell(cell.id, "bench_error", "boom", max_attempts=1)
                 continue
             _finish(store, cell.id, 20.0 + i, [0.5, 0.3, 0.1] if config[1] else None)
-        obs = tuning.observations(store, plan, "aggregate")
+        obs = driver.observations(store, plan, "aggregate")
     assert set(obs) == wanted
     ngram4 = obs[("ngram", 3)][4]
     assert len(ngram4.values) == 1 and ngram4.settled == 2  # the failed repeat is settled, not a value
@@ -60,28 +62,28 @@ def test_the_store_gives_the_search_values_acceptance_and_settled_repeats(tmp_pa
 
 def test_objective_values() -> None:
     summary = {"aggregate_tps": 10.0, "per_request_tps": {"mean": 3.0}, "decode_tps": {"mean": 4.0}}
-    assert [tuning.objective_value(summary, o) for o in tune.OBJECTIVES] == [10.0, 3.0, 4.0]
-    assert tuning.objective_value({}, "decode") is None
+    assert [driver.objective_value(summary, o) for o in search.OBJECTIVES] == [10.0, 3.0, 4.0]
+    assert driver.objective_value({}, "decode") is None
 
 
 def test_the_report_and_the_closing_lines_show_picks_predictions_and_up_commands(tmp_path: Path) -> None:
     plan, store = _planned(tmp_path)
     with store:
-        sweep.register(plan, store, only=lambda s, c: c.repeat < 2)
+        runner.register(plan, store, only=lambda s, c: c.repeat < 2)
         ids = {s.id: (s.method, s.num_speculative_tokens) for s in plan.servers}
         for cell in store.cells():
             method, k = ids[cell.server_config_id]
             tps = 20.0 + (k or 0) * (3 if cell.concurrency == 1 else -3) + cell.repeat * 0.1
             _finish(store, cell.id, tps if method != "draft_model" else 10.0, [0.6, 0.4, 0.2] if k else None)
-        space = tuning.space_of(plan)
-        settings = tune.Settings(2, 2)
-        obs = tuning.observations(store, plan, "aggregate")
-        done = tune.decide(space, settings, obs)
-        assert isinstance(done, tune.Done)
-        state = {"settings": tuning.settings_dict(settings), "objective": "aggregate", "loads": 7, "wall_s": 12.0,
+        space = driver.space_of(plan)
+        settings = search.Settings(2, 2)
+        obs = driver.observations(store, plan, "aggregate")
+        done = search.decide(space, settings, obs)
+        assert isinstance(done, search.Done)
+        state = {"settings": driver.settings_dict(settings), "objective": "aggregate", "loads": 7, "wall_s": 12.0,
                  "rounds": [{"why": "probe", "configs": [], "repeats": 2, "loads": ["vllm-cpu/none"]}],
-                 **tuning._finish(space, settings, obs, done)}
-        state["schedule"] = tuning._schedule_args(plan, store, state["schedule"])
+                 **driver._finish(space, settings, obs, done)}
+        state["schedule"] = driver._schedule_args(plan, store, state["schedule"])
         store.set_meta("tune", state)
     with Store.open(tmp_path / "results.sqlite", readonly=True) as store:
         built = report.build(store, "tune-test")
@@ -100,7 +102,7 @@ def test_the_report_and_the_closing_lines_show_picks_predictions_and_up_commands
         ngram3 = next(s.id for s in plan.servers if (s.method, s.num_speculative_tokens) == ("ngram", 3))
         store.record_server_start(ngram3, image_digest=None, startup_facts=None, ready_s=1.0, log_path=None,
                                   engine_version="0.27.1")
-        state["schedule"] = tuning._schedule_args(plan, store, {"method": "ngram", "ranges": [[1, 1, 3], [2, 1024, 0]]})
+        state["schedule"] = driver._schedule_args(plan, store, {"method": "ngram", "ranges": [[1, 1, 3], [2, 1024, 0]]})
     with Store.open(tmp_path / "results.sqlite", readonly=True) as store:
         text = tune_summary(report.build(store, "tune-test"), json.loads(json.dumps(state)))
     flag = "--speculative_config.num_speculative_tokens_per_batch_size=[[1,1,3],[2,1024,0]]"
@@ -110,19 +112,19 @@ def test_the_report_and_the_closing_lines_show_picks_predictions_and_up_commands
 
 
 def test_request_from_a_recipe_builds_the_space_from_flags() -> None:
-    from sparklab.cli_args import build_parser
+    from sparklab.cli.args import build_parser
 
     args = build_parser().parse_args(["tune", "cpu", "--methods", "none", "ngram", "--k", "1-4",
                                       "--concurrency", "1", "8", "--ttft-max", "500", "--objective", "decode"])
-    request = tuning.request_from_args(args)
+    request = driver.request_from_args(args)
     assert request.space["recipe"] == "cpu" and request.space["num_speculative_tokens"] == [1, 2, 3, 4]
-    assert request.settings == tune.Settings(2, 4, 0.15, 500.0) and request.objective == "decode"
+    assert request.settings == search.Settings(2, 4, 0.15, 500.0) and request.objective == "decode"
 
 
 def test_dry_run_prints_the_plan_the_most_loads_and_an_eta_bound_and_starts_nothing(capsys, tmp_path: Path,
                                                                                   monkeypatch) -> None:
-    from sparklab import containers
-    from sparklab.cli import main
+    from sparklab.cli.main import main
+    from sparklab.runtimes import containers
 
     def no_docker(*args: Any, **kwargs: Any) -> None:
         raise AssertionError("a dry run touched Docker")
@@ -143,6 +145,6 @@ def test_dry_run_prints_the_plan_the_most_loads_and_an_eta_bound_and_starts_noth
 
 
 def test_a_sweep_of_two_engines_tunes_its_first() -> None:
-    space = tuning.load_space("cpu-demo")  # vLLM and llama.cpp: tune searches method x K of one engine
+    space = driver.load_space("cpu-demo")  # vLLM and llama.cpp: tune searches method x K of one engine
     assert space is not None and space["engines"] == ["vllm-cpu"]
     assert all(m.get("engine") in (None, "vllm-cpu") for m in space.get("exclude", []))

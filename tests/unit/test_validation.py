@@ -8,12 +8,12 @@ from typing import Any
 import pytest
 import yaml
 
-from sparklab.cli import main
+from sparklab.bench.workloads import load_workload
+from sparklab.cli.main import main
 from sparklab.errors import RecipeError
-from sparklab.plan import build_plan, load_sweep
-from sparklab.recipes import load_recipe, recipes_dir
-from sparklab.render import LaunchOptions, render
-from sparklab.workloads import load_workload
+from sparklab.recipes.plan import build_plan, load_sweep
+from sparklab.recipes.render import LaunchOptions, render
+from sparklab.recipes.schema import load_recipe, recipes_dir
 
 BASE: dict[str, Any] = {"name": "t", "recipe": "cpu", "methods": ["none"], "concurrency": [1, 4], "requests": 4}
 

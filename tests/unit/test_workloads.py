@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from sparklab.bench.workloads import Prompt, Workload, builtin_workloads, load_workload, reference_lines
 from sparklab.errors import RecipeError
-from sparklab.workloads import Prompt, Workload, builtin_workloads, load_workload, reference_lines
 
 SEED_000 = [
     "Write a Python function that parses an nginx access log file and returns the top 10 IP addresses by request count. Include type hints and docstrings.",

@@ -1,0 +1,271 @@
+"""One benchmark cell: warmup, then a measured load (closed loop or Poisson), server counters around it.
+
+The result is a self-describing dict (schema `sparklab.bench/1`): settings, how it was measured, the
+summary, the server's speculative-decoding counters, and every request with times relative to the window.
+It never contains the API key.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+from sparklab import __version__, engines
+from sparklab.bench import metrics
+from sparklab.bench.client import TRANSPORT, ChatClient
+from sparklab.bench.workloads import Workload
+from sparklab.engines.api import EngineAPI
+from sparklab.errors import SparklabError
+from sparklab.records import Alive, BenchResult, RequestRecord, Sampling
+
+SCHEMA = "sparklab.bench/1"
+
+
+@dataclass(frozen=True)
+class Load:
+    concurrency: int = 1
+    requests: int | None = 10
+    duration_s: float | None = None
+    rate: float | None = None  # requests/s, Poisson arrivals; concurrency then caps requests in flight
+    warmup: int = 2
+    stream: bool = True
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.concurrency < 1:
+            raise SparklabError(f"--concurrency must be at least 1, got {self.concurrency}")
+        if (self.requests is None) == (self.duration_s is None):
+            raise SparklabError("give either a request count (--requests) or a duration (--duration)")
+        if self.requests is not None and self.requests < 1:
+            raise SparklabError(f"--requests must be at least 1, got {self.requests}")
+        if self.rate is not None and self.rate <= 0:
+            raise SparklabError(f"--rate must be positive, got {self.rate}")
+        if self.warmup < 0:
+            raise SparklabError(f"--warmup cannot be negative, got {self.warmup}")
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    root: str  # http://host:port, without /v1
+    api_key: str | None = None
+    model: str | None = None
+    kind: str | None = None  # the engine's kind when known (a sparklab server); None: ask every adapter
+
+    @property
+    def api(self) -> EngineAPI:
+        return EngineAPI(self.root, self.api_key)
+
+    @staticmethod
+    def from_url(url: str, api_key: str | None = None, model: str | None = None, kind: str | None = None) -> Endpoint:
+        root = url.rstrip("/")
+        root = root[: -len("/v1")] if root.endswith("/v1") else root
+        if not root.startswith(("http://", "https://")):
+            raise SparklabError(f"--url {url!r} is not an http(s) URL", "Example: --url http://127.0.0.1:8000/v1")
+        return Endpoint(root, api_key, model, kind)
+
+
+Progress = Callable[[RequestRecord], None]
+
+
+async def _send(client: ChatClient, workload: Workload, sampling: Sampling, load: Load, index: int,
+                warmup: bool = False) -> RequestRecord:
+    prompt = workload.prompt(index)
+    return await client.request(index, prompt.id, list(prompt.messages), sampling, load.stream, warmup=warmup,
+                                extra=prompt.extra)
+
+
+async def _closed_loop(client: ChatClient, workload: Workload, sampling: Sampling, load: Load,
+                       on_done: Progress | None) -> list[RequestRecord]:
+    """N workers, each sending its next request as soon as its previous one finishes."""
+    records: list[RequestRecord] = []
+    counter = iter(range(10**12))
+    deadline = time.perf_counter() + load.duration_s if load.duration_s else None
+
+    async def worker() -> None:
+        while True:
+            index = next(counter)
+            if load.requests is not None and index >= load.requests:
+                return
+            if deadline is not None and time.perf_counter() >= deadline:
+                return
+            record = await _send(client, workload, sampling, load, index)
+            records.append(record)
+            if on_done:
+                on_done(record)
+
+    await asyncio.gather(*(worker() for _ in range(load.concurrency)))
+    return records
+
+
+async def _poisson(client: ChatClient, workload: Workload, sampling: Sampling, load: Load,
+                   on_done: Progress | None) -> list[RequestRecord]:
+    """Arrivals at exponential intervals (mean 1/rate); at most `concurrency` in flight."""
+    records: list[RequestRecord] = []
+    rng = random.Random(load.seed)
+    gate = asyncio.Semaphore(load.concurrency)
+    started = time.perf_counter()
+
+    async def one(index: int) -> None:
+        async with gate:
+            record = await _send(client, workload, sampling, load, index)
+        records.append(record)
+        if on_done:
+            on_done(record)
+
+    tasks = []
+    index, at = 0, 0.0
+    while load.requests is None or index < load.requests:
+        at += rng.expovariate(load.rate or 1.0)
+        if load.duration_s is not None and at >= load.duration_s:
+            break
+        await asyncio.sleep(max(0.0, started + at - time.perf_counter()))
+        tasks.append(asyncio.create_task(one(index)))
+        index += 1
+    await asyncio.gather(*tasks)
+    return records
+
+
+@dataclass(frozen=True)
+class Patience:
+    """How long a request may take: the request timeout, the stall detector, the grace after a complete answer."""
+
+    request_timeout_s: float = 1800
+    stall_timeout_s: float | None = 60  # no bytes this long while `alive` fails ends a request; None: never
+    alive: Alive | None = None
+    finish_grace_s: float = 2.0
+
+
+async def _run(endpoint: Endpoint, model: str, workload: Workload, sampling: Sampling, load: Load,
+               on_done: Progress | None, patience: Patience) -> BenchResult:
+    reuse = engines.engine(endpoint.kind).keeps_streamed_connections if endpoint.kind else True
+    client = ChatClient(endpoint.root + "/v1", endpoint.api_key, model, timeout_s=patience.request_timeout_s,
+                        finish_grace_s=patience.finish_grace_s, stall_timeout_s=patience.stall_timeout_s,
+                        alive=patience.alive, reuse_connections=reuse)
+    try:
+        # sequential, like seed 000's bench.py
+        warmup = [await _send(client, workload, sampling, load, i, warmup=True) for i in range(load.warmup)]
+        if warmup and endpoint.kind is not None:  # warmup answers the first prompts: not from cache in the window
+            await asyncio.to_thread(engines.engine(endpoint.kind).reset_prefix_cache, endpoint.api)
+        await client.warm(load.concurrency)
+        before = await asyncio.to_thread(engines.snapshot, endpoint.api, endpoint.kind)
+        window_start = time.perf_counter()
+        window_wall = time.time()
+        runner = _poisson if load.rate else _closed_loop
+        measured = await runner(client, workload, sampling, load, on_done)
+        window_end = max([r.end for r in measured], default=time.perf_counter())
+        after = await asyncio.to_thread(engines.snapshot, endpoint.api, endpoint.kind)
+        connections = client.connections()
+    finally:
+        await client.close()
+    records = warmup + sorted(measured, key=lambda r: r.index)
+    result = _result(endpoint, model, workload, sampling, load, records, (window_start, window_end),
+                     before, after)
+    result["measurement"]["window_started_at"] = window_wall
+    if connections is not None:
+        result["measurement"]["connections"] = connections
+    return result
+
+
+def add_log_acceptance(result: BenchResult, kind: str | None, log_text: Callable[[], str]) -> None:
+    """For engines that state acceptance only in their log (SGLang), the window's lines into the result."""
+    adapter = engines.engine(kind) if kind is not None else None
+    if adapter is not None and adapter.reads_log_acceptance:
+        result["speculative_log"] = adapter.log_acceptance(log_text())
+
+
+def discover_model(endpoint: Endpoint) -> str:
+    """The first model the server lists, when the user did not name one."""
+    return endpoint.api.first_model()
+
+
+FD_HEADROOM = 64  # files besides one socket per concurrent request: scrapes, the openai pool's spare, logs
+
+
+def ensure_open_files(concurrency: int) -> None:
+    """One socket per request in flight must fit under RLIMIT_NOFILE: raise the soft limit toward the hard one
+    when it is too low, else refuse up front (not EMFILE halfway through a window)."""
+    try:
+        import resource
+    except ImportError:  # not a POSIX system
+        return
+    try:
+        in_use = len(os.listdir("/proc/self/fd"))
+    except OSError:
+        in_use = 32
+    needed = in_use + concurrency + FD_HEADROOM
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= needed:
+        return
+    if hard == resource.RLIM_INFINITY or hard >= needed:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (needed, hard))
+            return
+        except (ValueError, OSError):
+            pass
+    raise SparklabError(
+        f"--concurrency {concurrency} needs about {needed} open files, but this process may open only {soft} "
+        f"(ulimit -n; hard limit {'unlimited' if hard == resource.RLIM_INFINITY else hard})",
+        f"Lower --concurrency, or raise the limit in the shell that runs sparklab: ulimit -n {needed} (above the "
+        f"hard limit this needs root, or a nofile entry in /etc/security/limits.conf).")
+
+
+def run(endpoint: Endpoint, workload: Workload, sampling: Sampling, load: Load,
+        on_done: Progress | None = None, request_timeout_s: float = 1800, stall_timeout_s: float | None = 60,
+        alive: Alive | None = None, finish_grace_s: float = 2.0) -> BenchResult:
+    """One cell. A request ends at request_timeout_s; earlier when it has received no byte for stall_timeout_s
+    while `alive()` fails (default: the endpoint's /health; stall_timeout_s=None turns the detector off)."""
+    ensure_open_files(load.concurrency)
+    if endpoint.kind:
+        sampling = engines.engine(endpoint.kind).request_sampling(sampling)
+    model = endpoint.model or discover_model(endpoint)
+    patience = Patience(request_timeout_s, stall_timeout_s, alive or endpoint.api.alive, finish_grace_s)
+    return asyncio.run(_run(endpoint, model, workload, sampling, load, on_done, patience))
+
+
+def _relative(record: RequestRecord, origin: float) -> dict[str, Any]:
+    data = record.as_dict()
+    for key in ("start", "end", "first_chunk", "first_token", "first_content"):
+        if data[key] is not None:
+            data[key] = round(data[key] - origin, 6)
+    data["chunk_times"] = [round(t - origin, 6) for t in record.chunk_times]
+    return data
+
+
+def _result(endpoint: Endpoint, model: str, workload: Workload, sampling: Sampling, load: Load,
+            records: list[RequestRecord], window: tuple[float, float], before: dict[str, Any],
+            after: dict[str, Any]) -> BenchResult:
+    summary = metrics.summarize(records, window)
+    counters = engines.window(before, after, endpoint.kind)
+    return {
+        "schema": SCHEMA,
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "endpoint": endpoint.root,
+        "model": model,
+        "workload": {"name": workload.name, "description": workload.description,
+                     "prompts": len(workload.prompts), "content_hash": workload.content_hash},
+        "sampling": asdict(sampling),
+        "load": asdict(load),
+        "measurement": {
+            "window": "from the first measured request's start to the last one's end (client perf_counter)",
+            "window_s": window[1] - window[0],
+            "warmup_requests_excluded": load.warmup,
+            "prefix_cache": "reset after warmup where the engine allows it (a sparklab-started server)",
+            "token_source": summary["token_sources"],
+            "client": f"sparklab {__version__}: {TRANSPORT}",
+            "definitions": metrics.__doc__,
+            "server_counters": "snapshots after warmup and after the window; deltas only",
+        },
+        "summary": summary,
+        "speculative": counters["speculative"],
+        "server_latency": counters["server_latency"],
+        "prefix_cache": counters["prefix_cache"],
+        "server": {"before": before, "after": after},
+        "requests": [_relative(r, window[0]) for r in records],
+        "outputs": [r.answer() for r in records],
+    }

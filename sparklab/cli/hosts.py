@@ -1,0 +1,123 @@
+"""`sparklab ps`, `down`, `logs` and `gc` over every Docker host sparklab works with, and this machine's host
+processes.
+
+The hosts are `--host` (repeatable) when given, else this machine's engine plus those in SPARKLAB_HOSTS
+(space- or comma-separated, named as in a sweep file's hosts:). A host that cannot be reached is reported and
+skipped; the commands work on the rest.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+from typing import Any, Protocol
+
+from sparklab.errors import ContainerError, SparklabError
+from sparklab.recipes.hosts import LOCAL_NAME, Host, parse_hosts
+from sparklab.runtimes import containers
+from sparklab.runtimes.containers import ContainerInfo, Docker
+from sparklab.runtimes.local import Runtime
+
+
+class Console(Protocol):  # cli's rich consoles; this module prints through them
+    def print(self, *objects: Any, **kwargs: Any) -> None: ...
+
+
+def chosen_hosts(values: list[str]) -> list[Host]:
+    if values:
+        return parse_hosts(values, "--host")
+    extra = [v for v in re.split(r"[\s,]+", os.environ.get("SPARKLAB_HOSTS", "")) if v]
+    return parse_hosts([LOCAL_NAME, *[v for v in extra if v != LOCAL_NAME]], "SPARKLAB_HOSTS")
+
+
+def reach(hosts: list[Host], err: Console) -> list[tuple[Host, Docker | Runtime]]:
+    """The hosts that answer; each one that does not is named on stderr (all silent: the first error)."""
+    reached: list[tuple[Host, Docker | Runtime]] = []
+    first: SparklabError | None = None
+    for host in hosts:
+        try:
+            # this machine: its containers and its host-process servers (sparklab.runtime); another: its Docker
+            docker = Runtime() if host.local else containers.Docker.connect(host.docker, host.tls_dir)
+            reached.append((host, docker))
+        except SparklabError as exc:
+            first = first or exc
+            err.print(f"host {host.name}: unreachable ({exc.message})", markup=False)
+    if not reached and first is not None:
+        raise first
+    return reached
+
+
+def _listed(reached: list[tuple[Host, Docker | Runtime]]) -> list[tuple[Host, Docker | Runtime, ContainerInfo]]:
+    return [(host, docker, info) for host, docker in reached for info in docker.containers()]
+
+
+def cmd_ps(args: argparse.Namespace, out: Console, err: Console) -> int:
+    from sparklab.cli.console import ps_table
+
+    hosts = chosen_hosts(args.hosts)
+    listed = _listed(reach(hosts, err))
+    out.print(ps_table([c for _, _, c in listed], [h.name for h, _, _ in listed] if len(hosts) > 1 else None))
+    return 0
+
+
+def cmd_down(args: argparse.Namespace, out: Console, err: Console) -> int:
+    listed = _listed(reach(chosen_hosts(args.hosts), err))
+    if args.all_users or args.all:
+        targets = [(h, d, c) for h, d, c in listed if args.all_users or c.mine]
+        others = len(listed) - len(targets)
+        if others:
+            err.print(f"left {others} container(s) of other users (or from before sparklab labelled users): "
+                      "sparklab down --all-users removes them too", markup=False)
+    elif args.name:
+        targets = [(h, d, c) for h, d, c in listed if c.name == args.name]
+        if not targets:
+            raise ContainerError(f"no sparklab container named {args.name}", "List them with `sparklab ps`.")
+    else:
+        targets = [(h, d, c) for h, d, c in listed if c.labels.get("sparklab.mode") == "up" and c.mine]
+        if len(targets) != 1:
+            names = ", ".join(c.name for _, _, c in targets) or "none"
+            raise SparklabError(f"say which server to stop (sparklab up containers: {names})",
+                                "sparklab down NAME, or sparklab down --all")
+    for host, docker, info in targets:
+        docker.remove(info.name)
+        out.print(f"removed {info.name}" + ("" if host.local else f" on {host.name}"))
+    if not targets:
+        out.print("no sparklab containers")
+    return 0
+
+
+def cmd_logs(args: argparse.Namespace, out: Console, err: Console) -> int:
+    listed = _listed(reach(chosen_hosts(args.hosts), err))
+    found = [(h, d, c) for h, d, c in listed if args.name in (None, c.name)]
+    if len(found) != 1:
+        names = ", ".join(f"{c.name}@{h.name}" for h, _, c in found) or "none"
+        raise SparklabError(f"say whose logs to show (sparklab containers: {names})",
+                            "sparklab logs NAME (with --host HOST when the name is on several hosts)")
+    _, docker, info = found[0]
+    tail: Any = int(args.tail) if str(args.tail).isdigit() else "all"
+    for chunk in docker.logs(info.name, follow=args.follow, tail=tail):
+        sys.stdout.buffer.write(chunk)
+        sys.stdout.buffer.flush()
+    return 0
+
+
+def cmd_gc(args: argparse.Namespace, out: Console, err: Console) -> int:
+    from sparklab.engines import caches as engine_cache
+
+    removed = 0
+    local: Docker | Runtime | None = None
+    for host, docker in reach(chosen_hosts(args.hosts), err):
+        local = docker if host.local else local
+        for info in docker.gc():
+            removed += 1
+            where = "" if host.local else f" on {host.name}"
+            out.print(f"removed {info.name}{where} ({info.status}; its sparklab process is gone)")
+    out.print(f"{removed} leftover container(s) removed")
+    if args.caches and local is not None:  # after the containers: a leftover no longer holds its cache
+        caches = engine_cache.scan(engine_cache.default_root(), local.mount_sources())
+        gone = engine_cache.remove(engine_cache.choose_trim(caches, args.keep, args.max_gib))
+        out.print("\n".join([f"engine caches in {engine_cache.default_root()}:",
+                             *engine_cache.describe(caches, gone)]), markup=False)
+    return 0

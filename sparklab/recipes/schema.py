@@ -1,0 +1,442 @@
+"""Typed recipes: loading, strict validation, command-line overrides and name resolution (pure).
+
+A recipe file describes one target (a model on some hardware) and, per engine, the image, the launch
+argv template and the speculative methods. Every error names the file, the key path and the fix.
+"""
+
+from __future__ import annotations
+
+import codecs
+import copy
+import os
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    TypeAdapter,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from sparklab.errors import RecipeError
+
+METHOD_ARGS_MARKER = "$method_args"
+Scalar = str | int | float | bool
+
+
+# Sensible bounds: a value outside them is a typo or a unit mistake, not a benchmark.
+MAX_CONCURRENCY = 4096
+MAX_REQUESTS = 1_000_000
+MAX_REPEATS = 1000
+MAX_WARMUP = 10_000
+MAX_TOKENS = 2_097_152  # output tokens per request (2 Mi)
+MAX_SPECULATIVE_TOKENS = 64
+MAX_DURATION_S = 7 * 24 * 3600
+
+# Whole numbers are strict: 4.0, 1.0e+29, true and "4" are errors, not silently converted.
+Port = Annotated[int, Field(strict=True, ge=1, le=65535)]
+Concurrency = Annotated[int, Field(strict=True, ge=1, le=MAX_CONCURRENCY)]
+RequestCount = Annotated[int, Field(strict=True, ge=1, le=MAX_REQUESTS)]
+TokenCount = Annotated[int, Field(strict=True, ge=1, le=MAX_TOKENS)]
+SpeculativeTokens = Annotated[int, Field(strict=True, ge=1, le=MAX_SPECULATIVE_TOKENS)]
+Seconds = Annotated[float, Field(gt=0, le=MAX_DURATION_S, allow_inf_nan=False)]
+
+# Union members are told apart by shape, and their tags are left out of error locations.
+_ONE, _PER_CONCURRENCY = "one count", "per concurrency"
+RequestsSpec = Annotated[
+    Annotated[RequestCount, Tag(_ONE)] | Annotated[dict[Concurrency, RequestCount], Tag(_PER_CONCURRENCY)],
+    Discriminator(lambda v: _PER_CONCURRENCY if isinstance(v, dict) else _ONE),
+]
+
+
+class Strict(BaseModel):
+    """Frozen, and unknown keys are errors (recipes and sweep files alike)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class DraftModel(Strict):
+    id: str
+    block_size: SpeculativeTokens | None = Field(
+        default=None,
+        description="the draft's dspark_block_size when known: vLLM refuses num_speculative_tokens below it",
+    )
+
+
+class ModelFacts(Strict):
+    """Facts for the bandwidth roofline in reports; all optional (a report says what it had to leave out)."""
+
+    total_params_b: float | None = Field(default=None, gt=0)
+    active_params_b: float | None = Field(default=None, gt=0, description="parameters read per decode step")
+    weight_bits: float | None = Field(default=None, gt=0, description="stored width of those weights")
+    layers: int | None = Field(default=None, ge=1)
+    attention_layers: int | None = Field(default=None, ge=0)
+    kv_bytes_per_token: float | None = Field(
+        default=None, ge=0, description="KV cache bytes per token of context, all attention layers, K and V")
+    state_bytes_per_seq: float | None = Field(
+        default=None, ge=0, description="recurrent (Mamba/SSM) state bytes read per sequence per step")
+
+
+class Hardware(Strict):
+    """A device in recipes/hardware.yaml: its memory bandwidth bounds decode speed (the report's roofline)."""
+
+    description: str = ""
+    memory_gib: float | None = Field(default=None, gt=0)
+    bandwidth_gbps: float = Field(gt=0, description="memory bandwidth, GB/s (10^9 bytes per second)")
+    arch: str | None = None
+
+
+class ModelSpec(Strict):
+    id: str
+    served_name: str | None = None
+    drafts: dict[str, DraftModel] = Field(default_factory=dict)
+    facts: ModelFacts = Field(default_factory=ModelFacts)
+
+
+class Method(Strict):
+    description: str = ""
+    args: list[Scalar] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+
+
+class EngineSpec(Strict):
+    kind: Literal["vllm", "sglang", "trtedge", "llamacpp"]
+    # container: a Docker image (sparklab/containers.py); process: a program on this host run in its own process
+    # group (sparklab/processes.py), e.g. from a venv, with the same guarantees.
+    runtime: Literal["container", "process"] = "container"
+    venv: str | None = Field(default=None, description="process runtime: entrypoint[0] is looked up in VENV/bin")
+    image: str = ""
+    image_alternatives: list[str] = Field(default_factory=list)
+    digest: str | None = Field(default=None, pattern=r"^sha256:[0-9a-f]{64}$")
+    platform: str | None = Field(default=None, pattern=r"^linux/(amd64|arm64)$")
+    entrypoint: list[str] = Field(min_length=1)
+    port: Port
+    args: list[Scalar] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+    gpus: Literal["all", "none"] = "all"
+    network: Literal["host", "bridge"] = "host"
+    ipc: Literal["host", "private"] = "host"
+    shm_size: str | None = None
+    ulimits: dict[str, int | tuple[int, int]] = Field(
+        default_factory=lambda: {"memlock": -1, "stack": 67108864})
+    hf_cache_target: str = "/root/.cache/huggingface"
+    mount_hf_cache: bool = True
+    # Mount sparklab's per-image cache for torch.compile, Triton, FlashInfer, … (sparklab/engine_cache.py).
+    engine_cache: bool = True
+    ready_timeout_s: Seconds = 1800
+    # This engine's own copy of the model (llama.cpp serves a GGUF, vLLM the safetensors): replaces the
+    # recipe's `model` for it, in templates, pulls and the report's roofline facts.
+    model: ModelSpec | None = None
+    methods: dict[str, Method] = Field(min_length=1)
+    # One server across several Docker hosts (sparklab.multinode): rank 0 (the head) serves HTTP, the others
+    # join it on cluster_port (Ray's GCS for vLLM, torch.distributed's store for SGLang's --dist-init-addr).
+    nodes: int = Field(default=1, strict=True, ge=1, le=8)
+    cluster_port: Port | None = None
+
+    @model_validator(mode="after")
+    def _cluster(self) -> EngineSpec:
+        if self.nodes == 1:
+            return self
+        if self.kind not in ("vllm", "sglang"):
+            raise ValueError(f"nodes: {self.nodes} needs an engine with a multi-node mode (vllm, sglang), "
+                             f"not {self.kind}")
+        if self.cluster_port is None:
+            raise ValueError("nodes > 1 needs cluster_port (the head's port the other nodes join on, e.g. 6379)")
+        if self.runtime != "container" or self.network != "host":
+            raise ValueError("nodes > 1 runs containers on the host network (NCCL and Ray open many ports); "
+                             "set runtime: container and network: host")
+        return self
+
+    @field_validator("args")
+    @classmethod
+    def _one_marker(cls, args: list[Scalar]) -> list[Scalar]:
+        if args.count(METHOD_ARGS_MARKER) > 1:
+            raise ValueError(f"{METHOD_ARGS_MARKER} may appear at most once")
+        return args
+
+
+class Recipe(Strict):
+    name: str
+    description: str = ""
+    hardware: str | None = None
+    unified_memory: bool = False
+    min_available_gib: float | None = Field(default=None, ge=0)
+    model: ModelSpec
+    vars: dict[str, Any] = Field(default_factory=dict)
+    default_engine: str
+    default_method: str
+    engines: dict[str, EngineSpec] = Field(min_length=1)
+
+    # Where it came from, for error messages; not part of the file.
+    source: str = Field(default="<memory>", exclude=True)
+
+    def model_of(self, engine: str | None) -> ModelSpec:
+        """The model an engine serves: its own `engines.NAME.model`, else the recipe's."""
+        spec = self.engines.get(engine) if engine else None
+        return spec.model if spec is not None and spec.model is not None else self.model
+
+    def engine(self, name: str | None) -> tuple[str, EngineSpec]:
+        key = name or self.default_engine
+        if key not in self.engines:
+            raise RecipeError(
+                f"{self.source}: engines: no engine {key!r} in recipe {self.name!r}",
+                f"Choose one of: {', '.join(self.engines)} (--engine NAME).")
+        return key, self.engines[key]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Loading and validation
+
+
+def _location(loc: tuple[Any, ...]) -> str:
+    path = ""
+    for part in loc:
+        if part in (_ONE, _PER_CONCURRENCY):
+            continue
+        if part == "[key]":
+            path += " (the key)"
+            continue
+        path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
+    return path or "(top level)"
+
+
+_WHOLE_NUMBER = "write a whole number, without quotes or a decimal point"
+_FIXES = {
+    "extra_forbidden": "remove it or fix its spelling (unknown keys are errors)",
+    "missing": "add it",
+    "int_type": _WHOLE_NUMBER,
+    "int_from_float": _WHOLE_NUMBER,
+    "int_parsing": _WHOLE_NUMBER,
+    "int_parsing_size": _WHOLE_NUMBER,
+    "finite_number": "write a finite number",
+}
+
+
+def explain_validation(exc: ValidationError, source: str) -> RecipeError:
+    lines = []
+    for err in exc.errors():
+        where = _location(err["loc"])
+        got = err.get("input")
+        what = err["msg"]
+        if err["type"] == "extra_forbidden":
+            what = "unknown key"
+        fix = _FIXES.get(err["type"], "")
+        shown = "" if err["type"] == "missing" or isinstance(got, dict) else f", got {got!r}"
+        lines.append(f"{source}: {where}: {what}{shown}" + (f"; {fix}" if fix else ""))
+    return RecipeError("\n".join(lines), "See recipes/README.md for the recipe format.")
+
+
+def parse_recipe(data: Any, source: str) -> Recipe:
+    if not isinstance(data, dict):
+        raise RecipeError(f"{source}: expected a mapping at the top level, got {type(data).__name__}")
+    try:
+        recipe = Recipe.model_validate({**data, "source": source})
+    except ValidationError as exc:
+        raise explain_validation(exc, source) from None
+    _check_references(recipe)
+    return recipe
+
+
+def _check_runtime(src: str, name: str, spec: EngineSpec) -> None:
+    """A container engine needs an image; a process engine runs a program on this host and has none."""
+    where = f"{src}: engines.{name}"
+    if spec.runtime == "container":
+        if not spec.image:
+            raise RecipeError(f"{where}.image: missing; a container engine needs an image",
+                              "Give image: REPO:TAG, or runtime: process with venv/entrypoint for a host program.")
+        if spec.venv:
+            raise RecipeError(f"{where}.venv: only a process engine runs from a venv",
+                              "Add runtime: process, or remove venv.")
+        return
+    if spec.image or spec.digest or spec.image_alternatives:
+        raise RecipeError(f"{where}.image: a process engine (runtime: process) runs no image",
+                          "Remove image/digest/image_alternatives, or use runtime: container.")
+
+
+def _check_references(recipe: Recipe) -> None:
+    src = recipe.source
+    for name, spec in recipe.engines.items():
+        _check_runtime(src, name, spec)
+    if recipe.default_engine not in recipe.engines:
+        raise RecipeError(f"{src}: default_engine: {recipe.default_engine!r} is not under engines",
+                          f"Use one of: {', '.join(recipe.engines)}.")
+    default = recipe.engines[recipe.default_engine]
+    if recipe.default_method not in default.methods:
+        raise RecipeError(
+            f"{src}: default_method: {recipe.default_method!r} is not a method of engine "
+            f"{recipe.default_engine!r}", f"Use one of: {', '.join(default.methods)}.")
+
+
+def read_utf8(path: Path, allow_bom: bool = False) -> str:
+    """A text file that must be UTF-8: anything else is a RecipeError naming the file and the first bad byte."""
+    data = path.read_bytes()
+    skip = len(codecs.BOM_UTF8) if allow_bom and data.startswith(codecs.BOM_UTF8) else 0
+    try:
+        return data[skip:].decode("utf-8")
+    except UnicodeDecodeError as exc:
+        offset = skip + exc.start
+        line = data.count(b"\n", 0, offset) + 1
+        raise RecipeError(
+            f"{path}: not UTF-8 text: byte 0x{data[offset]:02x} at offset {offset} (line {line}) is not valid "
+            "UTF-8", "Save the file as UTF-8, e.g. iconv -f latin1 -t utf-8 FILE > NEW (if it was Latin-1).",
+        ) from None
+
+
+def read_yaml(path: Path) -> Any:
+    try:
+        text = read_utf8(path)
+    except FileNotFoundError:
+        raise RecipeError(f"{path}: no such recipe file", "Check the path, or run `sparklab recipes`.") from None
+    except OSError as exc:  # a directory, no permission
+        raise RecipeError(f"{path}: cannot read it: {exc.strerror}", "Give the path of a YAML file.") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise RecipeError(f"{path}:{where}: not valid YAML: {problem}",
+                          "Fix the YAML syntax (indentation, quoting, a missing colon).") from None
+
+
+def load_recipe(path: Path, overrides: list[str] | None = None) -> Recipe:
+    path = display_path(path)
+    data = read_yaml(path)
+    if overrides:
+        data = apply_overrides(data, overrides, str(path))
+    return parse_recipe(data, str(path))
+
+
+# ---------------------------------------------------------------------------------------------------
+# --set key=value
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    key, sep, raw = text.partition("=")
+    if not sep or not key.strip():
+        raise RecipeError(f"--set {text!r}: expected KEY=VALUE",
+                          "Example: --set max_model_len=32768 or --set engines.vllm.image=repo/name:tag")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    return key.strip().split("."), value
+
+
+def apply_overrides(data: Any, overrides: list[str], source: str) -> dict[str, Any]:
+    """Apply `--set` overrides to the raw recipe document.
+
+    A key naming a template variable sets it (vars.<key>); `model` sets model.id; any other key is a
+    dotted path into the recipe and is validated like the file itself.
+    """
+    doc: dict[str, Any] = copy.deepcopy(data) if isinstance(data, dict) else {}
+    variables = doc.setdefault("vars", {}) or {}
+    doc["vars"] = variables
+    for text in overrides:
+        path, value = parse_override(text)
+        if path == ["model"]:
+            path = ["model", "id"]
+        elif path[0] in variables:
+            path = ["vars", *path]
+        elif path[0] not in Recipe.model_fields or path[0] == "source":
+            known = ", ".join(sorted(variables)) or "(none)"
+            raise RecipeError(
+                f"--set {text}: {path[0]!r} is neither a variable of {source} nor a recipe key",
+                f"Variables: {known}; model; or a dotted recipe path such as engines.vllm.image.")
+        _set_path(doc, path, value, text)
+    return doc
+
+
+def _set_path(doc: dict[str, Any], path: list[str], value: Any, text: str) -> None:
+    node: Any = doc
+    for i, part in enumerate(path[:-1]):
+        nxt = node.get(part) if isinstance(node, dict) else None
+        if nxt is None:
+            nxt = {}
+            node[part] = nxt
+        if not isinstance(nxt, dict):
+            where = ".".join(path[: i + 1])
+            raise RecipeError(f"--set {text}: {where} is not a mapping, so it has no key {path[i + 1]!r}")
+        node = nxt
+    node[path[-1]] = value
+
+
+# ---------------------------------------------------------------------------------------------------
+# Finding recipes by name
+
+
+def recipes_dir() -> Path:
+    env = os.environ.get("SPARKLAB_RECIPES")
+    if env:
+        return Path(env)
+    bundled = Path(__file__).resolve().parents[2] / "recipes"
+    return bundled if bundled.is_dir() else Path.cwd() / "recipes"
+
+
+def load_hardware(directory: Path | None = None) -> dict[str, Hardware]:
+    """The device table (recipes/hardware.yaml); empty when the file is absent."""
+    path = (directory or recipes_dir()) / "hardware.yaml"
+    if not path.is_file():
+        return {}
+    data = read_yaml(path)
+    if not isinstance(data, dict):
+        raise RecipeError(f"{path}: expected a mapping of device name to its facts",
+                          "Example: gb10: {bandwidth_gbps: 273, memory_gib: 128}")
+    try:
+        return TypeAdapter(dict[str, Hardware]).validate_python(data)
+    except ValidationError as exc:
+        raise explain_validation(exc, str(path)) from None
+
+
+def stored_facts(recipe: Recipe, devices: dict[str, Hardware], engine: str | None = None) -> dict[str, Any]:
+    """What a report needs years later without the recipe files: the facts of the model the engine serves, and
+    the device."""
+    device = devices.get(recipe.hardware) if recipe.hardware else None
+    model = recipe.model_of(engine)
+    return {"model": {"id": model.id, "facts": model.facts.model_dump(exclude_none=True)},
+            "hardware": {"name": recipe.hardware, **device.model_dump(exclude_none=True)} if device else None}
+
+
+def list_recipes(directory: Path | None = None) -> list[Path]:
+    return sorted(p for p in (directory or recipes_dir()).glob("*.yaml") if p.name != "hardware.yaml")
+
+
+def display_path(path: Path) -> Path:
+    """A recipe path as a user would type it: relative to the working directory when inside it."""
+    try:
+        return path.resolve().relative_to(Path.cwd())
+    except ValueError:
+        return path
+
+
+def resolve(spec: str, target: str | None = None, directory: Path | None = None) -> tuple[Path, str | None]:
+    """Turn `sparklab up SPEC` into (recipe file, method or None for the recipe's default).
+
+    SPEC is a method of the target recipe (`dspark`), a recipe name (`gb10-modelcard`), `recipe:method`,
+    or a path to a YAML file (optionally `path.yaml:method`).
+    """
+    directory = directory or recipes_dir()
+    base, _, method = spec.partition(":") if not Path(spec).is_file() else (spec, "", "")
+    if base.endswith((".yaml", ".yml")) or os.sep in base:
+        return Path(base), method or None
+    if method or (directory / f"{base}.yaml").is_file():
+        path = directory / f"{base}.yaml"
+        if not path.is_file():
+            raise RecipeError(f"no recipe named {base!r} in {directory}", _available(directory))
+        return path, method or None
+    path = directory / f"{target or 'gb10'}.yaml"
+    if not path.is_file():
+        raise RecipeError(f"no recipe named {target or 'gb10'!r} in {directory}", _available(directory))
+    return path, base
+
+
+def _available(directory: Path) -> str:
+    names = ", ".join(p.stem for p in list_recipes(directory)) or "(none)"
+    return f"Available recipes: {names}."

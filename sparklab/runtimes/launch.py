@@ -1,0 +1,158 @@
+"""`sparklab up`: preflight → pull → run → wait → report facts; one code path up to the first side effect."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sparklab.engines import caches, engine
+from sparklab.engines.logwatch import CAUSE_LINES, DEAD_STOP_GRACE_S, FATAL_GRACE_S, LogWatch, fatal_error
+from sparklab.engines.scrape import StartupFacts
+from sparklab.errors import ImageUnavailableError, NotReadyError
+from sparklab.host import downloads, preflight
+from sparklab.recipes.render import LaunchOptions, LaunchSpec, render
+from sparklab.recipes.schema import Recipe, load_recipe, resolve
+from sparklab.runtimes import local
+from sparklab.runtimes.containers import Docker, ImageInfo, PullCallback, Server
+from sparklab.runtimes.health import exited_error, wait_ready
+from sparklab.runtimes.processes import ProcessServer
+
+log = logging.getLogger(__name__)
+
+
+def state_dir() -> Path:
+    env = os.environ.get("SPARKLAB_STATE")
+    base = Path(env) if env else Path(os.environ.get("XDG_STATE_HOME", "~/.local/state")).expanduser() / "sparklab"
+    return base
+
+
+
+@dataclass
+class Launch:
+    """A rendered, preflighted launch: what `--dry-run` prints and `up` runs."""
+
+    recipe: Recipe
+    spec: LaunchSpec
+    warnings: list[preflight.Finding] = field(default_factory=list)
+
+
+def prepare(spec_text: str, *, target: str | None, engine_name: str | None, overrides: list[str],
+            options: LaunchOptions, check_host: bool = True) -> Launch:
+    """Resolve, load, render and preflight: everything up to the first side effect."""
+    path, method = resolve(spec_text, target)
+    recipe = load_recipe(path, overrides)
+    return checked(recipe, render(recipe, engine_name, method, options), check_host)
+
+
+def checked(recipe: Recipe, spec: LaunchSpec, check_host: bool = True) -> Launch:
+    """The engine's own checks of the rendered launch, then the host's; errors raise, warnings are kept."""
+    findings = engine(spec.kind).check_spec(spec, recipe)
+    if check_host:
+        findings += preflight.check_host(spec, recipe)
+    return Launch(recipe, spec, preflight.raise_errors(findings))
+
+
+@dataclass
+class Ready:
+    server: Server | ProcessServer
+    image: ImageInfo
+    seconds_to_ready: float
+    api_key: str | None
+    facts: StartupFacts
+    watch: LogWatch | None = None  # the engine's log as it arrives: its first fatal line
+
+
+def start(p: Launch, docker: Docker | local.Runtime, *, pull_policy: str = "missing",
+          allow_foreign_platform: bool = False, on_pull: PullCallback | None = None,
+          api_key: str | None = None, detach: bool = False,
+          on_wait: Callable[[float], None] | None = None, log_path: Path | None = None,
+          stall_s: float | None = None) -> Ready:
+    """Pull, run and wait. The returned server is already torn down if anything here fails.
+
+    A fatal line in the engine's log fails the wait at once; with stall_s, so does a log silent that long.
+    `docker` may be a runtime.Runtime, which picks the container or host-process runtime the recipe names."""
+    docker = local.pick(docker, p.spec)
+    host_arch = docker.host_arch()
+    p.warnings += preflight.check_platform_tag(p.spec, host_arch, allow_foreign_platform)
+    platform = p.spec.platform if allow_foreign_platform else None
+    image = _ensure_image(p, docker, pull_policy, on_pull, platform)
+    p.spec = caches.bind(p.spec, p.spec.image, image.digest, image.id)  # the digest is known only now
+    spec = p.spec
+    preflight.raise_errors(preflight.check_image_platform(spec.image, image.architecture, host_arch,
+                                                          allow_foreign_platform))
+    key = (api_key or secrets.token_urlsafe(24)) if spec.needs_api_key else None
+    provided = {"api_key": key} if key else {}
+    adapter = engine(spec.kind)
+    api_env = adapter.api_key_env
+    if key and api_env:
+        provided[api_env] = key
+    log_path = log_path or state_dir() / "logs" / f"{spec.name}.log"
+    if downloads.host_hub_cache(spec) is not None:  # models were fetched first: a missing file fails at start
+        spec = dataclasses.replace(spec, env={**downloads.offline_env(), **spec.env})
+    log_watch = LogWatch(adapter)
+    server = docker.launch(spec, provided, log_path, detach=detach, on_log=log_watch.feed)
+    try:
+        headers = {"Authorization": f"Bearer {key}"} if key and adapter.ready_needs_key else None
+        seconds = wait_ready(server, spec.endpoint + spec.ready_path, kind=spec.kind,
+                             timeout_s=spec.ready_timeout_s, headers=headers, on_try=on_wait, watch=log_watch,
+                             stall_s=stall_s)
+        facts = _facts_after_ready(server, spec)
+    except NotReadyError as exc:
+        server.stop(DEAD_STOP_GRACE_S if exc.kind else 10)  # a dead or hung engine has nothing to finish
+        raise
+    except BaseException:
+        server.stop()
+        raise
+    return Ready(server, image, seconds, key, facts, log_watch)
+
+
+def _ensure_image(p: Launch, docker: Docker, policy: str, on_pull: PullCallback | None,
+                  platform: str | None) -> ImageInfo:
+    """Pull the recipe's image; if the registry has no such image, try its alternatives in order."""
+    candidates = [p.spec.image, *p.spec.image_alternatives]
+    for i, ref in enumerate(candidates):
+        try:
+            image = docker.ensure_image(ref, policy, on_pull, platform)
+        except ImageUnavailableError as exc:
+            if i == len(candidates) - 1:
+                raise
+            p.warnings.append(preflight.Finding("warning", f"{exc.message}; trying {candidates[i + 1]}"))
+            continue
+        if ref != p.spec.image:
+            p.spec = dataclasses.replace(p.spec, image=ref)
+        return image
+    raise AssertionError("unreachable")
+
+
+def _facts_after_ready(server: Server, spec: LaunchSpec, settle_s: float = 2.0) -> StartupFacts:
+    """Parse the startup log; the ready line may trail the first 200 by a moment."""
+    deadline = time.monotonic() + settle_s
+    adapter = engine(spec.kind)
+    facts = adapter.parse_startup(server.full_log())
+    while not facts.startup_complete and time.monotonic() < deadline:
+        time.sleep(0.2)
+        facts = adapter.parse_startup(server.full_log())
+    return facts
+
+
+def watch(server: Server, log_watch: LogWatch | None = None, poll_s: float = 1.0) -> None:
+    """Block while the server runs (foreground `up`); raise if it dies or its engine logs a fatal line while
+    its container runs on (then stop it). Ctrl-C / SIGTERM end it."""
+    fatal_since: float | None = None
+    while True:
+        running, code = server.state()
+        if not running:
+            raise exited_error(server, server.spec.kind, code, "the server", "while serving")
+        if log_watch is not None and log_watch.fatal is not None:
+            fatal_since = fatal_since or time.monotonic()
+            if time.monotonic() - fatal_since >= FATAL_GRACE_S:  # its traceback has come by now
+                error = fatal_error(log_watch, server.log_tail(CAUSE_LINES), "while serving")
+                server.stop(DEAD_STOP_GRACE_S)
+                raise error
+        time.sleep(poll_s if fatal_since is None else 0.2)

@@ -1,0 +1,367 @@
+"""Host processes as an engine runtime beside Docker (sparklab/containers.py), with the same guarantees.
+
+A process engine (`runtime: process` in a recipe) runs its rendered argv (never a shell string) in a process group
+of its own, led by sparklab/procwrap.py, which copies its output, secrets replaced, into the same log files a
+container's log goes to. A run file per server (pid, the pid's start time from /proc/<pid>/stat, the owner token,
+the labels a container would carry) lets `ps`, `down`, `gc` and a resumed sweep find and remove host processes;
+a pid whose start time differs is another process and is never signalled. Teardown sends SIGTERM to the group,
+waits a grace period, then SIGKILL, until no process of the group is left.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import logging
+import os
+import platform
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from sparklab import interrupts
+from sparklab.engines import ENGINES
+from sparklab.errors import ContainerError
+from sparklab.recipes.render import API_KEY_PLACEHOLDER, LaunchSpec, is_secret_name
+from sparklab.redaction import redact
+from sparklab.runtimes import keeper
+from sparklab.runtimes.containers import (
+    DETACHED,
+    OWNER,
+    USER_ID,
+    USER_NAME,
+    ContainerInfo,
+    ImageInfo,
+    Target,
+    _user_name,
+)
+from sparklab.runtimes.owners import owner_alive, owner_token
+from sparklab.runtimes.runfiles import RunRecord, runs_dir, start_time, terminate
+
+log = logging.getLogger(__name__)
+
+KEEPER = Path(keeper.__file__)
+
+
+def _port_taken(host: str, port: int) -> bool:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            return exc.errno in (errno.EADDRINUSE, errno.EACCES)
+    return False
+
+
+# ---------------------------------------------------------------------------------------------------
+
+
+class Processes:
+    """The host-process runtime: the same calls as containers.Docker, for recipes with `runtime: process`."""
+
+    def host_arch(self) -> str:
+        return platform.machine()
+
+    def ensure_image(self, ref: str, policy: str = "missing", on_event: Any = None,
+                     platform: str | None = None) -> ImageInfo:
+        """A process engine has no image: its program must exist and be executable (a bare name: on PATH)."""
+        path = Path(ref if "/" in ref else shutil.which(ref) or ref)
+        if not (path.is_file() and os.access(path, os.X_OK)):
+            raise ContainerError(
+                f"{ref} is not an executable program on this host",
+                "Install the engine where the recipe says (e.g. `python3 -m venv --system-site-packages VENV && "
+                "VENV/bin/pip install PACKAGE`), or fix the recipe's venv/entrypoint.")
+        return ImageInfo(ref=ref, id="", digest=None, architecture=self.host_arch())
+
+    # -- servers -----------------------------------------------------------------------------------------
+
+    def launch(self, spec: LaunchSpec, secrets: dict[str, str], log_path: Path | None = None,
+               detach: bool = False, on_log: Callable[[bytes], None] | None = None) -> ProcessServer:
+        """Start the engine in its own process group. On any failure the group is ended before raising."""
+        self._clear_stale(spec.name)
+        if _port_taken(spec.host, spec.port):
+            raise ContainerError(f"cannot start {spec.name}: port {spec.port} on {spec.host} is in use",
+                                 f"Port {spec.port} is taken: stop what uses it or pass --port N.")
+        env = {k: v for k, v in os.environ.items() if not is_secret_name(k)}  # secrets only when named
+        env.update(spec.env)
+        for name in spec.secret_env:
+            value = secrets.get(name) or spec.secret_values.get(name) or os.environ.get(name)
+            if value is not None:
+                env[name] = value
+        api_key = secrets.get("api_key") or None
+        argv = [(api_key or "") if a == API_KEY_PLACEHOLDER else a for a in (*spec.entrypoint, *spec.argv)]
+        hidden = [v for k, v in env.items() if k in spec.secret_env] + ([api_key] if api_key else [])
+        hidden = [v for v in hidden if len(v) >= 4]
+        log_path = log_path or runs_dir() / f"{spec.name}.log"
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        offset = log_path.stat().st_size if log_path.exists() else 0
+        labels = {**spec.labels, OWNER: owner_token(), DETACHED: "1" if detach else "0",
+                  USER_ID: str(os.getuid()), USER_NAME: _user_name(), "sparklab.runtime": "process"}
+        record = RunRecord(name=spec.name, pid=0, start_time=None, labels=labels,
+                           argv=[*spec.entrypoint, *spec.argv], log_path=str(log_path), log_offset=offset,
+                           created=datetime.now(timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z"),
+                           api_key=api_key, secrets=hidden)
+        runs_dir().mkdir(parents=True, exist_ok=True)
+        record.forget()
+        config = {"argv": argv, "env": env, "secrets": hidden, "log_path": str(log_path),
+                  "exit_path": str(record.exit_path), "index_path": str(record.index_path)}
+        proc: subprocess.Popen[bytes] | None = None
+        server: ProcessServer | None = None
+        try:
+            with interrupts.deferred():  # a Ctrl-C between the start and the run file would leave it unowned
+                with log_path.open("ab") as keeper_errors:  # the keeper's own failure lands in the log too
+                    proc = subprocess.Popen([sys.executable, "-u", str(KEEPER)], stdin=subprocess.PIPE,
+                                            stdout=subprocess.DEVNULL, stderr=keeper_errors,
+                                            start_new_session=True, close_fds=True)
+                record.pid, record.start_time = proc.pid, start_time(proc.pid)
+                record.save()
+                assert proc.stdin is not None
+                proc.stdin.write(json.dumps(config).encode())
+                proc.stdin.close()
+                server = ProcessServer(self, record, spec, log_path, proc, detach=detach, on_log=on_log)
+        except BaseException as exc:
+            if server is not None:
+                server.stop(grace_s=2)
+            elif proc is not None:
+                terminate(record, grace_s=2, proc=proc)
+            if isinstance(exc, OSError):
+                raise ContainerError(f"could not start {spec.name}: {exc}") from None
+            raise
+        return server
+
+    def _clear_stale(self, name: str) -> None:
+        record = self._record(name)
+        if record is None:
+            return
+        if record.alive() and (record.labels.get(DETACHED) == "1" or owner_alive(record.labels.get(OWNER, ""))):
+            raise ContainerError(f"{name} is already running (pid {record.pid})",
+                                 f"Stop it first: sparklab down {name}")
+        terminate(record, grace_s=5)
+
+    def _records(self) -> list[RunRecord]:
+        folder = runs_dir()
+        found = [RunRecord.load(p) for p in sorted(folder.glob("*.json"))] if folder.is_dir() else []
+        return [r for r in found if r is not None]
+
+    def _record(self, name: str) -> RunRecord | None:
+        return next((r for r in self._records() if r.name == name), None)
+
+    def has(self, name: str) -> bool:
+        return self._record(name) is not None
+
+    def containers(self, include_stopped: bool = True) -> list[ContainerInfo]:
+        infos = [r.info() for r in self._records()]
+        return infos if include_stopped else [i for i in infos if i.status == "running"]
+
+    def orphans(self) -> list[ContainerInfo]:
+        return [r.info() for r in self._orphan_records()]
+
+    def _orphan_records(self) -> list[RunRecord]:
+        return [r for r in self._records()
+                if r.labels.get(DETACHED) != "1" and not owner_alive(r.labels.get(OWNER, ""))]
+
+    def gc(self) -> list[ContainerInfo]:
+        removed = []
+        for record in self._orphan_records():
+            info = record.info()
+            terminate(record, grace_s=5)
+            removed.append(info)
+        return removed
+
+    def get(self, name: str) -> RunRecord:
+        record = self._record(name)
+        if record is None:
+            raise ContainerError(f"no server named {name}", "List them with `sparklab ps`.")
+        return record
+
+    def remove(self, name: str, grace_s: float = 10) -> None:
+        terminate(self.get(name), grace_s)
+
+    def kill(self, name: str) -> None:
+        record = self._record(name)
+        if record is not None:
+            record.signal(signal.SIGKILL)
+
+    def container_id(self, name: str) -> str | None:
+        return None  # no container cgroup: memwatch reads the host's memory
+
+    def mount_sources(self) -> set[str]:
+        return set()
+
+    def endpoint_of(self, name: str) -> Target:
+        record = self.get(name)
+        if not record.alive():
+            raise ContainerError(f"{name} is not running (exited {record.exit_code()})",
+                                 "Start it again: sparklab up …")
+        kind = record.labels.get("sparklab.kind")
+        return Target(record.labels.get("sparklab.endpoint", ""), record.api_key, name,
+                      kind if kind in ENGINES else None)
+
+    def remove_run_containers(self, run_id: str, wait_s: float = 120.0) -> list[str]:
+        removed = []
+        for record in self._records():
+            if record.labels.get("sparklab.run_id") == run_id:
+                terminate(record, grace_s=5)
+                removed.append(record.name)
+        return removed
+
+    def logs(self, name: str, follow: bool = False, tail: int | str = "all",
+             since: float | None = None) -> Iterator[bytes]:
+        record = self.get(name)
+        text = _read_log(record, since)
+        if tail != "all":
+            text = b"".join(text.splitlines(keepends=True)[-int(tail):])
+        yield text
+        if follow:
+            yield from _follow(Path(record.log_path), record.log_offset + len(_read_log(record, None)),
+                               record.alive)
+
+    def log_text(self, name: str, since: float | None = None) -> str:
+        return b"".join(self.logs(name, since=since)).decode("utf-8", "replace")
+
+
+def _read_log(record: RunRecord, since: float | None = None) -> bytes:
+    """The server's part of its log file (from `since`, by the keeper's index of times and offsets), redacted
+    again (the keeper did it already; a log file may be older than the redaction)."""
+    start = record.log_offset
+    if since is not None:
+        start = _offset_at(record.index_path, since, start)
+    try:
+        with open(record.log_path, "rb") as f:
+            f.seek(start)
+            data = f.read()
+    except OSError:
+        return b""
+    return redact(data, [s.encode() for s in record.secrets or []], starts_mid_log=False)
+
+
+def _offset_at(index: Path, since: float, default: int) -> int:
+    """The log offset of the first output noted at or after `since` (the end when none came since)."""
+    last = default
+    try:
+        lines = index.read_text().splitlines()
+    except OSError:
+        return default
+    for line in lines:
+        stamp, _, offset = line.partition(" ")
+        with contextlib.suppress(ValueError):
+            if float(stamp) >= since:
+                return int(offset)
+            last = int(offset)
+    return max(last, default) if lines else default
+
+
+def _follow(path: Path, offset: int, alive: Callable[[], bool], poll_s: float = 0.2,
+            stop: threading.Event | None = None) -> Iterator[bytes]:
+    """New bytes of a log file as they arrive, until the writer's group is gone and the file is read out."""
+    with open(path, "rb") as f:
+        f.seek(offset)
+        while True:
+            data = f.read(65536)
+            if data:
+                yield data
+                continue
+            if (stop is not None and stop.is_set()) or not alive():
+                rest = f.read()
+                if rest:
+                    yield rest
+                return
+            time.sleep(poll_s)
+
+
+class ProcessServer:
+    """A started host-process server. As a context manager its group is ended on every path unless kept."""
+
+    noun = "process"  # how messages name it ("the server process exited …")
+
+    def __init__(self, runtime: Processes, record: RunRecord, spec: LaunchSpec, log_path: Path,
+                 proc: subprocess.Popen[bytes] | None, detach: bool = False,
+                 on_log: Callable[[bytes], None] | None = None) -> None:
+        self.runtime = runtime
+        self.record = record
+        self.spec = spec
+        self.log_path = log_path
+        self.proc = proc
+        self.detach = detach
+        self.kept = False
+        self._stop = threading.Event()
+        self._on_log = on_log
+        self._tail: threading.Thread | None = None
+        if on_log is not None:
+            self._tail = threading.Thread(target=self._pump, name=f"logs-{spec.name}", daemon=True)
+            self._tail.start()
+
+    @property
+    def name(self) -> str:
+        return self.record.name
+
+    def _pump(self) -> None:
+        try:
+            for data in _follow(self.log_path, self.record.log_offset, self.record.alive, 0.1, self._stop):
+                try:
+                    assert self._on_log is not None
+                    self._on_log(data)
+                except Exception:  # a listener's bug must not end the tail
+                    log.debug("log listener of %s failed", self.name, exc_info=True)
+        except OSError as exc:
+            log.debug("log tail of %s ended: %s", self.name, exc)
+
+    def state(self) -> tuple[bool, int | None]:
+        """(running, exit code once it has exited): the engine's own code, 128 + n for signal n."""
+        if self.proc is not None and self.proc.poll() is None:
+            return True, None
+        if self.proc is None and self.record.alive():
+            return True, None
+        code = self.record.exit_code()
+        if code is None and self.proc is not None and self.proc.returncode is not None:
+            rc = self.proc.returncode  # the keeper itself was killed
+            code = rc if rc >= 0 else 128 - rc
+        return False, code
+
+    def oom_killed(self) -> bool | None:
+        return None  # no cgroup of its own to ask; memwatch and the kernel log say more
+
+    def full_log(self) -> str:
+        return _read_log(self.record).decode("utf-8", "replace")
+
+    def log_tail(self, lines: int = 50) -> str:
+        return "\n".join(self.full_log().splitlines()[-lines:])
+
+    def log_since(self, since: float) -> str:
+        return _read_log(self.record, since).decode("utf-8", "replace")
+
+    def kill(self) -> None:
+        """SIGKILL the group now (a dead engine's in-flight requests then fail at once); the run is kept."""
+        self.record.signal(signal.SIGKILL)
+
+    def keep(self) -> None:
+        self.kept = True
+
+    def stop(self, grace_s: float = 10) -> float:
+        """End the group, shielded from a second Ctrl-C; returns the seconds it took."""
+        started = time.monotonic()
+        try:
+            with interrupts.shielded():
+                terminate(self.record, grace_s, self.proc)
+        finally:
+            self._stop.set()
+        if self._tail is not None:
+            self._tail.join(timeout=2)
+        return time.monotonic() - started
+
+    def __enter__(self) -> ProcessServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if not self.kept:
+            self.stop()

@@ -1,0 +1,314 @@
+"""One sweep over several Docker hosts: each host runs one server at a time, taking the next server config it
+can hold; every cell and failure goes into the one store on the controller, with the host it ran on.
+
+Where the bench client runs: on the controller, reaching each server over the network. The one store, the
+clock and the client's own overhead then stay the same for every cell, whichever host served it; a client
+next to the server would have to be installed, started and collected on each host, and would share that
+host's CPU and memory with the engine it measures (unified memory on a Spark). The network adds its
+round trip to TTFT (well under a millisecond on a direct ConnectX-7 or 10 GbE link, against TTFTs of tens of
+milliseconds and more), and nothing to inter-token times; the report shows each cell's host, so cells of a
+host far away are easy to tell apart.
+
+A server across several hosts (a recipe with `nodes: 2`, sparklab.multinode) takes its host and as many other
+idle hosts that can hold it; they serve nothing else until it is done. Its head runs on the host that took it.
+
+A host lost mid-sweep (its daemon or ssh gone) gives its server's cells back: the one in flight returns to
+pending without spending an attempt, finished ones stay, and the server configs it ran that still have
+pending cells go back to the queue for the other hosts; the lost host takes no more work in this run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sparklab.errors import DiskFullError, PreflightError, SparklabError
+from sparklab.host import preflight
+from sparklab.recipes import multinode
+from sparklab.recipes.hosts import Host, with_address
+from sparklab.recipes.plan import Plan, ServerConfig
+from sparklab.recipes.render import render
+from sparklab.runtimes.containers import Docker
+from sparklab.sweep.store import Store
+
+log = logging.getLogger(__name__)
+
+Say = Callable[[str], None]
+
+
+class HostLost(Exception):
+    """The Docker host stopped answering while it ran a server."""
+
+
+@dataclass
+class Member:
+    """A Docker host taking part in this sweep."""
+
+    host: Host
+    docker: Docker
+    facts: dict[str, Any] = field(default_factory=dict)
+    lost: str | None = None  # why it left the sweep
+    ran: list[str] = field(default_factory=list)  # server config ids it ran in this run
+    pull_policy: str = "missing"
+    _arch: dict[str, str | None] = field(default_factory=dict)
+    _images: dict[tuple[str, ...], str | None] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return self.host.name
+
+    def image_problem(self, refs: tuple[str, ...]) -> str | None:
+        """None when this host has one of the images (the recipe's, then its alternatives) or can pull it."""
+        if refs not in self._images:
+            problems = []
+            for ref in refs:
+                try:
+                    problem = self.docker.image_problem(ref, self.pull_policy)
+                except SparklabError as exc:
+                    problem = exc.message
+                if problem is None:
+                    break
+                problems.append(problem)
+            else:
+                self._images[refs] = "; ".join(problems)
+                return self._images[refs]
+            self._images[refs] = None
+        return self._images[refs]
+
+    def image_arch(self, ref: str) -> str | None:
+        """The architecture of the image as this host has it; None when it has none yet (a pull there picks
+        the host's own platform from a multi-arch image)."""
+        if ref not in self._arch:
+            try:
+                info = self.docker.image_info(ref)
+            except SparklabError:
+                info = None
+            self._arch[ref] = info.architecture if info is not None else None
+        return self._arch[ref]
+
+
+def connect(hosts: list[Host], say: Say, local: Docker | None = None, pull_policy: str = "missing") -> list[Member]:
+    """Reach every host (preflight: reachable, its platform and memory); unreachable hosts are left out."""
+    members: list[Member] = []
+    for host in hosts:
+        try:
+            docker = local if host.local and local is not None else Docker.connect(host.docker, host.tls_dir)
+            member = Member(with_address(host, docker.url), docker, docker.facts(), pull_policy=pull_policy)
+        except SparklabError as exc:
+            say(f"host {host.name}: left out of this run: {exc.message}")
+            continue
+        facts = member.facts
+        host = member.host
+        say(f"host {host.name}: {facts['architecture']}, {facts['mem_total_gib']} GiB, Docker "
+            f"{facts['docker_version']}, ports +{host.port_offset}")
+        members.append(member)
+    if not members:
+        raise PreflightError("no Docker host of this sweep can be reached",
+                             "Check each with `docker -H URL info`; the sweep's cells stay pending.")
+    return members
+
+
+def unfit(server: ServerConfig, member: Member) -> str | None:
+    """Why this host cannot hold this server config (None: it can): the image's platform (as the host has the
+    image, else as its tag names it), the image there or pullable there, and the recipe's memory."""
+    arch = preflight.arch_name(str(member.facts.get("architecture") or ""))
+    wanted = member.image_arch(server.spec.image) or preflight.tag_platform(server.spec.image)
+    if wanted and preflight.arch_name(wanted) != arch:
+        return f"the image {server.spec.image} is for {preflight.arch_name(wanted)}, the host is {arch}"
+    image = member.image_problem((server.spec.image, *server.spec.image_alternatives))
+    if image:
+        return image
+    need = server.recipe.min_available_gib
+    total = float(member.facts.get("mem_total_gib") or 0)
+    if need and total and total < need:
+        return f"the recipe needs {need:g} GiB, the host has {total:g} GiB in all"
+    return None
+
+
+def for_host(server: ServerConfig, host: Host) -> ServerConfig:
+    """The server config rendered for this host: its port range, its address as the endpoint, its network."""
+    if host.local and host.port_offset == 0 and host.network is None:
+        return server
+    assert server.options is not None
+    options = dataclasses.replace(
+        server.options, port=server.spec.port + host.port_offset, address=None if host.local else host.address,
+        network=host.network, public=server.options.public or host.remote_address,
+        hf_cache=Path(host.hf_cache) if host.hf_cache else server.options.hf_cache)
+    spec = render(server.recipe, server.engine, server.method, options)
+    return dataclasses.replace(server, spec=spec, options=options)
+
+
+def for_hosts(server: ServerConfig, hosts: list[Host]) -> ServerConfig:
+    """A server across hosts rendered for these (the head on hosts[0]): its head's spec and every node's."""
+    head = for_host(server, hosts[0])
+    assert head.options is not None
+    nodes = multinode.render_cluster(server.recipe, server.engine, server.method, head.options, hosts)
+    return dataclasses.replace(head, spec=nodes.head, cluster=nodes)
+
+
+def nodes_of(server: ServerConfig) -> int:
+    return multinode.nodes_of(server.recipe, server.engine)
+
+
+class HostStore:
+    """The run's store as one host's worker sees it: every call under one lock (one SQLite connection for all
+    threads), and what it records carries the host's name."""
+
+    def __init__(self, store: Store, lock: threading.RLock, host: str, stop: threading.Event | None = None) -> None:
+        self._store = store
+        self._lock = lock
+        self.host = host
+        self._stop = stop or threading.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._store, name)
+        if not callable(attr):
+            return attr
+
+        def locked(*args: Any, **kwargs: Any) -> Any:
+            if name in ("start_cell", "fail_cell", "partial_cell", "fail_server_config"):
+                kwargs.setdefault("host", self.host)
+            with self._lock:
+                if self._stop.is_set() and not name.startswith(("pending", "cell", "counts", "server_configs")):
+                    # Ctrl-C on the controller: this worker's next write unwinds it as an interrupt (its server
+                    # comes down on the way); what it was doing stays 'running' for reset_interrupted
+                    raise KeyboardInterrupt
+                return attr(*args, **kwargs)
+
+        return locked
+
+
+# serve(member, server, store, say[, partners=…]): run this server config's pending cells on this host (and, for a
+# server across hosts, on the partners' too); raise HostLost when the host went away under it.
+Serve = Callable[..., None]
+
+
+def run(plan: Plan, store: Store, members: list[Member], serve: Serve, say: Say, run_id: str) -> None:
+    """Spread the server configs with pending cells over the hosts until none is left or no host can take one."""
+    lock = threading.RLock()
+    cond = threading.Condition(lock)
+    pending = {c.id for c in store.pending_cells()}
+    queue = [s for s in plan.servers if any(c.id in pending for c in s.cells)]
+    busy: set[str] = set()
+    reserved: set[str] = set()  # hosts serving another host's server across hosts
+    stop = threading.Event()
+    fatal: list[BaseException] = []  # an error that ends the whole run (the controller's disk is full)
+
+    def partners_for(server: ServerConfig, member: Member) -> list[Member] | None:
+        """The other idle hosts a server across hosts needs (none needed: []; not enough idle now: None)."""
+        need = nodes_of(server) - 1
+        idle = [m for m in members if m is not member and m.name not in busy and not m.lost
+                and unfit(server, m) is None][:need]
+        return idle if len(idle) == need else None
+
+    def take(member: Member) -> tuple[ServerConfig, list[Member]] | None:
+        with cond:
+            while not stop.is_set() and not member.lost:
+                for server in queue if member.name not in reserved else []:
+                    partners = partners_for(server, member) if unfit(server, member) is None else None
+                    if partners is not None:
+                        queue.remove(server)
+                        busy.update([member.name, *(p.name for p in partners)])
+                        reserved.update(p.name for p in partners)
+                        return server, partners
+                if not busy:  # nothing in flight could come back to the queue
+                    return None
+                cond.wait(1.0)
+            return None
+
+    def release(partners: list[Member]) -> None:
+        with cond:
+            for partner in partners:
+                reserved.discard(partner.name)
+                busy.discard(partner.name)
+                if not partner.docker.alive():
+                    partner.lost = partner.lost or "the Docker host stopped answering during a server across hosts"
+            cond.notify_all()
+
+    def give_back(member: Member) -> None:
+        with cond:
+            left = {c.server_config_id for c in store.pending_cells()}
+            for server in plan.servers:
+                if server.id in member.ran and server.id in left and server not in queue:
+                    queue.append(server)
+                    say(f"host {member.name} lost: server {server.label} goes back to the queue")
+
+    def work(member: Member) -> None:
+        hstore = HostStore(store, lock, member.name, stop)
+
+        def host_say(message: str) -> None:
+            say(f"[{member.name}] {message}")
+
+        try:
+            while (taken := take(member)) is not None:
+                server, partners = taken
+                member.ran.append(server.id)
+                try:
+                    if partners:
+                        hosts = [member.host, *(p.host for p in partners)]
+                        host_say(f"server {server.label}: across {', '.join(h.name for h in hosts)}")
+                        serve(member, for_hosts(server, hosts), hstore, host_say, partners=partners)
+                    else:
+                        serve(member, for_host(server, member.host), hstore, host_say)
+                except HostLost as exc:
+                    member.lost = str(exc) or "the Docker host stopped answering"
+                except (KeyboardInterrupt, DiskFullError):
+                    raise
+                except Exception as exc:  # e.g. the recipe does not render for this host: its cells fail, not the run
+                    text = exc.message if isinstance(exc, SparklabError) else f"{type(exc).__name__}: {exc}"
+                    log.debug("server %s on %s", server.label, member.name, exc_info=exc)
+                    hstore.fail_server_config(server.id, "error", text, max_attempts=plan.sweep.max_attempts)
+                    host_say(f"server {server.label}: failed (error): {text.splitlines()[0] if text else ''}")
+                else:
+                    if not member.docker.alive():
+                        member.lost = "the Docker host stopped answering after its server"
+                finally:
+                    release(partners)
+                if member.lost:
+                    host_say(f"lost: {member.lost}; it takes no more servers in this run")
+                    give_back(member)
+                    return
+                with cond:
+                    busy.discard(member.name)
+                    cond.notify_all()
+        except KeyboardInterrupt:  # the controller was interrupted (see HostStore)
+            log.debug("host %s: stopped by an interrupt", member.name)
+        except DiskFullError as exc:  # the controller's disk: every host stops; the run resumes once freed
+            fatal.append(exc)
+        finally:
+            with cond:
+                busy.discard(member.name)
+                cond.notify_all()
+
+    threads = [threading.Thread(target=work, args=(m,), name=f"host-{m.name}", daemon=True) for m in members]
+    for thread in threads:
+        thread.start()
+    try:
+        for thread in threads:
+            while thread.is_alive() and not fatal:
+                thread.join(0.5)
+        if fatal:
+            raise fatal[0]
+    except (KeyboardInterrupt, DiskFullError):  # every host's server comes down; cells in flight go back to pending
+        stop.set()
+        with cond:
+            cond.notify_all()
+        for member in members:  # what a worker stuck in a request waits on goes away, so it unwinds now
+            try:
+                member.docker.remove_run_containers(run_id, wait_s=10)
+            except Exception as exc:  # a lost host: the next run's gc removes it
+                log.debug("teardown on %s: %s", member.name, exc)
+        for thread in threads:
+            thread.join(30)
+        raise
+    with cond:
+        for server in queue:
+            short = f"the server needs {nodes_of(server)} hosts that can hold it" if nodes_of(server) > 1 else None
+            reasons = {m.name: m.lost or unfit(server, m) or short for m in members}
+            say(f"server {server.label}: no host could take it ("
+                + "; ".join(f"{name}: {why}" for name, why in reasons.items()) + "); its cells stay pending")

@@ -1,0 +1,509 @@
+"""The search behind `sparklab tune` (pure, no I/O): which (method, K) to load next, and when to stop.
+
+Every decision is a function of what has been measured so far (`Observations`), so a tune that stops anywhere
+resumes by asking again: `decide(space, settings, observations)` gives the same next step.
+
+The model. For a drafter whose proposals do not depend on K (a chain: n-gram lookup, a draft model, EAGLE,
+MTP), position i's draft token is the same at every K >= i, so vLLM's per-position acceptance rates measured
+at the largest K give the acceptance length at any smaller K: AL(K) = 1 + p_1 + … + p_K (p_i: the share of
+drafts whose token i was accepted, counted only when 1..i-1 were). Each verify step costs s(K) = AL(K) / tok/s
+(time per step, in the objective's unit), measured at each loaded K and interpolated between them (piecewise
+linear: a real engine's step cost is not a straight line in K), with the no-drafting baseline as K = 0 (one
+token per step) while only one K of the method is measured. So tok/s(K) = AL(K) / s(K) for every K, at each
+concurrency on its own. Whether a drafter's proposals depend on K is checked, not assumed: when a loaded K's
+measured acceptance length misses AL(K) by more than `tolerance` (a block drafter such as DFlash/DSpark may
+draft a different block per K), the drafter switches to measured mode and the search says so.
+
+The search, per concurrency, for the objective (higher is better; a TTFT bound makes a config ineligible):
+1. probe: the baseline and every drafter at its largest K;
+2. second point: every drafter that could match the best (through the baseline as K = 0) at its smallest K,
+   which checks the predicted acceptance and gives the step cost a second measured K;
+3. predicted drafters: load the K with the highest prediction only when it beats the best measured config by
+   more than the run-to-run noise allows (pooled over the repeats of every cell: the 95% half-width of the
+   difference of two means); every loaded K pins the step cost there and the rest is predicted again;
+   measured mode: halve the K interval around the best measured K (ends first, then the half around the best,
+   assuming tok/s is unimodal in K) while the method is within `tolerance` of the best;
+4. confirm: the best measured config and every config it cannot be told apart from (the 95% interval of the
+   ratio of their means holds 1.0) get repeats up to `max_repeats`; if they still cannot be told apart, the
+   smallest K among them wins (no drafting counts as K = 0, so it wins a tie with any drafter).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from sparklab.bench.metrics import Estimate, estimate, ratio, t_quantile
+
+OBJECTIVES = ("aggregate", "per-request", "decode")
+BASELINE_ANCHOR = "baseline as K=0"
+SINGLE_RUN_TIE = 0.01  # single runs have no interval: within 1% of each other they count as overlapping
+
+Config = tuple[str, "int | None"]  # (method, K); K is None for a method that does not draft
+
+
+def label(config: Config) -> str:
+    method, k = config
+    return method if k is None else f"{method} K={k}"
+
+
+def _k(config: Config) -> int:
+    return config[1] or 0
+
+
+@dataclass(frozen=True)
+class CellObs:
+    """One config at one concurrency: a value of the objective per finished repeat, and what the server said."""
+
+    values: tuple[float, ...] = ()
+    ttft_ms: tuple[float, ...] = ()  # median TTFT of each repeat
+    per_position: tuple[float, ...] = ()  # mean over repeats of the share accepted at each draft position
+    acceptance_length: float | None = None  # mean over repeats, from the server's counters
+    settled: int = 0  # repeats that will not run again (done, or failed after their attempts)
+
+    @property
+    def failed(self) -> bool:
+        return self.settled > 0 and not self.values
+
+
+Observations = Mapping[Config, Mapping[int, CellObs]]
+
+
+@dataclass(frozen=True)
+class Space:
+    methods: tuple[str, ...]
+    ks: tuple[int, ...]
+    concurrencies: tuple[int, ...]
+    drafting: Mapping[str, bool]  # whether a method uses K at all (the baseline does not)
+
+    def configs(self, method: str) -> list[Config]:
+        return [(method, k) for k in self.ks] if self.drafting[method] else [(method, None)]
+
+
+@dataclass(frozen=True)
+class Settings:
+    repeats: int = 2
+    max_repeats: int = 2
+    tolerance: float = 0.15  # measured acceptance this far off its prediction: the drafter is measured, not predicted
+    ttft_max_ms: float | None = None
+
+
+@dataclass(frozen=True)
+class Prediction:
+    config: Config
+    concurrency: int
+    value: float
+    acceptance_length: float
+    basis: str  # how the step cost at K was had: between which measured K (or the baseline as K = 0)
+
+
+@dataclass(frozen=True)
+class Pick:
+    concurrency: int
+    config: Config
+    estimate: Estimate
+    best_mean: Config  # the config with the highest mean (the pick unless a smaller K ties with it)
+    overlapping: tuple[Config, ...]  # configs whose 95% interval overlaps the best's
+    note: str
+
+
+@dataclass(frozen=True)
+class Measure:
+    configs: tuple[Config, ...]
+    repeats: int
+    why: str
+    notes: tuple[str, ...] = ()  # why a drafter is measured, not predicted (said once it is known)
+
+
+@dataclass(frozen=True)
+class Done:
+    picks: tuple[Pick, ...]
+    notes: tuple[str, ...] = ()
+
+
+@dataclass
+class _State:
+    space: Space
+    settings: Settings
+    obs: Observations
+
+    def cell(self, config: Config, c: int) -> CellObs:
+        return self.obs.get(config, {}).get(c, CellObs())
+
+    def settled(self, config: Config, repeats: int) -> bool:
+        return all(self.cell(config, c).settled >= repeats for c in self.space.concurrencies)
+
+    def dead(self, config: Config) -> bool:
+        """Failed at every concurrency (the server did not start, or no request succeeded)."""
+        return all(self.cell(config, c).failed for c in self.space.concurrencies)
+
+    def eligible(self, config: Config, c: int) -> Estimate | None:
+        cell = self.cell(config, c)
+        if not cell.values:
+            return None
+        bound = self.settings.ttft_max_ms
+        if bound is not None and (not cell.ttft_ms or sum(cell.ttft_ms) / len(cell.ttft_ms) > bound):
+            return None
+        return estimate(cell.values)
+
+    def leader(self, c: int) -> tuple[Config, float] | None:
+        """The measured config with the highest mean at c, and that mean."""
+        means = [(config, e.mean) for config in self.obs if (e := self.eligible(config, c)) is not None]
+        return max(means, key=lambda m: m[1]) if means else None
+
+    def incumbent(self, c: int) -> float | None:
+        leader = self.leader(c)
+        return leader[1] if leader else None
+
+
+def acceptance_length(per_position: Iterable[float], k: int) -> float:
+    """1 + the expected accepted drafts at K, from the per-position rates measured at a K >= this K."""
+    rates = list(per_position)[:k]
+    return 1.0 + sum(rates)
+
+
+def _mean(values: Iterable[float]) -> float:
+    data = list(values)
+    return sum(data) / len(data)
+
+
+def _probe(state: _State, method: str) -> Config | None:
+    """The largest K of a drafter whose server did not fail: its per-position rates cover every K below."""
+    for k in sorted(state.space.ks, reverse=True):
+        if not state.dead((method, k)):
+            return method, k
+    return None
+
+
+def _baseline_cost(state: _State, c: int) -> float | None:
+    for method in state.space.methods:
+        if not state.space.drafting[method]:
+            cell = state.cell((method, None), c)
+            if cell.values:
+                return 1.0 / _mean(cell.values)
+    return None
+
+
+def _interpolate(points: list[tuple[int, float]], k: int) -> tuple[float, str]:
+    """The step cost at K from measured (K, cost) points (sorted, two or more): linear between the two measured K
+    around it, or the nearest segment carried on past the ends. Not one line through every point: the step cost
+    of a real engine is not linear in K, and a measured K should pin the curve where it was measured."""
+    below = [p for p in points if p[0] <= k]
+    above = [p for p in points if p[0] >= k]
+    if below and above:
+        (k0, s0), (k1, s1) = below[-1], above[0]
+        how = f"at K={k0}" if k0 == k1 else f"between K={k0} and K={k1}"
+    else:
+        (k0, s0), (k1, s1) = points[:2] if not below else points[-2:]
+        how = f"extended from K={k0} and K={k1}"
+    if k1 == k0:
+        return s0, how
+    return s0 + (s1 - s0) * (k - k0) / (k1 - k0), how
+
+
+def predict(state: _State, method: str, c: int, leave_out: int | None = None) -> dict[int, Prediction]:
+    """tok/s of every K up to the probe's at concurrency c: acceptance length from the probe's per-position rates
+    over a step cost interpolated between the measured K values (while only one is measured, the no-drafting
+    baseline stands in as K = 0). leave_out: predict that K as if it had not been measured."""
+    probe = _probe(state, method)
+    if probe is None or probe[1] == leave_out:
+        return {}
+    rates = state.cell(probe, c).per_position
+    if not rates:
+        return {}
+    points: list[tuple[int, float]] = []
+    for k in sorted(state.space.ks):
+        cell = state.cell((method, k), c)
+        if k != leave_out and cell.values:
+            al = cell.acceptance_length or acceptance_length(rates, k)
+            points.append((k, al / _mean(cell.values)))
+    base = _baseline_cost(state, c) if len(points) < 2 else None
+    anchored = base is not None
+    if base is not None:
+        points.insert(0, (0, base))
+    if len(points) < 2:
+        return {}
+    out = {}
+    for k in state.space.ks:
+        if k > (probe[1] or 0):
+            continue
+        cost, how = _interpolate(points, k)
+        al = acceptance_length(rates, k)
+        if cost > 0:
+            basis = "step cost " + how.replace("K=0", BASELINE_ANCHOR) if anchored else "step cost " + how
+            out[k] = Prediction((method, k), c, al / cost, al, basis)
+    return out
+
+
+def _why_measured(state: _State, method: str) -> str | None:
+    """Why a drafter's tok/s cannot be predicted from its probe: the server reported no per-position acceptance,
+    or a smaller K's measured acceptance length missed what the probe's rates predict for it by more than the
+    tolerance (its drafts depend on K, as a block drafter's such as DFlash/DSpark may). None: predicted."""
+    probe = _probe(state, method)
+    if probe is None:
+        return None
+    measured_probe = [c for c in state.space.concurrencies if state.cell(probe, c).values]
+    if measured_probe and not any(state.cell(probe, c).per_position for c in measured_probe):
+        return (f"{method}: the server reported no per-position acceptance at K={probe[1]}, so no K can be "
+                "predicted: measured mode (K tried ends first, then halving the interval around the best)")
+    for k in sorted(state.space.ks):
+        if k == probe[1]:
+            continue
+        for c in state.space.concurrencies:
+            measured, rates = state.cell((method, k), c).acceptance_length, state.cell(probe, c).per_position
+            if measured is None or not rates:
+                continue
+            expected = acceptance_length(rates, k)
+            miss = measured / expected - 1
+            if abs(miss) > state.settings.tolerance:
+                return (f"{method}: acceptance length at K={k} C={c} measured {measured:.2f}, predicted {expected:.2f} "
+                        f"from K={probe[1]}'s per-position rates ({miss:+.0%}, tolerance "
+                        f"{state.settings.tolerance:.0%}): its drafts depend on K, so it switches to measured mode "
+                        "(K tried ends first, then halving the interval around the best)")
+    return None
+
+
+def _role(state: _State, method: str) -> str:
+    if not state.space.drafting[method]:
+        return "baseline"
+    return "measured" if _why_measured(state, method) else "predicted"
+
+
+def pooled_noise(obs: Observations, c: int | None = None) -> tuple[float, int] | None:
+    """Run-to-run noise pooled over every cell (at concurrency c, if given) with two or more repeats: the
+    relative standard deviation (each value over its cell's mean) and its degrees of freedom. None before any
+    such cell has a second repeat."""
+    squares, df = 0.0, 0
+    for by_c in obs.values():
+        for at, cell in by_c.items():
+            if len(cell.values) >= 2 and c in (None, at):
+                mean = _mean(cell.values)
+                squares += sum((v / mean - 1) ** 2 for v in cell.values)
+                df += len(cell.values) - 1
+    return (math.sqrt(squares / df), df) if df else None
+
+
+def noise_margin(state: _State, c: int) -> float:
+    """How much a new config's mean may differ from the best's by noise alone, as a fraction: the 95% half-width
+    of the difference of two means (the best's repeats and `repeats` new ones) at the noise pooled over the
+    cells at c (noise differs by concurrency; none there yet: over every cell); no repeats anywhere: the
+    single-run tie."""
+    noise = pooled_noise(state.obs, c) or pooled_noise(state.obs)
+    leader = state.leader(c)
+    if noise is None or leader is None:
+        return SINGLE_RUN_TIE
+    sd, df = noise
+    n = len(state.cell(leader[0], c).values)
+    return t_quantile(0.975, df) * sd * math.sqrt(1 / n + 1 / state.settings.repeats)
+
+
+def _beats(state: _State, value: float | None, c: int) -> bool:
+    """A predicted value beats the best measured at c by more than the noise allows (nothing measured: it does)."""
+    best = state.incumbent(c)
+    return value is not None and (best is None or value > best * (1 + noise_margin(state, c)))
+
+
+def _could_match(state: _State, value: float | None, c: int, margin: float) -> bool:
+    best = state.incumbent(c)
+    return value is not None and (best is None or value >= best * (1 - margin))
+
+
+def _measured_ks(state: _State, method: str) -> set[int]:
+    return {k for k in state.space.ks for c in state.space.concurrencies if state.cell((method, k), c).values}
+
+
+def _probes(state: _State) -> list[Config]:
+    """The baseline, and every drafter at its largest K (the one whose per-position rates cover every K)."""
+    wanted: list[Config] = []
+    for method in state.space.methods:
+        if not state.space.drafting[method]:
+            wanted.append((method, None))
+        elif (probe := _probe(state, method)) is not None:
+            wanted.append(probe)
+    return wanted
+
+
+def _second_point(state: _State, method: str) -> list[Config] | None:
+    """A drafter's smallest K, the second point of its step cost (interpolating, not extrapolating) and the check
+    of its predicted acceptance: loaded when the method could match the best at some concurrency (its
+    predictions through the baseline as K = 0, or its probe within the tolerance when nothing can be
+    predicted). [] when it could not; None once two K are measured or no other K is left."""
+    probe = _probe(state, method)
+    if probe is None or len(_measured_ks(state, method)) >= 2:
+        return None
+    others = sorted(k for k in state.space.ks if k < (probe[1] or 0) and not state.dead((method, k)))
+    if not others:
+        return None
+    for c in state.space.concurrencies:
+        probe_cell = state.cell(probe, c)
+        guesses = predict(state, method, c)
+        if guesses:
+            top = max(p.value for p in guesses.values())
+            if _could_match(state, top, c, noise_margin(state, c)):
+                return [(method, others[0])]
+        elif probe_cell.values and _could_match(state, _mean(probe_cell.values), c, state.settings.tolerance):
+            return [(method, others[0])]
+    return []
+
+
+def _promising_predictions(state: _State, method: str) -> list[Config]:
+    """Per concurrency, the unmeasured K with the highest prediction, if it beats the best measured config by
+    more than the pooled noise allows (a prediction within the noise could at best tie, and a tie would not
+    change the pick enough to pay for a model load)."""
+    out = []
+    for c in state.space.concurrencies:
+        guesses = predict(state, method, c)
+        unmeasured = [p for k, p in guesses.items()
+                      if state.cell((method, k), c).settled == 0 and not state.dead((method, k))]
+        if unmeasured:
+            top = max(unmeasured, key=lambda p: p.value)
+            if _beats(state, top.value, c):
+                out.append(top.config)
+    return out
+
+
+def _bisect(state: _State, method: str) -> list[Config]:
+    """Measured mode, where the method competes (its best measured K within the tolerance of the best): halve
+    the gap between the best measured K and its measured neighbour on the better side (then the other side),
+    until both neighbours of the best are measured (assuming tok/s is unimodal in K)."""
+    ks = sorted(state.space.ks)
+    out = []
+    for c in state.space.concurrencies:
+        measured = {k: e.mean for k in ks if (e := state.eligible((method, k), c)) is not None}
+        if not measured:
+            continue
+        best = max(measured, key=lambda k: measured[k])
+        if not _could_match(state, measured[best], c, state.settings.tolerance):
+            continue
+        tried = {k for k in ks if state.cell((method, k), c).settled > 0}
+        i = ks.index(best)
+        below = [j for j, k in enumerate(ks) if k in tried and j < i]
+        above = [j for j, k in enumerate(ks) if k in tried and j > i]
+        low, high = (below[-1] if below else -1), (above[0] if above else len(ks))
+        sides = [(low, i), (i, high)]
+        lower_value = measured.get(ks[low], -math.inf) if below else -math.inf
+        higher = measured.get(ks[high], -math.inf) if above else -math.inf
+        for lo, hi in (sides if lower_value >= higher else sides[::-1]):
+            gap = [j for j in range(lo + 1, hi) if ks[j] not in tried]
+            if gap:
+                out.append((method, ks[gap[len(gap) // 2]]))
+                break
+    return out
+
+
+def _overlap(a: Estimate, b: Estimate) -> bool:
+    """Whether two configs' measurements do not tell them apart: the 95% interval of the ratio of their means
+    (Welch, as the report's speed-ups) holds 1.0; for single runs, means within 1% of each other."""
+    interval = ratio(a, b)
+    if interval is None or interval.significant is None:
+        return abs(a.mean - b.mean) <= SINGLE_RUN_TIE * max(a.mean, b.mean)
+    return not interval.significant
+
+
+def _confirm(state: _State) -> tuple[list[Config], list[Pick]]:
+    """Per concurrency: the best mean, the configs that overlap it; more repeats for them, or the pick."""
+    more: list[Config] = []
+    picks = []
+    for c in state.space.concurrencies:
+        scored = [(config, e) for config in state.obs if (e := state.eligible(config, c)) is not None]
+        if not scored:
+            continue
+        best, best_e = max(scored, key=lambda s: s[1].mean)
+        close = [(config, e) for config, e in scored if config != best and _overlap(e, best_e)]
+        short = [config for config, _ in [(best, best_e), *close]
+                 if state.cell(config, c).settled < state.settings.max_repeats and not state.dead(config)]
+        if close and short:
+            more += short
+            continue
+        config, chosen = min([(best, best_e), *close], key=lambda s: (_k(s[0]), -s[1].mean))
+        if not close and best_e.low is None:
+            note = f"the highest of {len(scored)} measured, single runs (no interval: run with --repeats 2 or more)"
+        elif not close:
+            note = (f"faster than each of the other {len(scored) - 1} measured configs: the 95% interval of the "
+                    "ratio excludes 1")
+        elif best_e.low is None:
+            note = (f"single runs within {SINGLE_RUN_TIE:.0%} of {', '.join(label(x) for x, _ in close)} (no "
+                    "interval): the smallest K among them")
+        elif config == best:
+            note = (f"not told apart from {', '.join(label(x) for x, _ in close)} after {best_e.n} repeats; "
+                    "it has the smallest K among them")
+        else:
+            note = (f"{label(best)} has the highest mean, but after {best_e.n} repeats the 95% interval of their "
+                    "ratio holds 1: the smaller K is chosen")
+        picks.append(Pick(c, config, chosen, best, tuple(x for x, _ in close), note))
+    return more, picks
+
+
+def decide(space: Space, settings: Settings, obs: Observations) -> Measure | Done:
+    """The next configs to load (with how many repeats), or the picks when nothing left could change them."""
+    state = _State(space, settings, obs)
+    notes = tuple(reason for method in space.methods if (reason := _why_measured(state, method)))
+    probes = [config for config in _probes(state) if not state.settled(config, settings.repeats)]
+    if probes:
+        return Measure(tuple(dict.fromkeys(probes)), settings.repeats,
+                       "probe: the baseline and each drafter at its largest K", notes)
+    wanted: dict[Config, str] = {}
+    for method in space.methods:
+        if not space.drafting[method]:
+            continue
+        second = _second_point(state, method)
+        if second is not None:
+            wanted.update((config, "second K of a drafter that could match the best") for config in second)
+        elif _role(state, method) == "predicted":
+            wanted.update((config, "predicted to beat the best by more than the noise")
+                          for config in _promising_predictions(state, method))
+        else:
+            wanted.update((config, "measured mode: halving the K interval around the best")
+                          for config in _bisect(state, method))
+    wanted = {config: why for config, why in wanted.items() if not state.settled(config, settings.repeats)}
+    if wanted:
+        return Measure(tuple(wanted), settings.repeats, "; ".join(dict.fromkeys(wanted.values())), notes)
+    more, picks = _confirm(state)
+    if more:
+        return Measure(tuple(dict.fromkeys(more)), settings.max_repeats, "95% intervals overlap the best", notes)
+    return Done(tuple(picks), notes)
+
+
+def predictions(space: Space, settings: Settings, obs: Observations) -> list[tuple[Prediction, float | None]]:
+    """Every drafter's predicted objective per (K, concurrency) where its probe gave per-position rates, with the
+    measured mean where there is one. A measured K's prediction is made without it (leave one out), as it was
+    before it was loaded."""
+    state = _State(space, settings, obs)
+    out = []
+    for method in space.methods:
+        if not space.drafting[method]:
+            continue
+        probe = _probe(state, method)
+        for c in space.concurrencies:
+            for k in space.ks:
+                cell = state.cell((method, k), c)
+                measured = _mean(cell.values) if cell.values else None
+                guess = (predict(state, method, c, leave_out=k) if measured is not None
+                         else predict(state, method, c)).get(k)
+                if guess is not None and (probe is None or k != probe[1]):
+                    out.append((guess, measured))
+    return out
+
+
+def k_schedule(picks: Iterable[Pick]) -> tuple[str, list[tuple[int, int, int]]] | None:
+    """One drafting method's K per batch-size range (vLLM's num_speculative_tokens_per_batch_size), when the
+    picks use at most one drafting method; no drafting at a concurrency is K = 0 there. None otherwise."""
+    ordered = sorted(picks, key=lambda p: p.concurrency)
+    drafting = {p.config[0] for p in ordered if p.config[1] is not None}
+    if len(drafting) != 1 or len(ordered) < 2:
+        return None
+    schedule, start = [], 1
+    for i, pick in enumerate(ordered):
+        end = pick.concurrency if i < len(ordered) - 1 else max(pick.concurrency, 1024)
+        schedule.append((start, end, _k(pick.config)))
+        start = end + 1
+    if len({k for _, _, k in schedule}) < 2:
+        return None  # one K everywhere: a plain --num-speculative-tokens says it
+    return drafting.pop(), schedule
+
+
+def prediction_error(pairs: Iterable[tuple[float, float]]) -> float | None:
+    """Mean absolute relative error of predicted against measured values."""
+    errors = [abs(p / m - 1) for p, m in pairs if m > 0 and math.isfinite(p)]
+    return sum(errors) / len(errors) if errors else None
