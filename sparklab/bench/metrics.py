@@ -25,7 +25,6 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
@@ -165,27 +164,6 @@ def _itl_stats(records: Sequence[RequestRecord]) -> dict[str, float] | None:
         values += v
         weights += w
     return weighted_stats(values, weights, 1000)
-
-
-def spec_delta(before: dict[str, Any] | None, after: dict[str, Any] | None) -> dict[str, Any] | None:
-    """Acceptance from the server's own counters over the window (vLLM's spec_decode_* counters)."""
-    if not before or not after or "drafts" not in after:
-        return None
-    drafts = after["drafts"] - before.get("drafts", 0.0)
-    draft_tokens = after["draft_tokens"] - before.get("draft_tokens", 0.0)
-    accepted = after["accepted"] - before.get("accepted", 0.0)
-    positions = sorted(after.get("per_position", {}), key=int)
-    per_position = [
-        (after["per_position"][p] - before.get("per_position", {}).get(p, 0.0)) / drafts if drafts else None
-        for p in positions
-    ]
-    return {
-        "drafts": drafts, "draft_tokens": draft_tokens, "accepted_tokens": accepted,
-        "acceptance_length": 1 + accepted / drafts if drafts else None,
-        "acceptance_rate": accepted / draft_tokens if draft_tokens else None,
-        "per_position_acceptance": per_position,
-        "source": "vllm:spec_decode_* counters from /metrics, after warmup and after the window (delta)",
-    }
 
 
 # -- repeats: confidence intervals and speedups ---------------------------------------------------------------

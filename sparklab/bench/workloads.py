@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from sparklab.errors import RecipeError
-from sparklab.recipes.schema import read_utf8
+from sparklab.inputs import read_utf8
 
 CHARS_PER_TOKEN = 4
 

@@ -265,7 +265,7 @@ def cmd_recipes(args: argparse.Namespace) -> int:
 
 
 def cmd_pull(args: argparse.Namespace) -> int:
-    from sparklab.runtimes import pull
+    from sparklab.cli import pull
 
     return pull.cmd_pull(args)
 

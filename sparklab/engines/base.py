@@ -12,27 +12,38 @@ from __future__ import annotations
 import contextlib
 import json
 import re
-from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
 
 from sparklab.engines.scrape import StartupFacts, collect_warnings
+from sparklab.spec import LaunchSpec, Speculative
 
 if TYPE_CHECKING:
     from sparklab.engines.api import EngineAPI
-    from sparklab.recipes.render import LaunchSpec
-    from sparklab.recipes.schema import Recipe
     from sparklab.records import Sampling
 
 
-@dataclass(frozen=True)
-class Speculative:
-    """The speculative-decoding settings an argv asks for, in engine-neutral terms."""
+class DraftView(Protocol):
+    """A draft model as an adapter reads it from a recipe (sparklab.recipes.schema.DraftModel is one)."""
 
-    method: str | None
-    num_speculative_tokens: int | None
-    draft_model: str | None
-    options: dict[str, Any] = field(default_factory=dict)
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def block_size(self) -> int | None: ...
+
+
+class ModelView(Protocol):
+    @property
+    def drafts(self) -> Mapping[str, DraftView]: ...
+
+
+class RecipeView(Protocol):
+    """What an adapter's preflight reads of a recipe: the model an engine serves and its drafts. Adapters sit below
+    the recipes package (which validates engine kinds against them), so they see a recipe through this view."""
+
+    def model_of(self, engine: str) -> ModelView: ...
 
 
 @dataclass(frozen=True)
@@ -153,7 +164,7 @@ class Engine:
     label: str = ""  # how messages name the engine: "vLLM 0.27.1"
     method_noun: str = "speculative method"  # what the engine calls a method: "speculative algorithm"
 
-    def check_spec(self, spec: LaunchSpec, recipe: Recipe) -> list[Finding]:
+    def check_spec(self, spec: LaunchSpec, recipe: RecipeView) -> list[Finding]:
         """What would make the engine refuse or die after loading, judged from the rendered argv: a method it
         does not have, then the engine's own checks of the speculative settings."""
         sp = spec.speculative
@@ -166,7 +177,7 @@ class Engine:
                 f"Known {self.method_noun.split()[-1]}s: {', '.join(sorted(self.methods))}."))
         return found + self.check_speculative(spec, recipe, sp)
 
-    def check_speculative(self, spec: LaunchSpec, recipe: Recipe, sp: Speculative) -> list[Finding]:
+    def check_speculative(self, spec: LaunchSpec, recipe: RecipeView, sp: Speculative) -> list[Finding]:
         """The engine's own checks of a speculative launch (draft, K, backends)."""
         return []
 
@@ -306,14 +317,14 @@ def where(spec: LaunchSpec) -> str:
     return f"{spec.recipe_path}: engines.{spec.engine}.methods.{spec.method}"
 
 
-def _draft_block_size(recipe: Recipe, engine: str, draft: str | None) -> tuple[str, int] | None:
+def _draft_block_size(recipe: RecipeView, engine: str, draft: str | None) -> tuple[str, int] | None:
     for name, entry in recipe.model_of(engine).drafts.items():
         if entry.id == draft and entry.block_size:
             return name, entry.block_size
     return None
 
 
-def check_k(spec: LaunchSpec, recipe: Recipe, k: int | None, flag: str) -> list[Finding]:
+def check_k(spec: LaunchSpec, recipe: RecipeView, k: int | None, flag: str) -> list[Finding]:
     """K must be positive and, for a block drafter, at least the draft's block size."""
     sp = spec.speculative
     if sp is None:

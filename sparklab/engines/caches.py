@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from sparklab.errors import SparklabError
 
 if TYPE_CHECKING:
-    from sparklab.recipes.render import LaunchSpec
+    from sparklab.spec import LaunchSpec
 
 TARGET = "/sparklab/engine-cache"  # where the cache appears in every container
 DIGEST_PLACEHOLDER = "<image-digest>"  # in a rendered mount whose image is not pulled yet

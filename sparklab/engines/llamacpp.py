@@ -52,7 +52,6 @@ import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from sparklab.bench.metrics import spec_delta
 from sparklab.engines import scrape
 from sparklab.engines.base import (
     Acceptance,
@@ -60,19 +59,20 @@ from sparklab.engines.base import (
     FatalLine,
     Finding,
     KnownFailure,
-    Speculative,
+    RecipeView,
     as_int,
     flag_value,
     flag_values,
     where,
 )
+from sparklab.engines.counters import spec_delta
 from sparklab.engines.scrape import StartupFacts
 from sparklab.errors import EngineUnreachable as Unreachable
+from sparklab.spec import Speculative
 
 if TYPE_CHECKING:
     from sparklab.engines.api import EngineAPI
-    from sparklab.recipes.render import LaunchSpec
-    from sparklab.recipes.schema import Recipe
+    from sparklab.spec import LaunchSpec
 
 log = logging.getLogger(__name__)
 
@@ -231,7 +231,7 @@ class LlamaCpp(Engine):
             return " llama.cpp calls drafting with a second model --spec-type draft-simple."
         return ""
 
-    def check_spec(self, spec: LaunchSpec, recipe: Recipe) -> list[Finding]:
+    def check_spec(self, spec: LaunchSpec, recipe: RecipeView) -> list[Finding]:
         found = [Finding("error", f"{where(spec)}: {flag} was removed from llama-server (build {BUILD} stops "
                                   f"with 'the argument has been removed')", f"Use {new} instead.")
                  for flag, new in REMOVED.items() if flag_values(spec.argv, flag)]
@@ -248,7 +248,7 @@ class LlamaCpp(Engine):
                                      f"Known types: {', '.join(sorted(self.methods))}."))
         return found + self.check_speculative(spec, recipe, sp)
 
-    def check_speculative(self, spec: LaunchSpec, recipe: Recipe, sp: Speculative) -> list[Finding]:
+    def check_speculative(self, spec: LaunchSpec, recipe: RecipeView, sp: Speculative) -> list[Finding]:
         here = where(spec)
         found: list[Finding] = []
         needs = sorted(set((sp.method or "").split(",")) & NEEDS_DRAFT)

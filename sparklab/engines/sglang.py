@@ -13,7 +13,7 @@ from sparklab.engines.base import (
     FatalLine,
     Finding,
     KnownFailure,
-    Speculative,
+    RecipeView,
     as_int,
     check_k,
     flag_value,
@@ -21,11 +21,11 @@ from sparklab.engines.base import (
 )
 from sparklab.engines.scrape import StartupFacts, parse_metrics, to_int
 from sparklab.errors import EngineUnreachable as Unreachable
+from sparklab.spec import Speculative
 
 if TYPE_CHECKING:
     from sparklab.engines.api import EngineAPI
-    from sparklab.recipes.render import LaunchSpec
-    from sparklab.recipes.schema import Recipe
+    from sparklab.spec import LaunchSpec
 
 # server_args.py's built-in speculative algorithms.
 METHODS = frozenset({"EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM", "DFLASH", "DSPARK"})
@@ -220,7 +220,7 @@ class SGLang(Engine):
             return " SGLang runs a model's built-in MTP layers through its EAGLE worker: use method eagle."
         return ""
 
-    def check_speculative(self, spec: LaunchSpec, recipe: Recipe, sp: Speculative) -> list[Finding]:
+    def check_speculative(self, spec: LaunchSpec, recipe: RecipeView, sp: Speculative) -> list[Finding]:
         here = where(spec)
         found: list[Finding] = []
         if sp.method in NEEDS_DRAFT and not sp.draft_model:

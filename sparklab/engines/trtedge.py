@@ -22,14 +22,14 @@ import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from sparklab.engines.base import Engine, Finding, KnownFailure, Speculative, as_int, check_k, flag_value, where
+from sparklab.engines.base import Engine, Finding, KnownFailure, RecipeView, as_int, check_k, flag_value, where
 from sparklab.engines.scrape import StartupFacts
 from sparklab.errors import SparklabError
+from sparklab.spec import Speculative
 
 if TYPE_CHECKING:
-    from sparklab.recipes.render import LaunchSpec
-    from sparklab.recipes.schema import Recipe
     from sparklab.records import Sampling
+    from sparklab.spec import LaunchSpec
 
 METHODS = frozenset({"eagle3", "mtp", "dflash", "jetspec", "dspark"})  # config.py:73
 NEEDS_DRAFT = METHODS - {"mtp"}  # config.py:90-94
@@ -89,7 +89,7 @@ class TrtEdge(Engine):
     def speculative(self, argv: Sequence[str]) -> Speculative | None:
         return speculative(argv)
 
-    def check_speculative(self, spec: LaunchSpec, recipe: Recipe, sp: Speculative) -> list[Finding]:
+    def check_speculative(self, spec: LaunchSpec, recipe: RecipeView, sp: Speculative) -> list[Finding]:
         """Edge-LLM's own refusals (config.py:58-94), found before the engine builds for minutes."""
         if "invalid" in sp.options:
             return [Finding("error", f"{where(spec)}: --speculative-config must be a JSON object, got "

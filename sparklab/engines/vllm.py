@@ -9,7 +9,6 @@ import shlex
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from sparklab.bench.metrics import spec_delta
 from sparklab.engines import scrape
 from sparklab.engines.base import (
     Acceptance,
@@ -17,7 +16,7 @@ from sparklab.engines.base import (
     FatalLine,
     Finding,
     KnownFailure,
-    Speculative,
+    RecipeView,
     as_int,
     check_k,
     flag_value,
@@ -25,14 +24,15 @@ from sparklab.engines.base import (
     norm_flag,
     where,
 )
+from sparklab.engines.counters import spec_delta
 from sparklab.engines.scrape import StartupFacts, parse_metrics, to_int
 from sparklab.errors import EngineUnreachable as Unreachable
 from sparklab.errors import RecipeError
+from sparklab.spec import Speculative
 
 if TYPE_CHECKING:
     from sparklab.engines.api import EngineAPI
-    from sparklab.recipes.render import LaunchSpec
-    from sparklab.recipes.schema import Recipe
+    from sparklab.spec import LaunchSpec
 
 # SpeculativeConfig's method Literal in vLLM 0.27.1 (vllm/config/speculative.py), per-model MTP aliases aside.
 METHODS = frozenset({
@@ -254,7 +254,7 @@ class VLLM(Engine):
         # the shared variables cover the kernels JIT-compiled outside that path.
         return {"VLLM_CACHE_ROOT": f"{target}/vllm", **super().cache_env(target)}
 
-    def check_speculative(self, spec: LaunchSpec, recipe: Recipe, sp: Speculative) -> list[Finding]:
+    def check_speculative(self, spec: LaunchSpec, recipe: RecipeView, sp: Speculative) -> list[Finding]:
         here = where(spec)
         found: list[Finding] = []
         if sp.method in ("dspark", "dflash") and not sp.draft_model:

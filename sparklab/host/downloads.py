@@ -35,9 +35,9 @@ from huggingface_hub.errors import (
 )
 
 from sparklab.errors import SparklabError
-from sparklab.recipes.render import LaunchSpec
+from sparklab.host.disk import free_bytes
 from sparklab.recipes.schema import Recipe
-from sparklab.sweep.rundir import free_bytes
+from sparklab.spec import LaunchSpec
 
 log = logging.getLogger(__name__)
 

@@ -21,8 +21,8 @@ from pathlib import Path
 
 from sparklab.engines import engine
 from sparklab.engines.base import flag_value
-from sparklab.recipes.render import LaunchSpec
 from sparklab.recipes.schema import Recipe
+from sparklab.spec import LaunchSpec
 
 MEMINFO = Path("/proc/meminfo")
 CGROUP_ROOT = Path("/sys/fs/cgroup")

@@ -11,8 +11,8 @@ from pathlib import Path
 from sparklab.engines.base import Finding
 from sparklab.errors import PreflightError
 from sparklab.host.memory import HostMemory, engine_need, read_meminfo, unified_need
-from sparklab.recipes.render import LaunchSpec
 from sparklab.recipes.schema import Recipe
+from sparklab.spec import LaunchSpec
 
 # ---------------------------------------------------------------------------------------------------
 # Host checks

@@ -25,8 +25,9 @@ from typing import Any
 from sparklab.engines import engine as engine_adapter
 from sparklab.errors import RecipeError
 from sparklab.recipes.hosts import Host
-from sparklab.recipes.render import API_KEY_PLACEHOLDER, LaunchOptions, LaunchSpec, render
+from sparklab.recipes.render import LaunchOptions, render
 from sparklab.recipes.schema import Recipe
+from sparklab.spec import API_KEY_PLACEHOLDER, LaunchSpec
 
 _NODE_FIELD = re.compile(r"\b(?:node|head)\.(\w+)")
 _FIELD_HINTS = {

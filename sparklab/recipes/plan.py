@@ -20,7 +20,7 @@ from sparklab.bench.workloads import load_workload
 from sparklab.engines import engine as engine_adapter
 from sparklab.errors import RecipeError
 from sparklab.recipes.hosts import HostEntry
-from sparklab.recipes.render import LaunchOptions, LaunchSpec, render
+from sparklab.recipes.render import LaunchOptions, render
 from sparklab.recipes.schema import (
     MAX_REPEATS,
     MAX_WARMUP,
@@ -37,6 +37,7 @@ from sparklab.recipes.schema import (
     recipes_dir,
 )
 from sparklab.records import Sampling
+from sparklab.spec import LaunchSpec
 
 _SAMPLING = Sampling()  # the one place sampling defaults are written (sparklab.records.Sampling)
 

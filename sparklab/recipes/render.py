@@ -18,18 +18,16 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
 from sparklab import __version__
 from sparklab.engines import caches as engine_cache
 from sparklab.engines import engine as engine_adapter
-from sparklab.engines.base import Speculative
 from sparklab.errors import RecipeError
 from sparklab.recipes.schema import METHOD_ARGS_MARKER, EngineSpec, Recipe
-
-API_KEY_PLACEHOLDER = "<redacted:api-key>"
-# HF_TOKEN, GITHUB_TOKEN, VLLM_API_KEY, AWS_SECRET_ACCESS_KEY, DB_PASSWORD…, but not STANDIN_REASONING_TOKENS.
-_SECRET_NAME = re.compile(r"(^|_)(TOKEN|SECRET|PASSWORD|PASSWD|KEY|CREDENTIALS?)$", re.IGNORECASE)
-PASSTHROUGH_ENV = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
-
-
-def is_secret_name(name: str) -> bool:
-    return bool(_SECRET_NAME.search(name))
+from sparklab.spec import (
+    API_KEY_PLACEHOLDER,
+    PASSTHROUGH_ENV,
+    LaunchSpec,
+    Mount,
+    endpoint_url,
+    is_secret_name,
+)
 
 
 @dataclass(frozen=True)
@@ -54,64 +52,6 @@ class LaunchOptions:
     # overrides the recipe's (a host whose daemon has no bridge runs them on the host network).
     address: str | None = None
     network: str | None = None
-
-
-@dataclass(frozen=True)
-class Mount:
-    source: str
-    target: str
-    mode: str = "rw"
-
-
-@dataclass(frozen=True)
-class LaunchSpec:
-    """Everything needed to start one server container. Holds no secret values."""
-
-    recipe: str
-    recipe_path: str
-    engine: str
-    kind: str
-    method: str
-    image: str
-    image_alternatives: tuple[str, ...]  # tried in order when the registry has no `image`
-    platform: str | None
-    entrypoint: tuple[str, ...]
-    argv: tuple[str, ...]
-    env: dict[str, str]
-    secret_env: tuple[str, ...]  # names whose values are supplied at launch, never printed or stored
-    host: str
-    port: int
-    network: str
-    ipc: str
-    shm_size: str | None
-    ulimits: dict[str, tuple[int, int]]
-    gpus: bool
-    mounts: tuple[Mount, ...]
-    labels: dict[str, str]
-    name: str
-    ready_path: str
-    ready_timeout_s: float
-    speculative: Speculative | None
-    recipe_argv_len: int  # argv[:recipe_argv_len] came from the recipe; the rest sparklab added
-    needs_api_key: bool = False
-    api_key_env: str | None = None  # the env var that carries the API key to the engine, if any
-    public: bool = False
-    hf_cache: str | None = None
-    engine_cache: str | None = None  # the engine caches' root on the host (None: the recipe opted out)
-    # Secret values given as --env NAME=VALUE: only containers.launch reads them; never printed or stored.
-    secret_values: dict[str, str] = field(default_factory=dict, repr=False)
-    runtime: str = "container"  # or "process": entrypoint[0] is a program on this host (sparklab/processes.py)
-    address: str | None = None  # the Docker host's address as the controller reaches it (None: this machine)
-
-    @property
-    def endpoint(self) -> str:
-        return _endpoint(self.host, self.port, self.address)
-
-
-def _endpoint(host: str, port: int, address: str | None) -> str:
-    if address:
-        return f"http://{address}:{port}"
-    return f"http://{'127.0.0.1' if host in ('0.0.0.0', '127.0.0.1') else host}:{port}"
 
 
 def template_context(recipe: Recipe, engine: str, method: str, port: int) -> dict[str, Any]:
@@ -284,7 +224,7 @@ def render(recipe: Recipe, engine: str | None = None, method: str | None = None,
         "sparklab.kind": spec.kind,
         "sparklab.method": method,
         "sparklab.mode": options.mode,
-        "sparklab.endpoint": _endpoint(host, port, options.address),
+        "sparklab.endpoint": endpoint_url(host, port, options.address),
     }
     suffix = f"-{options.run_id}" if options.run_id else ""
     safe = re.sub(r"[^a-zA-Z0-9_.-]", "-", f"sparklab-{recipe.name}-{engine_name}-{method}{suffix}")

@@ -31,7 +31,8 @@ from sparklab.host import preflight
 from sparklab.recipes.multinode import ClusterSpec
 from sparklab.runtimes.containers import Docker, PullCallback
 from sparklab.runtimes.health import exited_error, wait_ready
-from sparklab.runtimes.launch import Launch, Ready, _facts_after_ready, state_dir
+from sparklab.runtimes.launch import Launch, Ready, _facts_after_ready
+from sparklab.runtimes.state import state_dir
 
 log = logging.getLogger(__name__)
 

@@ -25,9 +25,9 @@ from docker.types import DeviceRequest, Ulimit
 from sparklab import interrupts
 from sparklab.engines import ENGINES, candidates
 from sparklab.errors import ContainerError, ImageUnavailableError
-from sparklab.recipes.render import API_KEY_PLACEHOLDER, LaunchSpec, is_secret_name
 from sparklab.redaction import redact, redacted_lines
 from sparklab.runtimes.owners import owner_alive, owner_token
+from sparklab.spec import API_KEY_PLACEHOLDER, LaunchSpec, is_secret_name
 
 log = logging.getLogger(__name__)
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import secrets
 import time
 from collections.abc import Callable
@@ -16,21 +15,16 @@ from sparklab.engines.logwatch import CAUSE_LINES, DEAD_STOP_GRACE_S, FATAL_GRAC
 from sparklab.engines.scrape import StartupFacts
 from sparklab.errors import ImageUnavailableError, NotReadyError
 from sparklab.host import downloads, preflight
-from sparklab.recipes.render import LaunchOptions, LaunchSpec, render
+from sparklab.recipes.render import LaunchOptions, render
 from sparklab.recipes.schema import Recipe, load_recipe, resolve
 from sparklab.runtimes import local
 from sparklab.runtimes.containers import Docker, ImageInfo, PullCallback, Server
 from sparklab.runtimes.health import exited_error, wait_ready
 from sparklab.runtimes.processes import ProcessServer
+from sparklab.runtimes.state import state_dir
+from sparklab.spec import LaunchSpec
 
 log = logging.getLogger(__name__)
-
-
-def state_dir() -> Path:
-    env = os.environ.get("SPARKLAB_STATE")
-    base = Path(env) if env else Path(os.environ.get("XDG_STATE_HOME", "~/.local/state")).expanduser() / "sparklab"
-    return base
-
 
 
 @dataclass

@@ -12,10 +12,10 @@ from collections.abc import Iterator
 from typing import Any
 
 from sparklab.errors import ContainerError
-from sparklab.recipes.render import LaunchSpec
 from sparklab.runtimes import containers
 from sparklab.runtimes.containers import ContainerInfo, Docker, Target
 from sparklab.runtimes.processes import Processes
+from sparklab.spec import LaunchSpec
 
 log = logging.getLogger(__name__)
 

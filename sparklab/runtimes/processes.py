@@ -31,7 +31,6 @@ from typing import Any
 from sparklab import interrupts
 from sparklab.engines import ENGINES
 from sparklab.errors import ContainerError
-from sparklab.recipes.render import API_KEY_PLACEHOLDER, LaunchSpec, is_secret_name
 from sparklab.redaction import redact
 from sparklab.runtimes import keeper
 from sparklab.runtimes.containers import (
@@ -46,6 +45,7 @@ from sparklab.runtimes.containers import (
 )
 from sparklab.runtimes.owners import owner_alive, owner_token
 from sparklab.runtimes.runfiles import RunRecord, runs_dir, start_time, terminate
+from sparklab.spec import API_KEY_PLACEHOLDER, LaunchSpec, is_secret_name
 
 log = logging.getLogger(__name__)
 

@@ -7,8 +7,6 @@ and checkpoints through hub.py. A sweep calls `pull()` first and records `Pulled
 
 from __future__ import annotations
 
-import argparse
-import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,8 +15,9 @@ from typing import Any
 from sparklab.errors import ImageUnavailableError
 from sparklab.host import downloads as hub
 from sparklab.recipes.plan import build_plan
-from sparklab.recipes.render import LaunchOptions, LaunchSpec, render
+from sparklab.recipes.render import LaunchOptions, render
 from sparklab.recipes.schema import Recipe, load_recipe, read_yaml, recipes_dir, resolve
+from sparklab.spec import LaunchSpec
 
 PullImage = Callable[[str], Any]  # pulls one image ref; returns something with a `digest`, or raises
 Say = Callable[[str], None]
@@ -118,26 +117,3 @@ def _pull_first_available(candidates: tuple[str, ...], pull_image: PullImage, sa
 
 # ---------------------------------------------------------------------------------------------------
 # The command
-
-
-def cmd_pull(args: argparse.Namespace, pull_image: PullImage | None = None) -> int:
-    from sparklab.cli.progress import DownloadProgress, PullProgress
-
-    servers = servers_for(args.spec, target=args.target, engine=args.engine, overrides=args.overrides,
-                          hf_cache=args.hf_cache.expanduser(), all_methods=args.all_methods)
-    with DownloadProgress.to_stderr() as downloads, PullProgress(downloads.console) as layers:
-        if args.images and pull_image is None:
-            from sparklab.runtimes.containers import Docker
-
-            docker = Docker()
-
-            def pull_image(ref: str) -> Any:
-                return docker.ensure_image(ref, args.pull, layers.update)
-
-        pulled = pull(servers, pull_image=pull_image if args.images else None, models=args.models,
-                      on_progress=downloads.update, say=downloads.say)
-    for ref, digest in pulled.images.items():
-        sys.stdout.write(f"{ref} {digest or '(no digest)'}\n")
-    for fetched in pulled.models:
-        sys.stdout.write(f"{fetched.checkpoint.repo_id} {fetched.commit} {fetched.path}\n")
-    return 0

@@ -20,14 +20,13 @@ from pathlib import Path
 
 from sparklab.errors import ContainerError
 from sparklab.runtimes.containers import ContainerInfo
+from sparklab.runtimes.state import state_dir
 
 log = logging.getLogger(__name__)
 
+
 def runs_dir() -> Path:
-    from sparklab.runtimes.launch import state_dir
-
     return state_dir() / "processes"
-
 
 
 # ---------------------------------------------------------------------------------------------------

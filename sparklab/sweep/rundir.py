@@ -7,28 +7,18 @@ import contextlib
 import fcntl
 import logging
 import os
-import shutil
 import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 from sparklab.errors import DiskFullError, SparklabError
+from sparklab.host.disk import free_bytes
 
 
 def new_run_id() -> str:
     """A sortable, unique run id: the local start time and 6 random hex digits."""
     return time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:6]
-
-
-def free_bytes(path: Path) -> int | None:
-    """Free space on the filesystem holding path, or the nearest existing parent (None: none can be read)."""
-    for candidate in (path, *path.parents):
-        try:
-            return shutil.disk_usage(candidate).free
-        except OSError:
-            continue
-    return None
 
 
 def resolve(runs_dir: Path, name: str, resume: str | None, new: bool) -> tuple[Path, bool]:

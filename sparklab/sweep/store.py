@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from sparklab.errors import DiskFullError, SparklabError
-from sparklab.sweep.rundir import free_bytes
+from sparklab.host.disk import free_bytes
 
 SCHEMA_VERSION = 4
 # partial: every attempt ended with failed requests; the last attempt's numbers are kept, and flagged.

@@ -20,8 +20,9 @@ import pytest
 from sparklab.recipes.hosts import parse_hosts
 from sparklab.recipes.multinode import render_cluster
 from sparklab.recipes.plan import build_plan
-from sparklab.recipes.render import LaunchOptions, LaunchSpec, render
+from sparklab.recipes.render import LaunchOptions, render
 from sparklab.recipes.schema import list_recipes, load_recipe, recipes_dir
+from sparklab.spec import LaunchSpec
 
 pytestmark = pytest.mark.parser
 

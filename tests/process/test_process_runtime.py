@@ -13,10 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from sparklab.recipes.render import API_KEY_PLACEHOLDER, LaunchOptions, LaunchSpec, render
+from sparklab.recipes.render import LaunchOptions, render
 from sparklab.recipes.schema import load_recipe
 from sparklab.runtimes.processes import Processes
 from sparklab.runtimes.runfiles import group_members
+from sparklab.spec import API_KEY_PLACEHOLDER, LaunchSpec
 from tests.dockerkit import free_port
 from tests.process.conftest import RECIPE, STANDIN
 

@@ -18,8 +18,9 @@ from typing import Any
 import pytest
 
 from sparklab.engines.trtedge import METHODS, NEEDS_DRAFT, SPEC_KEYS
-from sparklab.recipes.render import API_KEY_PLACEHOLDER, LaunchOptions, render
+from sparklab.recipes.render import LaunchOptions, render
 from sparklab.recipes.schema import list_recipes, load_recipe
+from sparklab.spec import API_KEY_PLACEHOLDER
 
 DEFAULT_SRC = Path(os.environ.get("SPARKLAB_CACHE", Path.home() / ".cache" / "sparklab")) / "edgellm-src" / "0.11.0"
 

@@ -14,8 +14,9 @@ import pytest
 from sparklab.engines import caches as engine_cache
 from sparklab.engines import engine
 from sparklab.errors import RecipeError
-from sparklab.recipes.render import LaunchOptions, Mount, docker_command, render
+from sparklab.recipes.render import LaunchOptions, docker_command, render
 from sparklab.recipes.schema import load_recipe, recipes_dir
+from sparklab.spec import Mount
 
 TARGET = engine_cache.TARGET
 DIGEST = "sha256:" + "0123456789abcdef" * 4

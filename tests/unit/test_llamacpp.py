@@ -18,8 +18,9 @@ from sparklab.engines import engine
 from sparklab.engines.api import Answer
 from sparklab.engines.llamacpp import ENGINE, spec_counters, speculative
 from sparklab.errors import EngineUnreachable
-from sparklab.recipes.render import LaunchOptions, LaunchSpec, render
+from sparklab.recipes.render import LaunchOptions, render
 from sparklab.recipes.schema import load_recipe, recipes_dir
+from sparklab.spec import LaunchSpec
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "llamacpp"
 

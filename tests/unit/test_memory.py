@@ -14,8 +14,9 @@ import pytest
 
 from sparklab.engines.scrape import exit_code_meaning
 from sparklab.host import memory, preflight, watchdog
-from sparklab.recipes.render import LaunchOptions, LaunchSpec, render
+from sparklab.recipes.render import LaunchOptions, render
 from sparklab.recipes.schema import Recipe, load_recipe, recipes_dir
+from sparklab.spec import LaunchSpec
 
 KB_PER_GIB = 1024 * 1024
 

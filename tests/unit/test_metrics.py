@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from sparklab.bench.metrics import chunk_gaps, decode_tps, itl_per_token, spec_delta, stats, summarize, tpot
+from sparklab.bench.metrics import chunk_gaps, decode_tps, itl_per_token, stats, summarize, tpot
+from sparklab.engines.counters import spec_delta
 from sparklab.records import CHUNK_COUNT, TOKEN_IDS, USAGE_ONLY, RequestRecord
 
 

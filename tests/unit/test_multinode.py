@@ -11,8 +11,9 @@ import pytest
 from sparklab.errors import RecipeError
 from sparklab.recipes.hosts import parse_hosts
 from sparklab.recipes.multinode import head_options, render_cluster
-from sparklab.recipes.render import API_KEY_PLACEHOLDER, LaunchOptions, docker_command, render
+from sparklab.recipes.render import LaunchOptions, docker_command, render
 from sparklab.recipes.schema import load_recipe
+from sparklab.spec import API_KEY_PLACEHOLDER
 
 PAIR = Path(__file__).resolve().parents[2] / "recipes" / "gb10-pair.yaml"
 LINK = ["local,cluster_address=192.168.100.10,interface=enp1s0f1np1,ib_hca=rocep1s0f1",

@@ -11,8 +11,9 @@ import pytest
 from sparklab.engines import engine
 from sparklab.errors import PreflightError, RecipeError
 from sparklab.host import preflight
-from sparklab.recipes.render import LaunchOptions, LaunchSpec, render
+from sparklab.recipes.render import LaunchOptions, render
 from sparklab.recipes.schema import Recipe, load_recipe, recipes_dir
+from sparklab.spec import LaunchSpec
 
 
 def _spec(doc_or_name: Any, write_recipe=None, engine: str = "vllm", method: str = "dspark",

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
+from sparklab.cli import pull as cli_pull
 from sparklab.cli.args import build_parser
 from sparklab.errors import ImageUnavailableError, SparklabError
 from sparklab.runtimes import pull
@@ -83,7 +84,7 @@ class FakeImages:
 def test_a_sweep_pulls_each_image_and_checkpoint_once(fake_hub: FakeHub, sweep_file: Path, tmp_path: Path,
                                                       capsys: pytest.CaptureFixture[str]) -> None:
     images = FakeImages()
-    assert pull.cmd_pull(_args(str(sweep_file)), pull_image=images) == 0
+    assert cli_pull.cmd_pull(_args(str(sweep_file)), pull_image=images) == 0
     # 6 servers (2 engines x none + dspark at K 3 and 5), 2 images, 2 checkpoints; the dflash draft is not used.
     assert images.asked == ["vllm/vllm-openai:v0.27.1-aarch64", "lmsysorg/sglang:dev-nemotron3-5-lightning"]
     gets = sorted({e.path.split("/resolve/")[0] for e in fake_hub.gets()})
@@ -97,7 +98,7 @@ def test_a_sweep_pulls_each_image_and_checkpoint_once(fake_hub: FakeHub, sweep_f
 
 def test_a_method_pulls_its_draft_into_the_given_cache(fake_hub: FakeHub, recipe_file: Path, tmp_path: Path) -> None:
     cache = tmp_path / "hf"
-    assert pull.cmd_pull(_args(f"{recipe_file}:dspark", "--hf-cache", str(cache), "--no-images")) == 0
+    assert cli_pull.cmd_pull(_args(f"{recipe_file}:dspark", "--hf-cache", str(cache), "--no-images")) == 0
     assert sorted((cache / "hub").glob("models--*")) == [cache / "hub" / "models--acme--target-30b",
                                                         cache / "hub" / "models--acme--target-30b-dspark"]
 

@@ -100,7 +100,7 @@ def test_sglang_cookbook_spelling_is_an_alternative() -> None:
     ("MAX_TOKENS", False), ("KEYBOARD", False),
 ])
 def test_secret_names(name: str, secret: bool) -> None:
-    from sparklab.recipes.render import is_secret_name
+    from sparklab.spec import is_secret_name
 
     assert is_secret_name(name) is secret
 

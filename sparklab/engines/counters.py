@@ -1,0 +1,32 @@
+"""Speculative-decoding counters as an engine exports them on /metrics, turned into acceptance over a window (pure).
+
+vLLM 0.27.1 (`vllm:spec_decode_num_drafts`, `…_num_draft_tokens`, `…_num_accepted_tokens`, and
+`…_num_accepted_tokens_per_pos` by position) and llama.cpp's server (its `llamacpp:` draft counters, read by its
+adapter into the same shape) give cumulative totals; the delta between a snapshot after warmup and one after the
+window is the window's acceptance.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def spec_delta(before: dict[str, Any] | None, after: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Acceptance from the server's own counters over the window (vLLM's spec_decode_* counters)."""
+    if not before or not after or "drafts" not in after:
+        return None
+    drafts = after["drafts"] - before.get("drafts", 0.0)
+    draft_tokens = after["draft_tokens"] - before.get("draft_tokens", 0.0)
+    accepted = after["accepted"] - before.get("accepted", 0.0)
+    positions = sorted(after.get("per_position", {}), key=int)
+    per_position = [
+        (after["per_position"][p] - before.get("per_position", {}).get(p, 0.0)) / drafts if drafts else None
+        for p in positions
+    ]
+    return {
+        "drafts": drafts, "draft_tokens": draft_tokens, "accepted_tokens": accepted,
+        "acceptance_length": 1 + accepted / drafts if drafts else None,
+        "acceptance_rate": accepted / draft_tokens if draft_tokens else None,
+        "per_position_acceptance": per_position,
+        "source": "vllm:spec_decode_* counters from /metrics, after warmup and after the window (delta)",
+    }
