@@ -1,1 +1,8 @@
-"""runtimes: TODO."""
+"""runtimes: where servers run and how they start, live and end: Docker containers (`containers`, the only module
+that imports docker), host processes (`processes` with their run files and keeper), a server across hosts
+(`cluster`), both local kinds together (`local`), the start of one server up to ready (`launch`, `health`) and
+images and checkpoints fetched before any clock (`pull`).
+
+It may import `host`, `recipes`, `engines`, `spec` and below; never `bench`, `sweep`, `tune`, `report` or `cli`.
+See docs/architecture.md.
+"""
