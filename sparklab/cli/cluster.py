@@ -7,8 +7,9 @@ foreground until Ctrl-C or until any node ends, tearing every node down on every
 
 from __future__ import annotations
 
-import argparse
 import os
+from collections.abc import Sequence
+from typing import Protocol
 
 from sparklab.cli.hosts import Console
 from sparklab.errors import SparklabError
@@ -17,7 +18,29 @@ from sparklab.recipes.render import LaunchOptions, docker_command
 from sparklab.runtimes import cluster, launch
 
 
-def across(args: argparse.Namespace, p: launch.Launch, options: LaunchOptions) -> multinode.ClusterSpec:
+class Across(Protocol):
+    """What this half reads of `render`'s typed arguments (sparklab.cli.up.RenderArgs): the hosts."""
+
+    @property
+    def hosts(self) -> Sequence[str]: ...
+
+
+class UpAcross(Across, Protocol):
+    """What this half reads of `up`'s typed arguments (sparklab.cli.up.UpArgs)."""
+
+    @property
+    def dry_run(self) -> bool: ...
+    @property
+    def detach(self) -> bool: ...
+    @property
+    def api_key_value(self) -> str | None: ...
+    @property
+    def pull(self) -> str: ...
+    @property
+    def stall_timeout(self) -> float | None: ...
+
+
+def across(args: Across, p: launch.Launch, options: LaunchOptions) -> multinode.ClusterSpec:
     chosen = hosts.parse_hosts(list(args.hosts), "--host")
     head = multinode.head_options(options, chosen[0]) if chosen else options
     return multinode.render_cluster(p.recipe, p.spec.engine, p.spec.method, head, chosen)
@@ -33,7 +56,7 @@ def commands(spec: multinode.ClusterSpec) -> list[str]:
     return out
 
 
-def cmd_render(args: argparse.Namespace, p: launch.Launch, options: LaunchOptions, out: Console) -> int:
+def cmd_render(args: Across, p: launch.Launch, options: LaunchOptions, out: Console) -> int:
     spec = across(args, p, options)
     out.print(f"# {p.spec.recipe_path}: engine {p.spec.engine}, method {p.spec.method}, across {len(spec.nodes)} "
               f"hosts; start the head first, the others once its cluster port {spec.head_address}:"
@@ -44,7 +67,7 @@ def cmd_render(args: argparse.Namespace, p: launch.Launch, options: LaunchOption
     return 0
 
 
-def cmd_up(args: argparse.Namespace, p: launch.Launch, options: LaunchOptions, out: Console, err: Console) -> int:
+def cmd_up(args: UpAcross, p: launch.Launch, options: LaunchOptions, out: Console, err: Console) -> int:
     from sparklab.cli.console import ready_summary
     from sparklab.cli.progress import PullProgress
     from sparklab.runtimes.containers import Docker

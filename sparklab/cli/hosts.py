@@ -12,8 +12,10 @@ import argparse
 import os
 import re
 import sys
+from dataclasses import dataclass
 from typing import Any, Protocol
 
+from sparklab.cli.args import ON_HOSTS, host_option, positive, whole
 from sparklab.errors import ContainerError, SparklabError
 from sparklab.recipes.hosts import LOCAL_NAME, Host, parse_hosts
 from sparklab.runtimes import containers
@@ -25,7 +27,80 @@ class Console(Protocol):  # cli's rich consoles; this module prints through them
     def print(self, *objects: Any, **kwargs: Any) -> None: ...
 
 
-def chosen_hosts(values: list[str]) -> list[Host]:
+@dataclass(frozen=True)
+class PsArgs:
+    hosts: tuple[str, ...]  # --host; none: this machine's and those in SPARKLAB_HOSTS
+
+    @classmethod
+    def add_cli_args(cls, p: argparse.ArgumentParser) -> None:
+        host_option(p, ON_HOSTS)
+
+    @classmethod
+    def from_cli_args(cls, args: argparse.Namespace) -> PsArgs:
+        return cls(tuple(args.hosts))
+
+
+@dataclass(frozen=True)
+class DownArgs:
+    name: str | None
+    all: bool  # every sparklab container you started
+    all_users: bool  # every sparklab container, other users' too
+    hosts: tuple[str, ...]
+
+    @classmethod
+    def add_cli_args(cls, p: argparse.ArgumentParser) -> None:
+        p.add_argument("name", nargs="?", help="container name (see `sparklab ps`)")
+        p.add_argument("--all", action="store_true", help="every sparklab container you started")
+        p.add_argument("--all-users", action="store_true", help="every sparklab container, other users' too")
+        host_option(p, ON_HOSTS)
+
+    @classmethod
+    def from_cli_args(cls, args: argparse.Namespace) -> DownArgs:
+        return cls(args.name, args.all, args.all_users, tuple(args.hosts))
+
+
+@dataclass(frozen=True)
+class LogsArgs:
+    name: str | None  # None: the only one
+    follow: bool
+    tail: str  # the last N lines, or "all"
+    hosts: tuple[str, ...]
+
+    @classmethod
+    def add_cli_args(cls, p: argparse.ArgumentParser) -> None:
+        p.add_argument("name", nargs="?", help="container name (default: the only one)")
+        p.add_argument("-f", "--follow", action="store_true", help="keep printing new lines")
+        p.add_argument("--tail", default="all", help="only the last N lines")
+        host_option(p, ON_HOSTS)
+
+    @classmethod
+    def from_cli_args(cls, args: argparse.Namespace) -> LogsArgs:
+        return cls(args.name, args.follow, args.tail, tuple(args.hosts))
+
+
+@dataclass(frozen=True)
+class GcArgs:
+    caches: bool  # also list the engine caches and trim them
+    keep: int | None  # with caches: keep the N most recently used
+    max_gib: float | None  # with caches: remove the least recently used until the rest fits
+    hosts: tuple[str, ...]
+
+    @classmethod
+    def add_cli_args(cls, p: argparse.ArgumentParser) -> None:
+        p.add_argument("--caches", action="store_true",
+                       help="also list the engine caches (per image digest: size, last use) and trim them")
+        p.add_argument("--keep", type=whole(0, 1_000_000), metavar="N",
+                       help="with --caches: keep the N most recently used, remove the rest")
+        p.add_argument("--max-gib", type=positive(1e6), metavar="GIB",
+                       help="with --caches: remove the least recently used until the rest fits in GIB")
+        host_option(p, ON_HOSTS)
+
+    @classmethod
+    def from_cli_args(cls, args: argparse.Namespace) -> GcArgs:
+        return cls(args.caches, args.keep, args.max_gib, tuple(args.hosts))
+
+
+def chosen_hosts(values: tuple[str, ...]) -> list[Host]:
     if values:
         return parse_hosts(values, "--host")
     extra = [v for v in re.split(r"[\s,]+", os.environ.get("SPARKLAB_HOSTS", "")) if v]
@@ -53,7 +128,7 @@ def _listed(reached: list[tuple[Host, Docker | Runtime]]) -> list[tuple[Host, Do
     return [(host, docker, info) for host, docker in reached for info in docker.containers()]
 
 
-def cmd_ps(args: argparse.Namespace, out: Console, err: Console) -> int:
+def cmd_ps(args: PsArgs, out: Console, err: Console) -> int:
     from sparklab.cli.console import ps_table
 
     hosts = chosen_hosts(args.hosts)
@@ -62,7 +137,7 @@ def cmd_ps(args: argparse.Namespace, out: Console, err: Console) -> int:
     return 0
 
 
-def cmd_down(args: argparse.Namespace, out: Console, err: Console) -> int:
+def cmd_down(args: DownArgs, out: Console, err: Console) -> int:
     listed = _listed(reach(chosen_hosts(args.hosts), err))
     if args.all_users or args.all:
         targets = [(h, d, c) for h, d, c in listed if args.all_users or c.mine]
@@ -88,7 +163,7 @@ def cmd_down(args: argparse.Namespace, out: Console, err: Console) -> int:
     return 0
 
 
-def cmd_logs(args: argparse.Namespace, out: Console, err: Console) -> int:
+def cmd_logs(args: LogsArgs, out: Console, err: Console) -> int:
     listed = _listed(reach(chosen_hosts(args.hosts), err))
     found = [(h, d, c) for h, d, c in listed if args.name in (None, c.name)]
     if len(found) != 1:
@@ -103,7 +178,7 @@ def cmd_logs(args: argparse.Namespace, out: Console, err: Console) -> int:
     return 0
 
 
-def cmd_gc(args: argparse.Namespace, out: Console, err: Console) -> int:
+def cmd_gc(args: GcArgs, out: Console, err: Console) -> int:
     from sparklab.engines import caches as engine_cache
 
     removed = 0

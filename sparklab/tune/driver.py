@@ -307,31 +307,57 @@ def load_space(text: str) -> dict[str, Any] | None:
     return None
 
 
-def request_from_args(args: Any) -> TuneRequest:
-    """`sparklab tune`'s arguments as a request: a sweep file's space with the flags laid over it, or a recipe's
-    space made of the flags alone."""
-    space = load_space(args.space)
+@dataclass(frozen=True)
+class TuneChoices:
+    """What `sparklab tune` was asked, before the space is read: a sweep file (a path, or a name under
+    recipes/sweeps) whose space these narrow, or a recipe whose space they make (then methods and concurrency are
+    needed). Empty or None means: the sweep file's value, else the default `request_for` names."""
+
+    space: str
+    methods: tuple[str, ...] = ()
+    k: tuple[int, ...] = ()  # num_speculative_tokens to consider (default 1-3 on a recipe)
+    concurrency: tuple[int, ...] = ()
+    workload: str | None = None
+    objective: str = "aggregate"
+    ttft_max_ms: float | None = None
+    repeats: int | None = None  # default: the sweep file's, else 2
+    max_repeats: int | None = None  # default: 2 x repeats
+    requests: int | None = None
+    max_tokens: int | None = None
+    tolerance: float = 0.15
+    runs_dir: Path = Path("runs")
+    resume: str | None = None
+    new: bool = False
+    pull_policy: str = "missing"
+    ulimits: tuple[str, ...] = ()
+    download: bool = True
+
+
+def request_for(choices: TuneChoices) -> TuneRequest:
+    """The request for these choices: a sweep file's space with the choices laid over it, or a recipe's space made
+    of the choices alone."""
+    space = load_space(choices.space)
     if space is None:
-        if not args.methods or not args.concurrency:
-            raise RecipeError(f"tune {args.space}: not a sweep file, so --methods and --concurrency give the space",
-                              f"e.g. sparklab tune {args.space} --methods none ngram --k 1-4 --concurrency 1 4")
-        recipe = Path(args.space)
-        space = {"name": recipe.stem if recipe.suffix in (".yaml", ".yml") else args.space,
-                 "recipe": str(recipe.resolve()) if recipe.suffix in (".yaml", ".yml") else args.space,
+        if not choices.methods or not choices.concurrency:
+            raise RecipeError(f"tune {choices.space}: not a sweep file, so --methods and --concurrency give the space",
+                              f"e.g. sparklab tune {choices.space} --methods none ngram --k 1-4 --concurrency 1 4")
+        recipe = Path(choices.space)
+        space = {"name": recipe.stem if recipe.suffix in (".yaml", ".yml") else choices.space,
+                 "recipe": str(recipe.resolve()) if recipe.suffix in (".yaml", ".yml") else choices.space,
                  "num_speculative_tokens": [1, 2, 3], "repeats": 2}
-    for key, value in (("methods", args.methods), ("num_speculative_tokens", args.k),
-                       ("concurrency", args.concurrency), ("requests", args.requests)):
+    for key, value in (("methods", list(choices.methods)), ("num_speculative_tokens", list(choices.k)),
+                       ("concurrency", list(choices.concurrency)), ("requests", choices.requests)):
         if value:
             space[key] = value
-    if args.workload:
-        space["workloads"] = [args.workload]
-    if args.max_tokens:
-        space["sampling"] = {**space.get("sampling", {}), "max_tokens": args.max_tokens}
-    repeats = args.repeats or int(space.get("repeats", 2))
-    max_repeats = args.max_repeats or 2 * repeats
+    if choices.workload:
+        space["workloads"] = [choices.workload]
+    if choices.max_tokens:
+        space["sampling"] = {**space.get("sampling", {}), "max_tokens": choices.max_tokens}
+    repeats = choices.repeats or int(space.get("repeats", 2))
+    max_repeats = choices.max_repeats or 2 * repeats
     if max_repeats < repeats:
         raise RecipeError(f"tune: --max-repeats {max_repeats} is below --repeats {repeats}",
                           "Give --max-repeats at least --repeats (equal: no extra repeats).")
-    settings = search.Settings(repeats, max_repeats, args.tolerance, args.ttft_max)
-    return TuneRequest(space, settings, args.objective, args.runs_dir, args.resume, args.new,
-                       runner.Options(args.pull), download=args.download, ulimits=tuple(args.ulimits))
+    settings = search.Settings(repeats, max_repeats, choices.tolerance, choices.ttft_max_ms)
+    return TuneRequest(space, settings, choices.objective, choices.runs_dir, choices.resume, choices.new,
+                       runner.Options(choices.pull_policy), download=choices.download, ulimits=choices.ulimits)

@@ -184,7 +184,7 @@ def test_redaction_leaves_ordinary_text_and_flushes_a_held_tail() -> None:
 
 
 def test_up_does_not_print_a_key_it_was_given(capsys, monkeypatch) -> None:
-    from sparklab.cli import main
+    from sparklab.cli import up
 
     ready = SimpleNamespace(
         seconds_to_ready=1.0, api_key="my-own-key-123",
@@ -193,10 +193,10 @@ def test_up_does_not_print_a_key_it_was_given(capsys, monkeypatch) -> None:
         image=SimpleNamespace(ref="img", digest=None),
         facts=SimpleNamespace(kv_cache_tokens=None, max_concurrency=None, kv_cache_memory_gib=None,
                               model_load_seconds=None, engine_init_seconds=None, advice=[], source="log"))
-    main._print_ready(ready, key_given=True)  # type: ignore[arg-type]
+    up._print_ready(ready, key_given=True)  # type: ignore[arg-type]
     printed = capsys.readouterr().out
     assert "my-own-key-123" not in printed and "api key     the one you gave" in printed
-    main._print_ready(ready, key_given=False)  # type: ignore[arg-type]
+    up._print_ready(ready, key_given=False)  # type: ignore[arg-type]
     assert "my-own-key-123" in capsys.readouterr().out  # a generated key is shown once
 
 

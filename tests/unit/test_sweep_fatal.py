@@ -32,7 +32,7 @@ def test_sweep_files_stall_detector_is_on_by_default_and_can_be_turned_off(tmp_p
 
 
 def test_up_has_a_stall_timeout_flag_off_by_default() -> None:
-    from sparklab.cli.args import build_parser
+    from sparklab.cli.main import build_parser
 
     parser = build_parser()
     assert parser.parse_args(["up", "cpu:none"]).stall_timeout is None
