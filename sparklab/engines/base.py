@@ -20,7 +20,7 @@ from sparklab.engines.scrape import StartupFacts, collect_warnings
 from sparklab.spec import LaunchSpec, Speculative
 
 if TYPE_CHECKING:
-    from sparklab.engines.api import EngineAPI
+    from sparklab.engines.api import EngineAPI, Replies
     from sparklab.records import Sampling
 
 
@@ -211,8 +211,13 @@ class Engine:
         """The sampling as this engine's chat API takes it (an engine that refuses unknown fields drops them)."""
         return sampling
 
-    def snapshot(self, api: EngineAPI) -> dict[str, Any]:
-        """Server-side counters at one instant (merged into the bench result's before/after)."""
+    # The paths a counter snapshot GETs for this engine. sparklab.engines.snapshot asks each path once for every
+    # adapter that lists it (without a kind, vLLM, SGLang and llama.cpp all read one /metrics text).
+    counter_paths: tuple[str, ...] = ()
+
+    def read_counters(self, replies: Replies) -> dict[str, Any]:
+        """Server-side counters at one instant, from the answers to `counter_paths` (merged into the bench
+        result's before/after)."""
         return {}
 
     def window(self, before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:

@@ -71,7 +71,7 @@ from sparklab.errors import EngineUnreachable as Unreachable
 from sparklab.spec import Speculative
 
 if TYPE_CHECKING:
-    from sparklab.engines.api import EngineAPI
+    from sparklab.engines.api import EngineAPI, Replies
     from sparklab.spec import LaunchSpec
 
 log = logging.getLogger(__name__)
@@ -281,9 +281,11 @@ class LlamaCpp(Engine):
         if m := _NO_SPEC.search(text):
             facts.advice.append(f"llama-server is serving WITHOUT speculative decoding: {m.group(1).strip()}")
 
-    def snapshot(self, api: EngineAPI) -> dict[str, Any]:
+    counter_paths = ("/metrics",)
+
+    def read_counters(self, replies: Replies) -> dict[str, Any]:
         try:
-            answer = api.get("/metrics")
+            answer = replies.get("/metrics")
             if answer.status == 200:
                 return {"llamacpp_spec": spec_counters(answer.text), "llamacpp_prompt": prompt_counters(answer.text)}
             return {"metrics_error": f"/metrics answered {answer.status} (is --metrics given?)"}

@@ -24,7 +24,7 @@ from sparklab.errors import EngineUnreachable as Unreachable
 from sparklab.spec import Speculative
 
 if TYPE_CHECKING:
-    from sparklab.engines.api import EngineAPI
+    from sparklab.engines.api import EngineAPI, Replies
     from sparklab.spec import LaunchSpec
 
 # server_args.py's built-in speculative algorithms.
@@ -246,19 +246,21 @@ class SGLang(Engine):
         if m := _LOAD_MEM.search(text):
             facts.model_load_gib = float(m.group(1))
 
-    def snapshot(self, api: EngineAPI) -> dict[str, Any]:
+    counter_paths = ("/server_info", "/metrics")
+
+    def read_counters(self, replies: Replies) -> dict[str, Any]:
         """/server_info's avg_spec_accept_length (cumulative: kept as a last resort) and, with --enable-metrics,
         the /metrics counters whose differences give the window's acceptance length."""
         snap: dict[str, Any] = {}
         try:
-            answer = api.get("/server_info")
+            answer = replies.get("/server_info")
             if answer.status == 200:
                 states = answer.json().get("internal_states") or [{}]
                 snap["sglang_avg_spec_accept_length"] = states[0].get("avg_spec_accept_length")
         except (Unreachable, ValueError, AttributeError, IndexError):
             pass
         try:
-            answer = api.get("/metrics")  # 404 without --enable-metrics
+            answer = replies.get("/metrics")  # 404 without --enable-metrics
             if answer.status == 200:
                 values = parse_metrics(answer.text)
                 snap["sglang_metrics"] = {"generation_tokens": values.get(GENERATION_TOKENS),

@@ -31,7 +31,7 @@ from sparklab.errors import RecipeError
 from sparklab.spec import Speculative
 
 if TYPE_CHECKING:
-    from sparklab.engines.api import EngineAPI
+    from sparklab.engines.api import EngineAPI, Replies
     from sparklab.spec import LaunchSpec
 
 # SpeculativeConfig's method Literal in vLLM 0.27.1 (vllm/config/speculative.py), per-model MTP aliases aside.
@@ -303,10 +303,12 @@ class VLLM(Engine):
                 f"vLLM capped max_num_scheduled_tokens at {m.group(1)} for the draft slots, which limits the "
                 f"speculative speed-up: raise --max-num-batched-tokens (or lower K / --max-num-seqs).")
 
-    def snapshot(self, api: EngineAPI) -> dict[str, Any]:
+    counter_paths = ("/metrics",)
+
+    def read_counters(self, replies: Replies) -> dict[str, Any]:
         snap: dict[str, Any] = {}
         try:
-            answer = api.get("/metrics")
+            answer = replies.get("/metrics")
             if answer.status == 200:
                 snap["spec"] = spec_counters(answer.text)
                 values = parse_metrics(answer.text)
