@@ -58,6 +58,15 @@ def window(before: dict[str, Any], after: dict[str, Any], kind: str | None) -> d
     return out
 
 
+def cumulative_acceptance(snapshot: dict[str, Any]) -> Acceptance | None:
+    """The acceptance length an engine states over its whole life in one snapshot, and its source (None: none)."""
+    for adapter in ENGINES.values():
+        found = adapter.cumulative_acceptance(snapshot)
+        if found is not None:
+            return found
+    return None
+
+
 def acceptance(result: dict[str, Any]) -> Acceptance | tuple[None, None]:
     """Acceptance length of a stored bench result and its source, from whichever engine reported it."""
     for adapter in ENGINES.values():

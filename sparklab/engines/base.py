@@ -97,6 +97,9 @@ class Engine:
     """Defaults shared by the engines; each adapter overrides what differs."""
 
     kind: str = ""
+    # One server across several hosts (`node_command` says what each node runs); a recipe with `nodes > 1` is
+    # refused for an engine without it (sparklab.recipes.schema reads this flag).
+    multinode: bool = False
     ready_path: str = "/v1/models"
     ready_needs_key: bool = True
     ready_line: re.Pattern[str] = re.compile(r"(?!)")  # the startup log's "ready" line
@@ -219,6 +222,11 @@ class Engine:
         """Server-side counters at one instant, from the answers to `counter_paths` (merged into the bench
         result's before/after)."""
         return {}
+
+    def cumulative_acceptance(self, snapshot: dict[str, Any]) -> Acceptance | None:
+        """An acceptance length the engine states over its whole life (not the window) in one snapshot, and where
+        it came from; None when it states none. `sparklab bench` shows it beside the window's own figures."""
+        return None
 
     def window(self, before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
         """What the counters say about the window between two snapshots: `speculative`, `server_latency`."""

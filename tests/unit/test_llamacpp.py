@@ -172,7 +172,9 @@ def test_acceptance_over_the_window_from_the_servers_counters() -> None:
 
 
 def test_a_vllm_result_is_still_labelled_vllm() -> None:
-    spec = {"acceptance_length": 2.5, "drafts": 10, "source": "vllm:spec_decode_* counters from /metrics, ..."}
+    # the source as every stored vLLM result has it (tests/fixtures/report/cpu-sweep.sql)
+    spec = {"acceptance_length": 2.5, "drafts": 10,
+            "source": "vllm:spec_decode_* counters from /metrics, after warmup and after the window (delta)"}
     assert engines.acceptance({"speculative": spec})[1] == "vLLM spec-decode counters (/metrics delta over the window)"
 
 
