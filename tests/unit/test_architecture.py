@@ -148,3 +148,9 @@ def test_host_processes_are_started_and_signalled_in_one_place() -> None:
     pattern = re.compile(r"\b(os\.killpg|subprocess\.Popen|os\.kill)\(")
     users = {p.relative_to(PACKAGE).as_posix() for p in PACKAGE.rglob("*.py") if pattern.search(p.read_text())}
     assert users == {"runtimes/processes.py", "runtimes/runfiles.py", "runtimes/keeper.py"}
+
+
+def test_one_port_probe() -> None:
+    """Whether a port is taken is asked in one place, binding the address the server will bind (IPv6 too)."""
+    users = {p.relative_to(PACKAGE).as_posix() for p in PACKAGE.rglob("*.py") if "socket.socket(" in p.read_text()}
+    assert users == {"host/preflight.py"}
