@@ -8,6 +8,7 @@ snapshots of one bench cell share one `Budget`, so an engine that stopped answer
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -138,20 +139,19 @@ class Replies:
 def fetch(api: EngineAPI, paths: Iterable[str], budget: Budget | None = None) -> Replies:
     """GET each path once, in order, each within TIMEOUT_S and together within what is left of `budget`; a path
     left without time is answered with Unreachable, as if the engine had not answered it."""
+    budget = budget or Budget(math.inf)
     answers: dict[str, Answer | Unreachable] = {}
     for path in dict.fromkeys(paths):
-        left = TIMEOUT_S if budget is None else min(TIMEOUT_S, budget.left)
-        if left <= 0 and budget is not None:
+        if budget.left <= 0:
             answers[path] = Unreachable(f"not asked: this cell's {budget.seconds:g} s for server counters were spent")
             continue
-        started = budget.clock() if budget is not None else 0.0
+        started = budget.clock()
         try:
-            answers[path] = api.get(path, left)
+            answers[path] = api.get(path, min(TIMEOUT_S, budget.left))
         except Unreachable as exc:
             answers[path] = exc
         finally:
-            if budget is not None:
-                budget.left -= budget.clock() - started
+            budget.left -= budget.clock() - started
     return Replies(answers)
 
 
