@@ -3,7 +3,7 @@
 An adapter says how the engine is launched (network and API-key flags, its sweep-time environment), how its
 speculative flags read, what to check before it starts, what its startup log says, which log lines explain a
 death, when it is ready, and how to read its counters, acceptance, version and prefix-cache reset. It is
-pure: HTTP goes through the `EngineAPI` it is handed (sparklab.engine_api). A new engine is one module
+pure: HTTP goes through the `EngineAPI` it is handed (sparklab.engines.api). A new engine is one module
 subclassing `Engine`, registered in sparklab/engines/__init__.py, plus a recipe.
 """
 
