@@ -69,7 +69,7 @@ def _source_prefix_tests(tree: ast.AST) -> Iterator[int]:
             yield node.lineno
 
 
-def engine_knowledge(path: Path, kinds: list[str], registry: bool = False) -> list[str]:
+def _engine_knowledge(path: Path, kinds: list[str], registry: bool = False) -> list[str]:
     """What a module outside the adapters knows of particular engines, one line each (empty: nothing)."""
     tree = ast.parse(path.read_text())
     alternatives = "|".join(map(re.escape, kinds))
@@ -106,9 +106,9 @@ def test_engine_knowledge_lives_in_the_adapters() -> None:
     knowledge = {}
     for path in sorted(PACKAGE.rglob("*.py")):
         if path.resolve() in adapters:
-            found = [f for f in engine_knowledge(path, kinds) if "source begins" in f]
+            found = [f for f in _engine_knowledge(path, kinds) if "source begins" in f]
         else:
-            found = engine_knowledge(path, kinds, registry=path == PACKAGE / "engines" / "__init__.py")
+            found = _engine_knowledge(path, kinds, registry=path == PACKAGE / "engines" / "__init__.py")
         if found:
             knowledge[path.relative_to(PACKAGE).as_posix()] = found
     assert knowledge == {}
