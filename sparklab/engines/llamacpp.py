@@ -71,7 +71,7 @@ from sparklab.errors import EngineUnreachable as Unreachable
 from sparklab.spec import Speculative
 
 if TYPE_CHECKING:
-    from sparklab.engines.api import EngineAPI
+    from sparklab.engines.api import EngineAPI, Replies
     from sparklab.spec import LaunchSpec
 
 log = logging.getLogger(__name__)
@@ -171,8 +171,10 @@ _COUNTERS = {
 }
 _PER_POSITION = "llamacpp:spec_decode_num_accepted_tokens_per_pos_total"
 _PROMPT = ("llamacpp:prompt_tokens_total", "llamacpp:prompt_tokens_cached_total")  # processed, reused from cache
-_METRICS_SOURCE = ("llamacpp:spec_decode_* counters from /metrics (needs --metrics), after warmup and after "
-                   "the window (delta)")
+# The `source` of a window's acceptance from these counters; stored results are known as llama.cpp's by it, word
+# for word (vLLM's counters have the same shape and their own source), so it is never reworded.
+METRICS_SOURCE = ("llamacpp:spec_decode_* counters from /metrics (needs --metrics), after warmup and after "
+                  "the window (delta)")
 
 
 def spec_counters(text: str) -> dict[str, Any]:
@@ -281,9 +283,11 @@ class LlamaCpp(Engine):
         if m := _NO_SPEC.search(text):
             facts.advice.append(f"llama-server is serving WITHOUT speculative decoding: {m.group(1).strip()}")
 
-    def snapshot(self, api: EngineAPI) -> dict[str, Any]:
+    counter_paths = ("/metrics",)
+
+    def read_counters(self, replies: Replies) -> dict[str, Any]:
         try:
-            answer = api.get("/metrics")
+            answer = replies.get("/metrics")
             if answer.status == 200:
                 return {"llamacpp_spec": spec_counters(answer.text), "llamacpp_prompt": prompt_counters(answer.text)}
             return {"metrics_error": f"/metrics answered {answer.status} (is --metrics given?)"}
@@ -296,14 +300,12 @@ class LlamaCpp(Engine):
         # llama-server prints its spec_decode counters whether or not it drafts: zero drafts over its whole life
         # is a server without speculative decoding, which has no acceptance to report
         if counted.get("drafts"):
-            delta = spec_delta(before.get("llamacpp_spec"), counted)
-            if delta is not None:
-                delta["source"] = _METRICS_SOURCE
+            delta = spec_delta(before.get("llamacpp_spec"), counted, METRICS_SOURCE)
         return {"speculative": delta, "prefix_cache": prefix_cache(before, after)}
 
     def acceptance(self, result: dict[str, Any]) -> Acceptance | None:
         spec = result.get("speculative") or {}
-        if spec.get("acceptance_length") is not None and str(spec.get("source", "")).startswith("llamacpp:"):
+        if spec.get("acceptance_length") is not None and spec.get("source") == METRICS_SOURCE:
             return float(spec["acceptance_length"]), "llama.cpp spec-decode counters (/metrics delta over the window)"
         return None
 

@@ -24,7 +24,7 @@ from sparklab.errors import EngineUnreachable as Unreachable
 from sparklab.spec import Speculative
 
 if TYPE_CHECKING:
-    from sparklab.engines.api import EngineAPI
+    from sparklab.engines.api import EngineAPI, Replies
     from sparklab.spec import LaunchSpec
 
 # server_args.py's built-in speculative algorithms.
@@ -130,6 +130,8 @@ _ACCEPT_LEN_ONLY = re.compile(r"Decode batch\b.*?#running-req: (\d+),.*?(?<!bloc
 # when a request finishes (observe_one_finished_request, :2092-2112), so their difference over a window is the
 # window's own: generated tokens / verify steps = the acceptance length of the requests finished in it, the
 # per-request `spec_accept_length` of tokenizer_manager.py:3166 (completion_tokens / spec_verify_ct) pooled.
+# /server_info's internal_states[0].avg_spec_accept_length, under this key in a snapshot
+_CUMULATIVE = "sglang_avg_spec_accept_length"
 GENERATION_TOKENS = "sglang:generation_tokens_total"  # metrics_collector.py:1860
 VERIFY_CALLS = "sglang:spec_verify_calls_total"  # metrics_collector.py:1865 (incremented by spec_verify_ct)
 
@@ -179,6 +181,7 @@ def metrics_window(before: dict[str, Any], after: dict[str, Any]) -> dict[str, A
 
 class SGLang(Engine):
     kind = "sglang"
+    multinode = True  # its own --nnodes mode (node_command)
     ready_path = "/health"
     ready_needs_key = False
     ready_line = re.compile(r"The server is fired up and ready to roll!")
@@ -246,19 +249,21 @@ class SGLang(Engine):
         if m := _LOAD_MEM.search(text):
             facts.model_load_gib = float(m.group(1))
 
-    def snapshot(self, api: EngineAPI) -> dict[str, Any]:
+    counter_paths = ("/server_info", "/metrics")
+
+    def read_counters(self, replies: Replies) -> dict[str, Any]:
         """/server_info's avg_spec_accept_length (cumulative: kept as a last resort) and, with --enable-metrics,
         the /metrics counters whose differences give the window's acceptance length."""
         snap: dict[str, Any] = {}
         try:
-            answer = api.get("/server_info")
+            answer = replies.get("/server_info")
             if answer.status == 200:
                 states = answer.json().get("internal_states") or [{}]
-                snap["sglang_avg_spec_accept_length"] = states[0].get("avg_spec_accept_length")
+                snap[_CUMULATIVE] = states[0].get("avg_spec_accept_length")
         except (Unreachable, ValueError, AttributeError, IndexError):
             pass
         try:
-            answer = api.get("/metrics")  # 404 without --enable-metrics
+            answer = replies.get("/metrics")  # 404 without --enable-metrics
             if answer.status == 200:
                 values = parse_metrics(answer.text)
                 snap["sglang_metrics"] = {"generation_tokens": values.get(GENERATION_TOKENS),
@@ -283,10 +288,14 @@ class SGLang(Engine):
         log = result.get("speculative_log") or {}
         if log.get("mean") is not None:
             return float(log["mean"]), "SGLang decode log lines in the window (accept len, weighted by #running-req)"
-        info = ((result.get("server") or {}).get("after") or {}).get("sglang_avg_spec_accept_length")
+        info = self.cumulative_acceptance((result.get("server") or {}).get("after") or {})
         if info is not None:
-            return float(info), "SGLang /server_info avg_spec_accept_length (cumulative since start or /flush_cache)"
+            return info[0], f"{info[1]} (cumulative since start or /flush_cache)"
         return None
+
+    def cumulative_acceptance(self, snapshot: dict[str, Any]) -> Acceptance | None:
+        value = snapshot.get(_CUMULATIVE)
+        return None if value is None else (float(value), "SGLang /server_info avg_spec_accept_length")
 
     def acceptance_rate(self, result: dict[str, Any]) -> float | None:
         """The window's decode log lines' `accept rate` (SGLang's counters carry no draft counts)."""

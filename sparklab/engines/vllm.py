@@ -31,7 +31,7 @@ from sparklab.errors import RecipeError
 from sparklab.spec import Speculative
 
 if TYPE_CHECKING:
-    from sparklab.engines.api import EngineAPI
+    from sparklab.engines.api import EngineAPI, Replies
     from sparklab.spec import LaunchSpec
 
 # SpeculativeConfig's method Literal in vLLM 0.27.1 (vllm/config/speculative.py), per-model MTP aliases aside.
@@ -168,6 +168,9 @@ _SPEC_COUNTERS = {
     "vllm:spec_decode_num_accepted_tokens_total": "accepted",
 }
 _PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+# The `source` of a window's acceptance from these counters; stored results are known as vLLM's by it, word for word
+# (llama.cpp's counters have the same shape and their own source), so it is never reworded.
+METRICS_SOURCE = "vllm:spec_decode_* counters from /metrics, after warmup and after the window (delta)"
 # vLLM's own per-request latency histograms (sum and count), for a server-side cross-check of the client.
 _LATENCY = tuple(f"vllm:{name}_seconds_{part}" for name in (
     "time_to_first_token", "request_time_per_output_token", "e2e_request_latency") for part in ("sum", "count"))
@@ -212,6 +215,7 @@ def server_latency(before: dict[str, Any] | None, after: dict[str, Any] | None) 
 
 class VLLM(Engine):
     kind = "vllm"
+    multinode = True  # through Ray (node_command)
     ready_path = "/v1/models"
     ready_needs_key = True
     ready_line = re.compile(r"Application startup complete\.")
@@ -303,10 +307,12 @@ class VLLM(Engine):
                 f"vLLM capped max_num_scheduled_tokens at {m.group(1)} for the draft slots, which limits the "
                 f"speculative speed-up: raise --max-num-batched-tokens (or lower K / --max-num-seqs).")
 
-    def snapshot(self, api: EngineAPI) -> dict[str, Any]:
+    counter_paths = ("/metrics",)
+
+    def read_counters(self, replies: Replies) -> dict[str, Any]:
         snap: dict[str, Any] = {}
         try:
-            answer = api.get("/metrics")
+            answer = replies.get("/metrics")
             if answer.status == 200:
                 snap["spec"] = spec_counters(answer.text)
                 values = parse_metrics(answer.text)
@@ -318,14 +324,15 @@ class VLLM(Engine):
         return snap
 
     def window(self, before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
-        return {"speculative": spec_delta(before.get("spec"), after.get("spec")),
+        return {"speculative": spec_delta(before.get("spec"), after.get("spec"), METRICS_SOURCE),
                 "server_latency": server_latency(before, after), "prefix_cache": prefix_cache(before, after)}
 
     def acceptance(self, result: dict[str, Any]) -> Acceptance | None:
         spec = result.get("speculative") or {}
-        # drafts: vLLM's counters, not SGLang's; the source: not llama.cpp's counters of the same shape
+        # drafts: a counter delta, not SGLang's /metrics window; the source: these counters, not another engine's of
+        # the same shape (a result without a source predates the others: vLLM's)
         if (spec.get("drafts") and spec.get("acceptance_length") is not None
-                and str(spec.get("source", "vllm:")).startswith("vllm:")):
+                and spec.get("source", METRICS_SOURCE) == METRICS_SOURCE):
             return float(spec["acceptance_length"]), "vLLM spec-decode counters (/metrics delta over the window)"
         return None
 
