@@ -19,6 +19,7 @@ import pytest
 from sparklab.runtimes.runfiles import group_members
 from tests.dockerkit import Lines, field, free_port
 from tests.process.conftest import RECIPE, STANDIN, HostCli, processes_of
+from tests.signals import ctrl_c_ignored
 
 
 def _ours(port: int) -> list[int]:
@@ -84,6 +85,26 @@ def test_foreground_up_stops_on_signal(host: HostCli, sig: signal.Signals) -> No
             proc.kill()
     assert code == 0, proc.stderr.read() if proc.stderr else ""
     assert elapsed < 15
+    assert _ours(port) == []
+
+
+def test_an_up_started_ignoring_ctrl_c_keeps_serving_through_it_and_stops_on_sigterm(host: HostCli) -> None:
+    """A script's background job (`nohup sparklab up … &`) starts with SIGINT ignored: the terminal's Ctrl-C is
+    not for it, and SIGTERM is how it is stopped, tearing the engine down."""
+    port = free_port()
+    with ctrl_c_ignored():
+        proc = host.popen("up", f"{RECIPE}:none", *host.launch_args(port))
+    try:
+        Lines(proc).wait_for("serving in the foreground", timeout=30)
+        proc.send_signal(signal.SIGINT)
+        time.sleep(1)
+        assert proc.poll() is None and len(_ours(port)) == 1
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=15)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert code == 0, proc.stderr.read() if proc.stderr else ""
     assert _ours(port) == []
 
 
