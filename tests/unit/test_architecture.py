@@ -1,4 +1,4 @@
-"""The house rules that keep side effects at the edges (style.md habit 1)."""
+"""The house rules that keep side effects at the edges (docs/architecture.md, "House rules the tests enforce")."""
 
 from __future__ import annotations
 
@@ -66,14 +66,14 @@ def test_the_offline_report_imports_nothing_that_talks_to_a_network() -> None:
 
 
 def test_the_cli_stays_thin() -> None:
-    """parse → one call → print: the grammar lives in cli_args.py, the work behind one call per command."""
+    """parse → one call → print: the grammar lives in cli/args.py, the work behind one call per command."""
     lines = (PACKAGE / "cli" / "main.py").read_text().count("\n")
-    assert lines < 350, f"cli.py has {lines} lines"
+    assert lines < 350, f"cli/main.py has {lines} lines"
 
 
 def test_host_processes_are_started_and_signalled_in_one_place() -> None:
     """The process runtime is the one door to host processes, as containers.py is to Docker: only processes.py
-    (with process_groups.py, and its keeper procwrap.py) starts an engine or signals a process group."""
+    (with runfiles.py, and its keeper keeper.py) starts an engine or signals a process group."""
     pattern = re.compile(r"\b(os\.killpg|subprocess\.Popen|os\.kill)\(")
     users = {p.relative_to(PACKAGE).as_posix() for p in PACKAGE.rglob("*.py") if pattern.search(p.read_text())}
     assert users == {"runtimes/processes.py", "runtimes/runfiles.py", "runtimes/keeper.py"}
