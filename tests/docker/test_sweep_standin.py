@@ -134,7 +134,9 @@ def test_interrupt_at_each_stage_then_resume(cli: Cli, tmp_path: Path, docker_cl
                                              env: str) -> None:
     path = _sweep(tmp_path, cli.image)
     doc = yaml.safe_load(path.read_text())
-    doc["set"].append(f"engines.vllm.env={{{env}}}")
+    # Only the first server (none) is slowed: the interrupt lands in it, and the resumed run's other servers run
+    # at full speed.
+    doc["overrides"] = [{"match": {"method": "none"}, "set": [f"engines.vllm.env={{{env}}}"]}]
     path.write_text(yaml.safe_dump(doc))
     before = sparklab_containers(docker_client)
     pull = []
@@ -166,9 +168,9 @@ def test_interrupt_at_each_stage_then_resume(cli: Cli, tmp_path: Path, docker_cl
 def test_sigkill_then_restart_removes_the_orphan_and_finishes(cli: Cli, tmp_path: Path, docker_client) -> None:
     path = _sweep(tmp_path, cli.image)
     doc = yaml.safe_load(path.read_text())
-    # 12 tokens 0.08 s apart: the first cell (a warmup and 3 requests) takes ~4 s, so it is in flight 1 s after
-    # ready; the resumed run pays the same delay for all 6 cells, so no slower than that
-    doc["set"].append("engines.vllm.env={STANDIN_TOKEN_DELAY: '0.08'}")
+    # 12 tokens 0.08 s apart on the first server (none): its first cell (a warmup and 3 requests) takes ~4 s, so
+    # it is in flight 1 s after ready; the resumed run's other servers run at full speed
+    doc["overrides"] = [{"match": {"method": "none"}, "set": ["engines.vllm.env={STANDIN_TOKEN_DELAY: '0.08'}"]}]
     path.write_text(yaml.safe_dump(doc))
     proc = subprocess.Popen([sys.executable, "-m", "sparklab", "sweep", str(path), "--runs-dir",
                              str(tmp_path / "runs"), *ulimit_flags()], stdout=subprocess.PIPE,

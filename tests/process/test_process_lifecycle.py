@@ -19,7 +19,6 @@ import pytest
 from sparklab.runtimes.runfiles import group_members
 from tests.dockerkit import Lines, field, free_port
 from tests.process.conftest import RECIPE, STANDIN, HostCli, processes_of
-from tests.signals import ctrl_c_ignored
 
 
 def _ours(port: int) -> list[int]:
@@ -92,8 +91,7 @@ def test_an_up_started_ignoring_ctrl_c_keeps_serving_through_it_and_stops_on_sig
     """A script's background job (`nohup sparklab up … &`) starts with SIGINT ignored: the terminal's Ctrl-C is
     not for it, and SIGTERM is how it is stopped, tearing the engine down."""
     port = free_port()
-    with ctrl_c_ignored():
-        proc = host.popen("up", f"{RECIPE}:none", *host.launch_args(port))
+    proc = host.popen("up", f"{RECIPE}:none", *host.launch_args(port), ignoring_ctrl_c=True)
     try:
         Lines(proc).wait_for("serving in the foreground", timeout=30)
         proc.send_signal(signal.SIGINT)

@@ -14,7 +14,6 @@ import yaml
 from sparklab.sweep.store import Store
 from tests.dockerkit import Lines, free_port
 from tests.process.conftest import RECIPE, STANDIN, HostCli, processes_of
-from tests.signals import ctrl_c_ignored
 
 
 def _sweep(tmp_path: Path, *extra_set: str, port: int | None = None) -> Path:
@@ -85,9 +84,8 @@ def test_a_sweep_started_ignoring_ctrl_c_runs_through_it_and_stops_cleanly_on_si
     while a server starts, does not stop it; SIGTERM does, leaving no process and a run that resumes."""
     port = free_port()
     path = _sweep(tmp_path, "engines.edgellm.env={STANDIN_TOKEN_DELAY: '0.08', STANDIN_START_DELAY: '1'}", port=port)
-    with ctrl_c_ignored():
-        proc = host.popen("sweep", str(path), "--runs-dir", str(tmp_path / "runs"), "--no-download", cwd=tmp_path,
-                          stderr=subprocess.STDOUT)
+    proc = host.popen("sweep", str(path), "--runs-dir", str(tmp_path / "runs"), "--no-download", cwd=tmp_path,
+                      stderr=subprocess.STDOUT, ignoring_ctrl_c=True)
     try:
         lines = Lines(proc)
         lines.wait_for("starting", timeout=60)
