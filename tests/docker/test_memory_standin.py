@@ -59,9 +59,10 @@ def cached_model(tmp_path: Path) -> Iterator[tuple[Path, Path]]:
     (repo / "blobs").mkdir(parents=True)
     (repo / "snapshots" / "main").mkdir(parents=True)
     blob = repo / "blobs" / "weights"
+    chunk = os.urandom(1 << 24)  # written 64 times per GiB: the page cache holds every page all the same
     with blob.open("wb") as f:
         for _ in range(CACHE_FILE_GIB * 64):
-            f.write(os.urandom(1 << 24))
+            f.write(chunk)
         f.flush()
         os.fsync(f.fileno())
     (repo / "snapshots" / "main" / "model.safetensors").symlink_to(blob)

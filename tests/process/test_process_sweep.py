@@ -3,6 +3,7 @@ sweep SIGKILLed mid-cell whose resumed run removes the orphaned process group an
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -75,6 +76,36 @@ def test_sigkill_of_a_sweep_then_resume_removes_the_orphan_and_finishes(host: Ho
     with _store(path) as store:
         assert store.counts()["done"] == 2 and len(store.cells()) == 2
     assert not processes_of(str(STANDIN / "bin"), f"--port {port}")
+
+
+def test_a_sweep_started_ignoring_ctrl_c_runs_through_it_and_stops_cleanly_on_sigterm(host: HostCli,
+                                                                                       tmp_path: Path) -> None:
+    """scripts/overnight.sh's sweep starts with SIGINT ignored (a background job of a script). Ctrl-C, even
+    while a server starts, does not stop it; SIGTERM does, leaving no process and a run that resumes."""
+    port = free_port()
+    path = _sweep(tmp_path, "engines.edgellm.env={STANDIN_TOKEN_DELAY: '0.08', STANDIN_START_DELAY: '1'}", port=port)
+    proc = host.popen("sweep", str(path), "--runs-dir", str(tmp_path / "runs"), "--no-download", cwd=tmp_path,
+                      stderr=subprocess.STDOUT, ignoring_ctrl_c=True)
+    try:
+        lines = Lines(proc)
+        lines.wait_for("starting", timeout=60)
+        proc.send_signal(signal.SIGINT)  # while the server starts
+        lines.wait_for("ready in", timeout=60)
+        proc.send_signal(signal.SIGINT)  # while a cell runs
+        time.sleep(0.5)
+        assert proc.poll() is None
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=30)
+        lines.drain()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert code == 130, "".join(lines.lines)
+    assert not processes_of(str(STANDIN / "bin"), f"--port {port}")
+    resumed = _run(host, path)
+    assert resumed.returncode == 0, resumed.stderr
+    with _store(path) as store:
+        assert store.counts()["done"] == 2
 
 
 def test_dry_run_plans_without_starting_anything(host: HostCli, tmp_path: Path) -> None:
