@@ -25,11 +25,11 @@ from sparklab.engines.api import EngineAPI
 from sparklab.engines.logwatch import CAUSE_LINES, fatal_error
 from sparklab.engines.scrape import exit_code_meaning
 from sparklab.errors import (
-    ContainerError,
     DiskFullError,
     MemoryFloorError,
     NotReadyError,
     PreflightError,
+    ServerError,
     SparklabError,
 )
 from sparklab.host import memory, preflight, watchdog
@@ -294,7 +294,7 @@ def _run_server(plan: Plan, store: Any, docker: Runtime | Docker, run_dir: Path,
             ready = launch.start(prepared, docker, pull_policy=options.pull_policy,
                                  log_path=run_dir / "logs" / f"{server.id}-{server.engine}-{server.method}.log",
                                  stall_s=plan.sweep.load_stall_s)
-    except (NotReadyError, ContainerError, PreflightError) as exc:
+    except (ServerError, PreflightError) as exc:
         if watch is not None and watch.tripped:
             _fail_at_floor(store, server, watch, max_attempts, None, say)
             return
