@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -93,18 +93,21 @@ class FakeServer(Lifecycle):
 class FakeRuntime:
     """A host's runtime. images: ref -> architecture of the images it has (others it can pull, unless their
     name starts with gone/); servers: what it lists; leftovers: what gc removes; no_image: no image at all;
-    refuse: every start is refused; up: whether it answers."""
+    refuse: every start is refused; up: whether it answers; on_launch: called with each spec it starts (a test's
+    engine endpoint comes up then, after the preflight found its port free)."""
 
     def __init__(self, host: str = "local", events: list[str] | None = None, *, arch: str = "x86_64",
                  images: dict[str, str] | None = None, servers: list[ServerInfo] | None = None,
                  leftovers: list[ServerInfo] | None = None, mounts: set[str] | None = None, refuse: bool = False,
-                 no_image: bool = False, port_after: int = 0, mem_total_gib: float = 64.0) -> None:
+                 no_image: bool = False, port_after: int = 0, mem_total_gib: float = 64.0,
+                 on_launch: Callable[[LaunchSpec], None] | None = None) -> None:
         self.host, self.events = host, events if events is not None else []
         self.arch, self.images = arch, dict(images or {})
         self.servers, self.leftovers = list(servers or []), list(leftovers or [])
         self.mounts = set(mounts or ())
         self.refuse, self.no_image, self.port_after = refuse, no_image, port_after
         self.mem_total_gib = mem_total_gib
+        self.on_launch = on_launch
         self.up = True
         self.launched: list[FakeServer] = []
         self.removed: list[str] = []  # names given to remove()
@@ -126,7 +129,7 @@ class FakeRuntime:
         self.events.append(f"image on {self.host}")
         if self.no_image:
             raise ImageUnavailableError(f"pull of {ref} failed: not found")
-        return ImageInfo(ref, IMAGE_ID, DIGEST, "arm64")
+        return ImageInfo(ref, IMAGE_ID, DIGEST, self.images.get(ref, self.arch))
 
     def launch(self, spec: LaunchSpec, secrets: dict[str, str], log_path: Path | None = None,
                detach: bool = False, on_log: LogListener | None = None) -> FakeServer:
@@ -134,6 +137,8 @@ class FakeRuntime:
             self.events.append(f"refused on {self.host}")
             raise ContainerError(f"docker could not start {spec.name}: invalid volume specification")
         self.events.append(f"launch {spec.name} on {self.host}")
+        if self.on_launch is not None:
+            self.on_launch(spec)
         server = FakeServer(spec, self.events, self.port_after, detach=detach, on_log=on_log)
         self.launched.append(server)
         return server
