@@ -106,7 +106,7 @@ class Docker:
         `tcp://` with TLS from tls_dir or DOCKER_CERT_PATH, `unix://`, or a Docker context name."""
         if url == "local":
             return cls()
-        tls: Any = None
+        tls: Any = None  # docker.tls.TLSConfig: docker-py ships no type hints
         base_url = url
         if "://" not in url:
             from docker.context import ContextAPI
@@ -415,7 +415,7 @@ class Docker:
         return b"".join(self.logs(name, since=since)).decode("utf-8", "replace")
 
 
-def _tls_config(cert_dir: str | None) -> Any:
+def _tls_config(cert_dir: str | None) -> Any:  # docker.tls.TLSConfig (docker-py ships no type hints)
     """TLS with the client certificate and CA of a `docker --tlsverify` setup; none without a directory."""
     if not cert_dir:
         raise ContainerError("a tcp:// Docker host needs TLS certificates",

@@ -21,7 +21,16 @@ from sparklab import __version__
 from sparklab.errors import DiskFullError, PreflightError, SparklabError
 from sparklab.host import preflight
 from sparklab.recipes.hosts import Host, parse_hosts, redact_url
-from sparklab.recipes.plan import Plan, ServerConfig, TimingModel, build_plan, estimate_seconds, load_sweep, recipe_file
+from sparklab.recipes.plan import (
+    Cell,
+    Plan,
+    ServerConfig,
+    TimingModel,
+    build_plan,
+    estimate_seconds,
+    load_sweep,
+    recipe_file,
+)
 from sparklab.recipes.schema import load_hardware, stored_facts
 from sparklab.runtimes.base import HostRuntime
 from sparklab.runtimes.local import Runtime as LocalRuntime
@@ -89,7 +98,7 @@ def timing_model(plan: Plan, history: list[Path]) -> TimingModel:
     return model
 
 
-def register(plan: Plan, store: Store, only: Callable[[ServerConfig, Any], bool] | None = None) -> int:
+def register(plan: Plan, store: Store, only: Callable[[ServerConfig, Cell], bool] | None = None) -> int:
     """Put the plan into the store (idempotent: a run started again adds only what is new); `only`: the cells
     to add (every server config is added), for `sparklab tune`, which plans its cells as it goes."""
     devices = load_hardware()
