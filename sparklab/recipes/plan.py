@@ -20,6 +20,7 @@ from sparklab.bench.workloads import load_workload
 from sparklab.engines import engine as engine_adapter
 from sparklab.errors import RecipeError
 from sparklab.recipes.hosts import HostEntry
+from sparklab.recipes.multinode import ClusterSpec
 from sparklab.recipes.render import LaunchOptions, render
 from sparklab.recipes.schema import (
     MAX_REPEATS,
@@ -163,7 +164,7 @@ class ServerConfig:
     recipe: Recipe
     cells: tuple[Cell, ...] = field(default_factory=tuple)
     options: LaunchOptions | None = None  # what rendered spec; another host renders it again with its own port
-    cluster: Any = None  # a server across hosts, once its hosts are chosen: multinode.ClusterSpec (spec: its head)
+    cluster: ClusterSpec | None = None  # a server across hosts, once its hosts are chosen (spec: its head)
 
 
     @property

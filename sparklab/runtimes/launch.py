@@ -17,10 +17,8 @@ from sparklab.errors import ImageUnavailableError, NotReadyError
 from sparklab.host import downloads, preflight
 from sparklab.recipes.render import LaunchOptions, render
 from sparklab.recipes.schema import Recipe, load_recipe, resolve
-from sparklab.runtimes import local
-from sparklab.runtimes.containers import Docker, ImageInfo, PullCallback, Server
+from sparklab.runtimes.base import ImageInfo, PullCallback, Runtime, Server
 from sparklab.runtimes.health import exited_error, wait_ready
-from sparklab.runtimes.processes import ProcessServer
 from sparklab.runtimes.state import state_dir
 from sparklab.spec import LaunchSpec
 
@@ -54,7 +52,10 @@ def checked(recipe: Recipe, spec: LaunchSpec, check_host: bool = True) -> Launch
 
 @dataclass
 class Ready:
-    server: Server | ProcessServer
+    """A started server that answers, with what it took to get there: what every start returns (one server or one
+    across hosts, sparklab.runtimes.cluster)."""
+
+    server: Server
     image: ImageInfo
     seconds_to_ready: float
     api_key: str | None
@@ -62,7 +63,7 @@ class Ready:
     watch: LogWatch | None = None  # the engine's log as it arrives: its first fatal line
 
 
-def start(p: Launch, docker: Docker | local.Runtime, *, pull_policy: str = "missing",
+def start(p: Launch, runtime: Runtime, *, pull_policy: str = "missing",
           allow_foreign_platform: bool = False, on_pull: PullCallback | None = None,
           api_key: str | None = None, detach: bool = False,
           on_wait: Callable[[float], None] | None = None, log_path: Path | None = None,
@@ -70,12 +71,12 @@ def start(p: Launch, docker: Docker | local.Runtime, *, pull_policy: str = "miss
     """Pull, run and wait. The returned server is already torn down if anything here fails.
 
     A fatal line in the engine's log fails the wait at once; with stall_s, so does a log silent that long.
-    `docker` may be a runtime.Runtime, which picks the container or host-process runtime the recipe names."""
-    docker = local.pick(docker, p.spec)
-    host_arch = docker.host_arch()
+    The server runs where its recipe says (`runtime.for_spec`: a container or a host process)."""
+    runtime = runtime.for_spec(p.spec)
+    host_arch = runtime.host_arch()
     p.warnings += preflight.check_platform_tag(p.spec, host_arch, allow_foreign_platform)
     platform = p.spec.platform if allow_foreign_platform else None
-    image = _ensure_image(p, docker, pull_policy, on_pull, platform)
+    image = _ensure_image(p, runtime, pull_policy, on_pull, platform)
     p.spec = caches.bind(p.spec, p.spec.image, image.digest, image.id)  # the digest is known only now
     spec = p.spec
     preflight.raise_errors(preflight.check_image_platform(spec.image, image.architecture, host_arch,
@@ -90,13 +91,13 @@ def start(p: Launch, docker: Docker | local.Runtime, *, pull_policy: str = "miss
     if downloads.host_hub_cache(spec) is not None:  # models were fetched first: a missing file fails at start
         spec = dataclasses.replace(spec, env={**downloads.offline_env(), **spec.env})
     log_watch = LogWatch(adapter)
-    server = docker.launch(spec, provided, log_path, detach=detach, on_log=log_watch.feed)
+    server = runtime.launch(spec, provided, log_path, detach=detach, on_log=log_watch.feed)
     try:
         headers = {"Authorization": f"Bearer {key}"} if key and adapter.ready_needs_key else None
         seconds = wait_ready(server, spec.endpoint + spec.ready_path, kind=spec.kind,
                              timeout_s=spec.ready_timeout_s, headers=headers, on_try=on_wait, watch=log_watch,
                              stall_s=stall_s)
-        facts = _facts_after_ready(server, spec)
+        facts = facts_after_ready(server, spec)
     except NotReadyError as exc:
         server.stop(DEAD_STOP_GRACE_S if exc.kind else 10)  # a dead or hung engine has nothing to finish
         raise
@@ -106,13 +107,13 @@ def start(p: Launch, docker: Docker | local.Runtime, *, pull_policy: str = "miss
     return Ready(server, image, seconds, key, facts, log_watch)
 
 
-def _ensure_image(p: Launch, docker: Docker, policy: str, on_pull: PullCallback | None,
+def _ensure_image(p: Launch, runtime: Runtime, policy: str, on_pull: PullCallback | None,
                   platform: str | None) -> ImageInfo:
     """Pull the recipe's image; if the registry has no such image, try its alternatives in order."""
     candidates = [p.spec.image, *p.spec.image_alternatives]
     for i, ref in enumerate(candidates):
         try:
-            image = docker.ensure_image(ref, policy, on_pull, platform)
+            image = runtime.ensure_image(ref, policy, on_pull, platform)
         except ImageUnavailableError as exc:
             if i == len(candidates) - 1:
                 raise
@@ -124,7 +125,7 @@ def _ensure_image(p: Launch, docker: Docker, policy: str, on_pull: PullCallback 
     raise AssertionError("unreachable")
 
 
-def _facts_after_ready(server: Server, spec: LaunchSpec, settle_s: float = 2.0) -> StartupFacts:
+def facts_after_ready(server: Server, spec: LaunchSpec, settle_s: float = 2.0) -> StartupFacts:
     """Parse the startup log; the ready line may trail the first 200 by a moment."""
     deadline = time.monotonic() + settle_s
     adapter = engine(spec.kind)

@@ -21,8 +21,8 @@ import yaml
 from sparklab import __version__
 from sparklab.engines import acceptance, engine
 from sparklab.errors import DiskFullError, RecipeError, SparklabError
-from sparklab.recipes.plan import Plan, build_plan, estimate_seconds, load_sweep
-from sparklab.runtimes.containers import Docker
+from sparklab.recipes.plan import Plan, TimingModel, build_plan, estimate_seconds, load_sweep
+from sparklab.runtimes.base import HostRuntime
 from sparklab.sweep import rundir, runner
 from sparklab.sweep.store import Store
 from sparklab.tune import search
@@ -116,8 +116,10 @@ def settings_dict(settings: search.Settings) -> dict[str, Any]:
     return dataclasses.asdict(settings)
 
 
-def run_tune(request: TuneRequest, say: runner.Say, docker: Docker | None = None) -> TuneOutcome:
-    """Start or continue a tune. Ctrl-C tears the current server down; the same command continues it."""
+def run_tune(request: TuneRequest, say: runner.Say, runtime: HostRuntime | None = None) -> TuneOutcome:
+    """Start or continue a tune. Ctrl-C tears the current server down; the same command continues it.
+
+    runtime: where the servers run (None: this machine's, containers and host processes, as `sparklab sweep`)."""
     name = f"tune-{request.space['name']}"
     run_dir, exists = rundir.resolve(request.runs_dir, name, request.resume, request.new)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -140,7 +142,7 @@ def run_tune(request: TuneRequest, say: runner.Say, docker: Docker | None = None
             plan = build_plan(run_dir / SPACE_FILE, run_id=run_dir.name, ulimits=request.ulimits)
             if exists:
                 say(f"continuing {run_dir} with its stored space and settings ({run_dir / SPACE_FILE})")
-            return _search(plan, store, docker or Docker(), run_dir, request, state, say)
+            return _search(plan, store, runtime, run_dir, request, state, say)
 
 
 @dataclass(frozen=True)
@@ -158,7 +160,7 @@ class DryRun:
     eta_upper_s: float
     grid_loads: int
     grid_eta_s: float
-    model: Any  # the sweep's TimingModel behind both ETAs
+    model: TimingModel  # the sweep's, behind both ETAs
 
 
 def dry_run(request: TuneRequest) -> DryRun:
@@ -199,8 +201,8 @@ def dry_run(request: TuneRequest) -> DryRun:
                   eta, configs, grid_eta, model)
 
 
-def _search(plan: Plan, store: Store, docker: Docker, run_dir: Path, request: TuneRequest, state: dict[str, Any],
-            say: runner.Say) -> TuneOutcome:
+def _search(plan: Plan, store: Store, runtime: HostRuntime | None, run_dir: Path, request: TuneRequest,
+            state: dict[str, Any], say: runner.Say) -> TuneOutcome:
     settings, objective = _settings(state), state["objective"]
     space = space_of(plan)
     runner.register(plan, store, only=lambda server, cell: False)  # every server config, no cell yet
@@ -239,7 +241,7 @@ def _search(plan: Plan, store: Store, docker: Docker, run_dir: Path, request: Tu
             if request.download and not downloaded:
                 runner.download(plan, store, say)
                 downloaded = True
-            runner.run(plan, store, docker, run_dir, request.options, say)
+            runner.run(plan, store, runtime, run_dir, request.options, say)
         else:
             raise SparklabError(f"tune stopped after {MAX_ROUNDS} rounds without an answer",
                                 "This is a bug in the search; the run's results are kept.")

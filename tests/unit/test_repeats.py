@@ -9,7 +9,7 @@ import pytest
 
 from sparklab.cli.main import main
 from sparklab.recipes.plan import build_plan
-from sparklab.sweep import repeats, runner
+from sparklab.sweep import repeats, runner, serverrun
 from sparklab.sweep.store import Store
 
 
@@ -44,8 +44,8 @@ def test_the_sweep_skips_the_repeats_a_quiet_load_does_not_need(tmp_path: Path) 
                 store.start_cell(cell.id)
                 store.finish_cell(cell.id, summary, {"summary": summary})
         fourth = {c.concurrency: c for c in server.cells if c.repeat == 3}
-        assert runner._measured_enough(plan, store, server, fourth[1], said.append) is True
-        assert runner._measured_enough(plan, store, server, fourth[4], said.append) is False
+        assert serverrun._measured_enough(plan, store, server, fourth[1], said.append) is True
+        assert serverrun._measured_enough(plan, store, server, fourth[4], said.append) is False
         assert store.cell(fourth[1].id).status == "skipped" and store.cell(fourth[4].id).status == "pending"
     assert said == ["cell vllm-cpu/none c=1 seed #3: skipped, 3 runs pin the mean to ±1.2% (repeats: auto, target 3%)"]
 
