@@ -174,12 +174,12 @@ def _print_warnings(findings: list[preflight.Finding]) -> None:
 def cmd_up(args: UpArgs) -> int:
     """One server here, or one across several Docker hosts (--host, or a recipe with nodes > 1): one path from the
     preflight to the Ctrl-C stop; only the start differs (launch.start or cluster.start, both a launch.Ready)."""
+    from sparklab.cli.hosts import connect_every
     from sparklab.cli.progress import PullProgress
     from sparklab.recipes.hosts import LOCAL
     from sparklab.runtimes import cluster as runtimes_cluster
     from sparklab.runtimes.base import HostRuntime
-    from sparklab.runtimes.containers import Docker
-    from sparklab.runtimes.local import Runtime
+    from sparklab.runtimes.local import Runtime as LocalRuntime
 
     options = launch_options(args)
     p = launch.prepare(args.spec, target=args.target, engine_name=args.engine, overrides=args.overrides,
@@ -198,7 +198,7 @@ def cmd_up(args: UpArgs) -> int:
         raise SparklabError("a server across hosts runs in the foreground (sparklab watches every node)",
                             "Leave out --detach; Ctrl-C stops it on every host.")
     hosts = [LOCAL] if nodes is None else nodes.hosts
-    runtimes: list[HostRuntime] = [Runtime()] if nodes is None else [Docker.connect(h.docker, h.tls_dir) for h in hosts]
+    runtimes: list[HostRuntime] = [LocalRuntime()] if nodes is None else list(connect_every(list(hosts)))
     for host, runtime in zip(hosts, runtimes, strict=True):
         where = "" if nodes is None else f" on {host.name}"
         for info in runtime.gc():

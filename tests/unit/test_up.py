@@ -62,7 +62,7 @@ def hosts(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[dict[str,
     def docker() -> FakeRuntime:
         return runtime("local")
 
-    docker.connect = lambda url, tls_dir=None: runtime(url.rsplit("@", 1)[-1])  # type: ignore[attr-defined]
+    docker.connect = lambda url, tls_dir=None, answer_s=None: runtime(url.rsplit("@", 1)[-1])  # type: ignore[attr-defined]
     monkeypatch.setattr(containers, "Docker", docker)
     monkeypatch.setenv("SPARKLAB_STATE", str(tmp_path / "state"))  # logs and run files of this test only
     yield made
