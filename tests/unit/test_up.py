@@ -71,7 +71,7 @@ def hosts(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[dict[str,
         endpoint.server_close()
 
 
-def _ctrl_c(server: Any, log_watch: Any = None, poll_s: float = 1.0) -> None:
+def _ctrl_c(server: Any, log_watch: Any = None, poll_s: float = 1.0, **watched_as_a_sweep: Any) -> None:
     raise KeyboardInterrupt  # what Ctrl-C (or SIGTERM) raises while `up` watches in the foreground
 
 
