@@ -177,6 +177,11 @@ def _run_server(run: ServerRun) -> None:
         except HostLost:  # its host does not answer: a teardown would wait on it too; `sparklab gc --host` later
             ready.server.keep()
             raise
+        except Exception as exc:
+            if not run.lost():  # a fault of this server's: the teardown and serve() deal with it
+                raise
+            ready.server.keep()  # a state check failed because the host went away: as above
+            raise HostLost(_one_line(exc)) from exc
 
 
 def _run_cells(run: ServerRun, ready: launch.Ready) -> None:

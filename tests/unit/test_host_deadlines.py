@@ -167,10 +167,12 @@ def test_a_hung_health_check_does_not_hold_the_cell(monkeypatch: pytest.MonkeyPa
     assert answer is False and seconds < 2, f"{seconds:.1f} s"
 
 
+@pytest.mark.parametrize("when", ["mid-cell", "between cells"])
 def test_a_cell_whose_host_goes_away_runs_again_uncharged_and_no_teardown_waits_on_the_host(
-        tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The host froze mid-cell: its requests fail, and so does its daemon's ping. Before: the cell was charged an
-    attempt as a bench error, and the teardown then waited on the silent host (ssh had no timeout: for ever)."""
+        tmp_path: Any, monkeypatch: pytest.MonkeyPatch, when: str) -> None:
+    """The host froze mid-cell (its requests fail, and so does its daemon's ping), or before the next cell (the
+    server's state check fails). Before: the cell was charged an attempt as a bench error, and the teardown then
+    waited on the silent host (ssh had no timeout: for ever)."""
     import yaml
 
     from sparklab.engines.scrape import StartupFacts
@@ -204,6 +206,15 @@ def test_a_cell_whose_host_goes_away_runs_again_uncharged_and_no_teardown_waits_
         gone.set()  # the host freezes now
         raise ConnectionError("timed out")
 
+    def state() -> tuple[bool, int | None]:
+        if gone.is_set():
+            raise ConnectionError("Connection to 127.0.0.1 port 22 timed out")
+        return True, None
+
+    if when == "between cells":
+        gone.set()
+    fake.state = state  # type: ignore[method-assign]
+
     monkeypatch.setattr(sweep_mod.bench, "run", bench_run)
     said: list[str] = []
     with store, pytest.raises(fleet.HostLost):
@@ -217,4 +228,5 @@ def test_a_cell_whose_host_goes_away_runs_again_uncharged_and_no_teardown_waits_
     assert [rows[c.id].attempts for c in server.cells] == [0, 0]  # the host's fault, not the cell's
     assert kinds == ["host_lost"]
     assert not any(e.startswith("stop") for e in fake.events)  # no teardown waited on the silent host
-    assert any("was running when the host was lost; it runs again" in line for line in said)
+    ran = any("was running when the host was lost; it runs again" in line for line in said)
+    assert ran == (when == "mid-cell")
