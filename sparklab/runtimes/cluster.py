@@ -31,7 +31,7 @@ from sparklab.host import preflight
 from sparklab.recipes.multinode import ClusterSpec
 from sparklab.runtimes.containers import Docker, PullCallback
 from sparklab.runtimes.health import exited_error, wait_ready
-from sparklab.runtimes.launch import Launch, Ready, _facts_after_ready
+from sparklab.runtimes.launch import Launch, Ready, _facts_after_ready, parser_preflight
 from sparklab.runtimes.state import state_dir
 
 log = logging.getLogger(__name__)
@@ -199,6 +199,7 @@ def start(p: Launch, cluster: ClusterSpec, dockers: Sequence[Docker], *, pull_po
                                                                                                     strict=True))
                                             + "); the engines' versions may not match",
                                             "Pull the same digest on every host (pin it in the recipe)."))
+    p.check = parser_preflight(p, dockers[0], images[0])  # the head's command through its image's own parser
     nodes = [caches.bind(spec, spec.image, image.digest, image.id) for spec, image in zip(cluster.nodes, images,
                                                                                               strict=True)]
     key = (api_key or secrets.token_urlsafe(24)) if head.needs_api_key else None
@@ -234,5 +235,6 @@ def start(p: Launch, cluster: ClusterSpec, dockers: Sequence[Docker], *, pull_po
         server.stop()
         raise
     p.spec = nodes[0]
-    return Ready(server, images[0], time.monotonic() - started, key, facts, log_watch)  # type: ignore[arg-type]
+    return Ready(server, images[0], time.monotonic() - started, key, facts, log_watch,  # type: ignore[arg-type]
+                 p.check)
 

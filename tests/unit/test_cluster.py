@@ -4,13 +4,15 @@ dies while serving, a host that does not answer)."""
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from sparklab.errors import ContainerError, ImageUnavailableError, NotReadyError
+from sparklab.engines.parsers import ProbeRun
+from sparklab.errors import ContainerError, ImageUnavailableError, NotReadyError, PreflightError
 from sparklab.recipes.hosts import parse_hosts
 from sparklab.recipes.multinode import ClusterSpec, render_cluster
 from sparklab.recipes.render import LaunchOptions
@@ -66,6 +68,8 @@ class FakeDocker:
                  port_after: int = 0) -> None:
         self.host, self.events, self.refuse, self.no_image, self.port_after = host, events, refuse, no_image, port_after
         self.nodes: list[FakeNode] = []
+        self.probed: list[Any] = []
+        self.parser_says = '{"vllm_version": "0.27.1", "cases": [{"id": "0", "ok": true, "errors": []}]}'
 
     def ensure_image(self, ref: str, policy: str = "missing", on_event: Any = None,
                      platform: str | None = None) -> ImageInfo:
@@ -73,6 +77,11 @@ class FakeDocker:
         if self.no_image:
             raise ImageUnavailableError(f"pull of {ref} failed: not found")
         return ImageInfo(ref, "sha256:" + "1" * 64, "sha256:" + "2" * 64, "arm64")
+
+    def probe(self, image: str, probe: Any, timeout_s: float) -> ProbeRun:
+        """The head's command through vLLM's parser: accepted, as vLLM 0.27.1's own parser would."""
+        self.probed.append(probe)
+        return ProbeRun(0, self.parser_says, "", 0.1)
 
     def launch(self, spec: Any, secrets: dict[str, str], log_path: Any = None, detach: bool = False,
                on_log: Any = None) -> FakeNode:
@@ -214,3 +223,19 @@ def test_a_host_that_does_not_answer_does_not_keep_the_other_nodes_up() -> None:
     with pytest.raises(ContainerError, match="cannot reach the host of worker"):
         server.stop()
     assert events == ["stop worker", "stop head"]
+
+
+def test_the_heads_serve_command_goes_through_its_images_parser_before_any_node_starts() -> None:
+    """The head runs `vllm serve` after `ray start`: that serve command is what vLLM's own parser judges, on the
+    head's host, before any node starts; a refusal starts nothing."""
+    events: list[str] = []
+    dockers = [FakeDocker("local", events), FakeDocker("spark-2", events)]
+    dockers[0].parser_says = json.dumps({"vllm_version": "0.27.1", "cases": [{"id": "0", "ok": False, "errors": [
+        {"flag": None, "message": "unrecognized arguments: --speculative-confg"}]}]})
+    with pytest.raises(PreflightError, match="unrecognized arguments: --speculative-confg"):
+        _start(dockers, lambda *a, **k: 0.1)
+    assert not [e for e in events if e.startswith("launch")], events
+    (probe,) = dockers[0].probed
+    (case,) = json.loads(probe.args[-1])["cases"]
+    assert case["argv"][0] == "serve" and "--distributed-executor-backend" in case["argv"]
+    assert probe.args[4] == "vllm" and dockers[1].probed == []  # the program whose Python runs it; on the head only
