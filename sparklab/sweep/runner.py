@@ -40,7 +40,7 @@ from sparklab.records import BenchResult, Sampling
 from sparklab.runtimes import cluster, launch
 from sparklab.runtimes.containers import Docker
 from sparklab.runtimes.local import Runtime
-from sparklab.sweep import fleet, provenance, repeats, rundir
+from sparklab.sweep import fleet, parsecheck, provenance, repeats, rundir
 from sparklab.sweep.store import PlannedCell, Store
 
 log = logging.getLogger(__name__)
@@ -205,6 +205,8 @@ def run(plan: Plan, store: Store, docker: Runtime | Docker | None, run_dir: Path
     assert docker is not None
     for info in docker.gc():
         say(f"removed leftover container {info.name} (its sparklab process is gone)")
+    parsecheck.check_pending(plan, store, docker if isinstance(docker, Runtime) else Runtime(docker),
+                             options.pull_policy, say)
     baseline, _ = preflight.mem_available_gib()
     for server in plan.servers:
         pending = {c.id for c in store.pending_cells()}
@@ -293,7 +295,7 @@ def _run_server(plan: Plan, store: Any, docker: Runtime | Docker, run_dir: Path,
         else:
             ready = launch.start(prepared, docker, pull_policy=options.pull_policy,
                                  log_path=run_dir / "logs" / f"{server.id}-{server.engine}-{server.method}.log",
-                                 stall_s=plan.sweep.load_stall_s)
+                                 stall_s=plan.sweep.load_stall_s, sources=(Path(plan.source),))
     except (NotReadyError, ContainerError, PreflightError) as exc:
         if watch is not None and watch.tripped:
             _fail_at_floor(store, server, watch, max_attempts, None, say)
@@ -311,9 +313,15 @@ def _run_server(plan: Plan, store: Any, docker: Runtime | Docker, run_dir: Path,
     facts = {**ready.facts.as_dict(), **engine(spec.kind).served_facts(api)}
     if watch is not None:
         facts["memory"] = watch.stats(start_mark).as_dict()
+    disagree = launch.read_served_version(ready, api)
+    if disagree:
+        facts["version_disagreement"] = disagree
+        say(f"server {server.label}: warning: {disagree}")
     store.record_server_start(server.id, image_digest=ready.image.digest, startup_facts=facts,
                               ready_s=ready.seconds_to_ready, log_path=str(ready.server.log_path),
-                              engine_version=engine(spec.kind).version(api))
+                              engine_version=ready.served_version or launch.image_version(ready))
+    if ready.check is not None:
+        store.record_image_check(server.id, ready.check.as_dict())
     say(f"server {server.label}: ready in {ready.seconds_to_ready:.1f} s")
     if ready.watch is not None:  # a dead engine's API server may run on: kill it, so in-flight requests fail now
         ready.watch.on_fatal(ready.server.kill)
@@ -419,7 +427,9 @@ def _run_cell(plan: Plan, store: Store, ready: launch.Ready, server: ServerConfi
                            request_timeout_s=sweep.request_timeout_s, stall_timeout_s=sweep.stall_timeout_s,
                            alive=lambda: ready.server.state()[0] and endpoint.api.alive())
         since = result["measurement"]["window_started_at"]
-        bench.add_log_acceptance(result, spec.kind, lambda: ready.server.log_since(since))
+        bench.add_log_acceptance(result, spec.kind, lambda: ready.server.log_since(since), launch.image_version(ready))
+        result["engine"] = {"version": launch.image_version(ready), "served_version": ready.served_version,
+                            "image_digest": ready.image.digest}
         if watch is not None:
             watchdog.add_cell_facts(result, watch, mark, clocks)
     except (KeyboardInterrupt, DiskFullError):
@@ -449,11 +459,13 @@ def _run_cell(plan: Plan, store: Store, ready: launch.Ready, server: ServerConfi
         message = (f"{counts['failed']} of {counts['measured']} requests failed (require_ok {sweep.require_ok:g}): "
                    f"{errors}")
         status = store.partial_cell(cell.id, dict(summary), dict(result), message, max_attempts=sweep.max_attempts,
-                                    image_digest=ready.image.digest)
+                                    image_digest=ready.image.digest, engine_version=launch.image_version(ready),
+                                    served_version=ready.served_version)
         say(f"cell {name}: partial, {message}; " + ("it runs again" if status == "pending" else
                                                      "kept as partial (flagged in the report)"))
         return
-    store.finish_cell(cell.id, dict(summary), dict(result), image_digest=ready.image.digest)
+    store.finish_cell(cell.id, dict(summary), dict(result), image_digest=ready.image.digest,
+                      engine_version=launch.image_version(ready), served_version=ready.served_version)
     adapter.reset_prefix_cache(endpoint.api)
     say(f"cell {name}: {summary['aggregate_tps']:.2f} tok/s aggregate, "
         f"{summary['requests']['ok']}/{summary['requests']['measured']} ok")
