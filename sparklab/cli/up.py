@@ -185,6 +185,7 @@ def cmd_up(args: UpArgs) -> int:
         return cluster.cmd_up(args, p, options, out, err)
     if args.dry_run:
         out.print(launch_command(spec), markup=False)
+        dry_parser_check([p.spec])
         out.print("dry run: preflight passed, nothing started.")
         return 0
     docker = Runtime()
@@ -209,7 +210,12 @@ def cmd_up(args: UpArgs) -> int:
                              allow_foreign_platform=args.allow_foreign_platform, on_pull=pull_progress.update,
                              api_key=given_key, detach=args.detach, on_wait=on_wait, stall_s=args.stall_timeout)
     _print_warnings(p.warnings[shown:])
+    from sparklab.engines.api import EngineAPI
+
     with ready.server:
+        disagree = launch.read_served_version(ready, EngineAPI(spec.endpoint, ready.api_key))
+        if disagree:
+            err.print("[yellow]warning:[/] " + escape(disagree), markup=True)
         _print_ready(ready, key_given=bool(given_key))
         if args.detach:
             ready.server.keep()
@@ -224,6 +230,23 @@ def cmd_up(args: UpArgs) -> int:
             err.print(f"stopped and removed {ready.server.name} in {seconds:.1f} s")
             return 0
     return 0
+
+
+def dry_parser_check(specs: list[Any], sources: tuple[Path, ...] = ()) -> None:
+    """--dry-run: each command through its image's own parser, where the image is already here (a dry run pulls
+    nothing; the verdict is kept for the start). A refusal is the dry run's error; what could not run, a warning."""
+    from sparklab.cli.console import check_table
+    from sparklab.runtimes import imagecheck
+    from sparklab.runtimes.local import Runtime
+
+    checks = imagecheck.gather(specs, Runtime(), pull_policy=None)
+    out.print(check_table(checks))
+    _print_warnings([preflight.Finding("warning", w) for w in dict.fromkeys(x for c in checks for x in c.warnings)])
+    refused = [c for c in checks if c.verdict.status == imagecheck.REJECTED]
+    if refused:
+        error = imagecheck.refusal(refused[0], sources)
+        error.message = "\n".join(imagecheck.refusal(c, sources).message for c in refused)
+        raise error
 
 
 def _print_ready(ready: launch.Ready, key_given: bool = False) -> None:
