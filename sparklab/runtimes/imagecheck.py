@@ -228,8 +228,9 @@ def platform_notes(spec: LaunchSpec, image_arch: str | None, host_arch: str, lab
                      f"linux/{preflight.arch_name(host_arch)}: it cannot run here")
     if not spec.gpus or spec.runtime != "container":
         return notes
-    declared = labels.get(CUDA_LABEL, "").replace(",", ";").split(";")
-    declared = [d.strip().removeprefix("sm_") for d in declared if d.strip()]
+    # CMake's spellings: `121`, `121a`, `121a-real`, `sm_121`; a/-real/-virtual narrow the kind of kernel, not the GPU
+    declared = [d.strip().removeprefix("sm_").split("-")[0]
+                for d in labels.get(CUDA_LABEL, "").replace(",", ";").replace(" ", ";").split(";") if d.strip()]
     if compute_cap is None:
         notes.append(f"no GPU answered nvidia-smi here: {spec.image}'s CUDA targets "
                      f"({', '.join('sm_' + d for d in declared) or 'undeclared'}) were not compared with one")
