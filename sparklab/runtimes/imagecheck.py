@@ -41,7 +41,8 @@ CACHE_FORMAT = 1
 
 
 class ProbeRuntime(Protocol):
-    """What runs a probe: containers.Docker (in a container of `image`) or processes.Processes (on this host)."""
+    """What runs a probe: containers.Docker (in a container of `image`) or processes.Processes (on this host); a
+    local.Runtime picks the one a server's recipe names."""
 
     def probe(self, image: str, probe: Probe, timeout_s: float) -> ProbeRun: ...
 
@@ -120,7 +121,7 @@ def image_key(image: ImageInfo | None) -> str | None:
     return None if image is None else (image.digest or image.id or None)
 
 
-def check(specs: Sequence[LaunchSpec], runtime: ProbeRuntime, image: ImageInfo | None, *,
+def check(specs: Sequence[LaunchSpec], runtime: ProbeRuntime | local.Runtime, image: ImageInfo | None, *,
           cache: Cache | None = None, timeout_s: float = TIMEOUT_S) -> list[Checked]:
     """Each server's command through its engine's own parser, in one run for those the cache does not know.
     All specs run one image (or program) and one environment (`check_all` groups them so)."""
@@ -157,7 +158,7 @@ def check(specs: Sequence[LaunchSpec], runtime: ProbeRuntime, image: ImageInfo |
     return done
 
 
-def check_all(pairs: Sequence[tuple[LaunchSpec, ImageInfo | None]], runtime: ProbeRuntime, *,
+def check_all(pairs: Sequence[tuple[LaunchSpec, ImageInfo | None]], runtime: ProbeRuntime | local.Runtime, *,
               cache: Cache | None = None, timeout_s: float = TIMEOUT_S) -> list[Checked]:
     """Every server, one parser run per image and environment, in the order given."""
     groups: dict[tuple[Any, ...], list[int]] = {}
@@ -208,7 +209,7 @@ def refusal(checked: Checked, sources: Sequence[Path] = ()) -> PreflightError:
                                             "image whose parser knows it; nothing was started.")
 
 
-def preflight_one(spec: LaunchSpec, runtime: ProbeRuntime, image: ImageInfo | None, *,
+def preflight_one(spec: LaunchSpec, runtime: ProbeRuntime | local.Runtime, image: ImageInfo | None, *,
                   sources: Sequence[Path] = (), cache: Cache | None = None,
                   timeout_s: float = TIMEOUT_S) -> Checked:
     """One server's check before its start: raises the refusal; returns the check (with its warnings)."""
