@@ -67,7 +67,7 @@ def cmd_check(args: CheckArgs) -> int:
     for checked in checks:
         if checked.verdict.status == imagecheck.REJECTED:
             out.print(imagecheck.refusal(checked, sources).message, markup=False, highlight=False)
-    for line in dict.fromkeys(w for c in checks for w in c.warnings):
+    for line in imagecheck.summarize(checks):
         err.print(f"warning: {line}", markup=False, highlight=False)
     refused = sum(c.verdict.status == imagecheck.REJECTED for c in checks)
     unchecked = sum(c.verdict.status == imagecheck.NOT_CHECKED for c in checks)

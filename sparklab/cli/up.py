@@ -241,7 +241,7 @@ def dry_parser_check(specs: list[Any], sources: tuple[Path, ...] = ()) -> None:
 
     checks = imagecheck.gather(specs, Runtime(), pull_policy=None)
     out.print(check_table(checks))
-    _print_warnings([preflight.Finding("warning", w) for w in dict.fromkeys(x for c in checks for x in c.warnings)])
+    _print_warnings([preflight.Finding("warning", w) for w in imagecheck.summarize(checks)])
     refused = [c for c in checks if c.verdict.status == imagecheck.REJECTED]
     if refused:
         error = imagecheck.refusal(refused[0], sources)

@@ -220,7 +220,9 @@ while [ $# -gt 0 ]; do
   shift "$n"; idx=$((idx + 1))
 done
 """
-_BUILD = re.compile(r"(?:build |version: )(\d+)")
+# `llama-server --version`: "version: 0.7.0 (build 11669, commit Debian)" (Debian's b11669, measured) or upstream's
+# "version: 11669 (1a2b3c4)"; /props: "b11669-Debian". The build number, never the Debian package version.
+_BUILD = re.compile(r"build (\d+)|version: (\d+)(?![\d.])|^b(\d+)")
 _PARSE_ERROR = re.compile(r"^(error[: ].*|.*the argument has been removed.*|.*invalid argument.*)$", re.MULTILINE)
 _USAGE = re.compile(r"----- common params -----|^usage:", re.MULTILINE)
 
@@ -392,8 +394,8 @@ class LlamaCpp(Engine):
 
     def version_key(self, version: str | None) -> tuple[int, ...] | None:
         """Builds are counted: `b11669`, `b11669-Debian`, `0.7.0 (build 11669, …)` → (11669,)."""
-        m = re.search(r"(?:^b|build |version: )(\d+)", version or "")
-        return (int(m.group(1)),) if m else None
+        m = _BUILD.search(version or "")
+        return (int(next(g for g in m.groups() if g)),) if m else None
 
     def acceptance_fact(self, result: dict[str, Any]) -> Fact | None:
         return versions.LLAMACPP.in_area("acceptance counters")[0] if self.acceptance(result) else None
@@ -411,7 +413,7 @@ class LlamaCpp(Engine):
             return [parsers.not_checked("llama-server's parser did not run in the image", run, parser)] * len(specs)
         version_text, cases = _sections(run.stdout)
         build = _BUILD.search(version_text)
-        version = f"b{build.group(1)}" if build else None
+        version = f"b{next(g for g in build.groups() if g)}" if build else None
         source = f"`{specs[0].entrypoint[0]} --version` in the image: {parsers.last_lines(version_text, 1)}"
         out = []
         for i in range(len(specs)):

@@ -174,6 +174,25 @@ def check_all(pairs: Sequence[tuple[LaunchSpec, ImageInfo | None]], runtime: Pro
     return [c for c in out if c is not None]
 
 
+NOT_RUN = "own parser was not run on this command"
+
+
+def summarize(checks: Sequence[Checked]) -> list[str]:
+    """The checks' warnings for a list of servers: one line per engine, image and reason a parser did not run
+    (naming its servers), then every other warning once."""
+    unrun: dict[tuple[str, str, str], list[str]] = {}
+    others: list[str] = []
+    for c in checks:
+        if c.verdict.status == NOT_CHECKED:
+            name = engine(c.spec.kind).name or c.spec.kind
+            unrun.setdefault((name, c.image, c.verdict.why_not), []).append(
+                f"{c.spec.recipe}/{c.spec.engine}/{c.spec.method}")
+        others += [w for w in c.warnings if NOT_RUN not in w]
+    lines = [f"{name}'s own parser was not run on {len(servers)} command(s) of {image} ({', '.join(servers)}): {why}"
+             for (name, image, why), servers in unrun.items()]
+    return lines + list(dict.fromkeys(others))
+
+
 def where(spec: LaunchSpec) -> str:
     return f"{spec.recipe}/{spec.engine}/{spec.method} ({spec.image})"
 
@@ -184,8 +203,7 @@ def warnings_of(checked: Checked) -> list[str]:
     adapter = engine(spec.kind)
     found: list[str] = []
     if verdict.status == NOT_CHECKED:
-        found.append(f"{where(spec)}: {adapter.name or spec.kind}'s own parser was not run on this command: "
-                     f"{verdict.why_not}")
+        found.append(f"{where(spec)}: {adapter.name or spec.kind}'s {NOT_RUN}: {verdict.why_not}")
         return found
     why_unknown = "" if verdict.version else (verdict.version_source or "the image states no version")
     warning = adapter.version_warning(verdict.version, where(spec), why_unknown)
@@ -219,15 +237,20 @@ def preflight_one(spec: LaunchSpec, runtime: ProbeRuntime | local.Runtime, image
     return checked
 
 
-def platform_notes(spec: LaunchSpec, image_arch: str | None, host_arch: str, labels: dict[str, str],
+def platform_notes(spec: LaunchSpec, image_arch: str | None, host_arch: str, labels: dict[str, str] | None,
                    compute_cap: float | None) -> list[str]:
     """Whether the image can run here: its architecture against the host's, and, for a GPU server, the CUDA
-    architectures it declares (CUDA_LABEL) against the GPU's compute capability (nvidia-smi)."""
+    architectures it declares (CUDA_LABEL) against the GPU's compute capability (nvidia-smi). labels None: the
+    image is not here to read them."""
     notes: list[str] = []
     if image_arch and preflight.arch_name(image_arch) != preflight.arch_name(host_arch):
         notes.append(f"{spec.image} is linux/{preflight.arch_name(image_arch)} but this host is "
                      f"linux/{preflight.arch_name(host_arch)}: it cannot run here")
     if not spec.gpus or spec.runtime != "container":
+        return notes
+    if labels is None:
+        gpu = f"this GPU's sm_{compute_cap:.1f}".replace(".", "") if compute_cap else "a GPU (none answered here)"
+        notes.append(f"{spec.image} is not here, so its CUDA architectures could not be compared with {gpu}")
         return notes
     # CMake's spellings: `121`, `121a`, `121a-real`, `sm_121`; a/-real/-virtual narrow the kind of kernel, not the GPU
     declared = [d.strip().removeprefix("sm_").split("-")[0]
@@ -272,8 +295,10 @@ def gather(specs: Sequence[LaunchSpec], runtime: local.Runtime, *, pull_policy: 
             image, why, arch, host_arch = None, exc.message, None, ""
         if platform and host_arch:
             labels = runtime.docker.image_labels(image.ref) if image is not None and spec.runtime == "container" \
-                else {}
-            notes[i] = platform_notes(spec, arch, host_arch, labels, cap)
+                else None
+            # not here and not pulled: the platform the recipe declares for it, else the one its tag names
+            declared = (spec.platform or "").partition("/")[2] or preflight.tag_platform(spec.image)
+            notes[i] = platform_notes(spec, arch or declared, host_arch, labels, cap)
         if image is None or why:
             skipped[i] = Checked(spec, spec.image, image_key(image), parsers.not_checked(why or "no image"), 0.0)
             skipped[i].warnings += warnings_of(skipped[i])
@@ -294,12 +319,17 @@ def _resolve(spec: LaunchSpec, runtime: Any, pull_policy: str | None,
         image = runtime.ensure_image(spec.image)  # the program must exist
         return image, "", image.architecture
     host = preflight.arch_name(runtime.host_arch())
+    declared = (spec.platform or "").partition("/")[2]
+    if declared and preflight.arch_name(declared) != host and runtime.image_info(spec.image) is None:
+        return None, (f"the recipe runs {spec.image} as {spec.platform}; this host is linux/{host}: not pulled "
+                      f"here (check it on an {preflight.arch_name(declared)} host)"), declared
     candidates = (spec.image, *spec.image_alternatives)
     why = ""
     for ref in candidates:
         image = runtime.image_info(ref)
         if image is None and pull_policy is None:
-            why = why or f"{ref} is not on this host, and a dry run pulls nothing (`sparklab check` or `sparklab pull`)"
+            why = why or f"{ref} is not on this host and was not pulled (a dry run or --pull never; `sparklab pull` " \
+                          f"or `sparklab check` fetch it)"
             continue
         if image is None or pull_policy == "always":
             platforms = runtime.registry_platforms(ref) if image is None else None

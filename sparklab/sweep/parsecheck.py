@@ -36,5 +36,5 @@ def check_pending(plan: Plan, store: Any, runtime: Runtime, pull_policy: str, sa
             took = (f"{checked.seconds:.2f} s, cached from a {checked.first_seconds:.1f} s check" if checked.cached
                     and checked.first_seconds is not None else f"{checked.seconds:.1f} s")
             say(f"server {server.label}: {verdict.version or 'its engine'}'s own parser accepts its command ({took})")
-    for warning in dict.fromkeys(w for c in checks for w in c.warnings):
+    for warning in imagecheck.summarize(checks):
         say(f"warning: {warning}")

@@ -98,7 +98,7 @@ def test_edgellm_follows_its_version_to_the_server_command() -> None:
 
 def test_llamacpp_counts_builds() -> None:
     llama = engine("llamacpp")
-    for text in ("b11669", "b11669-Debian", "0.7.0 (build 11669, commit Debian)", "version: 11669 (Debian)"):
+    for text in ("b11669", "b11669-Debian", "version: 0.7.0 (build 11669, commit Debian)", "version: 11669 (1a2b3c)"):
         assert llama.version_key(text) == (11669,)
     assert llama.version_warning("b11669-Debian", "x") is None
     assert "b11800 is outside" in (llama.version_warning("b11800", "x") or "")
@@ -108,3 +108,22 @@ def test_the_knowledge_tables_cite_both_vllm_versions_for_what_the_cpu_engine_ti
     """What the two-version engine-tier test relies on was read in both: counters, readiness, startup lines."""
     for area in ("acceptance counters", "readiness path", "startup lines", "fatal lines"):
         assert all(set(f.read_in) >= {"0.27.1", "0.32.0"} for f in versions.VLLM.in_area(area)), area
+
+
+def test_llamacpp_reads_its_build_from_its_own_version_output_and_verdicts_from_its_parser() -> None:
+    """`llama-server --version` and parse errors as build b11669 prints them (measured in the CPU image)."""
+    from sparklab.engines.llamacpp import _PROBE  # noqa: F401  (the probe whose output this is)
+
+    spec = render(load_recipe(recipes_dir() / "cpu.yaml"), "llamacpp-cpu", "draft_model", LaunchOptions())
+    out = ("@@version\nversion: 0.7.0 (build 11669, commit Debian)\nbuilt with GNU 16.2.0 for Linux x86_64\n@@exit 0\n"
+           "@@case 0\n----- common params -----\n\n-h,    --help, --usage   print usage and exit\n@@exit 0\n"
+           "@@case 1\nerror: invalid argument: --speculative-confg\n@@exit 1\n"
+           "@@case 2\nerror while handling argument \"--ctx-size\": stoi\n\nusage:\n-c, --ctx-size N\n\n"
+           "to show complete usage, run with -h\n@@exit 1\n"
+           "@@case 3\nsomething else entirely\n@@exit 1\n")
+    verdicts = engine("llamacpp").parser_verdicts([spec] * 4, parsers.ProbeRun(0, out, "", 0.4))
+    assert [v.status for v in verdicts] == [parsers.ACCEPTED, parsers.REJECTED, parsers.REJECTED, parsers.NOT_CHECKED]
+    assert {v.version for v in verdicts} == {"b11669"}
+    assert verdicts[1].message == "error: invalid argument: --speculative-confg"
+    assert verdicts[2].message == 'error while handling argument "--ctx-size": stoi'
+    assert "without a parse error or its usage" in verdicts[3].why_not

@@ -59,8 +59,10 @@ def test_the_gb10_recipe_runs_the_image_this_dockerfile_builds() -> None:
     ("arm64", {}, 12.1, ["does not declare its CUDA architectures", "sm_121"]),
     ("amd64", {}, 12.1, ["is linux/amd64 but this host is linux/arm64: it cannot run here"]),
     ("arm64", {CUDA_LABEL: "121a-real"}, None, ["no GPU answered nvidia-smi here", "(sm_121a)"]),
+    ("arm64", None, 12.1, ["is not here, so its CUDA architectures could not be compared with this GPU's sm_121"]),
 ])
-def test_check_says_when_an_image_does_not_fit_the_host(image_arch: str, labels: dict[str, str], cap: float | None,
+def test_check_says_when_an_image_does_not_fit_the_host(image_arch: str, labels: dict[str, str] | None,
+                                                        cap: float | None,
                                                         says: list[str]) -> None:
     spec = render(load_recipe(recipes_dir() / "llamacpp-gb10.yaml"), "llamacpp", "draft", LaunchOptions())
     notes = platform_notes(spec, image_arch, "aarch64", labels, cap)
