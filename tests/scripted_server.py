@@ -51,6 +51,7 @@ class Scripted:
     status: int = 200
     bodies: list[dict[str, Any]] = field(default_factory=list)
     resets: list[int] = field(default_factory=list)  # len(bodies) at each POST /reset_prefix_cache
+    gets: list[str] = field(default_factory=list)  # the path of every GET, in order
 
     def __post_init__(self) -> None:
         owner = self
@@ -69,6 +70,7 @@ class Scripted:
                 self.wfile.write(body)
 
             def do_GET(self) -> None:
+                owner.gets.append(self.path)
                 if self.path == "/v1/models":
                     self._send(200, json.dumps({"object": "list", "data": [{"id": "scripted-model"}]}).encode())
                 elif self.path == "/metrics":

@@ -11,6 +11,8 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from sparklab import engines
+
 
 def _num(value: float | None, digits: int = 2) -> str:
     return "-" if value is None else f"{value:,.{digits}f}"
@@ -78,9 +80,9 @@ def bench_result(result: dict[str, Any]) -> Group:
         rate = "" if from_log.get("rate") is None else f", rate {_num(100 * from_log['rate'], 1)}%"
         parts.append(Text(f"speculative ({from_log['source']}): median {_num(from_log['median'])}, "
                           f"mean {_num(from_log['mean'])}{rate} over {from_log['samples']} lines"))
-    sglang = (result.get("server", {}).get("after") or {}).get("sglang_avg_spec_accept_length")
-    if sglang is not None:
-        parts.append(Text(f"speculative (SGLang /server_info avg_spec_accept_length): {_num(sglang)}"))
+    lifelong = engines.cumulative_acceptance(result.get("server", {}).get("after") or {})
+    if lifelong is not None:
+        parts.append(Text(f"speculative ({lifelong[1]}): {_num(lifelong[0])}"))
     return Group(*parts)
 
 

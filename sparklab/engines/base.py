@@ -3,7 +3,7 @@
 An adapter says how the engine is launched (network and API-key flags, its sweep-time environment), how its
 speculative flags read, what to check before it starts, what its startup log says, which log lines explain a
 death, when it is ready, and how to read its counters, acceptance, version and prefix-cache reset. It is
-pure: HTTP goes through the `EngineAPI` it is handed (sparklab.engine_api). A new engine is one module
+pure: HTTP goes through the `EngineAPI` it is handed (sparklab.engines.api). A new engine is one module
 subclassing `Engine`, registered in sparklab/engines/__init__.py, plus a recipe.
 """
 
@@ -23,7 +23,7 @@ from sparklab.engines.scrape import StartupFacts, collect_warnings
 from sparklab.spec import LaunchSpec, Speculative
 
 if TYPE_CHECKING:
-    from sparklab.engines.api import EngineAPI
+    from sparklab.engines.api import EngineAPI, Replies
     from sparklab.records import Sampling
 
 
@@ -100,6 +100,9 @@ class Engine:
     """Defaults shared by the engines; each adapter overrides what differs."""
 
     kind: str = ""
+    # One server across several hosts (`node_command` says what each node runs); a recipe with `nodes > 1` is
+    # refused for an engine without it (sparklab.recipes.schema reads this flag).
+    multinode: bool = False
     ready_path: str = "/v1/models"
     ready_needs_key: bool = True
     ready_line: re.Pattern[str] = re.compile(r"(?!)")  # the startup log's "ready" line
@@ -214,9 +217,19 @@ class Engine:
         """The sampling as this engine's chat API takes it (an engine that refuses unknown fields drops them)."""
         return sampling
 
-    def snapshot(self, api: EngineAPI) -> dict[str, Any]:
-        """Server-side counters at one instant (merged into the bench result's before/after)."""
+    # The paths a counter snapshot GETs for this engine. sparklab.engines.snapshot asks each path once for every
+    # adapter that lists it (without a kind, vLLM, SGLang and llama.cpp all read one /metrics text).
+    counter_paths: tuple[str, ...] = ()
+
+    def read_counters(self, replies: Replies) -> dict[str, Any]:
+        """Server-side counters at one instant, from the answers to `counter_paths` (merged into the bench
+        result's before/after)."""
         return {}
+
+    def cumulative_acceptance(self, snapshot: dict[str, Any]) -> Acceptance | None:
+        """An acceptance length the engine states over its whole life (not the window) in one snapshot, and where
+        it came from; None when it states none. `sparklab bench` shows it beside the window's own figures."""
+        return None
 
     def window(self, before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
         """What the counters say about the window between two snapshots: `speculative`, `server_latency`."""

@@ -52,11 +52,10 @@ import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from sparklab.engines import parsers, scrape, versions
+from sparklab.engines import parsers, scrape
 from sparklab.engines.base import (
     Acceptance,
     Engine,
-    Fact,
     FatalLine,
     Finding,
     KnownFailure,
@@ -67,6 +66,7 @@ from sparklab.engines.base import (
     where,
 )
 from sparklab.engines.counters import spec_delta
+from sparklab.engines.knowledge import Fact, Knowledge
 from sparklab.engines.scrape import StartupFacts
 from sparklab.errors import EngineUnreachable as Unreachable
 from sparklab.spec import Speculative
@@ -74,7 +74,7 @@ from sparklab.spec import Speculative
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from sparklab.engines.api import EngineAPI
+    from sparklab.engines.api import EngineAPI, Replies
     from sparklab.spec import LaunchSpec
 
 log = logging.getLogger(__name__)
@@ -174,8 +174,10 @@ _COUNTERS = {
 }
 _PER_POSITION = "llamacpp:spec_decode_num_accepted_tokens_per_pos_total"
 _PROMPT = ("llamacpp:prompt_tokens_total", "llamacpp:prompt_tokens_cached_total")  # processed, reused from cache
-_METRICS_SOURCE = ("llamacpp:spec_decode_* counters from /metrics (needs --metrics), after warmup and after "
-                   "the window (delta)")
+# The `source` of a window's acceptance from these counters; stored results are known as llama.cpp's by it, word
+# for word (vLLM's counters have the same shape and their own source), so it is never reworded.
+METRICS_SOURCE = ("llamacpp:spec_decode_* counters from /metrics (needs --metrics), after warmup and after "
+                  "the window (delta)")
 
 
 def spec_counters(text: str) -> dict[str, Any]:
@@ -249,6 +251,22 @@ def _sections(text: str) -> tuple[str, dict[int, tuple[str, int | None]]]:
     return "\n".join(version), {k: ("\n".join(lines), code) for k, (lines, code) in cases.items()}
 
 
+# -- which versions this adapter's knowledge was read from (sparklab/engines/knowledge.py): each fact with its
+# versions and its file:line in each. `sparklab check` and every start warn for an image outside them.
+KNOWLEDGE = Knowledge((
+    Fact("flags", "llama-server's flag table (--spec-type, --spec-draft-*, --metrics, removed --draft-*)", ("b11669",),
+         "common/arg.cpp, as `llama-server --help` of build 11669 prints it"),
+    Fact("readiness path", "GET /health (503 while loading)", ("b11669",), "tools/server/server.cpp"),
+    Fact("endpoints", "GET /props build_info, POST /slots/{id}?action=erase", ("b11669",), "tools/server/"),
+    Fact("startup lines", "n_slots = N, n_ctx_slot = N; load_model … model loaded", ("b11669",),
+         "tools/server/server-context.cpp"),
+    Fact("fatal lines", "exiting due to model loading error; GGML_ASSERT", ("b11669",),
+         "tools/server/server.cpp, ggml/src/ggml.c"),
+    Fact("acceptance counters", "llamacpp:spec_decode_* and prompt token counters", ("b11669",),
+         "tools/server/server-task.cpp"),
+))
+
+
 class LlamaCpp(Engine):
     kind = "llamacpp"
     ready_path = "/health"  # 503 while loading, 200 when ready; public
@@ -256,7 +274,7 @@ class LlamaCpp(Engine):
     ready_line = re.compile(r"(?:llama_server|main): model loaded")
     label = f"llama.cpp {BUILD}"
     name = "llama.cpp"
-    knowledge = versions.LLAMACPP
+    knowledge = KNOWLEDGE
     method_noun = "speculative type"
     api_key_env = "LLAMA_API_KEY"
     memory_fraction_flag = None  # llama.cpp sizes memory by -c/-np/-ngl, not a fraction
@@ -333,9 +351,11 @@ class LlamaCpp(Engine):
         if m := _NO_SPEC.search(text):
             facts.advice.append(f"llama-server is serving WITHOUT speculative decoding: {m.group(1).strip()}")
 
-    def snapshot(self, api: EngineAPI) -> dict[str, Any]:
+    counter_paths = ("/metrics",)
+
+    def read_counters(self, replies: Replies) -> dict[str, Any]:
         try:
-            answer = api.get("/metrics")
+            answer = replies.get("/metrics")
             if answer.status == 200:
                 return {"llamacpp_spec": spec_counters(answer.text), "llamacpp_prompt": prompt_counters(answer.text)}
             return {"metrics_error": f"/metrics answered {answer.status} (is --metrics given?)"}
@@ -348,14 +368,12 @@ class LlamaCpp(Engine):
         # llama-server prints its spec_decode counters whether or not it drafts: zero drafts over its whole life
         # is a server without speculative decoding, which has no acceptance to report
         if counted.get("drafts"):
-            delta = spec_delta(before.get("llamacpp_spec"), counted)
-            if delta is not None:
-                delta["source"] = _METRICS_SOURCE
+            delta = spec_delta(before.get("llamacpp_spec"), counted, METRICS_SOURCE)
         return {"speculative": delta, "prefix_cache": prefix_cache(before, after)}
 
     def acceptance(self, result: dict[str, Any]) -> Acceptance | None:
         spec = result.get("speculative") or {}
-        if spec.get("acceptance_length") is not None and str(spec.get("source", "")).startswith("llamacpp:"):
+        if spec.get("acceptance_length") is not None and spec.get("source") == METRICS_SOURCE:
             return float(spec["acceptance_length"]), "llama.cpp spec-decode counters (/metrics delta over the window)"
         return None
 
@@ -398,7 +416,7 @@ class LlamaCpp(Engine):
         return (int(next(g for g in m.groups() if g)),) if m else None
 
     def acceptance_fact(self, result: dict[str, Any]) -> Fact | None:
-        return versions.LLAMACPP.in_area("acceptance counters")[0] if self.acceptance(result) else None
+        return KNOWLEDGE.in_area("acceptance counters")[0] if self.acceptance(result) else None
 
     def parser_probe(self, specs: Sequence[LaunchSpec]) -> parsers.Probe | str:
         args: list[str] = ["sparklab-probe", specs[0].entrypoint[0]]

@@ -1,6 +1,6 @@
 """SGLang: speculative flags, preflight, its own parser, startup log, acceptance (log lines, /server_info), deaths.
 
-Read from SGLang 0.5.23 (the wheel), the decode line also from 0.5.9, 0.5.12 and 0.5.16: sparklab/engines/versions.py.
+Read from SGLang 0.5.23 (the wheel), the decode line also from 0.5.9, 0.5.12 and 0.5.16: KNOWLEDGE below.
 """
 
 from __future__ import annotations
@@ -10,11 +10,10 @@ import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from sparklab.engines import parsers, versions
+from sparklab.engines import parsers
 from sparklab.engines.base import (
     Acceptance,
     Engine,
-    Fact,
     FatalLine,
     Finding,
     KnownFailure,
@@ -24,17 +23,53 @@ from sparklab.engines.base import (
     flag_value,
     where,
 )
+from sparklab.engines.knowledge import Fact, Knowledge
 from sparklab.engines.scrape import StartupFacts, parse_metrics, to_int
 from sparklab.errors import EngineUnreachable as Unreachable
 from sparklab.spec import Speculative
 
 if TYPE_CHECKING:
-    from sparklab.engines.api import EngineAPI
+    from sparklab.engines.api import EngineAPI, Replies
     from sparklab.spec import LaunchSpec
 
 # server_args.py's built-in speculative algorithms.
 METHODS = frozenset({"EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM", "DFLASH", "DSPARK"})
 NEEDS_DRAFT = frozenset({"EAGLE3", "STANDALONE", "DFLASH", "DSPARK"})
+
+# -- which versions this adapter's knowledge was read from (sparklab/engines/knowledge.py): each fact with its
+# versions and its file:line in each. `sparklab check` and every start warn for an image outside them.
+_S23 = ("0.5.23",)
+KNOWLEDGE = Knowledge((
+    Fact("command", "python3 -m sglang.launch_server / sglang serve", _S23,
+         "srt/server_args.py:668-679 (prepare_server_args, prog 'sglang serve')"),
+    Fact("flags", "every recipe flag (speculative, MoE runner, Mamba dtype, parsers)", _S23,
+         "srt/arg_groups/fields/*.py (scripts/sglang-parser/README.md lists each file:line)"),
+    Fact("flags", "--api-key only (no environment variable)", _S23, "srt/arg_groups/fields/serving.py:160"),
+    Fact("readiness path", "GET /health (503 while starting)", _S23, "srt/entrypoints/http_server.py:721"),
+    Fact("endpoints", "GET /server_info (version, internal_states), /flush_cache", _S23,
+         "srt/entrypoints/http_server.py:863-890, :1025"),
+    Fact("startup lines", "KV Cache is allocated, max_total_num_tokens, Load weight end, fired up and ready", _S23,
+         "srt/mem_cache/memory_pool.py:2087-2090, managers/scheduler.py:1268-1275, "
+         "model_executor/model_runner.py:1372-1378, entrypoints/http_server.py:2600"),
+    Fact("fatal lines", "… hit an exception; sigquit from a child; subprocess crashed; watchdog timeout", _S23,
+         "srt/managers/scheduler.py:6372, entrypoints/engine.py:1978, managers/tokenizer_manager.py:4074, "
+         "utils/watchdog.py:154,217"),
+    # accept len is (accepted + bonus) / verify steps in all four; accept rate counted the bonus token up to 0.5.9
+    # (accepted incl. bonus / (steps x draft tokens)) and is drafts only from 0.5.12 (correct drafts / (steps x
+    # (draft tokens - 1))): sglang.log_acceptance drops the rate outside 0.5.12-0.5.23.
+    Fact("acceptance lines", "Decode batch … accept len: X (bonus token included)", ("0.5.9", "0.5.12", "0.5.16",
+         "0.5.23"), "srt/managers/scheduler_metrics_mixin.py:366-390 (0.5.9), observability/scheduler_metrics_mixin"
+         ".py:675-694 (0.5.12), managers/scheduler_components/metrics_reporter.py:753-796 (0.5.16), :963-1005 "
+         "(0.5.23)"),
+    Fact("acceptance lines", "Decode batch … accept rate: Y (share of draft tokens accepted)", ("0.5.12", "0.5.16",
+         "0.5.23"), "observability/scheduler_metrics_mixin.py:684-694 (0.5.12), scheduler_components/"
+         "metrics_reporter.py:766-796 (0.5.16), :976-1005 (0.5.23); 0.5.9 counted the bonus token "
+         "(managers/scheduler_metrics_mixin.py:377-390)"),
+    Fact("acceptance counters", "sglang:generation_tokens_total / sglang:spec_verify_calls_total", _S23,
+         "srt/observability/metrics_collector.py:1861, 1866, 2112"),
+    Fact("cache variables", "SGLANG_CACHE_DIR, SGLANG_JIT_CACHE_DIR", _S23, "srt/environ.py:1373-1387"),
+))
+
 
 
 def speculative(argv: Sequence[str]) -> Speculative | None:
@@ -135,6 +170,8 @@ _ACCEPT_LEN_ONLY = re.compile(r"Decode batch\b.*?#running-req: (\d+),.*?(?<!bloc
 # when a request finishes (observe_one_finished_request, :2092-2112), so their difference over a window is the
 # window's own: generated tokens / verify steps = the acceptance length of the requests finished in it, the
 # per-request `spec_accept_length` of tokenizer_manager.py:3166 (completion_tokens / spec_verify_ct) pooled.
+# /server_info's internal_states[0].avg_spec_accept_length, under this key in a snapshot
+_CUMULATIVE = "sglang_avg_spec_accept_length"
 GENERATION_TOKENS = "sglang:generation_tokens_total"  # metrics_collector.py:1860
 VERIFY_CALLS = "sglang:spec_verify_calls_total"  # metrics_collector.py:1865 (incremented by spec_verify_ct)
 
@@ -144,15 +181,15 @@ def _weighted(pairs: list[tuple[float, float]]) -> float:
     return sum(v * w for v, w in pairs) / total if total else sum(v for v, _ in pairs) / len(pairs)
 
 
-_LEN_FACT, _RATE_FACT = versions.SGLANG.in_area("acceptance lines")
-_COUNTERS_FACT = versions.SGLANG.in_area("acceptance counters")[0]
-_INFO_FACT = versions.SGLANG.in_area("endpoints")[0]
+_LEN_FACT, _RATE_FACT = KNOWLEDGE.in_area("acceptance lines")
+_COUNTERS_FACT = KNOWLEDGE.in_area("acceptance counters")[0]
+_INFO_FACT = KNOWLEDGE.in_area("endpoints")[0]
 
 
 def _rate_holds(version: str | None) -> bool:
     """Whether `accept rate` is the share of draft tokens accepted in this version (0.5.12-0.5.23 as read; 0.5.9
     counted the bonus token). An unknown version keeps the rate: the report marks it by the run's version."""
-    return version is None or bool(versions.SGLANG.holds(_RATE_FACT, version))
+    return version is None or bool(KNOWLEDGE.holds(_RATE_FACT, version))
 
 
 def log_acceptance(text: str, version: str | None = None) -> dict[str, Any] | None:
@@ -160,7 +197,7 @@ def log_acceptance(text: str, version: str | None = None) -> dict[str, Any] | No
 
     Each line states its own stretch of decode iterations; their verify-step counts are not printed, so the
     lines are pooled weighted by #running-req (the batch size when the line was written). The rate is left out
-    for a version whose `accept rate` means something else, or nobody read (versions.SGLANG)."""
+    for a version whose `accept rate` means something else, or nobody read (KNOWLEDGE)."""
     lengths: list[tuple[float, float]] = []
     rates: list[tuple[float, float]] = []
     for line in text.splitlines():
@@ -201,12 +238,13 @@ def metrics_window(before: dict[str, Any], after: dict[str, Any]) -> dict[str, A
 
 class SGLang(Engine):
     kind = "sglang"
+    multinode = True  # its own --nnodes mode (node_command)
     ready_path = "/health"
     ready_needs_key = False
     ready_line = re.compile(r"The server is fired up and ready to roll!")
     label = "SGLang"
     name = "SGLang"
-    knowledge = versions.SGLANG
+    knowledge = KNOWLEDGE
     memory_fraction_flag = "--mem-fraction-static"
     method_noun = "speculative algorithm"
     api_key_env = None  # SGLang reads its key only from --api-key (see README: security)
@@ -270,19 +308,21 @@ class SGLang(Engine):
         if m := _LOAD_MEM.search(text):
             facts.model_load_gib = float(m.group(1))
 
-    def snapshot(self, api: EngineAPI) -> dict[str, Any]:
+    counter_paths = ("/server_info", "/metrics")
+
+    def read_counters(self, replies: Replies) -> dict[str, Any]:
         """/server_info's avg_spec_accept_length (cumulative: kept as a last resort) and, with --enable-metrics,
         the /metrics counters whose differences give the window's acceptance length."""
         snap: dict[str, Any] = {}
         try:
-            answer = api.get("/server_info")
+            answer = replies.get("/server_info")
             if answer.status == 200:
                 states = answer.json().get("internal_states") or [{}]
-                snap["sglang_avg_spec_accept_length"] = states[0].get("avg_spec_accept_length")
+                snap[_CUMULATIVE] = states[0].get("avg_spec_accept_length")
         except (Unreachable, ValueError, AttributeError, IndexError):
             pass
         try:
-            answer = api.get("/metrics")  # 404 without --enable-metrics
+            answer = replies.get("/metrics")  # 404 without --enable-metrics
             if answer.status == 200:
                 values = parse_metrics(answer.text)
                 snap["sglang_metrics"] = {"generation_tokens": values.get(GENERATION_TOKENS),
@@ -307,10 +347,14 @@ class SGLang(Engine):
         log = result.get("speculative_log") or {}
         if log.get("mean") is not None:
             return float(log["mean"]), "SGLang decode log lines in the window (accept len, weighted by #running-req)"
-        info = ((result.get("server") or {}).get("after") or {}).get("sglang_avg_spec_accept_length")
+        info = self.cumulative_acceptance((result.get("server") or {}).get("after") or {})
         if info is not None:
-            return float(info), "SGLang /server_info avg_spec_accept_length (cumulative since start or /flush_cache)"
+            return info[0], f"{info[1]} (cumulative since start or /flush_cache)"
         return None
+
+    def cumulative_acceptance(self, snapshot: dict[str, Any]) -> Acceptance | None:
+        value = snapshot.get(_CUMULATIVE)
+        return None if value is None else (float(value), "SGLang /server_info avg_spec_accept_length")
 
     def acceptance_rate(self, result: dict[str, Any]) -> float | None:
         """The window's decode log lines' `accept rate` (SGLang's counters carry no draft counts)."""

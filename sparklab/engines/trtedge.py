@@ -22,8 +22,9 @@ import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from sparklab.engines import knowledge, parsers, versions
+from sparklab.engines import knowledge, parsers
 from sparklab.engines.base import Engine, Finding, KnownFailure, RecipeView, as_int, check_k, flag_value, where
+from sparklab.engines.knowledge import Fact, Knowledge
 from sparklab.engines.scrape import StartupFacts
 from sparklab.errors import SparklabError
 from sparklab.spec import Speculative
@@ -98,11 +99,28 @@ def command_for(version: str | None) -> tuple[str, ...] | None:
     return found
 
 
+# -- which versions this adapter's knowledge was read from (sparklab/engines/knowledge.py): each fact with its
+# versions and its file:line in each. `sparklab check` and every start warn for an image outside them.
+_E110 = ("0.11.0",)
+KNOWLEDGE = Knowledge((
+    Fact("command", "tensorrt-edgellm-serve MODEL (0.11.0's only server command)", _E110,
+         "entry_points.txt of the 0.11.0 wheel; 0.11.1's documentation runs `trtedge serve` (docs "
+         "0.11.1/user_guide/getting_started/cli.html) and the latest `edgellm serve` (docs latest/user_guide/"
+         "examples/integration/aiperf.html): documentation only, no wheel on the index"),
+    Fact("flags", "the server's flags and --speculative-config keys", _E110,
+         "experimental/server/config.py:66-97, 279-373, 376-430"),
+    Fact("readiness path", "GET /health/ready", _E110,
+         "experimental/server/api/routes.py:77 (0.11.0; the latest documentation waits on the same path)"),
+    Fact("startup lines", "Loaded model=… max_model_len=… kv_cache_dtype=… speculative_decoding=…", _E110,
+         "experimental/server/cli.py:43-51"),
+))
+
+
 class TrtEdge(Engine):
     kind = "trtedge"
     label = "TensorRT Edge-LLM 0.11"
     name = "TensorRT Edge-LLM"
-    knowledge = versions.TRTEDGE
+    knowledge = KNOWLEDGE
     ready_path = "/health/ready"  # routes.py:77; served only once load_model returned (cli.py:39-52)
     ready_needs_key = False  # the key guards /v1/ only (api/app.py:128)
     ready_line = re.compile(r"Application startup complete|Uvicorn running on")

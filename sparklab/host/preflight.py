@@ -19,16 +19,18 @@ from sparklab.spec import LaunchSpec
 
 
 def port_in_use(host: str, port: int) -> bool:
-    """True when something already listens on host:port (a bind attempt, like the server's own).
+    """True when something already listens on host:port: a bind attempt on the address the server will bind
+    (an IPv6 one on IPv6), like the server's own; the one port probe of preflight, sweeps and host processes.
 
     SO_REUSEADDR, as uvicorn and SGLang set it: connections of a server just stopped, lingering in TIME_WAIT,
-    do not keep the next server from binding, so they must not fail this check either.
+    do not keep the next server from binding, so they must not fail this check either. An address this host does
+    not have is not "in use": the server's own bind says what is wrong with it.
     """
-    bind_host = "0.0.0.0" if host == "0.0.0.0" else "127.0.0.1"
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            sock.bind((bind_host, port))
+            sock.bind((host, port))
         except OSError as exc:
             return exc.errno in (errno.EADDRINUSE, errno.EACCES)
     return False

@@ -5,10 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from sparklab.bench.metrics import CONFIDENCE, SPREAD_WARN, Estimate, Ratio
+from sparklab.bench.metrics import CONFIDENCE, SPREAD_WARN, Ratio
 from sparklab.report import provenance
 from sparklab.report.checks import run_checks
 from sparklab.report.document import Block, Bullets, Code, Document, Image, Para, Section, Table
+from sparklab.report.formats import DASH, fmt
 from sparklab.report.generation import generation_sections
 from sparklab.report.model import (
     BEST_TIE,
@@ -23,18 +24,6 @@ from sparklab.report.model import (
 )
 from sparklab.report.roofline import assumptions, model_inputs
 from sparklab.sweep.store import HOST_LOST
-
-DASH = "-"
-
-
-def fmt(e: Estimate | None, digits: int = 2, scale: float = 1.0) -> str:
-    """mean, and ± the half-width of its 95% interval when there are repeats."""
-    if e is None:
-        return DASH
-    text = f"{e.mean * scale:,.{digits}f}"
-    if e.low is not None and e.high is not None:
-        text += f" ± {(e.high - e.mean) * scale:,.{digits}f}"
-    return text
 
 
 def fmt_ratio(group: Group) -> str:

@@ -1,7 +1,7 @@
 """Where each cell's numbers come from: its image (digest), the engine version the image states and the one its server
 answered, what the image's own parser said of its command, and which figures rest on a format nobody read for that
 version (the acceptance counter or log line the engine adapter knows from other versions only). Pure: stored results
-and the adapters' knowledge tables (sparklab/engines/versions.py) in, report blocks out.
+and the adapters' knowledge tables (each adapter's KNOWLEDGE) in, report blocks out.
 """
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from dataclasses import dataclass
 
 from sparklab import engines
 from sparklab.report.document import Block, Bullets, Para, Section, Table
+from sparklab.report.formats import DASH
 from sparklab.report.model import Group, Report, Server
 
-DASH = "-"
 MARK = "‡"  # an acceptance figure that rests on a format not read for its engine version
 
 

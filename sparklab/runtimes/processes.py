@@ -11,14 +11,12 @@ waits a grace period, then SIGKILL, until no process of the group is left.
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import logging
 import os
 import platform
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -32,6 +30,7 @@ from sparklab import interrupts
 from sparklab.engines import ENGINES
 from sparklab.engines.parsers import Probe, ProbeRun
 from sparklab.errors import ContainerError
+from sparklab.host.preflight import port_in_use
 from sparklab.redaction import redact
 from sparklab.runtimes import keeper
 from sparklab.runtimes.containers import (
@@ -51,17 +50,6 @@ from sparklab.spec import API_KEY_PLACEHOLDER, LaunchSpec, is_secret_name
 log = logging.getLogger(__name__)
 
 KEEPER = Path(keeper.__file__)
-
-
-def _port_taken(host: str, port: int) -> bool:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind((host, port))
-        except OSError as exc:
-            return exc.errno in (errno.EADDRINUSE, errno.EACCES)
-    return False
 
 
 def _text(data: bytes | str | None) -> str:
@@ -109,7 +97,7 @@ class Processes:
                detach: bool = False, on_log: Callable[[bytes], None] | None = None) -> ProcessServer:
         """Start the engine in its own process group. On any failure the group is ended before raising."""
         self._clear_stale(spec.name)
-        if _port_taken(spec.host, spec.port):
+        if port_in_use(spec.host, spec.port):
             raise ContainerError(f"cannot start {spec.name}: port {spec.port} on {spec.host} is in use",
                                  f"Port {spec.port} is taken: stop what uses it or pass --port N.")
         env = {k: v for k, v in os.environ.items() if not is_secret_name(k)}  # secrets only when named

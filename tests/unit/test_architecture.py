@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import ast
 import os
 import re
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -54,12 +56,80 @@ def test_library_code_never_prints() -> None:
     assert printing == set()
 
 
+def _code_words(tree: ast.AST) -> Iterator[tuple[int, str, str]]:
+    """(line, "string" or "name", text) of every string constant and every name in a module's code: identifiers,
+    attributes, arguments, imported modules. Docstrings and comments say what they like."""
+    prose = {id(node.value) for node in ast.walk(tree)
+             if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)}
+    for node in ast.walk(tree):
+        line = getattr(node, "lineno", 0)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in prose:
+            yield line, "string", node.value
+        elif isinstance(node, ast.Name):
+            yield line, "name", node.id
+        elif isinstance(node, ast.Attribute):
+            yield line, "name", node.attr
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            yield line, "name", node.name
+        elif isinstance(node, (ast.arg, ast.keyword)) and node.arg:
+            yield line, "name", node.arg
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            yield line, "name", node.module
+        elif isinstance(node, ast.alias):
+            yield line, "name", node.asname or node.name
+
+
+def _source_prefix_tests(tree: ast.AST) -> Iterator[int]:
+    """Lines that tell results apart by how their `source` begins (`….get("source").startswith("vllm:")`)."""
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "startswith"
+                and "source" in ast.unparse(node.func.value)):
+            yield node.lineno
+
+
+def _engine_knowledge(path: Path, kinds: list[str], registry: bool = False) -> list[str]:
+    """What a module outside the adapters knows of particular engines, one line each (empty: nothing)."""
+    tree = ast.parse(path.read_text())
+    alternatives = "|".join(map(re.escape, kinds))
+    named = re.compile(rf"^(?:{alternatives})(?:[:_]|$)")  # a kind, or a counter/key it names: `vllm:…`, `sglang_…`
+    variable = re.compile(r"\b(?:VLLM|SGLANG|LLAMA)_[A-Z_]")  # the engines' own environment variables
+    found = []
+    for line, what, text in _code_words(tree):
+        if what == "string":
+            knows = bool(named.search(text) or variable.search(text))
+        else:  # a name that contains a kind (`sglang`, `is_vllm`, `LlamaCpp`) or an engine's variable
+            registered_module = registry and text in kinds
+            knows = bool(variable.search(text)) or (any(k in text.lower() for k in kinds) and not registered_module)
+        if knows:
+            found.append(f"{line}: the {what} {text!r}")
+    found += [f"{line}: a test of how a result's source begins" for line in _source_prefix_tests(tree)]
+    return found
+
+
 def test_engine_knowledge_lives_in_the_adapters() -> None:
-    """No module outside sparklab/engines/ branches on an engine's kind or names an engine's variables."""
+    """No module outside the engine adapters (sparklab/engines/<kind>.py) branches on an engine's kind, lists the
+    kinds, names an engine's counters, snapshot keys or variables, or tells one engine's results from another's by
+    a prefix of their source: a new engine is its adapter. The engine-neutral modules inside engines/ (the
+    protocol, the HTTP door, the shared counter arithmetic) are held to the same rule; the registry
+    (engines/__init__.py) may import the adapter modules by name."""
     pattern = re.compile(r"""kind\s*[!=]=\s*["']|["'](vllm|sglang)["']\s*(==|!=|in\b|:)|VLLM_[A-Z_]+|SGLANG_[A-Z_]+""")
     offenders = {p.relative_to(PACKAGE).as_posix() for p in MODULES
                  if "engines" not in p.parts and pattern.search(p.read_text())}
     assert offenders == {"spec.py"}  # its comment lists VLLM_API_KEY among the names treated as secrets
+
+    from sparklab.engines import ENGINES
+
+    adapters = {Path(sys.modules[type(e).__module__].__file__ or "").resolve() for e in ENGINES.values()}
+    kinds = sorted(ENGINES)
+    knowledge = {}
+    for path in sorted(MODULES):
+        if path.resolve() in adapters:
+            found = [f for f in _engine_knowledge(path, kinds) if "source begins" in f]
+        else:
+            found = _engine_knowledge(path, kinds, registry=path == PACKAGE / "engines" / "__init__.py")
+        if found:
+            knowledge[path.relative_to(PACKAGE).as_posix()] = found
+    assert knowledge == {}
 
 
 def test_the_offline_report_imports_nothing_that_talks_to_a_network() -> None:
@@ -136,3 +206,9 @@ def test_library_code_never_takes_a_namespace(tmp_path: Path, capsys: pytest.Cap
     capsys.readouterr()
     readers = {module for module, _ in reads}
     assert "sparklab.cli.sweep" in readers and {m for m in readers if not m.startswith("sparklab.cli.")} == set()
+
+
+def test_one_port_probe() -> None:
+    """Whether a port is taken is asked in one place, binding the address the server will bind (IPv6 too)."""
+    users = {p.relative_to(PACKAGE).as_posix() for p in PACKAGE.rglob("*.py") if "socket.socket(" in p.read_text()}
+    assert users == {"host/preflight.py"}

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from sparklab.engines import ENGINES, engine, knowledge, parsers, versions
+from sparklab.engines import ENGINES, engine, knowledge, parsers, vllm
 from sparklab.engines.knowledge import AREAS, Fact, Knowledge
 from sparklab.engines.sglang import log_acceptance
 from sparklab.engines.trtedge import command_for
@@ -107,7 +107,7 @@ def test_llamacpp_counts_builds() -> None:
 def test_the_knowledge_tables_cite_both_vllm_versions_for_what_the_cpu_engine_tier_runs() -> None:
     """What the two-version engine-tier test relies on was read in both: counters, readiness, startup lines."""
     for area in ("acceptance counters", "readiness path", "startup lines", "fatal lines"):
-        assert all(set(f.read_in) >= {"0.27.1", "0.32.0"} for f in versions.VLLM.in_area(area)), area
+        assert all(set(f.read_in) >= {"0.27.1", "0.32.0"} for f in vllm.KNOWLEDGE.in_area(area)), area
 
 
 def test_llamacpp_reads_its_build_from_its_own_version_output_and_verdicts_from_its_parser() -> None:

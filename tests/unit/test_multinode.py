@@ -127,3 +127,39 @@ def test_a_one_host_recipe_is_not_spread_over_two() -> None:
     with pytest.raises(RecipeError, match="serves from one host, yet 2 hosts were given"):
         render_cluster(load_recipe(PAIR.with_name("gb10.yaml")), "vllm", "none", LaunchOptions(),
                        parse_hosts(LINK, "--host"))
+
+
+def test_an_engine_without_a_multinode_mode_is_refused_across_hosts() -> None:
+    with pytest.raises(RecipeError) as caught:
+        load_recipe(PAIR, ["engines.vllm.kind=llamacpp"])
+    assert caught.value.message == ("recipes/gb10-pair.yaml: engines.vllm: Value error, nodes: 2 needs an engine "
+                                    "with a multi-node mode (vllm, sglang), not llamacpp")
+
+
+def test_a_third_multinode_engine_is_one_adapter_flag(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Which engines run across hosts is their adapters' `multinode` flag: the recipe schema lists no kinds."""
+    from sparklab import engines
+    from sparklab.engines.base import Engine
+
+    class Distributed(Engine):
+        kind = "distributed"
+        multinode = True
+
+    monkeypatch.setitem(engines.ENGINES, "distributed", Distributed())
+    assert load_recipe(PAIR, ["engines.vllm.kind=distributed"]).engines["vllm"].nodes == 2
+    monkeypatch.setattr(Distributed, "multinode", False)
+    with pytest.raises(RecipeError, match=r"multi-node mode \(vllm, sglang\), not distributed"):
+        load_recipe(PAIR, ["engines.vllm.kind=distributed"])
+
+
+def test_the_multinode_flag_says_what_node_command_does() -> None:
+    from sparklab.engines import ENGINES
+
+    for adapter in ENGINES.values():
+        try:
+            adapter.node_command(["serve"], ["--distributed-executor-backend", "ray"], 1, 2, "10.0.0.1", 6379,
+                                 "10.0.0.2")
+        except NotImplementedError:
+            assert not adapter.multinode, adapter.kind
+        else:
+            assert adapter.multinode, adapter.kind
