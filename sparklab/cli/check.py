@@ -11,6 +11,7 @@ from sparklab.cli.args import positive
 from sparklab.cli.terminal import err, out
 from sparklab.recipes.schema import resolve
 from sparklab.runtimes import imagecheck
+from sparklab.runtimes.local import Runtime
 from sparklab.runtimes.pull import servers_for, sweep_file
 
 
@@ -47,10 +48,10 @@ class CheckArgs:
                    pull=args.pull, cache=args.cache, timeout_s=args.timeout_s)
 
 
-def cmd_check(args: CheckArgs) -> int:
+def cmd_check(args: CheckArgs, runtime: Runtime | None = None) -> int:
+    """runtime: this machine's containers and host processes (a test's fake stands in for Docker)."""
     from sparklab.cli.console import check_table
     from sparklab.cli.progress import PullProgress
-    from sparklab.runtimes.local import Runtime
 
     sweep = sweep_file(args.spec)
     every_method = sweep is None and resolve(args.spec, args.target)[1] is None
@@ -60,7 +61,7 @@ def cmd_check(args: CheckArgs) -> int:
     cache = imagecheck.Cache() if args.cache else _NoCache()
     started = time.monotonic()
     with PullProgress(err) as layers:
-        checks = imagecheck.gather(specs, Runtime(), pull_policy=None if args.pull == "never" else args.pull,
+        checks = imagecheck.gather(specs, runtime or Runtime(), pull_policy=None if args.pull == "never" else args.pull,
                                    on_pull=layers.update, cache=cache, timeout_s=args.timeout_s, platform=True)
     out.print(check_table(checks))
     sources = (sweep,) if sweep else ()
