@@ -37,8 +37,8 @@ def flag_origin(spec: LaunchSpec, flag: str | None, sources: Sequence[Path] = ()
             return found
     position = next((i for i, a in enumerate(spec.argv) if a.split("=", 1)[0] == flag), None)
     if position is not None and position >= spec.recipe_argv_len:
-        return f"{flag}: given after the recipe's arguments (--serve-arg, or a sweep file's overrides: serve_args)"
-    return f"{flag}: not written in {spec.recipe_path} (a template or --set value made it)"
+        return f"--serve-arg {flag} (or a sweep file's overrides: serve_args), not {spec.recipe_path}"
+    return f"a template or --set value of {spec.recipe_path} that wrote {flag}"
 
 
 def _line_of(path: Path, token: re.Pattern[str], engine: str) -> str | None:

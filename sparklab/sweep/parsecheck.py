@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from sparklab.engines import engine
 from sparklab.recipes.plan import Plan
 from sparklab.runtimes import imagecheck
 from sparklab.runtimes.local import Runtime
@@ -35,6 +36,7 @@ def check_pending(plan: Plan, store: Any, runtime: Runtime, pull_policy: str, sa
         elif verdict.status == imagecheck.ACCEPTED:
             took = (f"{checked.seconds:.2f} s, cached from a {checked.first_seconds:.1f} s check" if checked.cached
                     and checked.first_seconds is not None else f"{checked.seconds:.1f} s")
-            say(f"server {server.label}: {verdict.version or 'its engine'}'s own parser accepts its command ({took})")
+            named = " ".join(x for x in (engine(server.spec.kind).name, verdict.version) if x) or "its engine"
+            say(f"server {server.label}: {named}'s own parser accepts its command ({took})")
     for warning in imagecheck.summarize(checks):
         say(f"warning: {warning}")

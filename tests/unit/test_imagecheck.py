@@ -82,7 +82,7 @@ def test_a_misspelt_flag_is_refused_with_the_parsers_words_and_the_recipe_line(t
 
 def test_a_flag_given_on_the_command_line_says_so(tmp_path: Path) -> None:
     spec = _vllm("none", "--speculative-confg", "3")
-    with pytest.raises(PreflightError, match=r"--speculative-confg: given after the recipe's arguments \(--serve-arg"):
+    with pytest.raises(PreflightError, match=r"from --serve-arg --speculative-confg \(or a sweep file's overrides"):
         imagecheck.preflight_one(spec, FakeRuntime(), IMAGE, cache=imagecheck.Cache(tmp_path))
 
 
