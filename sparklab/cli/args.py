@@ -123,19 +123,24 @@ def _tune_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("space", metavar="RECIPE|SWEEP",
                    help="a recipe (name or file) with --methods/--k/--concurrency, or a sweep file (or its name "
                         "under recipes/sweeps) whose methods x K x concurrency is the space")
+    p.add_argument("--engine", help="engine of the recipe to tune (default: the sweep file's first, else the "
+                                    "recipe's default)")
     p.add_argument("--methods", nargs="+", metavar="METHOD", help="methods of the recipe (none, ngram, mtp, …)")
     p.add_argument("--k", type=k_values, metavar="K", help="speculative tokens to consider: 1-8, 1,2,4 (default 1-3)")
     p.add_argument("--concurrency", nargs="+", type=_whole(1, MAX_CONCURRENCY), metavar="C",
                    help="concurrencies to answer for (each gets its own best)")
     p.add_argument("-w", "--workload", help="one workload (default: the sweep's, else seed)")
-    p.add_argument("--objective", choices=["aggregate", "per-request", "decode"], default="aggregate",
-                   help="what to maximise: aggregate output tok/s, mean per-request tok/s or mean decode tok/s")
+    p.add_argument("--objective", choices=["aggregate", "per-request", "decode"],
+                   help="what to maximise: aggregate output tok/s, mean per-request tok/s or mean decode tok/s "
+                        "(default: decode for a sweep file with headline: decode, else aggregate)")
     p.add_argument("--ttft-max", type=_positive(MAX_DURATION_S * 1000), metavar="MS",
                    help="only configs whose median TTFT (mean over repeats) is at most MS count")
     p.add_argument("--repeats", type=_whole(1, 20), metavar="N",
-                   help="repeats of every measured config (default: the sweep's, else 2)")
+                   help="repeats of every measured config (default: the sweep's; auto_repeats.min for "
+                        "repeats: auto; else 2)")
     p.add_argument("--max-repeats", type=_whole(1, 20), metavar="N",
-                   help="repeats for configs whose 95%% interval overlaps the best's (default: 2 x --repeats)")
+                   help="repeats for configs whose 95%% interval overlaps the best's (default: auto_repeats.max "
+                        "for repeats: auto, else 2 x --repeats)")
     p.add_argument("-n", "--requests", type=_whole(1, MAX_REQUESTS), help="measured requests per cell (default 10)")
     p.add_argument("--max-tokens", type=_whole(1, MAX_TOKENS), help="max_tokens per request (default: sweep's)")
     p.add_argument("--tolerance", type=_positive(1.0), default=0.15, metavar="FRACTION",
@@ -152,6 +157,8 @@ def _tune_args(p: argparse.ArgumentParser) -> None:
                    help="override a container ulimit for every server")
     p.add_argument("--no-download", dest="download", action="store_false",
                    help="do not fetch every model and draft into the Hugging Face cache first")
+    _host_option(p, "Docker host to spread the servers over, as a sweep file's hosts: (repeat; a server across "
+                    "hosts needs one per node, the head first, each DOCKER_HOST[,cluster_address=IP][,…])")
     p.set_defaults(command="tune")
 
 

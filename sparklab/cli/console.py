@@ -247,13 +247,20 @@ def tune_plan(dry: Any) -> str:
     from sparklab.tune.search import Done, label
 
     space, settings = dry.space, dry.settings
-    ks = f"K {min(space.ks)}-{max(space.ks)}" if len(space.ks) > 1 else f"K {space.ks[0]}"
+    contiguous = list(space.ks) == list(range(min(space.ks), max(space.ks) + 1))
+    ks = (f"K {min(space.ks)}-{max(space.ks)}" if len(space.ks) > 1 and contiguous
+          else f"K {', '.join(map(str, space.ks))}")
     bound = f", median TTFT <= {settings.ttft_max_ms:g} ms" if settings.ttft_max_ms else ""
     cs = ", ".join(map(str, space.concurrencies))
     lines = [f"tune {dry.plan.sweep.name}: {', '.join(space.methods)}; {ks}; C {cs}; maximise {dry.objective} "
              f"tok/s{bound}; {settings.repeats} repeat(s) per measured config, up to {settings.max_repeats} where "
              "intervals overlap the best",
              f"run: {dry.run_dir} ({'continues: the next step from its stored results' if dry.exists else 'new'})"]
+    if dry.hosts:
+        from sparklab.recipes.hosts import redact_url
+
+        lines.append("hosts: " + ", ".join(f"{h.name} = {redact_url(h.docker)}" for h in dry.hosts))
+    lines += [f"note: {note}" for note in dry.notes]
     step = dry.next_step
     if isinstance(step, Done):
         lines.append("next: nothing to load; the stored results already answer (run it to print the picks)")

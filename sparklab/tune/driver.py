@@ -21,6 +21,8 @@ import yaml
 from sparklab import __version__
 from sparklab.engines import acceptance, engine
 from sparklab.errors import DiskFullError, RecipeError, SparklabError
+from sparklab.recipes.hosts import Host, entry_of, parse_hosts
+from sparklab.recipes.multinode import require_hosts
 from sparklab.recipes.plan import Plan, build_plan, estimate_seconds, load_sweep
 from sparklab.runtimes.containers import Docker
 from sparklab.sweep import rundir, runner
@@ -42,6 +44,7 @@ class TuneRequest:
     options: runner.Options = field(default_factory=runner.Options)
     download: bool = True
     ulimits: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()  # what tune took from the sweep file, or left out of it, and why
 
 
 @dataclass
@@ -116,6 +119,15 @@ def settings_dict(settings: search.Settings) -> dict[str, Any]:
     return dataclasses.asdict(settings)
 
 
+def hosts_of(plan: Plan) -> list[Host] | None:
+    """The space file's hosts (a sweep file's hosts: or --host), None for the local engine alone; a server
+    across N hosts with fewer named is an error before anything else."""
+    hosts = parse_hosts(plan.sweep.hosts, plan.source) if plan.sweep.hosts else None
+    for server in plan.servers:
+        require_hosts(server.recipe, server.engine, len(hosts or []))
+    return hosts
+
+
 def run_tune(request: TuneRequest, say: runner.Say, docker: Docker | None = None) -> TuneOutcome:
     """Start or continue a tune. Ctrl-C tears the current server down; the same command continues it."""
     name = f"tune-{request.space['name']}"
@@ -127,6 +139,7 @@ def run_tune(request: TuneRequest, say: runner.Say, docker: Docker | None = None
         if not exists:
             space_path = write_space(run_dir, request.space, request.settings)
             plan = build_plan(space_path, run_id=run_dir.name, ulimits=request.ulimits)
+            hosts_of(plan)  # a server across hosts without its hosts: said before any store is made
             store = Store.create(path, plan.sweep.model_dump(), __version__)
             with store:
                 store.set_host_facts(runner.host_facts())
@@ -138,9 +151,12 @@ def run_tune(request: TuneRequest, say: runner.Say, docker: Docker | None = None
             if not state:
                 raise SparklabError(f"{path}: a sweep's results, not a tune's", "Give a tune run to --resume.")
             plan = build_plan(run_dir / SPACE_FILE, run_id=run_dir.name, ulimits=request.ulimits)
+            hosts = hosts_of(plan)
             if exists:
                 say(f"continuing {run_dir} with its stored space and settings ({run_dir / SPACE_FILE})")
-            return _search(plan, store, docker or Docker(), run_dir, request, state, say)
+            for note in request.notes if not exists else ():
+                say(f"tune: {note}")
+            return _search(plan, store, docker or Docker(), run_dir, request, state, say, hosts)
 
 
 @dataclass(frozen=True)
@@ -159,6 +175,8 @@ class DryRun:
     grid_loads: int
     grid_eta_s: float
     model: Any  # the sweep's TimingModel behind both ETAs
+    notes: tuple[str, ...] = ()  # what tune took from the sweep file, or left out of it
+    hosts: list[Host] | None = None
 
 
 def dry_run(request: TuneRequest) -> DryRun:
@@ -186,6 +204,7 @@ def dry_run(request: TuneRequest) -> DryRun:
         else:
             space_path = write_space(Path(scratch), request.space, request.settings)
             plan = build_plan(space_path, run_id=run_dir.name, ulimits=request.ulimits)
+    hosts = hosts_of(plan)
     space = space_of(plan)
     configs = len(plan.servers)
     max_loads = configs * (2 if settings.max_repeats > settings.repeats else 1)
@@ -196,11 +215,11 @@ def dry_run(request: TuneRequest) -> DryRun:
                  for s in plan.servers)
     grid_eta = estimate_seconds(dataclasses.replace(plan, servers=grid), model)  # the grid at --repeats
     return DryRun(plan, space, settings, objective, run_dir, exists, search.decide(space, settings, obs), max_loads,
-                  eta, configs, grid_eta, model)
+                  eta, configs, grid_eta, model, () if exists else request.notes, hosts)
 
 
 def _search(plan: Plan, store: Store, docker: Docker, run_dir: Path, request: TuneRequest, state: dict[str, Any],
-            say: runner.Say) -> TuneOutcome:
+            say: runner.Say, hosts: list[Host] | None = None) -> TuneOutcome:
     settings, objective = _settings(state), state["objective"]
     space = space_of(plan)
     runner.register(plan, store, only=lambda server, cell: False)  # every server config, no cell yet
@@ -239,7 +258,7 @@ def _search(plan: Plan, store: Store, docker: Docker, run_dir: Path, request: Tu
             if request.download and not downloaded:
                 runner.download(plan, store, say)
                 downloaded = True
-            runner.run(plan, store, docker, run_dir, request.options, say)
+            runner.run(plan, store, docker, run_dir, request.options, say, hosts)
         else:
             raise SparklabError(f"tune stopped after {MAX_ROUNDS} rounds without an answer",
                                 "This is a bug in the search; the run's results are kept.")
@@ -289,8 +308,15 @@ def _schedule_args(plan: Plan, store: Store, schedule: dict[str, Any] | None) ->
 def load_space(text: str) -> dict[str, Any] | None:
     """A sweep file's document when text names one (a path, or a name under recipes/sweeps), else None.
 
-    The search is over method x K of one engine: of a sweep file that names several engines (cpu-demo: vLLM
-    and llama.cpp), the first, with the exclusions that concern the others dropped."""
+    The search is over method x K of one engine and one workload: of a sweep file that names several engines
+    (cpu-demo: vLLM and llama.cpp), the first, with the exclusions that concern the others dropped; of several
+    workloads (seed004), the first (`--workload` picks another). Every other setting is the sweep's own (see
+    `space_notes` for what tune does with each)."""
+    found = _sweep_document(text)
+    return None if found is None else _one_engine(found[0], None)
+
+
+def _sweep_document(text: str) -> tuple[dict[str, Any], Path] | None:
     from sparklab.recipes.schema import recipes_dir
 
     for candidate in (Path(text), recipes_dir() / "sweeps" / f"{text}.yaml"):
@@ -299,19 +325,67 @@ def load_space(text: str) -> dict[str, Any] | None:
             recipe = Path(document["recipe"])
             if recipe.suffix in (".yaml", ".yml") and not recipe.is_absolute():
                 document["recipe"] = str((candidate.parent / recipe).resolve())
-            engines = document.get("engines") or []
-            if len(engines) > 1:
-                document["engines"] = engines[:1]
-                document["exclude"] = [m for m in document.get("exclude", []) if m.get("engine") in (None, engines[0])]
-            return document
+            return document, candidate
     return None
+
+
+def _one_engine(document: dict[str, Any], chosen: str | None) -> dict[str, Any]:
+    engines = document.get("engines") or []
+    if chosen is None and len(engines) <= 1:
+        return document
+    engine_name = chosen or engines[0]
+    document = {**document, "engines": [engine_name]}
+    document["exclude"] = [m for m in document.get("exclude", []) if m.get("engine") in (None, engine_name)]
+    return document
+
+
+def space_notes(document: dict[str, Any], engine_name: str | None, workload: str | None,
+                objective: str | None = None) -> list[str]:
+    """What tune does with a sweep file's settings that a grid sweep uses differently, said once in the plan.
+
+    Everything else carries over as the sweep runs it: recipe, set/overrides/exclude, requests or duration_s,
+    warmup, stream, sampling, max_attempts, require_ok, the timeouts, memory_floor_gib, load_stall_s and hosts."""
+    notes = []
+    engines = document.get("engines") or []
+    if len(engines) > 1 and engine_name is None:
+        notes.append(f"the sweep file names {len(engines)} engines; tune searches {engines[0]} (the first; "
+                     f"--engine picks another of {', '.join(engines)})")
+    workloads = document.get("workloads") or []
+    if len(workloads) > 1 and workload is None:
+        notes.append(f"the sweep file names {len(workloads)} workloads; tune searches {workloads[0]} (the first; "
+                     f"--workload picks another of {', '.join(workloads)})")
+    if objective is None and document.get("headline", "seed000") == "seed000" and len(document["concurrency"]) > 1:
+        notes.append("the sweep's headline is per-request tok/s at C=1 and aggregate tok/s above; tune maximises "
+                     "one objective at every concurrency: aggregate tok/s (--objective per-request for C=1's)")
+    if document.get("repeats") == "auto":
+        auto = {"min": 3, "max": 8, **document.get("auto_repeats", {})}
+        notes.append(f"repeats: auto: {auto['min']} repeat(s) per measured config, up to {auto['max']} where its "
+                     "interval overlaps the best's; auto_repeats.target is not used (tune stops repeating once a "
+                     "pick is told apart from the rest, or at the maximum)")
+    return notes
+
+
+def _repeats(space: dict[str, Any], args: Any) -> tuple[int, int]:
+    """(repeats, max_repeats): the flags, else the sweep file's (`auto`: auto_repeats.min and .max), else 2 and
+    twice --repeats."""
+    auto = {"min": 3, "max": 8, **space.get("auto_repeats", {})} if space.get("repeats") == "auto" else None
+    repeats = args.repeats or (auto["min"] if auto else int(space.get("repeats", 2)))
+    max_repeats = args.max_repeats or (max(repeats, auto["max"]) if auto else 2 * repeats)
+    if max_repeats < repeats:
+        raise RecipeError(f"tune: --max-repeats {max_repeats} is below --repeats {repeats}",
+                          "Give --max-repeats at least --repeats (equal: no extra repeats).")
+    return repeats, max_repeats
 
 
 def request_from_args(args: Any) -> TuneRequest:
     """`sparklab tune`'s arguments as a request: a sweep file's space with the flags laid over it, or a recipe's
     space made of the flags alone."""
-    space = load_space(args.space)
-    if space is None:
+    found = _sweep_document(args.space)
+    notes: list[str] = []
+    if found is not None:
+        notes = space_notes(found[0], args.engine, args.workload, args.objective)
+        space = _one_engine(found[0], args.engine)
+    else:
         if not args.methods or not args.concurrency:
             raise RecipeError(f"tune {args.space}: not a sweep file, so --methods and --concurrency give the space",
                               f"e.g. sparklab tune {args.space} --methods none ngram --k 1-4 --concurrency 1 4")
@@ -319,19 +393,20 @@ def request_from_args(args: Any) -> TuneRequest:
         space = {"name": recipe.stem if recipe.suffix in (".yaml", ".yml") else args.space,
                  "recipe": str(recipe.resolve()) if recipe.suffix in (".yaml", ".yml") else args.space,
                  "num_speculative_tokens": [1, 2, 3], "repeats": 2}
+        if args.engine:
+            space["engines"] = [args.engine]
     for key, value in (("methods", args.methods), ("num_speculative_tokens", args.k),
                        ("concurrency", args.concurrency), ("requests", args.requests)):
         if value:
             space[key] = value
-    if args.workload:
-        space["workloads"] = [args.workload]
+    space["workloads"] = [args.workload] if args.workload else space.get("workloads", ["seed"])[:1]
     if args.max_tokens:
         space["sampling"] = {**space.get("sampling", {}), "max_tokens": args.max_tokens}
-    repeats = args.repeats or int(space.get("repeats", 2))
-    max_repeats = args.max_repeats or 2 * repeats
-    if max_repeats < repeats:
-        raise RecipeError(f"tune: --max-repeats {max_repeats} is below --repeats {repeats}",
-                          "Give --max-repeats at least --repeats (equal: no extra repeats).")
+    if args.hosts:
+        space["hosts"] = [entry_of(text, "--host").model_dump(exclude_none=True) for text in args.hosts]
+    repeats, max_repeats = _repeats(space, args)
+    objective = args.objective or ("decode" if space.get("headline") == "decode" else "aggregate")
     settings = search.Settings(repeats, max_repeats, args.tolerance, args.ttft_max)
-    return TuneRequest(space, settings, args.objective, args.runs_dir, args.resume, args.new,
-                       runner.Options(args.pull), download=args.download, ulimits=tuple(args.ulimits))
+    return TuneRequest(space, settings, objective, args.runs_dir, args.resume, args.new,
+                       runner.Options(args.pull), download=args.download, ulimits=tuple(args.ulimits),
+                       notes=tuple(notes))
