@@ -32,7 +32,7 @@ err = Console(stderr=True, highlight=False, soft_wrap=True, width=_WIDTH)
 def cmd_render(args: argparse.Namespace) -> int:
     options = launch_options(args, mode="render")
     p = launch.prepare(args.spec, target=args.target, engine_name=args.engine, overrides=args.overrides,
-                       options=options, check_host=args.host_checks)
+                       options=options, check_host=args.host_checks, hosts_given=len(args.hosts))
     _print_warnings(p.warnings)
     if args.hosts or multinode.nodes_of(p.recipe, p.spec.engine) > 1:  # one server across several hosts
         return cluster.cmd_render(args, p, options, out)
@@ -56,7 +56,7 @@ def cmd_up(args: argparse.Namespace) -> int:
 
     options = launch_options(args)
     p = launch.prepare(args.spec, target=args.target, engine_name=args.engine, overrides=args.overrides,
-                       options=options, check_host=True)
+                       options=options, check_host=True, hosts_given=len(args.hosts))
     _print_warnings(p.warnings)
     spec = p.spec
     key_warning = engine_adapter(spec.kind).api_key_warning

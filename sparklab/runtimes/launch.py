@@ -15,6 +15,7 @@ from sparklab.engines.logwatch import CAUSE_LINES, DEAD_STOP_GRACE_S, FATAL_GRAC
 from sparklab.engines.scrape import StartupFacts
 from sparklab.errors import ImageUnavailableError, NotReadyError
 from sparklab.host import downloads, preflight
+from sparklab.recipes import multinode
 from sparklab.recipes.render import LaunchOptions, render
 from sparklab.recipes.schema import Recipe, load_recipe, resolve
 from sparklab.runtimes import local
@@ -37,10 +38,13 @@ class Launch:
 
 
 def prepare(spec_text: str, *, target: str | None, engine_name: str | None, overrides: list[str],
-            options: LaunchOptions, check_host: bool = True) -> Launch:
-    """Resolve, load, render and preflight: everything up to the first side effect."""
+            options: LaunchOptions, check_host: bool = True, hosts_given: int | None = None) -> Launch:
+    """Resolve, load, render and preflight: everything up to the first side effect. hosts_given: how many
+    Docker hosts the command names; a recipe served across more says so before any other check."""
     path, method = resolve(spec_text, target)
     recipe = load_recipe(path, overrides)
+    if hosts_given is not None:
+        multinode.require_hosts(recipe, engine_name, hosts_given)
     return checked(recipe, render(recipe, engine_name, method, options), check_host)
 
 

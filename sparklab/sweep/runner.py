@@ -33,6 +33,7 @@ from sparklab.errors import (
     SparklabError,
 )
 from sparklab.host import memory, preflight, watchdog
+from sparklab.recipes import multinode
 from sparklab.recipes.hosts import LOOPBACK, Host, parse_hosts, redact_url
 from sparklab.recipes.plan import Plan, ServerConfig, TimingModel, build_plan, estimate_seconds, load_sweep, recipe_file
 from sparklab.recipes.schema import load_hardware, stored_facts
@@ -533,10 +534,15 @@ def _check_drift(plan: Plan, store: Store, exists: bool, allow: bool, say: Say) 
 
 
 def _hosts(request: Request, plan: Plan) -> list[Host] | None:
-    """--host wins over the sweep file's hosts:; neither: None, the local engine as always."""
+    """--host wins over the sweep file's hosts:; neither: None, the local engine as always. A server across
+    more hosts than named fails here, before the run directory, the download or any host check."""
     if request.hosts:
-        return parse_hosts(list(request.hosts), "--host")
-    return parse_hosts(plan.sweep.hosts, f"{request.file}") if plan.sweep.hosts else None
+        hosts: list[Host] | None = parse_hosts(list(request.hosts), "--host")
+    else:
+        hosts = parse_hosts(plan.sweep.hosts, f"{request.file}") if plan.sweep.hosts else None
+    for server in plan.servers:
+        multinode.require_hosts(server.recipe, server.engine, len(hosts or []))
+    return hosts
 
 
 def download(plan: Plan, store: Store, say: Say) -> None:
