@@ -147,6 +147,7 @@ def _speedup(group: Any) -> str:
     if group.speedup is None:
         return "-"
     mark = " (n.s.)" if group.speedup.significant is False else ""
+    mark += " (identical repeats)" if group.speedup.identical else ""
     mark += " (partial)" if group.rests_on_partial else ""
     return f"{100 * group.speedup.value:.1f}%{mark}"
 
@@ -231,8 +232,13 @@ def timestamped(console: Any) -> Callable[[str], None]:
     return say
 
 
-def _interval(low: float | None, high: float | None) -> str:
-    return f" [{low:.2f}, {high:.2f}]" if low is not None and high is not None else " (one run: no interval)"
+def _interval(low: float | None, high: float | None, n: int) -> str:
+    """A tune pick's 95% interval; low = high over several repeats is identical repeats, not a measured one."""
+    if low is None or high is None:
+        return " (one run: no interval)"
+    if low == high and n >= 2:
+        return " (identical repeats: the interval is not measured)"
+    return f" [{low:.2f}, {high:.2f}]"
 
 
 def _duration(seconds: float) -> str:
@@ -295,7 +301,7 @@ def tune_summary(report: Any, state: dict[str, Any]) -> str:
     lines = [f"best per concurrency ({state.get('objective')} tok/s{bound}; 95% intervals over repeats):"]
     for pick in state.get("picks", []):
         lines.append(f"  C={pick['concurrency']}: {pick['label']}: {pick['mean']:.2f} tok/s"
-                     f"{_interval(pick['low'], pick['high'])} (n={pick['n']}); {pick['note']}")
+                     f"{_interval(pick['low'], pick['high'], pick['n'])} (n={pick['n']}); {pick['note']}")
     if not state.get("picks"):
         lines.append("  none: no config finished at any concurrency (see the report's failures)")
     predicted = state.get("predictions", [])

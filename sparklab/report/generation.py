@@ -8,20 +8,31 @@ C=1, one column pair per drafting configuration against the same engine's `none`
 
 from __future__ import annotations
 
-from sparklab.bench.metrics import Estimate
+from sparklab.bench.metrics import IDENTICAL_SHORT, Estimate
 from sparklab.report.document import Para, Section, Table
 from sparklab.report.model import Group, Report
 
 DASH = "-"
 
 
-def _fmt(e: Estimate | None, digits: int) -> str:
+def fmt(e: Estimate | None, digits: int = 2, scale: float = 1.0) -> str:
+    """mean, and ± the half-width of its 95% interval when there are repeats; identical repeats measured no
+    interval and say so (a zero-width one would read as certainty); a real half-width under the printed digits
+    is `± <0.01`, not `± 0.00`."""
     if e is None:
         return DASH
-    text = f"{e.mean:,.{digits}f}"
+    text = f"{e.mean * scale:,.{digits}f}"
+    if e.identical:
+        return f"{text} ({IDENTICAL_SHORT})"
     if e.low is not None and e.high is not None:
-        text += f" ± {e.high - e.mean:,.{digits}f}"
+        half = (e.high - e.mean) * scale
+        smallest = 10.0**-digits
+        text += f" ± <{smallest:.{digits}f}" if half < smallest / 2 else f" ± {half:,.{digits}f}"
     return text
+
+
+def _fmt(e: Estimate | None, digits: int) -> str:
+    return fmt(e, digits)
 
 
 def _ratio(base: Estimate | None, other: Estimate | None) -> str:

@@ -19,6 +19,7 @@ from typing import Any
 
 from sparklab import __version__
 from sparklab.bench import cell as bench
+from sparklab.bench.metrics import IDENTICAL
 from sparklab.bench.workloads import load_workload
 from sparklab.engines import engine
 from sparklab.engines.api import EngineAPI
@@ -362,8 +363,12 @@ def _measured_enough(plan: Plan, store: Store, server: ServerConfig, cell: Any, 
         return False
     store.skip_cell(cell.id)
     share = repeats.half_width_share(values) or 0.0
-    say(f"cell {server.label} c={cell.concurrency} {cell.workload} #{cell.repeat}: skipped, {len(values)} runs pin "
-        f"the mean to ±{100 * share:.1f}% (repeats: auto, target {100 * sweep.auto_repeats.target:g}%)")
+    name = f"cell {server.label} c={cell.concurrency} {cell.workload} #{cell.repeat}"
+    if repeats.identical(values):  # zero spread is not a pinned mean: say what it is
+        say(f"{name}: skipped, its {len(values)} runs gave the same value ({IDENTICAL}; repeats: auto stops here)")
+        return True
+    say(f"{name}: skipped, {len(values)} runs pin the mean to ±{100 * share:.1f}% (repeats: auto, target "
+        f"{100 * sweep.auto_repeats.target:g}%)")
     return True
 
 
