@@ -248,7 +248,8 @@ def build_parser() -> argparse.ArgumentParser:
                            "unified memory, posix_fadvise over the model's files)")
     p.add_argument("--memory-floor-gib", type=float, metavar="GIB",
                    help="stop a server when MemAvailable falls under this (default: the sweep file's "
-                        "memory_floor_gib, else 8 on unified-memory recipes; 0: off)")
+                        "memory_floor_gib, else on unified-memory recipes 8, or less where the memory fraction "
+                        "leaves less, see host/headroom.py; 0: off)")
     p.add_argument("--ulimit", dest="ulimits", action="append", default=[], metavar="NAME=SOFT[:HARD]",
                    help="override a container ulimit for every server")
     p.add_argument("--no-download", dest="download", action="store_false",

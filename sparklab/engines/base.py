@@ -103,6 +103,9 @@ class Engine:
     api_key_env: str | None = None  # the variable the engine reads its key from (None: a flag)
     api_key_warning: str | None = None  # what `up` says when the key cannot be kept out of `ps`
     memory_fraction_flag: str | None = None  # the flag giving its share of the device's (unified) memory
+    # What that share is a fraction of: "total" (the device's whole memory) or "free" (what was free when the
+    # engine started). The drafter's weights count inside it for every engine here (see host/headroom.py).
+    memory_fraction_of: str = "total"
     methods: frozenset[str] = frozenset()
     failures: tuple[KnownFailure, ...] = ()
     fatal_lines: tuple[FatalLine, ...] = ()  # taken from the engine's source; each cites its file and line

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from sparklab.engines.base import Finding
 from sparklab.errors import PreflightError
+from sparklab.host.headroom import MIN_FLOOR_GIB, headroom, max_fraction_text, refusal
 from sparklab.host.memory import HostMemory, engine_need, read_meminfo, unified_need
 from sparklab.recipes.schema import Recipe
 from sparklab.spec import LaunchSpec
@@ -101,17 +102,25 @@ def check_host(spec: LaunchSpec, recipe: Recipe, *, port_busy: Callable[[str, in
     return found
 
 
-def check_memory(spec: LaunchSpec, recipe: Recipe, host: HostMemory) -> list[Finding]:
-    """MemAvailable against the recipe's floor and the engine's share; on unified memory, MemFree as well,
-    since that is what the engine's own startup check reads there (see sparklab.memory)."""
+def check_memory(spec: LaunchSpec, recipe: Recipe, host: HostMemory, floor_gib: float | None = None) -> list[Finding]:
+    """MemAvailable against the recipe's floor and the engine's share; on unified memory, the room its fraction
+    leaves against the memory floor (host/headroom.py; floor_gib: a configured floor, else the least one), and
+    MemFree, since that is what the engine's own startup check reads there (see sparklab.memory)."""
     required = _required_gib(spec, recipe, host.total_gib)
+    room = headroom(spec, recipe, host)
     if required is not None and host.available_gib < required[0]:
+        floor = floor_gib or MIN_FLOOR_GIB
+        leaves = (f" On this host, {room.flag} {max_fraction_text(room, floor)} or less also leaves the memory floor "
+                  f"({floor:.1f} GiB) under load." if room is not None else "")
         return [Finding(
             "error",
             f"only {host.available_gib:.1f} GiB of memory is available (MemAvailable) but this launch needs "
             f"{required[0]:.1f} GiB ({required[1]})",
             "Stop other servers (`sparklab ps`), drop the page cache "
-            "(sync; echo 3 > /proc/sys/vm/drop_caches), or lower the memory settings with --set.")]
+            "(sync; echo 3 > /proc/sys/vm/drop_caches), or lower the memory settings with --set." + leaves)]
+    refused = refusal(room, floor_gib) if room is not None else None
+    if refused is not None:
+        return [Finding("error", refused[0], refused[1])]
     need = unified_need(spec, recipe, host)
     if need is not None and host.free_gib < need.gib:
         return [Finding(

@@ -19,20 +19,26 @@ from pathlib import Path
 from typing import Any
 
 from sparklab.host import memory
+from sparklab.host.headroom import USERS_FLOOR_GIB, Headroom
 from sparklab.host.memory import HostMemory
 from sparklab.recipes.schema import Recipe
 
 log = logging.getLogger(__name__)
 
-UNIFIED_FLOOR_GIB = 8.0  # what GB10 users set (huggingface.co/nvidia/GLM-5.3-Flash-FP4-Local/discussions/7)
+UNIFIED_FLOOR_GIB = USERS_FLOOR_GIB  # what GB10 users set; the default where the headroom allows it
 KEPT_SAMPLES = 60  # the tail a memory-floor failure stores
 
 
-def floor_for(recipe: Recipe, configured: float | None) -> float | None:
-    """The floor for one server: the configured one (0: off), else 8 GiB on unified-memory recipes."""
+def floor_for(recipe: Recipe, configured: float | None, room: Headroom | None = None) -> float | None:
+    """The floor for one server: the configured one (0: off), else on unified-memory recipes 8 GiB or, when the
+    engine's memory fraction leaves less (headroom.Headroom), the room it leaves under load: below what the
+    engine was asked to take, with the margin for its memory outside it. Preflight refuses a fraction whose
+    room is under headroom.MIN_FLOOR_GIB, so this never goes below that for a server that starts."""
     if configured is not None:
         return configured or None
-    return UNIFIED_FLOOR_GIB if recipe.unified_memory else None
+    if not recipe.unified_memory:
+        return None
+    return room.default_floor_gib if room is not None else UNIFIED_FLOOR_GIB
 
 
 @dataclass(frozen=True)
@@ -203,11 +209,17 @@ class Sampler:
                 except Exception as exc:  # the sweep still sees the trip and removes the server itself
                     log.warning("stopping the server at the memory floor failed: %s", exc)
 
+    def tick(self) -> Sample:
+        """Take one sample and judge it (the thread's step; a test or a twin drives it directly)."""
+        s = self.sample()
+        self._record(s)
+        return s
+
     def _run(self) -> None:
         while not self._stop.is_set():
             began = time.monotonic()
             try:
-                self._record(self.sample())
+                self.tick()
             except OSError as exc:
                 log.debug("memory sample failed: %s", exc)
             self._stop.wait(max(0.0, self.interval_s - (time.monotonic() - began)))

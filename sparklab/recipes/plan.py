@@ -111,7 +111,8 @@ class SweepFile(Strict):
     # server's health check fails (None: no stall detection)
     request_timeout_s: Seconds = 1800.0
     stall_timeout_s: Seconds | None = 60.0
-    # Stop a server when MemAvailable falls under this (GiB; 0: off; None: 8 on unified-memory recipes).
+    # Stop a server when MemAvailable falls under this (GiB; 0: off; None: on unified-memory recipes 8, or the
+    # room the server's memory fraction leaves where that is less: host/headroom.py).
     memory_floor_gib: float | None = Field(default=None, ge=0, le=4096)
     # A server whose engine prints nothing for this long while not ready fails as "stalled" (null: never).
     load_stall_s: Seconds | None = 600.0

@@ -34,6 +34,7 @@ from sparklab.errors import (
     SparklabError,
 )
 from sparklab.host import memory, preflight, watchdog
+from sparklab.host.headroom import headroom
 from sparklab.recipes import multinode
 from sparklab.recipes.hosts import LOOPBACK, Host, parse_hosts, redact_url
 from sparklab.recipes.plan import Plan, ServerConfig, TimingModel, build_plan, estimate_seconds, load_sweep, recipe_file
@@ -226,8 +227,13 @@ def _serve(plan: Plan, store: Any, docker: Runtime | Docker, run_dir: Path, opti
         _wait_memory(baseline, options.memory_wait_s, say, server)
         if options.drop_caches is not False:
             memory.free_page_cache(server.recipe, server.spec, say, every_recipe=bool(options.drop_caches))
-    floor = watchdog.floor_for(server.recipe, options.memory_floor_gib if options.memory_floor_gib is not None
-                               else plan.sweep.memory_floor_gib) if local else 0.0
+    configured = options.memory_floor_gib if options.memory_floor_gib is not None else plan.sweep.memory_floor_gib
+    room = headroom(server.spec, server.recipe, memory.read_meminfo(), available_at_start=baseline) if local else None
+    floor = watchdog.floor_for(server.recipe, configured, room) if local else 0.0
+    if room is not None and floor:
+        say(f"server {server.label}: memory floor {floor:.2f} GiB: {room.explain()}"
+            + ("" if configured is None or room.room_gib >= floor else
+               "; the configured floor is above that, so the watchdog will likely stop this server"))
     attempted: set[str] = set()  # cells this server start ran (they counted their attempt)
     try:
         if not local:
