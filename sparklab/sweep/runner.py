@@ -417,7 +417,7 @@ def _run_cell(plan: Plan, store: Store, ready: launch.Ready, server: ServerConfi
               watch: watchdog.Sampler | None = None) -> None:
     sweep = plan.sweep
     store.start_cell(cell.id)
-    mark, clocks = (watch.mark(), memory.gpu_clocks()) if watch is not None else (0, None)
+    mark = watch.mark() if watch is not None else 0  # its window: memory and clocks under load
     sampling = Sampling(**sweep.sampling.model_dump())
     load = bench.Load(concurrency=cell.concurrency, requests=cell.requests, duration_s=sweep.duration_s,
                       warmup=sweep.warmup, stream=sweep.stream)
@@ -433,7 +433,7 @@ def _run_cell(plan: Plan, store: Store, ready: launch.Ready, server: ServerConfi
         since = result["measurement"]["window_started_at"]
         bench.add_log_acceptance(result, spec.kind, lambda: ready.server.log_since(since))
         if watch is not None:
-            watchdog.add_cell_facts(result, watch, mark, clocks)
+            watchdog.add_cell_facts(result, watch, mark)
     except (KeyboardInterrupt, DiskFullError):
         raise
     except Exception as exc:  # a dead engine mid-warmup, a broken server: this cell fails, the sweep goes on
