@@ -104,8 +104,9 @@ def plan_table(plan: Any, eta_s: float, model: Any, hosts: list[Any] | None = No
                           f"interval's half-width is under {100 * auto.target:g}% of its mean; the cells above and the "
                           f"ETA count all {auto.max} runs"))
     at_most, one_host = "at most " if auto else "", " on one host" if hosts else ""
+    at_most = "at most " if auto or model.builds else ""
     parts.append(Text(f"\nETA {at_most}{hours} h {rest // 60:02d} min{one_host}: "
-                      f"{model.startup_s:.0f} s per server start, "
+                      f"{model.startup_text()}, "
                       f"{model.tokens_per_s:.1f} tok/s at c=1 scaled by c^{model.batching} (refined from earlier "
                       f"runs of this recipe when there are any)"))
     return Group(*parts)
@@ -286,7 +287,7 @@ def tune_plan(dry: Any) -> str:
         + "; retried failed starts not counted)",
         f"ETA at most {_duration(dry.eta_upper_s)} (those loads, every cell up to {settings.max_repeats} repeat(s)); "
         f"the full grid: {dry.grid_loads} loads, ETA {_duration(dry.grid_eta_s)}. Timing model: "
-        f"{dry.model.startup_s:.0f} s per server start, {dry.model.tokens_per_s:.1f} tok/s at c=1 scaled by "
+        f"{dry.model.startup_text()}, {dry.model.tokens_per_s:.1f} tok/s at c=1 scaled by "
         f"c^{dry.model.batching} (refined from earlier runs of this recipe when there are any)",
         "dry run: nothing started",
     ]

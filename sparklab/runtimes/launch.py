@@ -91,8 +91,9 @@ def start(p: Launch, docker: Docker | local.Runtime, *, pull_policy: str = "miss
     if key and api_env:
         provided[api_env] = key
     log_path = log_path or state_dir() / "logs" / f"{spec.name}.log"
-    if downloads.host_hub_cache(spec) is not None:  # models were fetched first: a missing file fails at start
-        spec = dataclasses.replace(spec, env={**downloads.offline_env(), **spec.env})
+    offline = downloads.offline_for(spec)  # models were fetched first: a missing file fails at start
+    if offline:
+        spec = dataclasses.replace(spec, env={**offline, **spec.env})
     log_watch = LogWatch(adapter)
     server = docker.launch(spec, provided, log_path, detach=detach, on_log=log_watch.feed)
     try:
