@@ -104,11 +104,14 @@ def max_fraction_text(h: Headroom, floor_gib: float) -> str:
 
 
 def refusal(h: Headroom, floor_gib: float | None = None) -> tuple[str, str] | None:
-    """(message, fix) when the fraction leaves less than the floor (the configured one, else MIN_FLOOR_GIB)."""
-    floor = floor_gib if floor_gib else MIN_FLOOR_GIB
+    """(message, fix) when the fraction leaves less than the floor: the configured one, else MIN_FLOOR_GIB; a
+    floor configured to 0 (no watchdog, the user's explicit choice) refuses nothing."""
+    if floor_gib == 0:
+        return None
+    floor = floor_gib if floor_gib is not None else MIN_FLOOR_GIB
     if h.room_gib >= floor:
         return None
-    which = "the memory floor" if floor_gib else "the least memory floor sparklab keeps"
+    which = "the memory floor" if floor_gib is not None else "the least memory floor sparklab keeps"
     message = (f"{h.explain()}: less than {which} of {floor:.1f} GiB, so the watchdog would stop this server "
                "(or the host could wedge without it)")
     fix = (f"Lower {h.flag} to {max_fraction_text(h, floor)} or less on this host (--set, or the recipe's var), or "

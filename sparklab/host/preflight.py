@@ -88,7 +88,8 @@ def check_image_platform(image: str, image_arch: str, host_arch: str, allow_fore
 
 
 def check_host(spec: LaunchSpec, recipe: Recipe, *, port_busy: Callable[[str, int], bool] = port_in_use,
-               meminfo: Path = Path("/proc/meminfo")) -> list[Finding]:
+               meminfo: Path = Path("/proc/meminfo"), floor_gib: float | None = None) -> list[Finding]:
+    """floor_gib: the memory floor configured for this server (None: the default; 0: off), see check_memory."""
     found: list[Finding] = []
     if port_busy(spec.host, spec.port):
         found.append(Finding(
@@ -98,18 +99,19 @@ def check_host(spec: LaunchSpec, recipe: Recipe, *, port_busy: Callable[[str, in
         found.append(Finding(
             "error", f"the Hugging Face cache directory {spec.hf_cache} does not exist",
             f"Create it (mkdir -p {spec.hf_cache}) or point to yours with --hf-cache DIR or HF_HOME."))
-    found += check_memory(spec, recipe, read_meminfo(meminfo))
+    found += check_memory(spec, recipe, read_meminfo(meminfo), floor_gib)
     return found
 
 
 def check_memory(spec: LaunchSpec, recipe: Recipe, host: HostMemory, floor_gib: float | None = None) -> list[Finding]:
     """MemAvailable against the recipe's floor and the engine's share; on unified memory, the room its fraction
-    leaves against the memory floor (host/headroom.py; floor_gib: a configured floor, else the least one), and
-    MemFree, since that is what the engine's own startup check reads there (see sparklab.memory)."""
+    leaves against the memory floor (host/headroom.py: under the least floor, an error; under a floor the user
+    configured, a warning; 0: none), and MemFree, since that is what the engine's own startup check reads there
+    (see sparklab.memory)."""
     required = _required_gib(spec, recipe, host.total_gib)
     room = headroom(spec, recipe, host)
     if required is not None and host.available_gib < required[0]:
-        floor = floor_gib or MIN_FLOOR_GIB
+        floor = floor_gib if floor_gib else MIN_FLOOR_GIB
         leaves = (f" On this host, {room.flag} {max_fraction_text(room, floor)} or less also leaves the memory floor "
                   f"({floor:.1f} GiB) under load." if room is not None else "")
         return [Finding(
@@ -119,8 +121,8 @@ def check_memory(spec: LaunchSpec, recipe: Recipe, host: HostMemory, floor_gib: 
             "Stop other servers (`sparklab ps`), drop the page cache "
             "(sync; echo 3 > /proc/sys/vm/drop_caches), or lower the memory settings with --set." + leaves)]
     refused = refusal(room, floor_gib) if room is not None else None
-    if refused is not None:
-        return [Finding("error", refused[0], refused[1])]
+    if refused is not None:  # a floor the user set is theirs to keep: said, not refused
+        return [Finding("error" if floor_gib is None else "warning", refused[0], refused[1])]
     need = unified_need(spec, recipe, host)
     if need is not None and host.free_gib < need.gib:
         return [Finding(

@@ -48,11 +48,12 @@ def prepare(spec_text: str, *, target: str | None, engine_name: str | None, over
     return checked(recipe, render(recipe, engine_name, method, options), check_host)
 
 
-def checked(recipe: Recipe, spec: LaunchSpec, check_host: bool = True) -> Launch:
-    """The engine's own checks of the rendered launch, then the host's; errors raise, warnings are kept."""
+def checked(recipe: Recipe, spec: LaunchSpec, check_host: bool = True, floor_gib: float | None = None) -> Launch:
+    """The engine's own checks of the rendered launch, then the host's; errors raise, warnings are kept.
+    floor_gib: the memory floor a sweep configured for it (None: the default; 0: off)."""
     findings = engine(spec.kind).check_spec(spec, recipe)
     if check_host:
-        findings += preflight.check_host(spec, recipe)
+        findings += preflight.check_host(spec, recipe, floor_gib=floor_gib)
     return Launch(recipe, spec, preflight.raise_errors(findings))
 
 

@@ -300,7 +300,9 @@ def _run_server(plan: Plan, store: Any, docker: Runtime | Docker, run_dir: Path,
         remote = None if local or not spec.address or spec.address in LOOPBACK else spec.address
         _wait_port_free(spec.host, spec.port, options.port_wait_s, remote)
         # another host's memory, port and cache are not this machine's: fleet.unfit and the start check them
-        prepared = launch.checked(server.recipe, spec) if local else launch.checked(server.recipe, spec, False)
+        configured = options.memory_floor_gib if options.memory_floor_gib is not None else plan.sweep.memory_floor_gib
+        prepared = (launch.checked(server.recipe, spec, floor_gib=configured) if local
+                    else launch.checked(server.recipe, spec, False))
         if server.cluster is not None:  # one server across hosts: every node in order, readiness on the head
             ready = cluster.start(prepared, server.cluster, [runtime_docker(docker), *(partners or [])],
                                   pull_policy=options.pull_policy, log_dir=run_dir / "logs",

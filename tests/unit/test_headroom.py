@@ -155,3 +155,15 @@ def test_an_explicit_floor_stays_and_zero_turns_it_off() -> None:
     h = headroom.headroom(spec, recipe, _idle_gb10())  # type: ignore[arg-type]
     assert watchdog.floor_for(recipe, 6.0, h) == 6.0  # type: ignore[arg-type]
     assert watchdog.floor_for(recipe, 0, h) is None  # type: ignore[arg-type]
+
+
+def test_preflight_warns_of_a_configured_floor_above_the_room_and_a_floor_of_zero_refuses_nothing() -> None:
+    (_, spec, recipe), = _servers("gb10-modelcard")
+    host = _idle_gb10()  # room 3.95 GiB at 0.91
+    assert [f for f in preflight.check_memory(spec, recipe, host, 3.5) if f.level == "error"] == []  # type: ignore[arg-type]
+    (said,) = preflight.check_memory(spec, recipe, host, 6.0)  # type: ignore[arg-type]
+    assert said.level == "warning"  # the user's own floor: kept, and said to be above the room
+    assert "less than the memory floor of 6.0 GiB" in said.message and "0.89 or less" in (said.hint or "")
+    tight = _at(spec, 0.95)  # room 1.5 GiB: under the least floor, unless the user turned the floor off
+    assert [f for f in preflight.check_memory(tight, recipe, host) if f.level == "error"]  # type: ignore[arg-type]
+    assert [f for f in preflight.check_memory(tight, recipe, host, 0) if f.level == "error"] == []  # type: ignore[arg-type]
