@@ -103,8 +103,7 @@ def plan_table(plan: Any, eta_s: float, model: Any, hosts: list[Any] | None = No
         parts.append(Text(f"\nrepeats: auto - each load runs {auto.min} to {auto.max} times, stopping once its 95% "
                           f"interval's half-width is under {100 * auto.target:g}% of its mean; the cells above and the "
                           f"ETA count all {auto.max} runs"))
-    at_most, one_host = "at most " if auto else "", " on one host" if hosts else ""
-    at_most = "at most " if auto or model.builds else ""
+    at_most, one_host = "at most " if auto or model.builds else "", " on one host" if hosts else ""
     parts.append(Text(f"\nETA {at_most}{hours} h {rest // 60:02d} min{one_host}: "
                       f"{model.startup_text()}, "
                       f"{model.tokens_per_s:.1f} tok/s at c=1 scaled by c^{model.batching} (refined from earlier "

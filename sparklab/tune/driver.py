@@ -23,11 +23,15 @@ from sparklab.engines import acceptance, engine
 from sparklab.errors import DiskFullError, RecipeError, SparklabError
 from sparklab.recipes.hosts import Host, entry_of, parse_hosts
 from sparklab.recipes.multinode import require_hosts
-from sparklab.recipes.plan import Plan, build_plan, estimate_seconds, load_sweep
+from sparklab.recipes.plan import Plan, build_plan, estimate_seconds
 from sparklab.runtimes.containers import Docker
 from sparklab.sweep import rundir, runner
 from sparklab.sweep.store import Store
 from sparklab.tune import search
+from sparklab.tune.space import load_space, one_engine, repeats_of, space_notes, sweep_document
+
+# load_space and space_notes moved to tune/space.py; callers keep reaching them here
+__all__ = ["dry_run", "load_space", "request_from_args", "run_tune", "space_notes"]
 
 SPACE_FILE = "tune.yaml"
 MAX_ROUNDS = 64
@@ -305,86 +309,14 @@ def _schedule_args(plan: Plan, store: Store, schedule: dict[str, Any] | None) ->
             "why_not": None if args else adapter.k_schedule_why_not(version)}
 
 
-def load_space(text: str) -> dict[str, Any] | None:
-    """A sweep file's document when text names one (a path, or a name under recipes/sweeps), else None.
-
-    The search is over method x K of one engine and one workload: of a sweep file that names several engines
-    (cpu-demo: vLLM and llama.cpp), the first, with the exclusions that concern the others dropped; of several
-    workloads (seed004), the first (`--workload` picks another). Every other setting is the sweep's own (see
-    `space_notes` for what tune does with each)."""
-    found = _sweep_document(text)
-    return None if found is None else _one_engine(found[0], None)
-
-
-def _sweep_document(text: str) -> tuple[dict[str, Any], Path] | None:
-    from sparklab.recipes.schema import recipes_dir
-
-    for candidate in (Path(text), recipes_dir() / "sweeps" / f"{text}.yaml"):
-        if candidate.suffix in (".yaml", ".yml") and candidate.is_file():
-            document = load_sweep(candidate).model_dump(exclude_unset=True)
-            recipe = Path(document["recipe"])
-            if recipe.suffix in (".yaml", ".yml") and not recipe.is_absolute():
-                document["recipe"] = str((candidate.parent / recipe).resolve())
-            return document, candidate
-    return None
-
-
-def _one_engine(document: dict[str, Any], chosen: str | None) -> dict[str, Any]:
-    engines = document.get("engines") or []
-    if chosen is None and len(engines) <= 1:
-        return document
-    engine_name = chosen or engines[0]
-    document = {**document, "engines": [engine_name]}
-    document["exclude"] = [m for m in document.get("exclude", []) if m.get("engine") in (None, engine_name)]
-    return document
-
-
-def space_notes(document: dict[str, Any], engine_name: str | None, workload: str | None,
-                objective: str | None = None) -> list[str]:
-    """What tune does with a sweep file's settings that a grid sweep uses differently, said once in the plan.
-
-    Everything else carries over as the sweep runs it: recipe, set/overrides/exclude, requests or duration_s,
-    warmup, stream, sampling, max_attempts, require_ok, the timeouts, memory_floor_gib, load_stall_s and hosts."""
-    notes = []
-    engines = document.get("engines") or []
-    if len(engines) > 1 and engine_name is None:
-        notes.append(f"the sweep file names {len(engines)} engines; tune searches {engines[0]} (the first; "
-                     f"--engine picks another of {', '.join(engines)})")
-    workloads = document.get("workloads") or []
-    if len(workloads) > 1 and workload is None:
-        notes.append(f"the sweep file names {len(workloads)} workloads; tune searches {workloads[0]} (the first; "
-                     f"--workload picks another of {', '.join(workloads)})")
-    if objective is None and document.get("headline", "seed000") == "seed000" and len(document["concurrency"]) > 1:
-        notes.append("the sweep's headline is per-request tok/s at C=1 and aggregate tok/s above; tune maximises "
-                     "one objective at every concurrency: aggregate tok/s (--objective per-request for C=1's)")
-    if document.get("repeats") == "auto":
-        auto = {"min": 3, "max": 8, **document.get("auto_repeats", {})}
-        notes.append(f"repeats: auto: {auto['min']} repeat(s) per measured config, up to {auto['max']} where its "
-                     "interval overlaps the best's; auto_repeats.target is not used (tune stops repeating once a "
-                     "pick is told apart from the rest, or at the maximum)")
-    return notes
-
-
-def _repeats(space: dict[str, Any], args: Any) -> tuple[int, int]:
-    """(repeats, max_repeats): the flags, else the sweep file's (`auto`: auto_repeats.min and .max), else 2 and
-    twice --repeats."""
-    auto = {"min": 3, "max": 8, **space.get("auto_repeats", {})} if space.get("repeats") == "auto" else None
-    repeats = args.repeats or (auto["min"] if auto else int(space.get("repeats", 2)))
-    max_repeats = args.max_repeats or (max(repeats, auto["max"]) if auto else 2 * repeats)
-    if max_repeats < repeats:
-        raise RecipeError(f"tune: --max-repeats {max_repeats} is below --repeats {repeats}",
-                          "Give --max-repeats at least --repeats (equal: no extra repeats).")
-    return repeats, max_repeats
-
-
 def request_from_args(args: Any) -> TuneRequest:
     """`sparklab tune`'s arguments as a request: a sweep file's space with the flags laid over it, or a recipe's
     space made of the flags alone."""
-    found = _sweep_document(args.space)
+    found = sweep_document(args.space)
     notes: list[str] = []
     if found is not None:
         notes = space_notes(found[0], args.engine, args.workload, args.objective)
-        space = _one_engine(found[0], args.engine)
+        space = one_engine(found[0], args.engine)
     else:
         if not args.methods or not args.concurrency:
             raise RecipeError(f"tune {args.space}: not a sweep file, so --methods and --concurrency give the space",
@@ -404,7 +336,7 @@ def request_from_args(args: Any) -> TuneRequest:
         space["sampling"] = {**space.get("sampling", {}), "max_tokens": args.max_tokens}
     if args.hosts:
         space["hosts"] = [entry_of(text, "--host").model_dump(exclude_none=True) for text in args.hosts]
-    repeats, max_repeats = _repeats(space, args)
+    repeats, max_repeats = repeats_of(space, args.repeats, args.max_repeats)
     objective = args.objective or ("decode" if space.get("headline") == "decode" else "aggregate")
     settings = search.Settings(repeats, max_repeats, args.tolerance, args.ttft_max)
     return TuneRequest(space, settings, objective, args.runs_dir, args.resume, args.new,
