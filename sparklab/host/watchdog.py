@@ -207,7 +207,8 @@ class Sampler:
         if gpu is None:
             self._gpu = False  # absent or [N/A] (GB10): do not spawn nvidia-smi every second for nothing
         reading = self._clocks() if self._clocks is not None else None
-        return Sample(time.monotonic(), host, current, peak, *(gpu or (None, None)), reading)
+        used, total = gpu or (None, None)
+        return Sample(time.monotonic(), host, current, peak, used, total, reading)
 
     def _record(self, s: Sample) -> None:
         with self._lock:
