@@ -237,8 +237,8 @@ def _serve(plan: Plan, store: Any, docker: Runtime | Docker, run_dir: Path, opti
     configured = options.memory_floor_gib if options.memory_floor_gib is not None else plan.sweep.memory_floor_gib
     room = headroom(server.spec, server.recipe, memory.read_meminfo(), available_at_start=baseline) if local else None
     floor = watchdog.floor_for(server.recipe, configured, room) if local else 0.0
-    if room is not None and floor:
-        say(f"server {server.label}: memory floor {floor:.2f} GiB: {room.explain()}"
+    if room is not None and floor:  # not "server X: ...", the prefix of a server's start, ready and failure lines
+        say(f"memory floor for {server.label}: {floor:.2f} GiB ({room.explain()})"
             + ("" if configured is None or room.room_gib >= floor else
                "; the configured floor is above that, so the watchdog will likely stop this server"))
     attempted: set[str] = set()  # cells this server start ran (they counted their attempt)
