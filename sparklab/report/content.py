@@ -340,8 +340,10 @@ def _memory(report: Report) -> Section | None:
                    _opt(r.total_gib, "{:.1f}")) for r in rows),
             (False, *([True] * 7))))
     if drops:
-        blocks.append(Para(f"Cells whose SM clock fell by more than {100 * CLOCK_DROP_FLAG:.0f}% from their start "
-                           "to their end (nvidia-smi; throttling makes their numbers lower than the config's):"))
+        blocks.append(Para(f"Cells whose SM clock fell by more than {100 * CLOCK_DROP_FLAG:.0f}% (nvidia-smi, read "
+                           "through the window: from its highest reading under load to its lowest; runs before that "
+                           "read it at the cell's start and end; throttling makes their numbers lower than the "
+                           "config's; the check \"clocks under load\" names the reasons):"))
         blocks.append(Bullets(tuple(
             f"{d.group.server.label} C={d.group.concurrency} {d.group.workload} #{d.cell.repeat}: SM clock "
             f"{100 * d.drop:.0f}% lower ({_opt(d.start.get('sm_clock_mhz'), '{:.0f}')} → "

@@ -152,3 +152,19 @@ def test_a_run_without_clock_samples_says_the_check_could_not_run(tmp_path: Path
         built = report.build(store, "r")
     (check,) = [c for c in run_checks(built) if c.name == "clocks under load"]
     assert check.findings == () and check.not_checked and "nvidia-smi" in check.not_checked
+
+
+def test_the_memory_and_clocks_section_shows_the_fall_from_the_highest_to_the_lowest_reading(tmp_path: Path) -> None:
+    from sparklab import report
+    from sparklab.sweep.store import Store
+
+    fake_nvidia_smi(tmp_path / "bin", [NORMAL, THERMAL, NORMAL])  # ends where it began: start/end would hide it
+    sampler = _sampler(tmp_path, clocks=clocks.GpuClockProbe(str(tmp_path / "bin" / "nvidia-smi")))
+    mark = sampler.mark()
+    for _ in range(3):
+        sampler.tick()
+    path = _store_with_clocks(tmp_path / "run", sampler.clock_stats(mark) or {})
+    with Store.open(path, readonly=True) as store:
+        text = report.render(report.build(store, "r"), "md")
+    section = text[text.index("## Memory and clocks"):]
+    assert "29% lower (2405 → 1702 MHz), temperature 61 → 91 °C" in section
