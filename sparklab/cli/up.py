@@ -152,7 +152,7 @@ def launch_options(args: LaunchArgs, mode: str = "up") -> LaunchOptions:
 def cmd_render(args: RenderArgs) -> int:
     options = launch_options(args, mode="render")
     p = launch.prepare(args.spec, target=args.target, engine_name=args.engine, overrides=args.overrides,
-                       options=options, check_host=args.host_checks)
+                       options=options, check_host=args.host_checks, hosts_given=len(args.hosts))
     _print_warnings(p.warnings)
     if args.hosts or multinode.nodes_of(p.recipe, p.spec.engine) > 1:  # one server across several hosts
         return cluster.cmd_render(args, p, options, out)
@@ -183,7 +183,7 @@ def cmd_up(args: UpArgs) -> int:
 
     options = launch_options(args)
     p = launch.prepare(args.spec, target=args.target, engine_name=args.engine, overrides=args.overrides,
-                       options=options, check_host=True)
+                       options=options, check_host=True, hosts_given=len(args.hosts))
     _print_warnings(p.warnings)
     spec = p.spec
     key_warning = engine_adapter(spec.kind).api_key_warning

@@ -15,6 +15,7 @@ from sparklab.engines.logwatch import CAUSE_LINES, DEAD_STOP_GRACE_S, FATAL_GRAC
 from sparklab.engines.scrape import StartupFacts
 from sparklab.errors import ImageUnavailableError, NotReadyError
 from sparklab.host import downloads, preflight
+from sparklab.recipes import multinode
 from sparklab.recipes.render import LaunchOptions, render
 from sparklab.recipes.schema import Recipe, load_recipe, resolve
 from sparklab.runtimes.base import ImageInfo, PullCallback, Runtime, Server
@@ -35,18 +36,22 @@ class Launch:
 
 
 def prepare(spec_text: str, *, target: str | None, engine_name: str | None, overrides: list[str],
-            options: LaunchOptions, check_host: bool = True) -> Launch:
-    """Resolve, load, render and preflight: everything up to the first side effect."""
+            options: LaunchOptions, check_host: bool = True, hosts_given: int | None = None) -> Launch:
+    """Resolve, load, render and preflight: everything up to the first side effect. hosts_given: how many
+    Docker hosts the command names; a recipe served across more says so before any other check."""
     path, method = resolve(spec_text, target)
     recipe = load_recipe(path, overrides)
+    if hosts_given is not None:
+        multinode.require_hosts(recipe, engine_name, hosts_given)
     return checked(recipe, render(recipe, engine_name, method, options), check_host)
 
 
-def checked(recipe: Recipe, spec: LaunchSpec, check_host: bool = True) -> Launch:
-    """The engine's own checks of the rendered launch, then the host's; errors raise, warnings are kept."""
+def checked(recipe: Recipe, spec: LaunchSpec, check_host: bool = True, floor_gib: float | None = None) -> Launch:
+    """The engine's own checks of the rendered launch, then the host's; errors raise, warnings are kept.
+    floor_gib: the memory floor a sweep configured for it (None: the default; 0: off)."""
     findings = engine(spec.kind).check_spec(spec, recipe)
     if check_host:
-        findings += preflight.check_host(spec, recipe)
+        findings += preflight.check_host(spec, recipe, floor_gib=floor_gib)
     return Launch(recipe, spec, preflight.raise_errors(findings))
 
 
@@ -88,8 +93,9 @@ def start(p: Launch, runtime: Runtime, *, pull_policy: str = "missing",
     if key and api_env:
         provided[api_env] = key
     log_path = log_path or state_dir() / "logs" / f"{spec.name}.log"
-    if downloads.host_hub_cache(spec) is not None:  # models were fetched first: a missing file fails at start
-        spec = dataclasses.replace(spec, env={**downloads.offline_env(), **spec.env})
+    offline = downloads.offline_for(spec)  # models were fetched first: a missing file fails at start
+    if offline:
+        spec = dataclasses.replace(spec, env={**offline, **spec.env})
     log_watch = LogWatch(adapter)
     server = runtime.launch(spec, provided, log_path, detach=detach, on_log=log_watch.feed)
     try:
