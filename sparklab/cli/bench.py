@@ -95,14 +95,14 @@ def cmd_bench(args: BenchArgs) -> int:
     from sparklab.bench.workloads import load_workload
     from sparklab.cli.console import bench_result
 
-    docker, target = None, None
+    runtime, target = None, None
     if args.url:
         endpoint = cell.Endpoint.from_url(args.url, args.api_key or os.environ.get("SPARKLAB_API_KEY"), args.model)
     else:
         from sparklab.runtimes.local import Runtime
 
-        docker = Runtime()
-        target = docker.endpoint_of(args.container)
+        runtime = Runtime()
+        target = runtime.endpoint_of(args.container)
         err.print(f"benchmarking {target.name} at {target.url}")
         endpoint = cell.Endpoint.from_url(target.url, target.api_key, args.model, target.kind)
     load, sampling = args.load, args.sampling
@@ -112,9 +112,9 @@ def cmd_bench(args: BenchArgs) -> int:
         task = progress.add_task(f"{workload.name} c={load.concurrency}", total=load.requests)
         result = cell.run(endpoint, workload, sampling, load, on_done=lambda r: progress.advance(task),
                            request_timeout_s=args.request_timeout, stall_timeout_s=args.stall_timeout)
-    if docker is not None and target is not None:  # a sparklab server: its log may say more (SGLang's lines)
+    if runtime is not None and target is not None:  # a sparklab server: its log may say more (SGLang's lines)
         since = result["measurement"]["window_started_at"]
-        cell.add_log_acceptance(result, endpoint.kind, lambda: docker.log_text(target.name, since=since))
+        cell.add_log_acceptance(result, endpoint.kind, lambda: runtime.log_text(target.name, since=since))
     out.print(bench_result(result))
     if args.json_path:
         args.json_path.write_text(json.dumps(result, indent=1))

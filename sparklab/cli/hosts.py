@@ -16,11 +16,11 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from sparklab.cli.args import ON_HOSTS, host_option, positive, whole
-from sparklab.errors import ContainerError, SparklabError
+from sparklab.errors import ServerError, SparklabError
 from sparklab.recipes.hosts import LOCAL_NAME, Host, parse_hosts
 from sparklab.runtimes import containers
-from sparklab.runtimes.containers import ContainerInfo, Docker
-from sparklab.runtimes.local import Runtime
+from sparklab.runtimes.base import Runtime, ServerInfo
+from sparklab.runtimes.local import Runtime as LocalRuntime
 
 
 class Console(Protocol):  # cli's rich consoles; this module prints through them
@@ -107,15 +107,15 @@ def chosen_hosts(values: tuple[str, ...]) -> list[Host]:
     return parse_hosts([LOCAL_NAME, *[v for v in extra if v != LOCAL_NAME]], "SPARKLAB_HOSTS")
 
 
-def reach(hosts: list[Host], err: Console) -> list[tuple[Host, Docker | Runtime]]:
+def reach(hosts: list[Host], err: Console) -> list[tuple[Host, Runtime]]:
     """The hosts that answer; each one that does not is named on stderr (all silent: the first error)."""
-    reached: list[tuple[Host, Docker | Runtime]] = []
+    reached: list[tuple[Host, Runtime]] = []
     first: SparklabError | None = None
     for host in hosts:
         try:
-            # this machine: its containers and its host-process servers (sparklab.runtime); another: its Docker
-            docker = Runtime() if host.local else containers.Docker.connect(host.docker, host.tls_dir)
-            reached.append((host, docker))
+            # this machine: its containers and its host-process servers (runtimes.local); another: its Docker
+            runtime: Runtime = LocalRuntime() if host.local else containers.Docker.connect(host.docker, host.tls_dir)
+            reached.append((host, runtime))
         except SparklabError as exc:
             first = first or exc
             err.print(f"host {host.name}: unreachable ({exc.message})", markup=False)
@@ -124,8 +124,8 @@ def reach(hosts: list[Host], err: Console) -> list[tuple[Host, Docker | Runtime]
     return reached
 
 
-def _listed(reached: list[tuple[Host, Docker | Runtime]]) -> list[tuple[Host, Docker | Runtime, ContainerInfo]]:
-    return [(host, docker, info) for host, docker in reached for info in docker.containers()]
+def _listed(reached: list[tuple[Host, Runtime]]) -> list[tuple[Host, Runtime, ServerInfo]]:
+    return [(host, runtime, info) for host, runtime in reached for info in runtime.containers()]
 
 
 def cmd_ps(args: PsArgs, out: Console, err: Console) -> int:
@@ -148,15 +148,15 @@ def cmd_down(args: DownArgs, out: Console, err: Console) -> int:
     elif args.name:
         targets = [(h, d, c) for h, d, c in listed if c.name == args.name]
         if not targets:
-            raise ContainerError(f"no sparklab container named {args.name}", "List them with `sparklab ps`.")
+            raise ServerError(f"no sparklab container named {args.name}", "List them with `sparklab ps`.")
     else:
         targets = [(h, d, c) for h, d, c in listed if c.labels.get("sparklab.mode") == "up" and c.mine]
         if len(targets) != 1:
             names = ", ".join(c.name for _, _, c in targets) or "none"
             raise SparklabError(f"say which server to stop (sparklab up containers: {names})",
                                 "sparklab down NAME, or sparklab down --all")
-    for host, docker, info in targets:
-        docker.remove(info.name)
+    for host, runtime, info in targets:
+        runtime.remove(info.name)
         out.print(f"removed {info.name}" + ("" if host.local else f" on {host.name}"))
     if not targets:
         out.print("no sparklab containers")
@@ -170,9 +170,9 @@ def cmd_logs(args: LogsArgs, out: Console, err: Console) -> int:
         names = ", ".join(f"{c.name}@{h.name}" for h, _, c in found) or "none"
         raise SparklabError(f"say whose logs to show (sparklab containers: {names})",
                             "sparklab logs NAME (with --host HOST when the name is on several hosts)")
-    _, docker, info = found[0]
-    tail: Any = int(args.tail) if str(args.tail).isdigit() else "all"
-    for chunk in docker.logs(info.name, follow=args.follow, tail=tail):
+    _, runtime, info = found[0]
+    tail: int | str = int(args.tail) if str(args.tail).isdigit() else "all"
+    for chunk in runtime.logs(info.name, follow=args.follow, tail=tail):
         sys.stdout.buffer.write(chunk)
         sys.stdout.buffer.flush()
     return 0
@@ -182,10 +182,10 @@ def cmd_gc(args: GcArgs, out: Console, err: Console) -> int:
     from sparklab.engines import caches as engine_cache
 
     removed = 0
-    local: Docker | Runtime | None = None
-    for host, docker in reach(chosen_hosts(args.hosts), err):
-        local = docker if host.local else local
-        for info in docker.gc():
+    local: Runtime | None = None
+    for host, runtime in reach(chosen_hosts(args.hosts), err):
+        local = runtime if host.local else local
+        for info in runtime.gc():
             removed += 1
             where = "" if host.local else f" on {host.name}"
             out.print(f"removed {info.name}{where} ({info.status}; its sparklab process is gone)")

@@ -17,6 +17,7 @@ from sparklab.cli import cluster
 from sparklab.cli.args import default_hf_cache, host_option, positive, whole
 from sparklab.cli.terminal import err, out
 from sparklab.engines import engine as engine_adapter
+from sparklab.errors import SparklabError
 from sparklab.host import preflight
 from sparklab.recipes import multinode
 from sparklab.recipes.render import LaunchOptions, launch_command, serve_command
@@ -151,7 +152,7 @@ def launch_options(args: LaunchArgs, mode: str = "up") -> LaunchOptions:
 def cmd_render(args: RenderArgs) -> int:
     options = launch_options(args, mode="render")
     p = launch.prepare(args.spec, target=args.target, engine_name=args.engine, overrides=args.overrides,
-                       options=options, check_host=args.host_checks)
+                       options=options, check_host=args.host_checks, hosts_given=len(args.hosts))
     _print_warnings(p.warnings)
     if args.hosts or multinode.nodes_of(p.recipe, p.spec.engine) > 1:  # one server across several hosts
         return cluster.cmd_render(args, p, options, out)
@@ -171,44 +172,64 @@ def _print_warnings(findings: list[preflight.Finding]) -> None:
 
 
 def cmd_up(args: UpArgs) -> int:
+    """One server here, or one across several Docker hosts (--host, or a recipe with nodes > 1): one path from the
+    preflight to the Ctrl-C stop; only the start differs (launch.start or cluster.start, both a launch.Ready)."""
+    from sparklab.cli.progress import PullProgress
+    from sparklab.recipes.hosts import LOCAL
+    from sparklab.runtimes import cluster as runtimes_cluster
+    from sparklab.runtimes.base import HostRuntime
+    from sparklab.runtimes.containers import Docker
     from sparklab.runtimes.local import Runtime
 
     options = launch_options(args)
     p = launch.prepare(args.spec, target=args.target, engine_name=args.engine, overrides=args.overrides,
-                       options=options, check_host=True)
+                       options=options, check_host=True, hosts_given=len(args.hosts))
     _print_warnings(p.warnings)
     spec = p.spec
     key_warning = engine_adapter(spec.kind).api_key_warning
     if spec.needs_api_key and key_warning:
         err.print("[yellow]warning:[/] " + escape(key_warning), markup=True)
-    if args.hosts or multinode.nodes_of(p.recipe, p.spec.engine) > 1:
-        return cluster.cmd_up(args, p, options, out, err)
+    nodes = cluster.across(args, p, options) if args.hosts or multinode.nodes_of(p.recipe, spec.engine) > 1 else None
     if args.dry_run:
-        out.print(launch_command(spec), markup=False)
-        dry_parser_check([p.spec])
+        if nodes is None:
+            out.print(launch_command(spec), markup=False)
+            dry_parser_check([p.spec])
+        else:
+            out.print("\n\n".join(cluster.commands(nodes)), markup=False)
         out.print("dry run: preflight passed, nothing started.")
         return 0
-    docker = Runtime()
-    for info in docker.gc():
-        err.print(f"removed leftover container {info.name} (its sparklab process is gone)")
-    if args.download:  # before the clock starts: a download never counts as time to ready
+    if nodes is not None and args.detach:
+        raise SparklabError("a server across hosts runs in the foreground (sparklab watches every node)",
+                            "Leave out --detach; Ctrl-C stops it on every host.")
+    hosts = [LOCAL] if nodes is None else nodes.hosts
+    runtimes: list[HostRuntime] = [Runtime()] if nodes is None else [Docker.connect(h.docker, h.tls_dir) for h in hosts]
+    for host, runtime in zip(hosts, runtimes, strict=True):
+        where = "" if nodes is None else f" on {host.name}"
+        for info in runtime.gc():
+            err.print(f"removed leftover container {info.name}{where} (its sparklab process is gone)", markup=False)
+    if args.download and nodes is None:  # before the clock starts: a download never counts as time to ready
         from sparklab.cli.progress import DownloadProgress
         from sparklab.runtimes.pull import pull
 
-        with DownloadProgress.to_stderr() as downloads:
+        with DownloadProgress.to_stderr() as downloads:  # this machine's cache (other hosts read their own)
             pull([(p.recipe, spec)], pull_image=None, on_progress=downloads.update, say=downloads.say)
-    err.print(f"starting {spec.name}: {spec.recipe} / {spec.engine} / {spec.method} ({spec.image})")
-    from sparklab.cli.progress import PullProgress
-
+    across = "" if nodes is None else f" across {', '.join(h.name for h in hosts)}"
+    err.print(f"starting {spec.name}{across}: {spec.recipe} / {spec.engine} / {spec.method} ({spec.image})",
+              markup=False)
     shown = len(p.warnings)
+    given_key = args.api_key_value or os.environ.get("SPARKLAB_API_KEY")
     with PullProgress(err) as pull_progress, err.status("waiting for the server…") as status:
         def on_wait(elapsed: float) -> None:
             status.update(f"waiting for {spec.endpoint}{spec.ready_path} ({elapsed:.0f} s)…")
 
-        given_key = args.api_key_value or os.environ.get("SPARKLAB_API_KEY")
-        ready = launch.start(p, docker, pull_policy=args.pull,
-                             allow_foreign_platform=args.allow_foreign_platform, on_pull=pull_progress.update,
-                             api_key=given_key, detach=args.detach, on_wait=on_wait, stall_s=args.stall_timeout)
+        if nodes is None:
+            ready = launch.start(p, runtimes[0], pull_policy=args.pull,
+                                 allow_foreign_platform=args.allow_foreign_platform, on_pull=pull_progress.update,
+                                 api_key=given_key, detach=args.detach, on_wait=on_wait, stall_s=args.stall_timeout)
+        else:
+            ready = runtimes_cluster.start(p, nodes, runtimes, pull_policy=args.pull, on_pull=pull_progress.update,
+                                           api_key=given_key, on_wait=on_wait, stall_s=args.stall_timeout,
+                                           say=lambda message: err.print(message, markup=False))
     _print_warnings(p.warnings[shown:])
     from sparklab.engines.api import EngineAPI
 
@@ -222,12 +243,14 @@ def cmd_up(args: UpArgs) -> int:
             out.print(f"left running (detached). Stop it with: sparklab down {ready.server.name}")
             return 0
         try:  # the line is inside: a signal that comes while it is printed still stops the server cleanly
-            out.print("serving in the foreground: Ctrl-C stops and removes it.")
+            out.print("serving in the foreground: Ctrl-C stops and removes it." if nodes is None else
+                      f"serving from {len(hosts)} hosts in the foreground: Ctrl-C stops and removes every node.")
             launch.watch(ready.server, ready.watch)
         except KeyboardInterrupt:
             err.print("stopping…")
             seconds = ready.server.stop()
-            err.print(f"stopped and removed {ready.server.name} in {seconds:.1f} s")
+            others = "" if nodes is None else " and its other nodes"
+            err.print(f"stopped and removed {ready.server.name}{others} in {seconds:.1f} s")
             return 0
     return 0
 

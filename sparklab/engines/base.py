@@ -14,6 +14,7 @@ import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from sparklab.engines import knowledge, parsers
@@ -109,6 +110,9 @@ class Engine:
     api_key_env: str | None = None  # the variable the engine reads its key from (None: a flag)
     api_key_warning: str | None = None  # what `up` says when the key cannot be kept out of `ps`
     memory_fraction_flag: str | None = None  # the flag giving its share of the device's (unified) memory
+    # What that share is a fraction of: "total" (the device's whole memory) or "free" (what was free when the
+    # engine started). The drafter's weights count inside it for every engine here (see host/headroom.py).
+    memory_fraction_of: str = "total"
     methods: frozenset[str] = frozenset()
     failures: tuple[KnownFailure, ...] = ()
     fatal_lines: tuple[FatalLine, ...] = ()  # taken from the engine's source; each cites its file and line
@@ -119,6 +123,18 @@ class Engine:
     # Each engine step streams one chunk of 1 + its accepted draft tokens (vLLM, SGLang), so the report can check the
     # client's tokens per chunk against the server's accepted-token counter; False: it streams token by token.
     streams_one_chunk_per_step: bool = True
+    # Phases the engine may spend silent that are no stall, as (start line, end line, what): while one is open
+    # the readiness wait keeps to its deadline only (Edge-LLM's TensorRT build prints nothing for minutes).
+    quiet_phases: tuple[tuple[re.Pattern[str], re.Pattern[str], str], ...] = ()
+    # Its first start of a configuration builds something long before it serves (Edge-LLM: TensorRT engines):
+    # the ETA counts the recipe's ready deadline for such a start until one of that server was measured.
+    builds_on_first_start: bool = False
+
+    def process_hub_cache(self, spec: LaunchSpec, env: Mapping[str, str]) -> Path | None:
+        """Where this engine, run as a host process, reads the Hub checkpoints its argv names, when that is all
+        it reads from the Hub: sparklab fetches them there first and then runs it with HF_HUB_OFFLINE=1. None:
+        not known, so it may fetch on its own and runs without the offline flag."""
+        return None
 
     # -- launch ------------------------------------------------------------------------------------------
     def network_args(self, host: str, port: int) -> list[str]:

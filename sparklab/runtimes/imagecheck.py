@@ -26,7 +26,8 @@ from sparklab.errors import PreflightError, SparklabError
 from sparklab.host import memory, preflight
 from sparklab.recipes.origin import flag_origin, named_flag
 from sparklab.runtimes import local
-from sparklab.runtimes.containers import ImageInfo, PullCallback
+from sparklab.runtimes.base import ImageInfo, PullCallback, Runtime
+from sparklab.runtimes.containers import Docker
 from sparklab.runtimes.state import state_dir
 from sparklab.spec import LaunchSpec, is_secret_name
 
@@ -41,8 +42,10 @@ CACHE_FORMAT = 1
 
 
 class ProbeRuntime(Protocol):
-    """What runs a probe: containers.Docker (in a container of `image`) or processes.Processes (on this host); a
-    local.Runtime picks the one a server's recipe names."""
+    """What runs a probe (every `base.Runtime` does): the runtime a server's recipe names (`for_spec`: Docker runs it
+    in a container of `image`, Processes on this host) and its `probe`."""
+
+    def for_spec(self, spec: LaunchSpec) -> ProbeRuntime: ...
 
     def probe(self, image: str, probe: Probe, timeout_s: float) -> ProbeRun: ...
 
@@ -121,7 +124,7 @@ def image_key(image: ImageInfo | None) -> str | None:
     return None if image is None else (image.digest or image.id or None)
 
 
-def check(specs: Sequence[LaunchSpec], runtime: ProbeRuntime | local.Runtime, image: ImageInfo | None, *,
+def check(specs: Sequence[LaunchSpec], runtime: ProbeRuntime, image: ImageInfo | None, *,
           cache: Cache | None = None, timeout_s: float = TIMEOUT_S) -> list[Checked]:
     """Each server's command through its engine's own parser, in one run for those the cache does not know.
     All specs run one image (or program) and one environment (`check_all` groups them so)."""
@@ -146,7 +149,7 @@ def check(specs: Sequence[LaunchSpec], runtime: ProbeRuntime | local.Runtime, im
         if isinstance(probe, str):
             verdicts, seconds = [parsers.not_checked(probe)] * len(batch), 0.0
         else:
-            runner = local.pick(runtime, batch[0])
+            runner = runtime.for_spec(batch[0])
             run = runner.probe(ref, replace(probe, env={**probe_env(batch[0]), **probe.env}), timeout_s)
             verdicts, seconds = adapter.parser_verdicts(batch, run), run.seconds
         for i, verdict in zip(todo, verdicts, strict=True):
@@ -158,7 +161,7 @@ def check(specs: Sequence[LaunchSpec], runtime: ProbeRuntime | local.Runtime, im
     return done
 
 
-def check_all(pairs: Sequence[tuple[LaunchSpec, ImageInfo | None]], runtime: ProbeRuntime | local.Runtime, *,
+def check_all(pairs: Sequence[tuple[LaunchSpec, ImageInfo | None]], runtime: ProbeRuntime, *,
               cache: Cache | None = None, timeout_s: float = TIMEOUT_S) -> list[Checked]:
     """Every server, one parser run per image and environment, in the order given."""
     groups: dict[tuple[Any, ...], list[int]] = {}
@@ -227,7 +230,7 @@ def refusal(checked: Checked, sources: Sequence[Path] = ()) -> PreflightError:
                                             "image whose parser knows it; nothing was started.")
 
 
-def preflight_one(spec: LaunchSpec, runtime: ProbeRuntime | local.Runtime, image: ImageInfo | None, *,
+def preflight_one(spec: LaunchSpec, runtime: ProbeRuntime, image: ImageInfo | None, *,
                   sources: Sequence[Path] = (), cache: Cache | None = None,
                   timeout_s: float = TIMEOUT_S) -> Checked:
     """One server's check before its start: raises the refusal; returns the check (with its warnings)."""
@@ -275,7 +278,7 @@ def compute_capability() -> float | None:
     return values[0] if values else None
 
 
-def gather(specs: Sequence[LaunchSpec], runtime: local.Runtime, *, pull_policy: str | None = None,
+def gather(specs: Sequence[LaunchSpec], runtime: Runtime, *, pull_policy: str | None = None,
            on_pull: PullCallback | None = None, cache: Cache | None = None, timeout_s: float = TIMEOUT_S,
            platform: bool = False) -> list[Checked]:
     """Every server's check, in order: the image resolved (pulled per pull_policy; None: only an image already on
@@ -294,7 +297,7 @@ def gather(specs: Sequence[LaunchSpec], runtime: local.Runtime, *, pull_policy: 
         except SparklabError as exc:
             image, why, arch, host_arch = None, exc.message, None, ""
         if platform and host_arch:
-            labels = runtime.docker.image_labels(image.ref) if image is not None and spec.runtime == "container" \
+            labels = _image_labels(runtime, image.ref) if image is not None and spec.runtime == "container" \
                 else None
             # not here and not pulled: the platform the recipe declares for it, else the one its tag names
             declared = (spec.platform or "").partition("/")[2] or preflight.tag_platform(spec.image)
@@ -309,6 +312,13 @@ def gather(specs: Sequence[LaunchSpec], runtime: local.Runtime, *, pull_policy: 
     for i, extra in notes.items():
         out[i].warnings += extra
     return out
+
+
+def _image_labels(runtime: Runtime, ref: str) -> dict[str, str] | None:
+    """What an image here says of itself (its labels), where Docker can be asked: this machine's or a Docker host's."""
+    if isinstance(runtime, local.Runtime):
+        return runtime.docker.image_labels(ref)
+    return runtime.image_labels(ref) if isinstance(runtime, Docker) else None
 
 
 def _resolve(spec: LaunchSpec, runtime: Any, pull_policy: str | None,

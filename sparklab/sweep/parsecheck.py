@@ -12,12 +12,12 @@ from typing import Any
 from sparklab.engines import engine
 from sparklab.recipes.plan import Plan
 from sparklab.runtimes import imagecheck
-from sparklab.runtimes.local import Runtime
+from sparklab.runtimes.base import HostRuntime
 
 Say = Callable[[str], None]
 
 
-def check_pending(plan: Plan, store: Any, runtime: Runtime, pull_policy: str, say: Say) -> None:
+def check_pending(plan: Plan, store: Any, runtime: HostRuntime, pull_policy: str, say: Say) -> None:
     """Pull each pending server config's image (by the sweep's pull policy), run the parsers, record each verdict
     with its server config; a refused command fails that server config's cells (no attempt can pass it)."""
     pending = {c.id for c in store.pending_cells()}

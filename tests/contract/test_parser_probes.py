@@ -23,7 +23,7 @@ from sparklab.runtimes import imagecheck
 from sparklab.runtimes.processes import Processes
 from tests.contract.test_sglang_parser_contract import parser_python
 
-pytestmark = pytest.mark.parser
+pytestmark = pytest.mark.contract
 
 GB10 = recipes_dir() / "gb10.yaml"
 EDGELLM_SRC = Path(os.environ.get("SPARKLAB_TEST_EDGELLM_SRC") or Path(

@@ -25,7 +25,7 @@ from sparklab.recipes.render import LaunchOptions, render
 from sparklab.recipes.schema import list_recipes, load_recipe, recipes_dir
 from sparklab.spec import LaunchSpec
 
-pytestmark = pytest.mark.parser
+pytestmark = pytest.mark.contract
 
 ROOT = Path(__file__).resolve().parents[2]
 CHECK = ROOT / "sparklab" / "engines" / "probes" / "sglang_args.py"

@@ -1,4 +1,4 @@
-"""The house rules that keep side effects at the edges (style.md habit 1)."""
+"""The house rules that keep side effects at the edges (docs/architecture.md, "House rules the tests enforce")."""
 
 from __future__ import annotations
 
@@ -163,7 +163,7 @@ def test_the_cli_stays_thin() -> None:
 
 def test_host_processes_are_started_and_signalled_in_one_place() -> None:
     """The process runtime is the one door to host processes, as containers.py is to Docker: only processes.py
-    (with process_groups.py, and its keeper procwrap.py) starts an engine or signals a process group."""
+    (with runfiles.py, and its keeper keeper.py) starts an engine or signals a process group."""
     pattern = re.compile(r"\b(os\.killpg|subprocess\.Popen|os\.kill)\(")
     users = {p.relative_to(PACKAGE).as_posix() for p in MODULES if pattern.search(p.read_text())}
     assert users == {"runtimes/processes.py", "runtimes/runfiles.py", "runtimes/keeper.py"}

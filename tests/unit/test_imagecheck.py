@@ -28,13 +28,16 @@ def _vllm(method: str = "ngram", *extra: str, recipe: Path | None = None) -> Lau
                   LaunchOptions(extra_args=extra))
 
 
-class FakeRuntime:
+class FakeParser:
     """Answers probes as the image's parser would: a JSON document per run, refusing any argv holding `refuse`."""
 
     def __init__(self, refuse: str = "--speculative-confg", version: str = "0.27.1+cpu", answer: str | None = None,
                  error: str | None = None) -> None:
         self.refuse, self.version, self.answer, self.error = refuse, version, answer, error
         self.runs: list[tuple[str, Probe]] = []
+
+    def for_spec(self, spec: LaunchSpec) -> FakeParser:
+        return self
 
     def probe(self, image: str, probe: Probe, timeout_s: float) -> ProbeRun:
         self.runs.append((image, probe))
@@ -54,7 +57,7 @@ class FakeRuntime:
 def test_the_vllm_probe_runs_vllm_serves_own_parser_with_the_images_python_on_the_exact_command(tmp_path: Path
                                                                                                 ) -> None:
     spec = _vllm()
-    runtime = FakeRuntime()
+    runtime = FakeParser()
     (checked,) = imagecheck.check([spec], runtime, IMAGE, cache=imagecheck.Cache(tmp_path))
     ((image, probe),) = runtime.runs
     assert image == IMAGE.ref and probe.program == "sh"
@@ -72,7 +75,7 @@ def test_a_misspelt_flag_is_refused_with_the_parsers_words_and_the_recipe_line(t
         "--speculative_config.method, ngram,", "--speculative-confg, ngram,"))
     spec = _vllm(recipe=recipe)
     with pytest.raises(PreflightError) as refused:
-        imagecheck.preflight_one(spec, FakeRuntime(refuse="--speculative-confg"), IMAGE,
+        imagecheck.preflight_one(spec, FakeParser(refuse="--speculative-confg"), IMAGE,
                                  cache=imagecheck.Cache(tmp_path / "cache"))
     message = refused.value.message
     assert "vLLM 0.27.1+cpu's own parser" in message and "unrecognized arguments: --speculative-confg 3" in message
@@ -83,12 +86,12 @@ def test_a_misspelt_flag_is_refused_with_the_parsers_words_and_the_recipe_line(t
 def test_a_flag_given_on_the_command_line_says_so(tmp_path: Path) -> None:
     spec = _vllm("none", "--speculative-confg", "3")
     with pytest.raises(PreflightError, match=r"from --serve-arg --speculative-confg \(or a sweep file's overrides"):
-        imagecheck.preflight_one(spec, FakeRuntime(), IMAGE, cache=imagecheck.Cache(tmp_path))
+        imagecheck.preflight_one(spec, FakeParser(), IMAGE, cache=imagecheck.Cache(tmp_path))
 
 
 def test_a_verdict_is_kept_per_image_digest_and_command_so_a_sweep_pays_once(tmp_path: Path) -> None:
     cache = imagecheck.Cache(tmp_path)
-    runtime = FakeRuntime()
+    runtime = FakeParser()
     first = imagecheck.check([_vllm("ngram"), _vllm("none")], runtime, IMAGE, cache=cache)
     assert len(runtime.runs) == 1 and [c.cached for c in first] == [False, False]  # one run for both servers
     again = imagecheck.check([_vllm("ngram"), _vllm("none"), _vllm("draft_model")], runtime, IMAGE, cache=cache)
@@ -100,24 +103,24 @@ def test_a_verdict_is_kept_per_image_digest_and_command_so_a_sweep_pays_once(tmp
 
 
 def test_a_parser_that_cannot_run_is_a_warning_naming_why_never_a_pass(tmp_path: Path) -> None:
-    no_python = FakeRuntime(answer="sparklab probe: no Python in this image can import vllm (tried: python3 (absent))")
+    no_python = FakeParser(answer="sparklab probe: no Python in this image can import vllm (tried: python3 (absent))")
     (checked,) = imagecheck.check([_vllm()], no_python, IMAGE, cache=imagecheck.Cache(tmp_path))
     assert checked.verdict.status == NOT_CHECKED
     (warning,) = checked.warnings
     assert "vLLM's own parser was not run on this command" in warning and "no Python in this image" in warning
     assert imagecheck.Cache(tmp_path).get(IMAGE.digest, _vllm()) is None  # asked again next time
-    refused_entry = FakeRuntime(error="exec: \"sh\": executable file not found in $PATH")
+    refused_entry = FakeParser(error="exec: \"sh\": executable file not found in $PATH")
     (checked,) = imagecheck.check([_vllm()], refused_entry, IMAGE, cache=imagecheck.Cache(tmp_path))
     assert checked.verdict.status == NOT_CHECKED and "executable file not found" in checked.warnings[0]
 
 
 def test_an_image_outside_the_versions_the_adapter_was_read_from_gets_one_warning(tmp_path: Path) -> None:
-    (checked,) = imagecheck.check([_vllm()], FakeRuntime(version="0.33.0"), IMAGE, cache=imagecheck.Cache(tmp_path))
+    (checked,) = imagecheck.check([_vllm()], FakeParser(version="0.33.0"), IMAGE, cache=imagecheck.Cache(tmp_path))
     (warning,) = checked.warnings
     assert "vLLM 0.33.0 is outside the versions sparklab's vLLM knowledge was read from (0.27.1, 0.32.0)" in warning
     for area in ("readiness path", "startup lines", "fatal lines", "acceptance counters", "cache variables"):
         assert area in warning
-    (inside,) = imagecheck.check([_vllm()], FakeRuntime(version="0.32.0+cpu"), IMAGE,
+    (inside,) = imagecheck.check([_vllm()], FakeParser(version="0.32.0+cpu"), IMAGE,
                                  cache=imagecheck.Cache(tmp_path / "b"))
     assert inside.warnings == []
 

@@ -169,7 +169,7 @@ def _pydantic_errors(exc: Exception, prefix: str) -> list[dict[str, str]]:
     try:
         from pydantic import ValidationError
     except Exception:  # pragma: no cover
-        ValidationError = ()  # type: ignore[assignment]
+        ValidationError = ()  # type: ignore[assignment,misc]
     if isinstance(exc, ValidationError):
         out = []
         for e in exc.errors():

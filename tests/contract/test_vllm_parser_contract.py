@@ -18,7 +18,7 @@ from sparklab.recipes.render import LaunchOptions, render
 from sparklab.recipes.schema import list_recipes, load_recipe
 from sparklab.runtimes.containers import Docker
 
-pytestmark = pytest.mark.engine
+pytestmark = pytest.mark.contract
 
 # What the CPU build cannot judge, each with why. A flag reported unchecked that is not listed here fails
 # the test, so a new recipe flag is either judged by vLLM or consciously added below.
