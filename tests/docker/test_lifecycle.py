@@ -246,7 +246,7 @@ def test_missing_tag_falls_back_to_the_recipes_alternative(cli: Cli) -> None:
 
 
 def test_sglang_engine_waits_on_health(cli: Cli) -> None:
-    done = cli.run("up", "dspark", "--engine", "sglang", "--detach", *cli.launch_args(free_port()))
+    done = cli.run("up", "dspark", "--engine", "sglang", "--detach", *cli.launch_args(free_port(), "--set", "mem_fraction_static=0.01"))
     assert done.returncode == 0, done.stderr
     assert "until /health answered 200" in done.stdout
     assert "KV cache        93,184 tokens" in done.stdout
