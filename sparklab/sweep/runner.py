@@ -36,7 +36,7 @@ from sparklab.recipes.plan import (
 from sparklab.recipes.schema import load_hardware, stored_facts
 from sparklab.runtimes.base import HostRuntime
 from sparklab.runtimes.local import Runtime as LocalRuntime
-from sparklab.sweep import fleet, provenance, rundir
+from sparklab.sweep import fleet, parsecheck, provenance, rundir
 from sparklab.sweep.hoststore import HostStore
 from sparklab.sweep.serverrun import Options, Say, ServerRun, serve
 from sparklab.sweep.store import PlannedCell, Store
@@ -153,6 +153,8 @@ def run(plan: Plan, store: Store, runtime: HostRuntime | None, run_dir: Path, op
     for member in members:
         for info in member.runtime.gc():
             member.tell(say)(f"removed leftover container {info.name} (its sparklab process is gone)")
+    if len(members) == 1 and members[0].alone:  # several hosts: each start checks on the host that runs it
+        parsecheck.check_pending(plan, store, members[0].runtime, options.pull_policy, say)
     baseline, _ = preflight.mem_available_gib()
 
     def serve_pending(member: fleet.Member, server: ServerConfig, hstore: HostStore, host_say: Say,

@@ -138,12 +138,14 @@ def _start(run: ServerRun) -> launch.Ready:
     configured = options.memory_floor_gib if options.memory_floor_gib is not None else run.plan.sweep.memory_floor_gib
     prepared = (launch.checked(server.recipe, spec, floor_gib=configured) if local
                 else launch.checked(server.recipe, spec, False))
+    sources = (Path(run.plan.source),)  # a flag the image's parser refuses may come from the sweep file
     if server.cluster is not None:  # one server across hosts: every node in order, readiness on the head
         return cluster.start(prepared, server.cluster, [run.runtime, *run.partners], pull_policy=options.pull_policy,
-                             log_dir=run.run_dir / "logs", stall_s=run.plan.sweep.load_stall_s, say=run.say)
+                             log_dir=run.run_dir / "logs", stall_s=run.plan.sweep.load_stall_s, say=run.say,
+                             sources=sources)
     return launch.start(prepared, run.runtime, pull_policy=options.pull_policy,
                         log_path=run.run_dir / "logs" / f"{server.id}-{server.engine}-{server.method}.log",
-                        stall_s=run.plan.sweep.load_stall_s)
+                        stall_s=run.plan.sweep.load_stall_s, sources=sources)
 
 
 def _run_server(run: ServerRun) -> None:
@@ -170,9 +172,15 @@ def _run_server(run: ServerRun) -> None:
     facts = {**ready.facts.as_dict(), **engine(spec.kind).served_facts(api)}
     if watch is not None:
         facts["memory"] = watch.stats(start_mark).as_dict()
+    disagree = launch.read_served_version(ready, api)
+    if disagree:
+        facts["version_disagreement"] = disagree
+        say(f"server {server.label}: warning: {disagree}")
     store.record_server_start(server.id, image_digest=ready.image.digest, startup_facts=facts,
                               ready_s=ready.seconds_to_ready, log_path=str(ready.server.log_path),
-                              engine_version=engine(spec.kind).version(api))
+                              engine_version=ready.served_version or launch.image_version(ready))
+    if ready.check is not None:
+        store.record_image_check(server.id, ready.check.as_dict())
     say(f"server {server.label}: ready in {ready.seconds_to_ready:.1f} s")
     if ready.watch is not None:  # a dead engine's API server may run on: kill it, so in-flight requests fail now
         ready.watch.on_fatal(ready.server.kill)
@@ -286,7 +294,9 @@ def _run_cell(run: ServerRun, ready: launch.Ready, cell: Cell) -> None:
                            request_timeout_s=sweep.request_timeout_s, stall_timeout_s=sweep.stall_timeout_s,
                            alive=lambda: ready.server.state()[0] and endpoint.api.alive())
         since = result["measurement"]["window_started_at"]
-        bench.add_log_acceptance(result, spec.kind, lambda: ready.server.log_since(since))
+        bench.add_log_acceptance(result, spec.kind, lambda: ready.server.log_since(since), launch.image_version(ready))
+        result["engine"] = {"version": launch.image_version(ready), "served_version": ready.served_version,
+                            "image_digest": ready.image.digest}
         if watch is not None:
             watchdog.add_cell_facts(result, watch, mark)
     except (KeyboardInterrupt, DiskFullError):
@@ -316,11 +326,13 @@ def _run_cell(run: ServerRun, ready: launch.Ready, cell: Cell) -> None:
         message = (f"{counts['failed']} of {counts['measured']} requests failed (require_ok {sweep.require_ok:g}): "
                    f"{errors}")
         status = store.partial_cell(cell.id, dict(summary), dict(result), message, max_attempts=sweep.max_attempts,
-                                    image_digest=ready.image.digest)
+                                    image_digest=ready.image.digest, engine_version=launch.image_version(ready),
+                                    served_version=ready.served_version)
         say(f"cell {name}: partial, {message}; " + ("it runs again" if status == "pending" else
                                                      "kept as partial (flagged in the report)"))
         return
-    store.finish_cell(cell.id, dict(summary), dict(result), image_digest=ready.image.digest)
+    store.finish_cell(cell.id, dict(summary), dict(result), image_digest=ready.image.digest,
+                      engine_version=launch.image_version(ready), served_version=ready.served_version)
     adapter.reset_prefix_cache(endpoint.api)
     say(f"cell {name}: {summary['aggregate_tps']:.2f} tok/s aggregate, "
         f"{summary['requests']['ok']}/{summary['requests']['measured']} ok")
