@@ -161,7 +161,7 @@ def launch_options(args: LaunchArgs, mode: str = "up") -> LaunchOptions:
 def cmd_render(args: RenderArgs) -> int:
     options = launch_options(args, mode="render")
     p = launch.prepare(args.spec, target=args.target, engine_name=args.engine, overrides=args.overrides,
-                       options=options, check_host=args.host_checks)
+                       options=options, check_host=args.host_checks, hosts_given=len(args.hosts))
     _print_warnings(p.warnings)
     if args.hosts or multinode.nodes_of(p.recipe, p.spec.engine) > 1:  # one server across several hosts
         return cluster.cmd_render(args, p, options, out)
@@ -192,7 +192,7 @@ def cmd_up(args: UpArgs) -> int:
 
     options = launch_options(args)
     p = launch.prepare(args.spec, target=args.target, engine_name=args.engine, overrides=args.overrides,
-                       options=options, check_host=True)
+                       options=options, check_host=True, hosts_given=len(args.hosts))
     _print_warnings(p.warnings)
     spec = p.spec
     key_warning = engine_adapter(spec.kind).api_key_warning
@@ -200,7 +200,11 @@ def cmd_up(args: UpArgs) -> int:
         err.print("[yellow]warning:[/] " + escape(key_warning), markup=True)
     nodes = cluster.across(args, p, options) if args.hosts or multinode.nodes_of(p.recipe, spec.engine) > 1 else None
     if args.dry_run:
-        out.print(launch_command(spec) if nodes is None else "\n\n".join(cluster.commands(nodes)), markup=False)
+        if nodes is None:
+            out.print(launch_command(spec), markup=False)
+            dry_parser_check([p.spec])
+        else:
+            out.print("\n\n".join(cluster.commands(nodes)), markup=False)
         out.print("dry run: preflight passed, nothing started.")
         return 0
     if nodes is not None and args.detach:
@@ -264,6 +268,9 @@ def _serve(ready: launch.Ready, args: UpArgs, hosts: int, memory: watchdog.Sampl
         if memory is not None and memory.tripped is not None:  # before the server existed: nothing was killed yet
             ready.server.stop(0)
             raise launch.floor_error(memory)
+        disagree = launch.read_served_version(ready, EngineAPI(ready.server.spec.endpoint, ready.api_key))
+        if disagree:
+            err.print("[yellow]warning:[/] " + escape(disagree), markup=True)
         _print_ready(ready, key_given=key_given)
         if args.detach:
             ready.server.keep()
@@ -282,6 +289,23 @@ def _serve(ready: launch.Ready, args: UpArgs, hosts: int, memory: watchdog.Sampl
             err.print(f"stopped and removed {ready.server.name}{others} in {seconds:.1f} s")
             return 0
     return 0
+
+
+def dry_parser_check(specs: list[Any], sources: tuple[Path, ...] = ()) -> None:
+    """--dry-run: each command through its image's own parser, where the image is already here (a dry run pulls
+    nothing; the verdict is kept for the start). A refusal is the dry run's error; what could not run, a warning."""
+    from sparklab.cli.console import check_table
+    from sparklab.runtimes import imagecheck
+    from sparklab.runtimes.local import Runtime
+
+    checks = imagecheck.gather(specs, Runtime(), pull_policy=None)
+    out.print(check_table(checks))
+    _print_warnings([preflight.Finding("warning", w) for w in imagecheck.summarize(checks)])
+    refused = [c for c in checks if c.verdict.status == imagecheck.REJECTED]
+    if refused:
+        error = imagecheck.refusal(refused[0], sources)
+        error.message = "\n".join(imagecheck.refusal(c, sources).message for c in refused)
+        raise error
 
 
 def _print_ready(ready: launch.Ready, key_given: bool = False) -> None:
