@@ -494,7 +494,7 @@ class _SSHSocket(sshconn.SSHSocket):
 
     errors: Any = None  # a binary temporary file with ssh's stderr
 
-    def connect(self, **kwargs: Any) -> None:
+    def connect(self, **kwargs: Any) -> None:  # type: ignore[override]  # docker-py's own signature
         args = ["ssh", *deadlines.SSH_OPTIONS]
         if self.user:
             args += ["-l", self.user]
@@ -522,12 +522,12 @@ class _SSHSocket(sshconn.SSHSocket):
 
 
 class _SSHConnection(sshconn.SSHConnection):
-    def __init__(self, adapter: _SSHAdapter, timeout: float, host: str) -> None:
-        super().__init__(None, timeout, host)
+    def __init__(self, adapter: _SSHAdapter, timeout: Any, host: str | None) -> None:  # as docker-py passes them
+        super().__init__(None, timeout, host)  # type: ignore[arg-type]  # docker's stubs say int and str
         self._adapter = adapter
 
     def connect(self) -> None:
-        sock = _SSHSocket(self.ssh_host)
+        sock = _SSHSocket(str(self.ssh_host))
         sock.settimeout(self.timeout)
         self._adapter.opened(sock)
         sock.connect()
@@ -539,14 +539,14 @@ class _SSHPool(sshconn.SSHConnectionPool):
         super().__init__(None, adapter.timeout, adapter.max_pool_size, adapter.ssh_host)
         self._adapter = adapter
 
-    def _new_conn(self) -> _SSHConnection:
+    def _new_conn(self) -> _SSHConnection:  # type: ignore[override]  # docker-py's SSHConnection too
         return _SSHConnection(self._adapter, self.timeout, self.ssh_host)
 
 
 class _SSHAdapter(sshconn.SSHHTTPAdapter):
     """The shell-out adapter with bounded ssh processes; closing it ends every ssh it started that still runs."""
 
-    def __init__(self, base_url: str, timeout: float) -> None:
+    def __init__(self, base_url: str, timeout: int) -> None:
         super().__init__(base_url, timeout, shell_out=True)
         self._sockets: weakref.WeakSet[_SSHSocket] = weakref.WeakSet()
         self.last: _SSHSocket | None = None
@@ -555,7 +555,7 @@ class _SSHAdapter(sshconn.SSHHTTPAdapter):
         self._sockets.add(sock)
         self.last = sock
 
-    def get_connection(self, url: str, proxies: Any = None) -> _SSHPool:
+    def get_connection(self, url: str | bytes, proxies: Any = None) -> _SSHPool:  # type: ignore[override]
         return _SSHPool(self)  # a pool per request, as docker-py's shell-out has it (sshconn.py:220-226)
 
     def close(self) -> None:

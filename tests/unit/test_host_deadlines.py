@@ -123,6 +123,21 @@ def test_ps_down_logs_and_gc_reach_their_hosts_side_by_side_and_name_a_silent_on
                          for i in (1, 2)]
 
 
+def test_up_across_hosts_names_a_silent_host_in_seconds_and_asks_them_side_by_side(
+        silent_hosts: dict[str, FakeRuntime]) -> None:
+    """`up --host A --host B` (a server across hosts needs each one): the hosts are asked at once, and one that never
+    answers is an error naming it within the bound. Before: they were connected one after another with no bound."""
+    silent_hosts["ssh://r@spark-2"] = FakeRuntime("spark-2")
+    hosts = parse_hosts(["ssh://r@spark-2", "ssh://r@dead-1", "ssh://r@dead-2"], "--host")
+    with pytest.raises(ContainerError) as caught:
+        _finishes(30, lambda: cli_hosts.connect_every(hosts, check_s=0.5))
+    assert caught.value.message == "host dead-1: no answer within 0.5 s; check `docker -H ssh://r@dead-1 info`"
+    assert "needs every one" in (caught.value.hint or "")
+    silent_hosts["ssh://r@dead-1"] = silent_hosts["ssh://r@dead-2"] = FakeRuntime("late")
+    reached, seconds = _finishes(30, lambda: cli_hosts.connect_every(hosts, check_s=0.5))
+    assert len(reached) == 3 and seconds < 0.5
+
+
 class _HangingPing:
     """A docker-py client whose daemon never answers a ping (ssh up, dockerd hung)."""
 
