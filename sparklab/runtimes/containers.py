@@ -5,6 +5,7 @@ This is the only module that imports docker.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import os
@@ -503,6 +504,7 @@ class _SSHSocket(sshconn.SSHSocket):
         env = {k: v for k, v in os.environ.items() if k not in ("LD_LIBRARY_PATH", "SSL_CERT_FILE")}  # as docker-py
         self.errors = tempfile.TemporaryFile()  # noqa: SIM115 - it lives as long as the connection (end, GC)
         self.proc = processes.start_helper([*args, "--", self.host, "docker system dial-stdio"], env, self.errors)
+        _STARTED.add(self)
 
     def last_error(self) -> str:
         """ssh's last line on stderr ("Connection timed out during banner exchange"), if it wrote one."""
@@ -519,6 +521,18 @@ class _SSHSocket(sshconn.SSHSocket):
         if self.proc is not None and self.proc.poll() is None:
             with contextlib.suppress(OSError):
                 self.proc.kill()
+
+
+_STARTED: weakref.WeakSet[_SSHSocket] = weakref.WeakSet()  # every ssh this process started that may still run
+
+
+@atexit.register
+def _end_every_ssh() -> None:
+    """At exit (Ctrl-C while a silent host was being reached, say), end the ssh processes still running: they
+    ignore the terminal's signals, and one waiting for a silent host's banner would outlive sparklab by up to
+    deadlines.SSH_CONNECT_S. The check's daemon thread is left behind; its ssh must not be."""
+    for sock in list(_STARTED):
+        sock.end()
 
 
 class _SSHConnection(sshconn.SSHConnection):

@@ -133,6 +133,35 @@ def test_a_sweep_leaves_out_a_host_that_does_not_answer_in_seconds_and_the_local
         assert store.counts()["done"] == 1 and {c.host for c in store.cells()} == {"local"}
 
 
+def test_ctrl_c_while_a_silent_host_is_reached_ends_the_sweep_and_its_ssh_at_once(cli: Cli, tmp_path: Path) -> None:
+    """Ctrl-C while the hosts are being reached: the sweep ends at once and no ssh to the silent host outlives it
+    (the check's thread is left behind, its ssh must not be: it ignores the terminal's signals)."""
+    path = _local_sweep(tmp_path, cli.image)
+    with _dead_ssh("silent") as port:
+        proc = subprocess.Popen([sys.executable, "-m", "sparklab", "sweep", str(path), "--runs-dir",
+                                 str(tmp_path / "runs"), "--no-download", "--host", "local", "--host",
+                                 f"ssh://root@127.0.0.1:{port}", *ulimit_args()], stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, env=cli.env(), cwd=tmp_path)
+        lines = Lines(proc)
+        try:
+            lines.wait_for("(new;", timeout=60)
+            deadline = time.monotonic() + 10
+            while not _ssh_to(port) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert _ssh_to(port), "no ssh to the silent host was started"
+            proc.send_signal(signal.SIGINT)
+            code = proc.wait(timeout=30)
+            left = _ssh_to(port)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    lines.drain()
+    output = "".join(lines.lines)
+    assert code == 130, output
+    assert not left, f"ssh to the silent host outlived the sweep: {left}"
+    assert "Traceback" not in output
+
+
 def test_ps_lists_this_machine_and_names_a_silent_host_in_seconds(cli: Cli) -> None:
     """Before: `ps --host local --host ssh://<silent>` never returned."""
     with _dead_ssh("silent") as port:

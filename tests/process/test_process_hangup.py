@@ -52,6 +52,28 @@ def test_a_hangup_stops_a_foreground_up_and_its_engine(host: HostCli) -> None:
     assert seconds < 15 and _ours(port) == []
 
 
+def test_a_hangup_while_the_engine_loads_ends_its_group(host: HostCli) -> None:
+    """The ssh session drops while `up` waits for the engine to load. Before: sparklab died of the hangup (exit 129)
+    and the loading engine's process group lived on, holding the memory it was taking."""
+    port = free_port()
+    proc = _popen(host, "up", f"{RECIPE}:none", *host.launch_args(port, "-e", "STANDIN_START_DELAY=60"))
+    lines = Lines(proc)
+    try:
+        deadline = time.monotonic() + 30
+        while not _ours(port) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _ours(port), "the engine never started"
+        proc.send_signal(signal.SIGHUP)
+        code = proc.wait(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    lines.drain()
+    assert code == 130, "".join(lines.lines)
+    assert "interrupted" in "".join(lines.lines)
+    assert _ours(port) == []
+
+
 def test_a_closed_terminal_stops_a_foreground_up_and_its_engine(host: HostCli) -> None:
     """The terminal `up` runs in goes away (an ssh connection dropping): SIGHUP, and every later write fails.
     Before: sparklab died of the hangup and the engine served on."""
