@@ -175,7 +175,8 @@ class Runtime(Protocol):
         ...
 
     def alive(self) -> bool:
-        """Whether it answers now (a Docker daemon stopped, its ssh or network gone: no)."""
+        """Whether it answers now (a Docker daemon stopped or hung, its ssh or network gone: no), within seconds
+        (another machine's: deadlines.ALIVE_S), never waiting on a host that does not answer."""
         ...
 
     def host_arch(self) -> str: ...

@@ -7,7 +7,9 @@ servers, the page cache, the memory floor) applies where `run.host.local`: anoth
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -103,9 +105,11 @@ def serve(run: ServerRun) -> None:
     except (KeyboardInterrupt, DiskFullError, provenance.DriftError):
         raise
     except Exception as exc:  # one fault ends this server's work, never the sweep
-        if run.lost():
+        if isinstance(exc, HostLost) or run.lost():
             for cell_id in run.store.host_lost(server.id, run.store.host or "", _one_line(exc)):
                 run.say(f"cell {cell_id} was running when the host was lost; it runs again")
+            if isinstance(exc, HostLost):
+                raise
             raise HostLost(_one_line(exc)) from exc
         _contain(run, exc, [c.id for c in run.cells if c.id not in run.attempted])
 
@@ -186,7 +190,16 @@ def _run_server(run: ServerRun) -> None:
         ready.watch.on_fatal(ready.server.kill)
     with ready.server:
         _check_image(store, server, ready.image.digest, run.options.allow_drift, say)
-        _run_cells(run, ready)
+        try:
+            _run_cells(run, ready)
+        except HostLost:  # its host does not answer: a teardown would wait on it too; `sparklab gc --host` later
+            ready.server.keep()
+            raise
+        except Exception as exc:
+            if not run.lost():  # a fault of this server's: the teardown and serve() deal with it
+                raise
+            ready.server.keep()  # a state check failed because the host went away: as above
+            raise HostLost(_one_line(exc)) from exc
 
 
 def _run_cells(run: ServerRun, ready: launch.Ready) -> None:
@@ -289,20 +302,38 @@ def _run_cell(run: ServerRun, ready: launch.Ready, cell: Cell) -> None:
     endpoint = bench.Endpoint(spec.endpoint, ready.api_key, None, spec.kind)
     name = f"{server.label} c={cell.concurrency} {cell.workload} #{cell.repeat}"
     result: BenchResult | None
+    host_gone = threading.Event()
+
+    def alive() -> bool:
+        """The stall detector's question. The engine's own health first: a host gone silent fails it in seconds
+        without asking its daemon. When the answer is no, whether the host itself went away: then the whole cell
+        ends (`stop`), instead of each of its requests waiting out the stall timeout on a machine that is gone."""
+        with contextlib.suppress(Exception):
+            if endpoint.api.alive() and ready.server.state()[0]:
+                return True
+        if run.lost():
+            host_gone.set()
+        return False
+
+    def stop() -> HostLost | None:
+        return HostLost(f"the Docker host stopped answering during cell {name}") if host_gone.is_set() else None
+
     try:
         result = bench.run(endpoint, load_workload(cell.workload), sampling, load,
                            request_timeout_s=sweep.request_timeout_s, stall_timeout_s=sweep.stall_timeout_s,
-                           alive=lambda: ready.server.state()[0] and endpoint.api.alive())
+                           alive=alive, stop=stop)
         since = result["measurement"]["window_started_at"]
         bench.add_log_acceptance(result, spec.kind, lambda: ready.server.log_since(since), launch.image_version(ready))
         result["engine"] = {"version": launch.image_version(ready), "served_version": ready.served_version,
                             "image_digest": ready.image.digest}
         if watch is not None:
             watchdog.add_cell_facts(result, watch, mark)
-    except (KeyboardInterrupt, DiskFullError):
+    except (KeyboardInterrupt, DiskFullError, HostLost):
         raise
     except Exception as exc:  # a dead engine mid-warmup, a broken server: this cell fails, the sweep goes on
         stopped = (watch is not None and watch.tripped) or _engine_died(ready)
+        if not stopped and run.lost():  # its host went away under it: the cell runs again elsewhere, uncharged
+            raise HostLost(f"the Docker host stopped answering during cell {name}") from exc
         if not stopped:
             if not isinstance(exc, SparklabError):
                 rundir.faults.error("cell %s (%s): %s", name, cell.id, _one_line(exc), exc_info=exc)
@@ -316,6 +347,8 @@ def _run_cell(run: ServerRun, ready: launch.Ready, cell: Cell) -> None:
         return
     summary = result["summary"]
     counts = summary["requests"]
+    if not counts["ok"] and run.lost():  # every request failed because the host went away
+        raise HostLost(f"the Docker host stopped answering during cell {name}")
     if not counts["ok"]:
         errors = "; ".join(counts["first_errors"]) or "no request succeeded"
         store.fail_cell(cell.id, "bench_error", errors, max_attempts=sweep.max_attempts)
