@@ -199,4 +199,6 @@ class BenchResult(TypedDict, total=False):
     server: dict[str, Any]  # the raw snapshots before and after the window
     engine: dict[str, Any]  # a sweep's cell: the engine version its image states and its server answered, the digest
     requests: list[dict[str, Any]]
+    memory: dict[str, Any]  # host memory over the window (host.watchdog.MemoryStats.as_dict)
+    gpu_clocks: dict[str, Any]  # the GPU's clocks under load, where nvidia-smi answers (host.clocks)
     outputs: list[dict[str, Any]]  # each request's answer, bounded (sparklab.outputs.kept); a sweep stores them apart

@@ -23,6 +23,7 @@ from sparklab.host.clocks import ClockWindow, GpuClockProbe, GpuClocks
 from sparklab.host.headroom import USERS_FLOOR_GIB, Headroom
 from sparklab.host.memory import HostMemory
 from sparklab.recipes.schema import Recipe
+from sparklab.records import BenchResult
 
 log = logging.getLogger(__name__)
 
@@ -274,7 +275,7 @@ def cell_clocks(start: dict[str, float | None] | None, end: dict[str, float | No
     return out
 
 
-def add_cell_facts(result: dict[str, Any], sampler: Sampler, mark: int) -> None:
+def add_cell_facts(result: BenchResult, sampler: Sampler, mark: int) -> None:
     """A cell's memory window and, where nvidia-smi answers, its clocks under load (sampled by the same thread
     through the window, not read at two idle moments around it) into its result."""
     result["memory"] = sampler.stats(mark).as_dict()

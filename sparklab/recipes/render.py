@@ -206,7 +206,8 @@ def render(recipe: Recipe, engine: str | None = None, method: str | None = None,
 
     gpus = spec.gpus == "all" if options.gpus is None else options.gpus
     process = spec.runtime == "process"  # a host program sees the host's files: nothing to mount
-    mounts = (Mount(str(options.hf_cache), spec.hf_cache_target),) if spec.mount_hf_cache and not process else ()
+    mounts: tuple[Mount, ...] = ((Mount(str(options.hf_cache), spec.hf_cache_target),)
+                                 if spec.mount_hf_cache and not process else ())
     entrypoint = _program(spec, context, where) if process else tuple(spec.entrypoint)
     image = entrypoint[0] if process else _image(spec, options.image)
     if spec.engine_cache and not process:  # the recipe's own env and --env win over the cache variables

@@ -71,6 +71,11 @@ def _registered_kind(kind: Any) -> Any:
 EngineKind = Annotated[str, BeforeValidator(_registered_kind)]
 
 
+def _default_ulimits() -> dict[str, int | tuple[int, int]]:
+    """A recipe's ulimits when it gives none (a fresh dict each time: a model's defaults are not shared)."""
+    return {"memlock": -1, "stack": 67108864}
+
+
 class Strict(BaseModel):
     """Frozen, and unknown keys are errors (recipes and sweep files alike)."""
 
@@ -144,8 +149,7 @@ class EngineSpec(Strict):
     network: Literal["host", "bridge"] = "host"
     ipc: Literal["host", "private"] = "host"
     shm_size: str | None = None
-    ulimits: dict[str, int | tuple[int, int]] = Field(
-        default_factory=lambda: {"memlock": -1, "stack": 67108864})
+    ulimits: dict[str, int | tuple[int, int]] = Field(default_factory=_default_ulimits)
     hf_cache_target: str = "/root/.cache/huggingface"
     mount_hf_cache: bool = True
     # Mount sparklab's per-image cache for torch.compile, Triton, FlashInfer, … (sparklab/engine_cache.py).

@@ -12,12 +12,13 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import docker
 import docker.errors
 import requests
 from docker.models.containers import Container
+from docker.tls import TLSConfig
 from docker.types import DeviceRequest, Ulimit
 
 from sparklab import interrupts
@@ -108,7 +109,7 @@ class Docker:
         `tcp://` with TLS from tls_dir or DOCKER_CERT_PATH, `unix://`, or a Docker context name."""
         if url == "local":
             return cls()
-        tls: Any = None  # docker.tls.TLSConfig: docker-py ships no type hints
+        tls: TLSConfig | None = None
         base_url = url
         if "://" not in url:
             from docker.context import ContextAPI
@@ -117,14 +118,14 @@ class Docker:
             if context is None:
                 raise ContainerError(f"no Docker context named {url!r}",
                                      "List them with `docker context ls`, or give the host as ssh:// or tcp://.")
-            base_url, tls = context.Host, context.TLSConfig
+            base_url, tls = context.Host or "", context.TLSConfig  # no Host: refused just below
             if not base_url:
                 raise ContainerError(f"Docker context {url!r} names no Docker endpoint",
                                      "See `docker context inspect`.")
         elif url.startswith("tcp://"):
             tls = _tls_config(tls_dir or os.environ.get("DOCKER_CERT_PATH"))
         try:
-            client = docker.DockerClient(base_url=base_url, tls=tls, use_ssh_client=True, timeout=timeout)
+            client = docker.DockerClient(base_url=base_url, tls=tls or False, use_ssh_client=True, timeout=timeout)
             client.ping()
             client.sparklab_url = base_url  # type: ignore[attr-defined]  # a context's endpoint, for its address
         except (docker.errors.DockerException, requests.RequestException, OSError) as exc:
@@ -173,7 +174,7 @@ class Docker:
         digest = next((d.split("@", 1)[1] for d in digests if d.split("@")[0] == repo), None)
         if digest is None and digests:
             digest = digests[0].split("@", 1)[1]
-        return ImageInfo(ref=ref, id=image.id, digest=digest, architecture=str(image.attrs.get("Architecture")))
+        return ImageInfo(ref=ref, id=str(image.id), digest=digest, architecture=str(image.attrs.get("Architecture")))
 
     def image_problem(self, ref: str, policy: str = "missing") -> str | None:
         """Why this host cannot have the image (None: it has it, or its registry has it to pull)."""
@@ -367,7 +368,7 @@ class Docker:
     def _info(c: Container) -> ServerInfo:
         state = c.attrs.get("State", {})
         return ServerInfo(
-            id=c.id[:12], name=c.name, status=c.status,
+            id=c.short_id, name=str(c.name), status=c.status,
             exit_code=state.get("ExitCode") if c.status in ("exited", "dead") else None,
             labels=dict(c.labels), created=str(c.attrs.get("Created", "")))
 
@@ -437,12 +438,12 @@ class Docker:
              since: float | None = None) -> Iterator[bytes]:
         container = self.get(name)
         secrets = container_secrets(container)
-        extra = {"since": since} if since is not None else {}
+        lines: int | Literal["all"] = tail if isinstance(tail, int) else "all"  # docker-py reads any other string so
         if follow:
-            yield from redacted_lines(container.logs(stream=True, follow=True, tail=tail, **extra), secrets,
+            yield from redacted_lines(container.logs(stream=True, follow=True, tail=lines, since=since), secrets,
                                       starts_mid_log=tail != "all" or since is not None)
         else:
-            yield redact(container.logs(tail=tail, **extra), secrets)
+            yield redact(container.logs(tail=lines, since=since), secrets)
 
 
     def remove_run_containers(self, run_id: str, wait_s: float = 120.0) -> list[str]:
@@ -459,7 +460,7 @@ class Docker:
                 self.client.ping()
                 for container in self.client.containers.list(all=True, filters={"label": f"sparklab.run_id={run_id}"}):
                     teardown(container, grace_s=5)
-                    removed.append(container.name)
+                    removed.append(str(container.name))
         return removed
 
     def log_text(self, name: str, since: float | None = None) -> str:
@@ -467,14 +468,12 @@ class Docker:
         return b"".join(self.logs(name, since=since)).decode("utf-8", "replace")
 
 
-def _tls_config(cert_dir: str | None) -> Any:  # docker.tls.TLSConfig (docker-py ships no type hints)
+def _tls_config(cert_dir: str | None) -> TLSConfig:
     """TLS with the client certificate and CA of a `docker --tlsverify` setup; none without a directory."""
     if not cert_dir:
         raise ContainerError("a tcp:// Docker host needs TLS certificates",
                              "Give the host `tls_dir:` (with ca.pem, cert.pem, key.pem) or set DOCKER_CERT_PATH; "
                              "an unencrypted tcp:// daemon gives root to anyone on the network.")
-    from docker.tls import TLSConfig
-
     base = Path(cert_dir).expanduser()
     missing = [n for n in ("ca.pem", "cert.pem", "key.pem") if not (base / n).is_file()]
     if missing:
@@ -524,7 +523,7 @@ class Server(Lifecycle):
 
     def _start_log_stream(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        container_id = self.container.id
+        container_id = str(self.container.id)
 
         def pump() -> None:
             try:
