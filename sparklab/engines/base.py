@@ -97,6 +97,7 @@ class Finding:
 Acceptance = tuple[float, str]  # (acceptance length incl. the bonus token, where it came from)
 
 
+# Any: counter snapshots, windows and cell results are JSON as stored; each adapter defines its keys
 class Engine:
     """Defaults shared by the engines; each adapter overrides what differs."""
 
@@ -351,6 +352,7 @@ def flag_value(argv: Sequence[str], flag: str) -> str | None:
     return values[-1] if values else None
 
 
+# Any: whatever JSON an engine printed, else its text
 def json_or_text(value: str) -> Any:
     try:
         return json.loads(value)
@@ -358,6 +360,7 @@ def json_or_text(value: str) -> Any:
         return value
 
 
+# Any: a value from an engine's JSON or text, of whatever type it came
 def as_int(value: Any) -> int | None:
     if isinstance(value, bool):
         return None
@@ -369,6 +372,7 @@ def as_int(value: Any) -> int | None:
         return None
 
 
+# Any: a value from an engine's JSON or text, of whatever type it came
 def as_float(value: Any) -> float | None:
     if isinstance(value, bool) or value is None:
         return None

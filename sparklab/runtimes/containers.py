@@ -150,6 +150,7 @@ class Docker:
         except (docker.errors.DockerException, requests.RequestException, OSError):
             return False
 
+    # Any: a JSON document, stored with the run as it is
     def facts(self) -> dict[str, Any]:
         """What the planner and the report need to know about this Docker host."""
         info = self.client.info()

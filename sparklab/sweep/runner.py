@@ -71,6 +71,7 @@ class Outcome:
         return not self.interrupted and self.counts.get("failed", 0) == 0 and self.counts.get("pending", 0) == 0
 
 
+# Any: a JSON document, stored with the run as it is
 def host_facts() -> dict[str, Any]:
     available, total = preflight.mem_available_gib()
     return {"hostname": platform.node(), "machine": platform.machine(), "python": platform.python_version(),
@@ -220,6 +221,7 @@ def sweep(request: Request, say: Say, runtime: HostRuntime | None = None) -> Out
     return Outcome(run_dir, counts)
 
 
+# Any: JSON stored with the run, which a resumed run must still match
 def fingerprint(plan: Plan) -> dict[str, Any]:
     return provenance.fingerprint(recipe_file(plan.sweep, Path(plan.source)), plan.sweep.sampling.model_dump())
 

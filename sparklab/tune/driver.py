@@ -59,6 +59,7 @@ class TuneOutcome:
     interrupted: bool = False
 
 
+# Any: a cell summary as stored (JSON)
 def objective_value(summary: dict[str, Any], objective: str) -> float | None:
     """The objective from one cell's summary: aggregate tok/s, mean per-request tok/s or mean decode tok/s."""
     if objective == "aggregate":
@@ -103,6 +104,7 @@ def space_of(plan: Plan) -> search.Space:
                       tuple(sorted(sweep_file.concurrency)), drafting)
 
 
+# Any: the space file's YAML document
 def write_space(run_dir: Path, space: dict[str, Any], settings: search.Settings) -> Path:
     """The space as a sweep file in the run directory: resuming reads it back, whatever the flags say then."""
     path = run_dir / SPACE_FILE
@@ -120,6 +122,7 @@ def _settings(state: dict[str, Any]) -> search.Settings:
     return search.Settings(**state["settings"])
 
 
+# Any: JSON kept in the tune's state file
 def settings_dict(settings: search.Settings) -> dict[str, Any]:
     return dataclasses.asdict(settings)
 
