@@ -82,7 +82,7 @@ class _Collector(logging.Handler):
             self.records.append(record.getMessage())
 
 
-def _build_parser():
+def _build_parser() -> tuple[Any, dict[str, Any]]:  # vLLM's FlexibleArgumentParser and its subcommands
     """The parser `vllm serve` uses (vllm.entrypoints.cli.main.main, serve subcommand only)."""
     import vllm.entrypoints.cli.serve as serve_mod
     from vllm.utils.argparse_utils import FlexibleArgumentParser
