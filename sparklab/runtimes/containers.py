@@ -439,7 +439,7 @@ class Docker:
              since: float | None = None) -> Iterator[bytes]:
         container = self.get(name)
         secrets = container_secrets(container)
-        lines: int | Literal["all"] = tail if isinstance(tail, int) else "all"  # docker-py reads any other string so
+        lines: int | Literal["all"] = tail if isinstance(tail, int) else "all"  # as docker-py reads any other string
         if follow:
             yield from redacted_lines(container.logs(stream=True, follow=True, tail=lines, since=since), secrets,
                                       starts_mid_log=tail != "all" or since is not None)
