@@ -32,7 +32,7 @@ import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from time import perf_counter as _perf_counter
-from typing import Literal, TypeVar
+from typing import Literal, TypeVar, cast
 
 from sparklab.records import Alive
 
@@ -119,7 +119,8 @@ class SSEProtocol(asyncio.Protocol):
         self.total = 0  # every byte of the response (for Limits.response_bytes)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+        # asyncio types the argument as the base class; loop.create_connection hands a stream protocol a Transport
+        self.transport = cast(asyncio.Transport, transport)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True

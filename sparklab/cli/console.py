@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import shlex
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from rich.console import Group
@@ -18,7 +18,7 @@ def _num(value: float | None, digits: int = 2) -> str:
     return "-" if value is None else f"{value:,.{digits}f}"
 
 
-def bench_result(result: dict[str, Any]) -> Group:
+def bench_result(result: Mapping[str, Any]) -> Group:
     s = result["summary"]
     load = result["load"]
     req = s["requests"]

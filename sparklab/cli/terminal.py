@@ -70,5 +70,12 @@ class Stream:
 
 # Piped output keeps whole lines (rich would wrap tables at 80 columns) so it can be grepped.
 _WIDTH = None if sys.stdout.isatty() or "COLUMNS" in os.environ else 200
-out = Console(file=Stream("stdout"), highlight=False, soft_wrap=True, width=_WIDTH)  # type: ignore[arg-type]
-err = Console(file=Stream("stderr"), highlight=False, soft_wrap=True, width=_WIDTH)  # type: ignore[arg-type]
+
+
+def _console(name: str) -> Console:
+    # a Stream is an IO[str] by duck typing (write, flush, isatty; the rest forwarded), which rich's hints cannot see
+    return Console(file=Stream(name), highlight=False, soft_wrap=True, width=_WIDTH)  # type: ignore[arg-type]
+
+
+out = _console("stdout")
+err = _console("stderr")

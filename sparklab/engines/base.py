@@ -96,6 +96,7 @@ class Finding:
 Acceptance = tuple[float, str]  # (acceptance length incl. the bonus token, where it came from)
 
 
+# Any: counter snapshots, windows and cell results are JSON as stored; each adapter defines its keys
 class Engine:
     """Defaults shared by the engines; each adapter overrides what differs."""
 

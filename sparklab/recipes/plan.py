@@ -63,6 +63,7 @@ class Match(Strict):
     concurrency: int | None = None
     workload: str | None = None
 
+    # Any: a server config's values as the sweep file gives them (YAML scalars)
     def matches(self, values: dict[str, Any]) -> bool:
         return all(values.get(k) == v for k, v in self.model_dump(exclude_none=True).items())
 

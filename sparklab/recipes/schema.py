@@ -71,6 +71,11 @@ def _registered_kind(kind: Any) -> Any:
 EngineKind = Annotated[str, BeforeValidator(_registered_kind)]
 
 
+def _default_ulimits() -> dict[str, int | tuple[int, int]]:
+    """A recipe's ulimits when it gives none (a fresh dict each time: a model's defaults are not shared)."""
+    return {"memlock": -1, "stack": 67108864}
+
+
 class Strict(BaseModel):
     """Frozen, and unknown keys are errors (recipes and sweep files alike)."""
 
@@ -144,8 +149,7 @@ class EngineSpec(Strict):
     network: Literal["host", "bridge"] = "host"
     ipc: Literal["host", "private"] = "host"
     shm_size: str | None = None
-    ulimits: dict[str, int | tuple[int, int]] = Field(
-        default_factory=lambda: {"memlock": -1, "stack": 67108864})
+    ulimits: dict[str, int | tuple[int, int]] = Field(default_factory=_default_ulimits)
     hf_cache_target: str = "/root/.cache/huggingface"
     mount_hf_cache: bool = True
     # Mount sparklab's per-image cache for torch.compile, Triton, FlashInfer, … (sparklab/engine_cache.py).
@@ -253,6 +257,7 @@ def explain_validation(exc: ValidationError, source: str) -> RecipeError:
     return RecipeError("\n".join(lines), "See recipes/README.md for the recipe format.")
 
 
+# Any: YAML as loaded, before pydantic validates it
 def parse_recipe(data: Any, source: str) -> Recipe:
     if not isinstance(data, dict):
         raise RecipeError(f"{source}: expected a mapping at the top level, got {type(data).__name__}")
@@ -294,6 +299,7 @@ def _check_references(recipe: Recipe) -> None:
             f"{recipe.default_engine!r}", f"Use one of: {', '.join(default.methods)}.")
 
 
+# Any: YAML as loaded, before pydantic validates it
 def read_yaml(path: Path) -> Any:
     try:
         text = read_utf8(path)
@@ -323,6 +329,7 @@ def load_recipe(path: Path, overrides: list[str] | None = None) -> Recipe:
 # --set key=value
 
 
+# Any: a --set value is YAML: any YAML type
 def parse_override(text: str) -> tuple[list[str], Any]:
     key, sep, raw = text.partition("=")
     if not sep or not key.strip():
@@ -335,6 +342,7 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     return key.strip().split("."), value
 
 
+# Any: YAML as loaded, before pydantic validates it
 def apply_overrides(data: Any, overrides: list[str], source: str) -> dict[str, Any]:
     """Apply `--set` overrides to the raw recipe document.
 
@@ -400,6 +408,7 @@ def load_hardware(directory: Path | None = None) -> dict[str, Hardware]:
         raise explain_validation(exc, str(path)) from None
 
 
+# Any: JSON, stored with the run
 def stored_facts(recipe: Recipe, devices: dict[str, Hardware], engine: str | None = None) -> dict[str, Any]:
     """What a report needs years later without the recipe files: the facts of the model the engine serves, and
     the device."""

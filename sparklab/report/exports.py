@@ -44,9 +44,9 @@ def _group_row(g: Group) -> dict[str, Any]:
                 "speedup_ci95_high": speedup_high,
                 "speedup_significant": s.significant if s else None, "failed_requests": g.failed_requests,
                 "rests_on_partial": g.rests_on_partial})
-    e = g.equality
-    row.update({"equality": e.status if e else None, "outputs_compared": e.compared if e else None,
-                "identical_to_none": e.share if e else None})
+    q = g.equality
+    row.update({"equality": q.status if q else None, "outputs_compared": q.compared if q else None,
+                "identical_to_none": q.share if q else None})
     r = g.roofline
     row.update({"roofline_bound_tps": r.bound_tps if r else None,
                 "roofline_measured_tps": r.measured_tps if r else None,

@@ -148,7 +148,7 @@ def speedup_bars(report: Report, workload: str, out: Path) -> list[Plot]:
                         fmt="none", capsize=4, ecolor="black")
         for i, is_single in enumerate(single):
             if is_single:
-                same = bars[i].speedup is not None and bars[i].speedup.identical  # type: ignore[union-attr]
+                same = (speedup := bars[i].speedup) is not None and speedup.identical
                 ax.annotate("identical repeats" if same else "1 run", (i, values[i]), ha="center", va="bottom",
                             fontsize=6, xytext=(0, 2), textcoords="offset points")
         ax.axhline(100, color="black", linewidth=1)

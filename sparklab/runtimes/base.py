@@ -243,7 +243,7 @@ class HostRuntime(Runtime, Protocol):
     @property
     def url(self) -> str: ...
 
-    def facts(self) -> dict[str, Any]:  # a JSON document, stored with the run as it is
+    def facts(self) -> dict[str, Any]:  # Any: a JSON document, stored with the run as it is
         """What the planner and the report need to know about the host (architecture, memory, versions)."""
         ...
 

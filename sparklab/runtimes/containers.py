@@ -15,13 +15,14 @@ import time
 import weakref
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import docker
 import docker.constants
 import docker.errors
 import requests
 from docker.models.containers import Container
+from docker.tls import TLSConfig
 from docker.transport import sshconn
 from docker.types import DeviceRequest, Ulimit
 
@@ -116,7 +117,7 @@ class Docker:
         within answer_s, or it is an error (and the ssh started for it is ended)."""
         if url == "local":
             return cls()
-        tls: Any = None  # docker.tls.TLSConfig: docker-py ships no type hints
+        tls: TLSConfig | None = None
         base_url = url
         if "://" not in url:
             from docker.context import ContextAPI
@@ -125,7 +126,7 @@ class Docker:
             if context is None:
                 raise ContainerError(f"no Docker context named {url!r}",
                                      "List them with `docker context ls`, or give the host as ssh:// or tcp://.")
-            base_url, tls = context.Host, context.TLSConfig
+            base_url, tls = context.Host or "", context.TLSConfig  # no Host: refused just below
             if not base_url:
                 raise ContainerError(f"Docker context {url!r} names no Docker endpoint",
                                      "See `docker context inspect`.")
@@ -165,6 +166,7 @@ class Docker:
         except (deadlines.NoAnswer, docker.errors.DockerException, requests.RequestException, OSError):
             return False
 
+    # Any: a JSON document, stored with the run as it is
     def facts(self) -> dict[str, Any]:
         """What the planner and the report need to know about this Docker host."""
         info = self.client.info()
@@ -189,7 +191,7 @@ class Docker:
         digest = next((d.split("@", 1)[1] for d in digests if d.split("@")[0] == repo), None)
         if digest is None and digests:
             digest = digests[0].split("@", 1)[1]
-        return ImageInfo(ref=ref, id=image.id, digest=digest, architecture=str(image.attrs.get("Architecture")))
+        return ImageInfo(ref=ref, id=str(image.id), digest=digest, architecture=str(image.attrs.get("Architecture")))
 
     def image_problem(self, ref: str, policy: str = "missing") -> str | None:
         """Why this host cannot have the image (None: it has it, or its registry has it to pull)."""
@@ -383,7 +385,7 @@ class Docker:
     def _info(c: Container) -> ServerInfo:
         state = c.attrs.get("State", {})
         return ServerInfo(
-            id=c.id[:12], name=c.name, status=c.status,
+            id=c.short_id, name=str(c.name), status=c.status,
             exit_code=state.get("ExitCode") if c.status in ("exited", "dead") else None,
             labels=dict(c.labels), created=str(c.attrs.get("Created", "")))
 
@@ -453,12 +455,12 @@ class Docker:
              since: float | None = None) -> Iterator[bytes]:
         container = self.get(name)
         secrets = container_secrets(container)
-        extra = {"since": since} if since is not None else {}
+        lines: int | Literal["all"] = tail if isinstance(tail, int) else "all"  # as docker-py reads any other string
         if follow:
-            yield from redacted_lines(container.logs(stream=True, follow=True, tail=tail, **extra), secrets,
+            yield from redacted_lines(container.logs(stream=True, follow=True, tail=lines, since=since), secrets,
                                       starts_mid_log=tail != "all" or since is not None)
         else:
-            yield redact(container.logs(tail=tail, **extra), secrets)
+            yield redact(container.logs(tail=lines, since=since), secrets)
 
 
     def remove_run_containers(self, run_id: str, wait_s: float = 120.0) -> list[str]:
@@ -475,7 +477,7 @@ class Docker:
                 self.client.ping()
                 for container in self.client.containers.list(all=True, filters={"label": f"sparklab.run_id={run_id}"}):
                     teardown(container, grace_s=5)
-                    removed.append(container.name)
+                    removed.append(str(container.name))
         return removed
 
     def log_text(self, name: str, since: float | None = None) -> str:
@@ -537,7 +539,7 @@ def _end_every_ssh() -> None:
 
 class _SSHConnection(sshconn.SSHConnection):
     def __init__(self, adapter: _SSHAdapter, timeout: Any, host: str | None) -> None:  # as docker-py passes them
-        super().__init__(None, timeout, host)  # type: ignore[arg-type]  # docker's stubs say int and str
+        super().__init__(None, timeout, host)  # docker-py passes None for the socket path
         self._adapter = adapter
 
     def connect(self) -> None:
@@ -569,7 +571,7 @@ class _SSHAdapter(sshconn.SSHHTTPAdapter):
         self._sockets.add(sock)
         self.last = sock
 
-    def get_connection(self, url: str | bytes, proxies: Any = None) -> _SSHPool:  # type: ignore[override]
+    def get_connection(self, url: str | bytes, proxies: Any = None) -> _SSHPool:
         return _SSHPool(self)  # a pool per request, as docker-py's shell-out has it (sshconn.py:220-226)
 
     def close(self) -> None:
@@ -592,14 +594,12 @@ def _ssh_error(client: docker.DockerClient) -> str:
     return last.last_error() if last is not None else ""
 
 
-def _tls_config(cert_dir: str | None) -> Any:  # docker.tls.TLSConfig (docker-py ships no type hints)
+def _tls_config(cert_dir: str | None) -> TLSConfig:
     """TLS with the client certificate and CA of a `docker --tlsverify` setup; none without a directory."""
     if not cert_dir:
         raise ContainerError("a tcp:// Docker host needs TLS certificates",
                              "Give the host `tls_dir:` (with ca.pem, cert.pem, key.pem) or set DOCKER_CERT_PATH; "
                              "an unencrypted tcp:// daemon gives root to anyone on the network.")
-    from docker.tls import TLSConfig
-
     base = Path(cert_dir).expanduser()
     missing = [n for n in ("ca.pem", "cert.pem", "key.pem") if not (base / n).is_file()]
     if missing:
@@ -649,7 +649,7 @@ class Server(Lifecycle):
 
     def _start_log_stream(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        container_id = self.container.id
+        container_id = str(self.container.id)
 
         def pump() -> None:
             try:

@@ -72,6 +72,7 @@ class Outcome:
         return not self.interrupted and self.counts.get("failed", 0) == 0 and self.counts.get("pending", 0) == 0
 
 
+# Any: a JSON document, stored with the run as it is
 def host_facts() -> dict[str, Any]:
     available, total = preflight.mem_available_gib()
     return {"hostname": platform.node(), "machine": platform.machine(), "python": platform.python_version(),
@@ -244,6 +245,7 @@ def _log_line(path: Path, message: str) -> None:
         log.debug("run log %s: %s", path, exc)
 
 
+# Any: JSON stored with the run, which a resumed run must still match
 def fingerprint(plan: Plan) -> dict[str, Any]:
     return provenance.fingerprint(recipe_file(plan.sweep, Path(plan.source)), plan.sweep.sampling.model_dump())
 

@@ -12,6 +12,7 @@ import contextlib
 import dataclasses
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,7 @@ from sparklab.engines import acceptance, engine
 from sparklab.errors import DiskFullError, RecipeError, SparklabError
 from sparklab.recipes.hosts import Host, entry_of, parse_hosts
 from sparklab.recipes.multinode import require_hosts
-from sparklab.recipes.plan import Plan, TimingModel, build_plan, estimate_seconds
+from sparklab.recipes.plan import Cell, Plan, ServerConfig, TimingModel, build_plan, estimate_seconds
 from sparklab.runtimes.base import HostRuntime
 from sparklab.sweep import rundir, runner
 from sparklab.sweep.store import Store
@@ -58,6 +59,7 @@ class TuneOutcome:
     interrupted: bool = False
 
 
+# Any: a cell summary as stored (JSON)
 def objective_value(summary: dict[str, Any], objective: str) -> float | None:
     """The objective from one cell's summary: aggregate tok/s, mean per-request tok/s or mean decode tok/s."""
     if objective == "aggregate":
@@ -102,6 +104,7 @@ def space_of(plan: Plan) -> search.Space:
                       tuple(sorted(sweep_file.concurrency)), drafting)
 
 
+# Any: the space file's YAML document
 def write_space(run_dir: Path, space: dict[str, Any], settings: search.Settings) -> Path:
     """The space as a sweep file in the run directory: resuming reads it back, whatever the flags say then."""
     path = run_dir / SPACE_FILE
@@ -119,6 +122,7 @@ def _settings(state: dict[str, Any]) -> search.Settings:
     return search.Settings(**state["settings"])
 
 
+# Any: JSON kept in the tune's state file
 def settings_dict(settings: search.Settings) -> dict[str, Any]:
     return dataclasses.asdict(settings)
 
@@ -224,6 +228,11 @@ def dry_run(request: TuneRequest) -> DryRun:
                   eta, configs, grid_eta, model, () if exists else request.notes, hosts)
 
 
+def _wanted(repeats: dict[search.Config, int]) -> Callable[[ServerConfig, Cell], bool]:
+    """The cells a round of the search asks for: each config's repeats up to the number it wants."""
+    return lambda server, cell: cell.repeat < repeats.get((server.method, server.num_speculative_tokens), 0)
+
+
 def _search(plan: Plan, store: Store, runtime: HostRuntime | None, run_dir: Path, request: TuneRequest,
             state: dict[str, Any], say: runner.Say, hosts: list[Host] | None = None) -> TuneOutcome:
     settings, objective = _settings(state), state["objective"]
@@ -242,8 +251,7 @@ def _search(plan: Plan, store: Store, runtime: HostRuntime | None, run_dir: Path
                 state["schedule"] = _schedule_args(plan, store, state["schedule"])
                 break
             wanted = {config: decision.repeats for config in decision.configs}
-            runner.register(plan, store, only=lambda server, cell, wanted=wanted: cell.repeat < wanted.get(
-                (server.method, server.num_speculative_tokens), 0))
+            runner.register(plan, store, only=_wanted(wanted))
             pending = {c.server_config_id for c in store.pending_cells()}
             loading = [s.label for s in plan.servers if s.id in pending]
             marker = (decision, tuple(sorted(pending)), store.counts()["done"])

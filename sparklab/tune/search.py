@@ -368,7 +368,7 @@ def _bisect(state: _State, method: str) -> list[Config]:
     the gap between the best measured K and its measured neighbour on the better side (then the other side),
     until both neighbours of the best are measured (assuming tok/s is unimodal in K)."""
     ks = sorted(state.space.ks)
-    out = []
+    out: list[Config] = []
     for c in state.space.concurrencies:
         measured = {k: e.mean for k in ks if (e := state.eligible((method, k), c)) is not None}
         if not measured:
