@@ -280,7 +280,14 @@ def cell_clocks(start: dict[str, float | None] | None, end: dict[str, float | No
 
 def add_cell_facts(result: BenchResult, sampler: Sampler, mark: int) -> None:
     """A cell's memory window and, where nvidia-smi answers, its clocks under load (sampled by the same thread
-    through the window, not read at two idle moments around it) into its result."""
+    through the window, not read at two idle moments around it) into its result. A window that ended before the
+    sampler's next tick (a cell shorter than its interval) takes one reading at its close, so no cell stores a
+    memory record without a reading."""
+    if sampler.count(mark) == 0:
+        try:
+            sampler.tick()
+        except OSError as exc:  # as the thread's own step: no reading, the record says 0 samples
+            log.debug("memory sample at a window's close failed: %s", exc)
     result["memory"] = sampler.stats(mark).as_dict()
     clocks = sampler.clock_stats(mark)
     if clocks is not None:
