@@ -199,3 +199,5 @@ class BenchResult(TypedDict, total=False):
     server: dict[str, Any]  # the raw snapshots before and after the window
     requests: list[dict[str, Any]]
     outputs: list[dict[str, Any]]  # each request's answer, bounded (sparklab.outputs.kept); a sweep stores them apart
+    server_load: dict[str, Any]  # a sweep's: which start of its server the cell ran on ({"id": ...}, bench.noise)
+    host_load: dict[str, Any]  # a sweep's: the bench machine's load average at the cell's start and end

@@ -8,6 +8,7 @@ servers, the page cache, the memory floor) applies where `run.host.local`: anoth
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -30,6 +31,7 @@ from sparklab.sweep import provenance, repeats, rundir
 from sparklab.sweep.fleet import HostLost
 from sparklab.sweep.hoststore import HostStore
 from sparklab.sweep.store import Store
+from sparklab.sweep.store import utc_now as store_now
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +69,7 @@ class ServerRun:
     lost: Callable[[], bool] = lambda: False  # whether the host went away (then HostLost, not a fault)
     watch: watchdog.Sampler | None = None  # this machine's memory while the server runs
     attempted: set[str] = field(default_factory=set)  # cells this server start ran (they counted their attempt)
+    load_id: str = ""  # this start of the server ("<UTC start>#<server id>"): each of its cells keeps it
 
     @property
     def max_attempts(self) -> int:
@@ -164,6 +167,10 @@ def _run_server(run: ServerRun) -> None:
                               ready_s=ready.seconds_to_ready, log_path=str(ready.server.log_path),
                               engine_version=engine(spec.kind).version(api))
     say(f"server {server.label}: ready in {ready.seconds_to_ready:.1f} s")
+    # Which start of the server each cell ran on: repeats of one load share its state (its memory layout, the
+    # machine's quiet or busy minute), so noise between loads is told apart from noise within one (bench.noise).
+    # UTC first: ids sort in the order the loads happened.
+    run.load_id = f"{store_now()}#{server.id}"
     if ready.watch is not None:  # a dead engine's API server may run on: kill it, so in-flight requests fail now
         ready.watch.on_fatal(ready.server.kill)
     with ready.server:
@@ -267,11 +274,17 @@ def _run_cell(run: ServerRun, ready: launch.Ready, cell: Cell) -> None:
     endpoint = bench.Endpoint(spec.endpoint, ready.api_key, None, spec.kind)
     name = f"{server.label} c={cell.concurrency} {cell.workload} #{cell.repeat}"
     result: BenchResult | None
+    loadavg = _loadavg()
     try:
         result = bench.run(endpoint, load_workload(cell.workload), sampling, load,
                            request_timeout_s=sweep.request_timeout_s, stall_timeout_s=sweep.stall_timeout_s,
                            alive=lambda: ready.server.state()[0] and endpoint.api.alive())
         since = result["measurement"]["window_started_at"]
+        result["server_load"] = {"id": run.load_id}
+        result["host_load"] = {
+            "loadavg_start": loadavg, "loadavg_end": _loadavg(), "cpus": os.cpu_count(),
+            "source": "os.getloadavg() (1, 5, 15 min) on the machine running the bench client, at the cell's "
+                      "start and end"}
         bench.add_log_acceptance(result, spec.kind, lambda: ready.server.log_since(since))
         if watch is not None:
             watchdog.add_cell_facts(result, watch, mark, clocks)
@@ -310,6 +323,13 @@ def _run_cell(run: ServerRun, ready: launch.Ready, cell: Cell) -> None:
     adapter.reset_prefix_cache(endpoint.api)
     say(f"cell {name}: {summary['aggregate_tps']:.2f} tok/s aggregate, "
         f"{summary['requests']['ok']}/{summary['requests']['measured']} ok")
+
+
+def _loadavg() -> list[float] | None:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:  # not every platform has it
+        return None
 
 
 def _engine_died(ready: launch.Ready) -> bool:
