@@ -83,7 +83,8 @@ def overrides_from(hardware: str | None, bandwidth_gbps: float | None, facts: li
         if hardware not in devices:
             raise SparklabError(f"--hardware {hardware}: no such device in recipes/hardware.yaml",
                                 f"Known: {', '.join(devices) or 'none'}; add it there, or give --bandwidth-gbps.")
-        device = Device(hardware, devices[hardware].bandwidth_gbps)
+        known = devices[hardware]
+        device = Device(hardware, known.bandwidth_gbps, known.usable_bandwidth_gbps, known.usable_source)
     if bandwidth_gbps is not None:
         if not bandwidth_gbps > 0:
             raise SparklabError(f"--bandwidth-gbps must be positive, got {bandwidth_gbps:g}")

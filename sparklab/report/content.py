@@ -365,13 +365,16 @@ def _roofline(report: Report) -> Section:
         if r is None:
             continue
         rows.append((g.workload, str(g.concurrency), g.server.label, f"{r.acceptance_length:.2f}",
+                     DASH if r.verify_tokens is None else f"{r.verify_tokens:g}",
+                     DASH if r.experts_per_layer is None else f"{r.experts_per_layer:.1f}",
                      DASH if r.context_tokens is None else f"{r.context_tokens:,.0f}", f"{r.bytes_per_step / 1e6:,.1f}",
-                     f"{r.bound_tps:,.1f}", f"{r.measured_tps:,.2f}", r.measured_source, f"{r.percent:.1f}%",
-                     f"{r.effective_gbps:,.1f}"))
+                     f"{r.bound_tps:,.1f}", DASH if r.nominal_bound_tps is None else f"{r.nominal_bound_tps:,.1f}",
+                     f"{r.measured_tps:,.2f}", r.measured_source, f"{r.percent:.1f}%", f"{r.effective_gbps:,.1f}"))
     if rows:
-        blocks.append(Table(("workload", "C", "config", "tokens/step/seq", "context tokens", "MB/step",
-                             "bound tok/s", "measured tok/s", "measured as", "% of bound", "effective GB/s"),
-                            tuple(rows), (False, True, False, *([True] * 5), False, True, True)))
+        blocks.append(Table(("workload", "C", "config", "tokens/step/seq", "tokens through the target",
+                             "experts read per MoE layer", "context tokens", "MB/step", "bound tok/s",
+                             "bound at nominal BW", "measured tok/s", "measured as", "% of bound", "effective GB/s"),
+                            tuple(rows), (False, True, False, *([True] * 8), False, True, True)))
     if report.roofline_notes:
         blocks.append(Bullets(tuple(report.roofline_notes)))
     return Section("Roofline: measured decode speed against the memory-bandwidth bound", blocks=blocks)

@@ -213,6 +213,10 @@ class Overrides:
     facts: dict[str, float] = field(default_factory=dict)
 
 
+def _float(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
 def _recipe_facts(name: str, notes: list[str], engine: str | None = None) -> dict[str, Any]:
     """For runs stored before sparklab kept model facts and the device with them: today's recipe file."""
     from sparklab.errors import SparklabError
@@ -242,7 +246,8 @@ def _servers(store: Store, overrides: Overrides, notes: list[str]) -> list[Serve
         if "model" not in config:
             config = {**config, **_recipe_facts(str(config.get("recipe", "")), notes, row.engine)}
         stored = config.get("hardware")
-        device = overrides.device or (Device(stored["name"], float(stored["bandwidth_gbps"]))
+        device = overrides.device or (Device(stored["name"], float(stored["bandwidth_gbps"]),
+                                             _float(stored.get("usable_bandwidth_gbps")), stored.get("usable_source"))
                                       if stored and stored.get("bandwidth_gbps") else None)
         model = dict(config.get("model") or {})
         facts = _engine_stated(dict(model.get("facts") or {}), row.engine, row.method, row.startup_facts or {},
@@ -368,7 +373,10 @@ def _with_roofline(group: Group, notes: list[str]) -> Group:
         measured, source = group.headline.mean, headline_metric(group.concurrency, group.lead) + " (incl. prefill)"
     else:
         return group
-    return replace(group, roofline=bound(inputs, group.concurrency, accept or 1.0, context, measured, source))
+    # tokens through the target per step: K drafts and the bonus position per sequence, one without drafting
+    per_sequence = 1 + (server.k or 0) if not group.is_baseline else 1
+    return replace(group, roofline=bound(inputs, group.concurrency, accept or 1.0, context, measured, source,
+                                         verify_tokens=group.concurrency * per_sequence))
 
 
 CLOCK_DROP_FLAG = 0.10  # a cell whose SM clock fell by more than this from its start to its end is flagged
