@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from sparklab.bench.metrics import CONFIDENCE, SPREAD_WARN, Ratio
+from sparklab.report import verdicts
 from sparklab.report.checks import run_checks
 from sparklab.report.document import Block, Bullets, Code, Document, Image, Para, Section, Table
 from sparklab.report.formats import DASH, fmt
@@ -49,7 +50,10 @@ def _n(group: Group) -> str:
 def _identical(group: Group) -> str:
     if group.is_baseline:
         return "(baseline)"
-    return group.equality.describe() if group.equality else DASH
+    text = group.equality.describe() if group.equality else DASH
+    if group.server.is_synthetic and group.equality and group.equality.status == "checked":
+        text += " (synthetic: expected to differ)" if group.equality.differs else " (synthetic, yet identical!)"
+    return text
 
 
 def _k(server: Server) -> str:
@@ -228,13 +232,23 @@ def _best(report: Report) -> Section:
         why += _versus_runner_up(best)
         if g.speedup and g.speedup.significant is False:
             why += "; not significantly faster than the baseline"
+        if best.one_load:
+            why += "; rests on one load (a config it is compared with ran on one server start only)"
+        if best.synthetic_skipped:
+            why += ("; scored above it but synthetic acceptance, not a drafter, so never named best: "
+                    + ", ".join(s.server.label for s in best.synthetic_skipped))
         rows.append((best.workload, str(best.concurrency), f"{g.server.engine} {g.server.method_name}",
                      _k(g.server), f"{best.score:,.2f}{single}", fmt_ratio(g), why))
         commands.append(f"# {best.workload}, C={best.concurrency}\n{g.server.up_command}")
     return Section("Best configuration per concurrency", blocks=[
         Para("Score: the median of the headline tok/s over repeats minus their standard deviation (a "
              f"configuration that is fast only sometimes scores lower); within {100 * BEST_TIE:.0f}% of the top "
-             "score the smallest K wins (no drafting counts as K=0)."),
+             "score the smallest K wins (no drafting counts as K=0). Configs with synthetic acceptance are "
+             "benchmarks of the engine's step cost, not drafters, and are never named. "
+             + ("The comparison with the runner-up includes between-load noise (some config was reloaded)."
+                if any(g.load_noise for g in report.groups) else
+                "No config was reloaded: every comparison sees within-load noise only, so every verdict rests on "
+                "one load per config.")),
         Table(("workload", "C", "config", "K", "score tok/s", "vs baseline", "why"), tuple(rows),
               (False, True, False, False, True, True, False)),
         Para("To run it:"),
@@ -471,8 +485,10 @@ def _failures(report: Report) -> Section | None:
 def document(report: Report, plots: list[tuple[str, Path]] | None = None) -> Document:
     lead = generation_sections(report) if report.lead == DECODE_LEAD else []  # seed 004's columns first
     tuned = [t] if (t := _tune(report)) else []  # sparklab tune's picks and predicted vs measured
+    synthetic = [s] if (s := verdicts.synthetic_section(report)) else []
     sections = [_overview(report), *lead, _method(report), *_seed_tables(report), *tuned, *_k_pivot(report),
-                _best(report), _checks(report), _reliability(report), *_detail_tables(report)]
+                _best(report), *synthetic, verdicts.load_noise_section(report), _checks(report), _reliability(report),
+                *_detail_tables(report)]
     if acceptance := _acceptance(report):
         sections.append(acceptance)
     if tools := _tool_calls(report):
