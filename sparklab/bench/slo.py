@@ -30,7 +30,7 @@ METRICS = {
     "itl": "inter-token latency per token (from the cell's summary: p50, p90, p99, mean)",
 }
 _STATS = re.compile(r"^(mean|p(\d{1,2}(?:\.\d+)?))$")
-_TERM = re.compile(r"^\s*([a-z]+)_([a-z0-9.]+)\s*(<=|<)\s*([0-9]*\.?[0-9]+)\s*(ms|s)?\s*$")
+_TERM = re.compile(r"^\s*([a-z][a-z0-9]*)_([a-z0-9.]+)\s*(<=|<)\s*([0-9]*\.?[0-9]+)\s*(ms|s)?\s*$")
 EXAMPLE = "tpot_p90<=50ms,ttft_p90<=500ms"
 
 

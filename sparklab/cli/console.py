@@ -126,9 +126,24 @@ def sweep_table(report: Any) -> Group:
                       _mean(m["acceptance_length"]), _speedup(group), _identical(group))
     notes = [Text(f"{len(report.failures)} failure(s) recorded over all attempts; first: {report.failures[0].kind}: "
                   f"{report.failures[0].message.splitlines()[0]}")] if report.failures else []
+    if getattr(report, "slo", None):
+        notes.append(Text(slo_lines(report)))
     return Group(Text("sweep results (mean over repeats; aggregate = tokens / window, warmup excluded; vs none = "
                       "per-request tok/s at c=1, aggregate above, as in the report; = none: answers identical to "
                       "none's at temperature 0)", style="bold"), table, *notes)
+
+
+def slo_lines(report: Any) -> str:
+    """The sweep's latency objective: the best config meeting it per concurrency, and how far it reaches."""
+    from sparklab.bench import slo as slos
+    from sparklab.report.latency import best_under
+
+    terms = slos.parse(report.slo)
+    best, reach = best_under(report, terms)
+    parts = [f"{w} C={c}: {g.server.label}" if g else f"{w} C={c}: none meets it" for (w, c), g in best.items()]
+    parts += [f"{w}: met up to C={hit[0]} ({hit[1].server.label})" if hit else f"{w}: met at no concurrency"
+              for w, hit in reach.items()]
+    return f"SLO {slos.describe(terms)} (95% intervals of each term at or under its bound): " + "; ".join(parts)
 
 
 def _identical(group: Any) -> str:

@@ -220,6 +220,7 @@ class Report:
     best: list[Best]
     failures: list[FailureRow]
     roofline_notes: list[str] = field(default_factory=list)
+    slo: str | None = None  # the latency objective the report judges configs by (report --slo, else the sweep's)
 
     @property
     def workloads(self) -> list[str]:
@@ -242,6 +243,7 @@ class Overrides:
 
     device: Device | None = None
     facts: dict[str, float] = field(default_factory=dict)
+    slo: str | None = None  # `report --slo`: a latency objective in place of the sweep file's
 
 
 def _float(value: Any) -> float | None:
@@ -572,5 +574,6 @@ def build(store: Store, run_id: str, overrides: Overrides | None = None) -> Repo
     if not any(s.device for s in servers):
         notes.append("no device bandwidth is known for this run (the recipe names no hardware in "
                      "recipes/hardware.yaml): no roofline. Give one with --hardware NAME or --bandwidth-gbps GBPS.")
-    return Report(run_id, store.sweep(), store.meta(), store.host_facts(), store.counts(), servers, groups,
-                  _best(groups), store.failures(), notes)
+    sweep = store.sweep()
+    return Report(run_id, sweep, store.meta(), store.host_facts(), store.counts(), servers, groups,
+                  _best(groups), store.failures(), notes, overrides.slo or sweep.get("slo"))
