@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from sparklab.bench.metrics import CONFIDENCE, SPREAD_WARN, Ratio
-from sparklab.report import latency, verdicts
+from sparklab.report import latency, losses, verdicts
 from sparklab.report.checks import run_checks
 from sparklab.report.document import Block, Bullets, Code, Document, Image, Para, Section, Table
 from sparklab.report.formats import DASH, fmt
@@ -487,6 +487,7 @@ def document(report: Report, plots: list[tuple[str, Path]] | None = None) -> Doc
     tuned = [t] if (t := _tune(report)) else []  # sparklab tune's picks and predicted vs measured
     synthetic = [s] if (s := verdicts.synthetic_section(report)) else []
     synthetic += [s] if (s := latency.section(report, report.slo)) else []
+    synthetic += [s] if (s := losses.section(report)) else []
     sections = [_overview(report), *lead, _method(report), *_seed_tables(report), *tuned, *_k_pivot(report),
                 _best(report), *synthetic, verdicts.load_noise_section(report), _checks(report), _reliability(report),
                 *_detail_tables(report)]

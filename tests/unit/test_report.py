@@ -243,7 +243,8 @@ def test_cli_writes_every_format_and_the_plots(tmp_path: Path, capsys) -> None:
     for name in ("report.md", "report.csv", "report.json", "report.html"):
         assert (out / name).stat().st_size > 0
     plots = sorted(p.name for p in (out / "plots").glob("*.png"))
-    assert plots == ["acceptance-seed.png", "speedup-seed.png", "throughput-vs-k-seed.png", "ttft-seed.png"]
+    assert plots == ["acceptance-seed.png", "losses.png", "speedup-seed.png", "throughput-vs-k-seed.png",
+                     "ttft-seed.png"]  # losses.png: one stacked bar per drafting config (issue 25 §6)
     md = (out / "report.md").read_text()
     assert "![tok/s vs K" in md and "(plots/throughput-vs-k-seed.png)" in md
     assert "% of bound" in md
