@@ -284,6 +284,21 @@ def _tune(report: Report) -> Section | None:
                         "prediction was made without its own numbers."),
                    Table(("config", "C", "predicted tok/s", "measured tok/s", "error", "step cost"),
                          rows, (False, True, True, True, True, False))]
+    if state.get("budget"):
+        blocks.append(Para(f"Budget for telling the best from a contender: {state['budget']}; picks marked "
+                           "TIE-BREAK spent it without telling them apart."))
+    verdict = (state.get("schedule") or {}).get("verdict")
+    if verdict:
+        rows_s = tuple((str(r["concurrency"]), str(r["k"]), r["winner"], f"{r['winner_mean']:,.2f}",
+                        DASH if r["schedule_mean"] is None else f"{r['schedule_mean']:,.2f}",
+                        DASH if not (r["versus"] or {}).get("low") else
+                        f"{100 * r['versus']['value']:.1f}% [{100 * r['versus']['low']:.1f}, "
+                        f"{100 * r['versus']['high']:.1f}]", "LOSES" if r["loses"] else "")
+                       for r in verdict["rows"])
+        blocks += [Para(f"The K schedule, measured on one server at every concurrency: {verdict['summary']}."
+                        + (f" {verdict['k0']}." if verdict.get("k0") else "")),
+                   Table(("C", "K there", "winner", "winner tok/s", "schedule tok/s", "schedule / winner", ""),
+                         rows_s, (True, True, False, True, True, True, False))]
     blocks += [Para(note) for note in state.get("notes", [])]
     return Section("sparklab tune: the best method and K per concurrency", blocks=blocks)
 

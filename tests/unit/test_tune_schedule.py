@@ -72,8 +72,9 @@ def tune(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, schedule_at_4: float) 
     choices = driver.TuneChoices("cpu-tune", k=(1, 2, 3), repeats=3, max_repeats=6, runs_dir=tmp_path)
     outcome = driver.run_tune(driver.request_for(choices), say=lambda message: None)
     with Store.open(outcome.run_dir / "results.sqlite", readonly=True) as store:
-        text = tune_summary(report.build(store, outcome.run_dir.name), json.loads(json.dumps(outcome.state)))
-    return json.loads(json.dumps(outcome.state)), text, starts  # as the store keeps it
+        built = report.build(store, outcome.run_dir.name)
+    text = tune_summary(built, json.loads(json.dumps(outcome.state))) + "\n" + report.render(built, "md")
+    return json.loads(json.dumps(outcome.state)), text, starts  # as the store keeps it (and the report says it)
 
 
 def test_a_schedule_that_loses_at_a_concurrency_is_not_recommended_and_the_per_c_servers_are(tmp_path: Path,
@@ -93,6 +94,7 @@ def test_a_schedule_that_loses_at_a_concurrency_is_not_recommended_and_the_per_c
     assert "C=4: sparklab up cpu:ngram --engine vllm-cpu -k 1" in text
     assert "--serve-arg" not in text  # the schedule's command is not offered
     assert "C=4 (K=1): schedule 38.00 [" in text and "vs ngram K=1 46.00 [" in text  # measured, side by side
+    assert "The K schedule, measured on one server at every concurrency: the schedule LOSES" in text  # the report
 
 
 def test_a_schedule_that_loses_nowhere_is_recommended_with_its_measured_speed(tmp_path: Path, monkeypatch) -> None:
@@ -102,7 +104,7 @@ def test_a_schedule_that_loses_nowhere_is_recommended_with_its_measured_speed(tm
     flag = "--speculative_config.num_speculative_tokens_per_batch_size=[[1,1,3],[2,1024,1]]"
     assert f"sparklab up cpu:ngram --engine vllm-cpu -k 3 '--serve-arg={flag}'" in text
     assert "C=1 (K=3): schedule 52.00 [" in text and "C=4 (K=1): schedule 46.00 [" in text
-    assert "K=0" not in text  # no drafting won nowhere: no K=0 in the schedule
+    assert "K=0 is in it" not in text and "2-1024: K=0" not in text  # none won nowhere: no K=0 in the schedule
 
 
 def test_k0_is_written_only_for_a_measured_server_and_the_output_says_why(tmp_path: Path, monkeypatch) -> None:
