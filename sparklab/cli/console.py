@@ -303,7 +303,8 @@ def tune_plan(dry: Any) -> str:
 
 def _pick_line(pick: dict[str, Any]) -> str:
     loads = f" over {pick['loads']} load(s)" if pick.get("loads") else ""
-    return (f"  C={pick['concurrency']}: {pick['label']}: {pick['mean']:.2f} tok/s"
+    fake = " (SYNTHETIC acceptance)" if pick.get("synthetic") else ""
+    return (f"  C={pick['concurrency']}: {pick['label']}{fake}: {pick['mean']:.2f} tok/s"
             f"{_interval(pick['low'], pick['high'])} (n={pick['n']}{loads}); {pick['note']}")
 
 
@@ -326,7 +327,9 @@ def _schedule_lines(schedule: dict[str, Any], servers: dict[Any, Any]) -> list[s
         lines.append("  K=0 is in it only because the schedule server was measured at that batch size: "
                      + verdict["k0"])
     server = servers.get((schedule["method"], schedule["k"]))
-    if verdict["recommended"] and server is not None:
+    if schedule.get("synthetic"):
+        lines.append("  (synthetic acceptance: a measurement of the engine, not a schedule to run)")
+    elif verdict["recommended"] and server is not None:
         lines.append(f"one server for every concurrency (a range's K is capped at the server's K={schedule['k']}):")
         extra = "".join(" " + shlex.quote(f"--serve-arg={a}") for a in schedule["serve_args"])
         lines.append(f"  {server.up_command}{extra}")
@@ -379,7 +382,10 @@ def tune_summary(report: Any, state: dict[str, Any]) -> str:
                  "replaces them):")
     for pick in state.get("picks", []):
         server = servers.get((pick["method"], pick["k"]))
-        if server is not None:
+        if pick.get("synthetic"):
+            lines.append(f"  C={pick['concurrency']}: not a config to run: synthetic acceptance benchmarks the "
+                         "engine's step cost at a chosen acceptance profile, its answers are not the target's")
+        elif server is not None:
             lines.append(f"  C={pick['concurrency']}: {server.up_command}")
     if schedule and schedule.get("verdict"):
         lines += _schedule_lines(schedule, servers)

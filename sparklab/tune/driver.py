@@ -229,6 +229,7 @@ def _search(plan: Plan, store: Store, runtime: HostRuntime | None, run_dir: Path
             decision = search.decide(space, settings, obs)
             if isinstance(decision, search.Done):
                 state.update(_finish(space, settings, obs, decision))
+                _mark_synthetic(plan, state)
                 state["schedule"] = _schedule_args(plan, store, state["schedule"])
                 if _schedule_pending(state):
                     _measure_schedule(plan, store, runtime, run_dir, request, state, say, obs)
@@ -310,6 +311,17 @@ def _finish(space: search.Space, settings: search.Settings, obs: search.Observat
                           "method": reach.config[0], "k": reach.config[1], "mean": reach.value} if reach else None,
             "slo_missed": list(done.slo_missed),
             "schedule": {"method": schedule[0], "ranges": schedule[1]} if schedule else None}
+
+
+def _mark_synthetic(plan: Plan, state: dict[str, Any]) -> None:
+    """Picks whose server fakes its acceptance (synthetic rejection sampling): a benchmark of the engine's step cost
+    at a chosen profile, never a config to run; the output says so instead of giving its command."""
+    fake = {(s.method, s.num_speculative_tokens) for s in plan.servers
+            if engine(s.spec.kind).synthetic_acceptance(s.spec.argv) is not None}
+    for pick in state.get("picks", []):
+        pick["synthetic"] = (pick["method"], pick["k"]) in fake
+    if state.get("schedule") and any(p["synthetic"] for p in state.get("picks", [])):
+        state["schedule"]["synthetic"] = True
 
 
 def _schedule_server(plan: Plan, schedule: dict[str, Any], run_id: str) -> ServerConfig | None:

@@ -152,3 +152,21 @@ def test_an_interrupted_schedule_is_measured_on_the_next_run_not_recommended_unm
     again, _, more = tune(tmp_path, monkeypatch, schedule_at_4=46.0)  # the same command continues the run
     assert more == ["vllm-cpu/ngram K=3 (schedule)"]  # only what was left: the schedule's server
     assert again["schedule"]["verdict"]["recommended"]
+
+
+def test_a_synthetic_pick_is_labelled_and_never_given_as_a_config_to_run(tmp_path: Path, monkeypatch) -> None:
+    starts: list[str] = []
+
+    def truth(server: ServerConfig, c: int) -> float:
+        return 40.0 if server.num_speculative_tokens is None else 50.0 - server.num_speculative_tokens
+
+    monkeypatch.setattr(runner, "run", scripted_run(truth, starts))
+    monkeypatch.setattr(runner, "download", lambda plan, store, say: None)
+    choices = driver.TuneChoices("cpu-tune-steep", k=(1, 2, 3), repeats=3, max_repeats=6, runs_dir=tmp_path)
+    outcome = driver.run_tune(driver.request_for(choices), say=lambda message: None)
+    assert all(p["synthetic"] and p["label"] == "synthetic K=1" for p in outcome.state["picks"])
+    with Store.open(outcome.run_dir / "results.sqlite", readonly=True) as store:
+        text = tune_summary(report.build(store, outcome.run_dir.name), json.loads(json.dumps(outcome.state)))
+    assert "C=1: synthetic K=1 (SYNTHETIC acceptance):" in text
+    assert "C=1: not a config to run: synthetic acceptance benchmarks the engine's step cost" in text
+    assert "sparklab up cpu:synthetic" not in text
