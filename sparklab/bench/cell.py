@@ -174,11 +174,13 @@ async def _run(endpoint: Endpoint, model: str, workload: Workload, sampling: Sam
     return result
 
 
-def add_log_acceptance(result: BenchResult, kind: str | None, log_text: Callable[[], str]) -> None:
-    """For engines that state acceptance only in their log (SGLang), the window's lines into the result."""
+def add_log_acceptance(result: BenchResult, kind: str | None, log_text: Callable[[], str],
+                       version: str | None = None) -> None:
+    """For engines that state acceptance only in their log (SGLang), the window's lines into the result, read as the
+    engine's version (when known) prints them."""
     adapter = engines.engine(kind) if kind is not None else None
     if adapter is not None and adapter.reads_log_acceptance:
-        result["speculative_log"] = adapter.log_acceptance(log_text())
+        result["speculative_log"] = adapter.log_acceptance(log_text(), version)
 
 
 def discover_model(endpoint: Endpoint) -> str:

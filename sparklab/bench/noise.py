@@ -159,7 +159,7 @@ def ratio(a: ByLoad, b: ByLoad, comp: Components, confidence: float = CONFIDENCE
     bb, wb = _parts(lb, comp)
     var = ba + wa + bb + wb
     df = _df([(ba + bb, comp.between_df), (wa + wb, comp.within_df)])
-    if var <= 0 or df is None:
-        return Ratio(value, value, value)
+    if var <= 0 or df is None:  # no spread measured on either side: not an interval (identical repeats)
+        return Ratio(value, value, value, identical=True)
     half = t_quantile((1 + confidence) / 2, df) * math.sqrt(var)
     return Ratio(value, value * math.exp(-half), value * math.exp(half))

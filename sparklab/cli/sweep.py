@@ -45,7 +45,8 @@ class SweepArgs:
                                "unified memory, posix_fadvise over the model's files)")
         p.add_argument("--memory-floor-gib", type=float, metavar="GIB",
                        help="stop a server when MemAvailable falls under this (default: the sweep file's "
-                            "memory_floor_gib, else 8 on unified-memory recipes; 0: off)")
+                            "memory_floor_gib, else on unified-memory recipes 8, or less where the memory fraction "
+                            "leaves less, see host/headroom.py; 0: off)")
         p.add_argument("--ulimit", dest="ulimits", action="append", default=[], metavar="NAME=SOFT[:HARD]",
                        help="override a container ulimit for every server")
         p.add_argument("--no-download", dest="download", action="store_false",
@@ -72,7 +73,11 @@ def cmd_sweep(args: SweepArgs) -> int:
 
     request = args.request
     if args.dry_run:
-        out.print(plan_table(*runner.dry_run(request)))
+        from sparklab.cli.up import dry_parser_check
+
+        planned = runner.dry_run(request)
+        out.print(plan_table(*planned))
+        dry_parser_check([s.spec for s in planned[0].servers if s.cluster is None], (request.file,))
         return 0
     status = err.status("starting the sweep…") if err.is_terminal else None
 
@@ -111,14 +116,17 @@ class TuneArgs:
         p.add_argument("space", metavar="RECIPE|SWEEP",
                        help="a recipe (name or file) with --methods/--k/--concurrency, or a sweep file (or its name "
                             "under recipes/sweeps) whose methods x K x concurrency is the space")
+        p.add_argument("--engine", help="engine of the recipe to tune (default: the sweep file's first, else the "
+                                        "recipe's default)")
         p.add_argument("--methods", nargs="+", metavar="METHOD", help="methods of the recipe (none, ngram, mtp, …)")
         p.add_argument("--k", type=k_values, metavar="K",
                        help="speculative tokens to consider: 1-8, 1,2,4 (default 1-3)")
         p.add_argument("--concurrency", nargs="+", type=whole(1, MAX_CONCURRENCY), metavar="C",
                        help="concurrencies to answer for (each gets its own best)")
         p.add_argument("-w", "--workload", help="one workload (default: the sweep's, else seed)")
-        p.add_argument("--objective", choices=["aggregate", "per-request", "decode"], default="aggregate",
-                       help="what to maximise: aggregate output tok/s, mean per-request tok/s or mean decode tok/s")
+        p.add_argument("--objective", choices=["aggregate", "per-request", "decode"],
+                       help="what to maximise: aggregate output tok/s, mean per-request tok/s or mean decode tok/s "
+                            "(default: decode for a sweep file with headline: decode, else aggregate)")
         p.add_argument("--ttft-max", type=positive(MAX_DURATION_S * 1000), metavar="MS",
                        help="only configs whose median TTFT (mean over repeats) is at most MS count")
         p.add_argument("--slo", metavar="TERMS",
@@ -130,12 +138,14 @@ class TuneArgs:
                             "reloads, tie-breaks, the K schedule measured (what scripts/bench_tune_vs_grid.py "
                             "compares tune with)")
         p.add_argument("--repeats", type=whole(1, 20), metavar="N",
-                       help="runs per load of every measured config (default: the sweep's, else 2)")
+                       help="runs per load of every measured config (default: the sweep's; auto_repeats.min for "
+                            "repeats: auto; else 2)")
         p.add_argument("--max-repeats", type=whole(1, 60), metavar="N",
                        help="the budget per config and concurrency, in runs over all its loads: the best and its "
                             "runner-up are reloaded (ABBA) and a contender not told apart from the best is reloaded "
                             "with it until they are told apart or this runs out, then the smaller K wins a "
-                            "tie-break (default: 2 x --repeats, one reload each)")
+                            "tie-break (default: auto_repeats.max for repeats: auto, else 2 x --repeats, one reload "
+                            "each)")
         p.add_argument("-n", "--requests", type=whole(1, MAX_REQUESTS), help="measured requests per cell (default 10)")
         p.add_argument("--max-tokens", type=whole(1, MAX_TOKENS), help="max_tokens per request (default: sweep's)")
         p.add_argument("--tolerance", type=positive(1.0), default=0.15, metavar="FRACTION",
@@ -152,18 +162,21 @@ class TuneArgs:
                        help="override a container ulimit for every server")
         p.add_argument("--no-download", dest="download", action="store_false",
                        help="do not fetch every model and draft into the Hugging Face cache first")
+        host_option(p, "Docker host to spread the servers over, as a sweep file's hosts: (repeat; a server across "
+                       "hosts needs one per node, the head first, each DOCKER_HOST[,cluster_address=IP][,…])")
 
     @classmethod
     def from_cli_args(cls, args: argparse.Namespace) -> TuneArgs:
         from sparklab.tune.driver import TuneChoices
 
         choices = TuneChoices(
-            args.space, methods=tuple(args.methods or ()), k=tuple(args.k or ()),
+            args.space, engine=args.engine, methods=tuple(args.methods or ()), k=tuple(args.k or ()),
             concurrency=tuple(args.concurrency or ()), workload=args.workload, objective=args.objective,
             ttft_max_ms=args.ttft_max, slo=args.slo, grid=args.grid, repeats=args.repeats,
             max_repeats=args.max_repeats, requests=args.requests,
             max_tokens=args.max_tokens, tolerance=args.tolerance, runs_dir=args.runs_dir, resume=args.resume,
-            new=args.new, pull_policy=args.pull, ulimits=tuple(args.ulimits), download=args.download)
+            new=args.new, pull_policy=args.pull, ulimits=tuple(args.ulimits), download=args.download,
+            hosts=tuple(args.hosts))
         return cls(choices, args.dry_run)
 
 

@@ -14,8 +14,12 @@ import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from sparklab.engines import knowledge, parsers
+from sparklab.engines.knowledge import Fact, Knowledge, VersionKey
+from sparklab.engines.parsers import Probe, ProbeRun, Verdict
 from sparklab.engines.scrape import StartupFacts, collect_warnings
 from sparklab.spec import LaunchSpec, Speculative
 
@@ -106,6 +110,9 @@ class Engine:
     api_key_env: str | None = None  # the variable the engine reads its key from (None: a flag)
     api_key_warning: str | None = None  # what `up` says when the key cannot be kept out of `ps`
     memory_fraction_flag: str | None = None  # the flag giving its share of the device's (unified) memory
+    # What that share is a fraction of: "total" (the device's whole memory) or "free" (what was free when the
+    # engine started). The drafter's weights count inside it for every engine here (see host/headroom.py).
+    memory_fraction_of: str = "total"
     methods: frozenset[str] = frozenset()
     failures: tuple[KnownFailure, ...] = ()
     fatal_lines: tuple[FatalLine, ...] = ()  # taken from the engine's source; each cites its file and line
@@ -116,6 +123,18 @@ class Engine:
     # Each engine step streams one chunk of 1 + its accepted draft tokens (vLLM, SGLang), so the report can check the
     # client's tokens per chunk against the server's accepted-token counter; False: it streams token by token.
     streams_one_chunk_per_step: bool = True
+    # Phases the engine may spend silent that are no stall, as (start line, end line, what): while one is open
+    # the readiness wait keeps to its deadline only (Edge-LLM's TensorRT build prints nothing for minutes).
+    quiet_phases: tuple[tuple[re.Pattern[str], re.Pattern[str], str], ...] = ()
+    # Its first start of a configuration builds something long before it serves (Edge-LLM: TensorRT engines):
+    # the ETA counts the recipe's ready deadline for such a start until one of that server was measured.
+    builds_on_first_start: bool = False
+
+    def process_hub_cache(self, spec: LaunchSpec, env: Mapping[str, str]) -> Path | None:
+        """Where this engine, run as a host process, reads the Hub checkpoints its argv names, when that is all
+        it reads from the Hub: sparklab fetches them there first and then runs it with HF_HUB_OFFLINE=1. None:
+        not known, so it may fetch on its own and runs without the offline flag."""
+        return None
 
     # -- launch ------------------------------------------------------------------------------------------
     def network_args(self, host: str, port: int) -> list[str]:
@@ -232,8 +251,8 @@ class Engine:
         """What the counters say about the window between two snapshots: `speculative`, `server_latency`."""
         return {}
 
-    def log_acceptance(self, text: str) -> dict[str, Any] | None:
-        """Acceptance stated by the log lines of the window, for engines that print it."""
+    def log_acceptance(self, text: str, version: str | None = None) -> dict[str, Any] | None:
+        """Acceptance stated by the log lines of the window, for engines that print it (as this version prints it)."""
         return None
 
     def acceptance(self, result: dict[str, Any]) -> Acceptance | None:
@@ -270,6 +289,42 @@ class Engine:
         rejection sampling: a benchmark of the engine's step cost, not a drafter), () when it fakes one sparklab
         cannot read; None for a server that verifies its drafts."""
         return None
+
+    # -- its own parser, its version, and which versions this adapter's knowledge was read from ----------------
+    knowledge: Knowledge = Knowledge(())
+    name: str = ""  # the engine's name without a version: "vLLM"
+
+    def parser_probe(self, specs: Sequence[LaunchSpec]) -> Probe | str:
+        """How to run the engine's own argument parser on these servers' commands (one image or program), reading
+        its version in the same run; a string says why it cannot be run."""
+        return f"sparklab knows no way to run {self.name or self.kind}'s own argument parser"
+
+    def parser_verdicts(self, specs: Sequence[LaunchSpec], run: ProbeRun) -> list[Verdict]:
+        """One verdict per server from the probe's run."""
+        return [parsers.not_checked(f"{self.name or self.kind}'s parser did not run", run) for _ in specs]
+
+    def version_key(self, version: str | None) -> VersionKey | None:
+        return knowledge.dotted_key(version)
+
+    def same_version(self, a: str | None, b: str | None) -> bool:
+        """Two readings of the version (the image's metadata, the server's endpoint) name one release."""
+        return a is None or b is None or self.version_key(a) == self.version_key(b)
+
+    def version_warning(self, version: str | None, where: str, why_unknown: str = "") -> str | None:
+        """One warning naming the checks that may not hold for this version (None: every fact was read for it)."""
+        return knowledge.version_warning(self.name or self.kind, self.knowledge, version, where, self.version_key,
+                                         why_unknown)
+
+    def acceptance_fact(self, result: dict[str, Any]) -> Fact | None:
+        """The fact a result's acceptance figure rests on (the counter or log line it was read from)."""
+        return None
+
+    def unverified_acceptance(self, result: dict[str, Any], version: str | None) -> Fact | None:
+        """The acceptance fact, when nobody read its format for this version: the report marks the figure."""
+        fact = self.acceptance_fact(result)
+        if fact is None or version is None:
+            return None
+        return None if self.knowledge.holds(fact, version, self.version_key) else fact
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -118,6 +118,11 @@ class Hardware(Strict):
         default=None, gt=0, description="what a saturating read reaches (the roofline uses it, the nominal beside it)")
     usable_source: str | None = None
     arch: str | None = None
+    # Unified memory as the kernel counts it (MemTotal, GiB), and what an idle host of this kind uses before
+    # any server (MemTotal - MemAvailable): the model of the host where nothing can be measured (a plan made
+    # elsewhere, the tests); a sweep measures its own baseline at its start.
+    mem_total_gib: float | None = Field(default=None, gt=0)
+    os_baseline_gib: float | None = Field(default=None, ge=0)
 
 
 class ModelSpec(Strict):

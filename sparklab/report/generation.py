@@ -14,6 +14,10 @@ from sparklab.report.formats import DASH, fmt
 from sparklab.report.model import Group, Report
 
 
+def _fmt(e: Estimate | None, digits: int) -> str:
+    return fmt(e, digits)
+
+
 def _ratio(base: Estimate | None, other: Estimate | None) -> str:
     if base is None or other is None or not base.mean:
         return DASH

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from sparklab import interrupts
+from sparklab.engines.parsers import Probe, ProbeRun
 from sparklab.errors import ServerError
 from sparklab.spec import LaunchSpec
 
@@ -187,6 +188,12 @@ class Runtime(Protocol):
     def launch(self, spec: LaunchSpec, secrets: dict[str, str], log_path: Path | None = None,
                detach: bool = False, on_log: LogListener | None = None) -> Server:
         """Start a server; on any failure it is removed before raising."""
+        ...
+
+    def probe(self, image: str, probe: Probe, timeout_s: float) -> ProbeRun:
+        """Run a short check where a launch of `image` would run (the engine's own argument parser on the exact
+        command, sparklab.runtimes.imagecheck): bounded by timeout_s, no server left behind, never raises for the
+        check's own failure (ProbeRun.error says why it could not run)."""
         ...
 
     def containers(self, include_stopped: bool = True) -> list[ServerInfo]:

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from sparklab.engines.parsers import Probe, ProbeRun
 from sparklab.errors import ServerError
 from sparklab.runtimes import base, containers
 from sparklab.runtimes.base import ImageInfo, LogListener, PullCallback, ServerInfo, Target
@@ -66,6 +67,10 @@ class Runtime:
     def ensure_image(self, ref: str, policy: str = "missing", on_event: PullCallback | None = None,
                      platform: str | None = None) -> ImageInfo:
         return self.docker.ensure_image(ref, policy, on_event, platform)
+
+    def probe(self, image: str, probe: Probe, timeout_s: float) -> ProbeRun:
+        """In a container of `image` (a parser check goes through `for_spec` first; without a spec, Docker)."""
+        return self.docker.probe(image, probe, timeout_s)
 
     def alive(self) -> bool:
         """This machine answers; its Docker engine, once connected, must too."""

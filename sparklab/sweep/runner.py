@@ -18,8 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from sparklab import __version__
+from sparklab.engines import engine
 from sparklab.errors import DiskFullError, PreflightError, SparklabError
 from sparklab.host import preflight
+from sparklab.recipes import multinode
 from sparklab.recipes.hosts import Host, parse_hosts, redact_url
 from sparklab.recipes.plan import (
     Cell,
@@ -34,7 +36,7 @@ from sparklab.recipes.plan import (
 from sparklab.recipes.schema import load_hardware, stored_facts
 from sparklab.runtimes.base import HostRuntime
 from sparklab.runtimes.local import Runtime as LocalRuntime
-from sparklab.sweep import fleet, provenance, rundir
+from sparklab.sweep import fleet, parsecheck, provenance, rundir
 from sparklab.sweep.hoststore import HostStore
 from sparklab.sweep.serverrun import Options, Say, ServerRun, serve
 from sparklab.sweep.store import PlannedCell, Store
@@ -77,15 +79,20 @@ def host_facts() -> dict[str, Any]:
 
 
 def timing_model(plan: Plan, history: list[Path]) -> TimingModel:
-    """A first guess per hardware, refined from earlier runs of the same recipe (ready time, tok/s at c=1)."""
+    """A first guess per hardware, refined from earlier runs of the same recipe (ready time, tok/s at c=1).
+
+    An engine that builds on its first start (Edge-LLM's TensorRT engines) counts each server at the recipe's
+    ready deadline until a start of that same server (same config id: same build profile) was measured."""
     recipe = plan.servers[0].recipe
     model = TimingModel() if recipe.hardware else TimingModel(startup_s=45.0, tokens_per_s=15.0)
-    ready, tps = [], []
+    ready, tps, by_server = [], [], {}
     for path in history:
         try:
             with Store.open(path) as old:
                 configs = [s for s in old.server_configs() if s.config.get("recipe") == recipe.name]
-                ready += [s.ready_s for s in configs if s.ready_s]
+                ready += [s.ready_s for s in configs if s.ready_s and not engine(s.config.get("kind", "")
+                                                                                ).builds_on_first_start]
+                by_server.update({s.id: s.ready_s for s in configs if s.ready_s})
                 ids = {s.id for s in configs}
                 tps += [c.summary["aggregate_tps"] for c in old.cells("done")
                         if c.server_config_id in ids and c.concurrency == 1 and c.summary]
@@ -95,7 +102,9 @@ def timing_model(plan: Plan, history: list[Path]) -> TimingModel:
         model = replace(model, startup_s=sum(ready) / len(ready))
     if tps:
         model = replace(model, tokens_per_s=sum(tps) / len(tps))
-    return model
+    builds = {s.engine: s.spec.ready_timeout_s for s in plan.servers if engine(s.spec.kind).builds_on_first_start}
+    starts = {s.id: by_server.get(s.id, s.spec.ready_timeout_s) for s in plan.servers if s.engine in builds}
+    return replace(model, server_startup_s=starts, builds=builds)
 
 
 def register(plan: Plan, store: Store, only: Callable[[ServerConfig, Cell], bool] | None = None) -> int:
@@ -144,6 +153,8 @@ def run(plan: Plan, store: Store, runtime: HostRuntime | None, run_dir: Path, op
     for member in members:
         for info in member.runtime.gc():
             member.tell(say)(f"removed leftover container {info.name} (its sparklab process is gone)")
+    if len(members) == 1 and members[0].alone:  # several hosts: each start checks on the host that runs it
+        parsecheck.check_pending(plan, store, members[0].runtime, options.pull_policy, say)
     baseline, _ = preflight.mem_available_gib()
 
     def serve_pending(member: fleet.Member, server: ServerConfig, hstore: HostStore, host_say: Say,
@@ -227,10 +238,15 @@ def _check_drift(plan: Plan, store: Store, exists: bool, allow: bool, say: Say) 
 
 
 def _hosts(request: Request, plan: Plan) -> list[Host] | None:
-    """--host wins over the sweep file's hosts:; neither: None, the local engine as always."""
+    """--host wins over the sweep file's hosts:; neither: None, the local engine as always. A server across
+    more hosts than named fails here, before the run directory, the download or any host check."""
     if request.hosts:
-        return parse_hosts(list(request.hosts), "--host")
-    return parse_hosts(plan.sweep.hosts, f"{request.file}") if plan.sweep.hosts else None
+        hosts: list[Host] | None = parse_hosts(list(request.hosts), "--host")
+    else:
+        hosts = parse_hosts(plan.sweep.hosts, f"{request.file}") if plan.sweep.hosts else None
+    for server in plan.servers:
+        multinode.require_hosts(server.recipe, server.engine, len(hosts or []))
+    return hosts
 
 
 def download(plan: Plan, store: Store, say: Say) -> None:

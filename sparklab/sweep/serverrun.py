@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sparklab.bench import cell as bench
+from sparklab.bench.metrics import IDENTICAL
 from sparklab.bench.workloads import load_workload
 from sparklab.engines import engine
 from sparklab.engines.api import EngineAPI
@@ -22,6 +23,7 @@ from sparklab.engines.logwatch import CAUSE_LINES, fatal_error
 from sparklab.engines.scrape import exit_code_meaning
 from sparklab.errors import DiskFullError, MemoryFloorError, NotReadyError, PreflightError, ServerError, SparklabError
 from sparklab.host import memory, preflight, watchdog
+from sparklab.host.headroom import headroom
 from sparklab.recipes.hosts import LOOPBACK, Host
 from sparklab.recipes.plan import Cell, Plan, ServerConfig
 from sparklab.records import BenchResult, Sampling
@@ -85,8 +87,14 @@ def serve(run: ServerRun) -> None:
         _wait_memory(run.baseline_gib, options.memory_wait_s, run.say, server)
         if options.drop_caches is not False:
             memory.free_page_cache(server.recipe, server.spec, run.say, every_recipe=bool(options.drop_caches))
-    floor = watchdog.floor_for(server.recipe, options.memory_floor_gib if options.memory_floor_gib is not None
-                               else run.plan.sweep.memory_floor_gib) if run.host.local else 0.0
+    configured = options.memory_floor_gib if options.memory_floor_gib is not None else run.plan.sweep.memory_floor_gib
+    room = (headroom(server.spec, server.recipe, memory.read_meminfo(), available_at_start=run.baseline_gib)
+            if run.host.local else None)
+    floor = watchdog.floor_for(server.recipe, configured, room) if run.host.local else 0.0
+    if room is not None and floor:  # not "server X: ...", the prefix of a server's start, ready and failure lines
+        run.say(f"memory floor for {server.label}: {floor:.2f} GiB ({room.explain()})"
+                + ("" if configured is None or room.room_gib >= floor else
+                   "; the configured floor is above that, so the watchdog will likely stop this server"))
     name = server.spec.name
     try:
         if not run.host.local:
@@ -130,13 +138,17 @@ def _start(run: ServerRun) -> launch.Ready:
     remote = None if local or not spec.address or spec.address in LOOPBACK else spec.address
     _wait_port_free(spec.host, spec.port, options.port_wait_s, remote)
     # another host's memory, port and cache are not this machine's: fleet.unfit and the start check them
-    prepared = launch.checked(server.recipe, spec) if local else launch.checked(server.recipe, spec, False)
+    configured = options.memory_floor_gib if options.memory_floor_gib is not None else run.plan.sweep.memory_floor_gib
+    prepared = (launch.checked(server.recipe, spec, floor_gib=configured) if local
+                else launch.checked(server.recipe, spec, False))
+    sources = (Path(run.plan.source),)  # a flag the image's parser refuses may come from the sweep file
     if server.cluster is not None:  # one server across hosts: every node in order, readiness on the head
         return cluster.start(prepared, server.cluster, [run.runtime, *run.partners], pull_policy=options.pull_policy,
-                             log_dir=run.run_dir / "logs", stall_s=run.plan.sweep.load_stall_s, say=run.say)
+                             log_dir=run.run_dir / "logs", stall_s=run.plan.sweep.load_stall_s, say=run.say,
+                             sources=sources)
     return launch.start(prepared, run.runtime, pull_policy=options.pull_policy,
                         log_path=run.run_dir / "logs" / f"{server.id}-{server.engine}-{server.method}.log",
-                        stall_s=run.plan.sweep.load_stall_s)
+                        stall_s=run.plan.sweep.load_stall_s, sources=sources)
 
 
 def _run_server(run: ServerRun) -> None:
@@ -163,9 +175,15 @@ def _run_server(run: ServerRun) -> None:
     facts = {**ready.facts.as_dict(), **engine(spec.kind).served_facts(api)}
     if watch is not None:
         facts["memory"] = watch.stats(start_mark).as_dict()
+    disagree = launch.read_served_version(ready, api)
+    if disagree:
+        facts["version_disagreement"] = disagree
+        say(f"server {server.label}: warning: {disagree}")
     store.record_server_start(server.id, image_digest=ready.image.digest, startup_facts=facts,
                               ready_s=ready.seconds_to_ready, log_path=str(ready.server.log_path),
-                              engine_version=engine(spec.kind).version(api))
+                              engine_version=ready.served_version or launch.image_version(ready))
+    if ready.check is not None:
+        store.record_image_check(server.id, ready.check.as_dict())
     say(f"server {server.label}: ready in {ready.seconds_to_ready:.1f} s")
     # Which start of the server each cell ran on: repeats of one load share its state (its memory layout, the
     # machine's quiet or busy minute), so noise between loads is told apart from noise within one (bench.noise).
@@ -223,8 +241,12 @@ def _measured_enough(plan: Plan, store: Store | HostStore, server: ServerConfig,
         return False
     store.skip_cell(cell.id)
     share = repeats.half_width_share(values) or 0.0
-    say(f"cell {server.label} c={cell.concurrency} {cell.workload} #{cell.repeat}: skipped, {len(values)} runs pin "
-        f"the mean to ±{100 * share:.1f}% (repeats: auto, target {100 * sweep.auto_repeats.target:g}%)")
+    name = f"cell {server.label} c={cell.concurrency} {cell.workload} #{cell.repeat}"
+    if repeats.identical(values):  # zero spread is not a pinned mean: say what it is
+        say(f"{name}: skipped, its {len(values)} runs gave the same value ({IDENTICAL}; repeats: auto stops here)")
+        return True
+    say(f"{name}: skipped, {len(values)} runs pin the mean to ±{100 * share:.1f}% (repeats: auto, target "
+        f"{100 * sweep.auto_repeats.target:g}%)")
     return True
 
 
@@ -265,7 +287,7 @@ def _fail_at_floor(run: ServerRun, cell_ids: list[str] | None) -> None:
 def _run_cell(run: ServerRun, ready: launch.Ready, cell: Cell) -> None:
     sweep, store, say, watch, server = run.plan.sweep, run.store, run.say, run.watch, run.server
     store.start_cell(cell.id)
-    mark, clocks = (watch.mark(), memory.gpu_clocks()) if watch is not None else (0, None)
+    mark = watch.mark() if watch is not None else 0  # its window: memory and clocks under load
     sampling = Sampling(**sweep.sampling.model_dump())
     load = bench.Load(concurrency=cell.concurrency, requests=cell.requests, duration_s=sweep.duration_s,
                       warmup=sweep.warmup, stream=sweep.stream)
@@ -285,9 +307,11 @@ def _run_cell(run: ServerRun, ready: launch.Ready, cell: Cell) -> None:
             "loadavg_start": loadavg, "loadavg_end": _loadavg(), "cpus": os.cpu_count(),
             "source": "os.getloadavg() (1, 5, 15 min) on the machine running the bench client, at the cell's "
                       "start and end"}
-        bench.add_log_acceptance(result, spec.kind, lambda: ready.server.log_since(since))
+        bench.add_log_acceptance(result, spec.kind, lambda: ready.server.log_since(since), launch.image_version(ready))
+        result["engine"] = {"version": launch.image_version(ready), "served_version": ready.served_version,
+                            "image_digest": ready.image.digest}
         if watch is not None:
-            watchdog.add_cell_facts(result, watch, mark, clocks)
+            watchdog.add_cell_facts(result, watch, mark)
     except (KeyboardInterrupt, DiskFullError):
         raise
     except Exception as exc:  # a dead engine mid-warmup, a broken server: this cell fails, the sweep goes on
@@ -315,11 +339,13 @@ def _run_cell(run: ServerRun, ready: launch.Ready, cell: Cell) -> None:
         message = (f"{counts['failed']} of {counts['measured']} requests failed (require_ok {sweep.require_ok:g}): "
                    f"{errors}")
         status = store.partial_cell(cell.id, dict(summary), dict(result), message, max_attempts=sweep.max_attempts,
-                                    image_digest=ready.image.digest)
+                                    image_digest=ready.image.digest, engine_version=launch.image_version(ready),
+                                    served_version=ready.served_version)
         say(f"cell {name}: partial, {message}; " + ("it runs again" if status == "pending" else
                                                      "kept as partial (flagged in the report)"))
         return
-    store.finish_cell(cell.id, dict(summary), dict(result), image_digest=ready.image.digest)
+    store.finish_cell(cell.id, dict(summary), dict(result), image_digest=ready.image.digest,
+                      engine_version=launch.image_version(ready), served_version=ready.served_version)
     adapter.reset_prefix_cache(endpoint.api)
     say(f"cell {name}: {summary['aggregate_tps']:.2f} tok/s aggregate, "
         f"{summary['requests']['ok']}/{summary['requests']['measured']} ok")

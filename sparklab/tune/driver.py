@@ -22,11 +22,17 @@ from sparklab import __version__
 from sparklab.bench import slo as slos
 from sparklab.engines import acceptance, engine
 from sparklab.errors import DiskFullError, RecipeError, SparklabError
-from sparklab.recipes.plan import Plan, ServerConfig, TimingModel, build_plan, estimate_seconds, load_sweep, variant
+from sparklab.recipes.hosts import Host, entry_of, parse_hosts
+from sparklab.recipes.multinode import require_hosts
+from sparklab.recipes.plan import Plan, ServerConfig, TimingModel, build_plan, estimate_seconds, variant
 from sparklab.runtimes.base import HostRuntime
 from sparklab.sweep import rundir, runner
 from sparklab.sweep.store import Store
 from sparklab.tune import search, verdict
+from sparklab.tune.space import load_space, one_engine, repeats_of, space_notes, sweep_document
+
+# load_space and space_notes moved to tune/space.py; callers keep reaching them here
+__all__ = ["dry_run", "load_space", "request_for", "run_tune", "space_notes"]
 
 SPACE_FILE = "tune.yaml"
 MAX_ROUNDS = 64
@@ -43,6 +49,7 @@ class TuneRequest:
     options: runner.Options = field(default_factory=runner.Options)
     download: bool = True
     ulimits: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()  # what tune took from the sweep file, or left out of it, and why
 
 
 @dataclass
@@ -125,6 +132,15 @@ def settings_dict(settings: search.Settings) -> dict[str, Any]:
     return dataclasses.asdict(settings)
 
 
+def hosts_of(plan: Plan) -> list[Host] | None:
+    """The space file's hosts (a sweep file's hosts: or --host), None for the local engine alone; a server
+    across N hosts with fewer named is an error before anything else."""
+    hosts = parse_hosts(plan.sweep.hosts, plan.source) if plan.sweep.hosts else None
+    for server in plan.servers:
+        require_hosts(server.recipe, server.engine, len(hosts or []))
+    return hosts
+
+
 def run_tune(request: TuneRequest, say: runner.Say, runtime: HostRuntime | None = None) -> TuneOutcome:
     """Start or continue a tune. Ctrl-C tears the current server down; the same command continues it.
 
@@ -138,6 +154,7 @@ def run_tune(request: TuneRequest, say: runner.Say, runtime: HostRuntime | None 
         if not exists:
             space_path = write_space(run_dir, request.space, request.settings)
             plan = build_plan(space_path, run_id=run_dir.name, ulimits=request.ulimits)
+            hosts_of(plan)  # a server across hosts without its hosts: said before any store is made
             store = Store.create(path, plan.sweep.model_dump(), __version__)
             with store:
                 store.set_host_facts(runner.host_facts())
@@ -149,9 +166,12 @@ def run_tune(request: TuneRequest, say: runner.Say, runtime: HostRuntime | None 
             if not state:
                 raise SparklabError(f"{path}: a sweep's results, not a tune's", "Give a tune run to --resume.")
             plan = build_plan(run_dir / SPACE_FILE, run_id=run_dir.name, ulimits=request.ulimits)
+            hosts = hosts_of(plan)
             if exists:
                 say(f"continuing {run_dir} with its stored space and settings ({run_dir / SPACE_FILE})")
-            return _search(plan, store, runtime, run_dir, request, state, say)
+            for note in request.notes if not exists else ():
+                say(f"tune: {note}")
+            return _search(plan, store, runtime, run_dir, request, state, say, hosts)
 
 
 @dataclass(frozen=True)
@@ -170,6 +190,8 @@ class DryRun:
     grid_loads: int
     grid_eta_s: float
     model: TimingModel  # the sweep's, behind both ETAs
+    notes: tuple[str, ...] = ()  # what tune took from the sweep file, or left out of it
+    hosts: list[Host] | None = None
 
 
 def dry_run(request: TuneRequest) -> DryRun:
@@ -198,6 +220,7 @@ def dry_run(request: TuneRequest) -> DryRun:
         else:
             space_path = write_space(Path(scratch), request.space, request.settings)
             plan = build_plan(space_path, run_id=run_dir.name, ulimits=request.ulimits)
+    hosts = hosts_of(plan)
     space = space_of(plan)
     configs = len(plan.servers)
     # every config once, its reloads (at most max_loads - 1 per concurrency, merged when they come together),
@@ -211,11 +234,11 @@ def dry_run(request: TuneRequest) -> DryRun:
                  for s in plan.servers)
     grid_eta = estimate_seconds(dataclasses.replace(plan, servers=grid), model)  # the grid at --repeats
     return DryRun(plan, space, settings, objective, run_dir, exists, search.decide(space, settings, obs), max_loads,
-                  eta, configs, grid_eta, model)
+                  eta, configs, grid_eta, model, () if exists else request.notes, hosts)
 
 
 def _search(plan: Plan, store: Store, runtime: HostRuntime | None, run_dir: Path, request: TuneRequest,
-            state: dict[str, Any], say: runner.Say) -> TuneOutcome:
+            state: dict[str, Any], say: runner.Say, hosts: list[Host] | None = None) -> TuneOutcome:
     settings, objective = _settings(state), state["objective"]
     space = space_of(plan)
     runner.register(plan, store, only=lambda server, cell: False)  # every server config, no cell yet
@@ -232,7 +255,7 @@ def _search(plan: Plan, store: Store, runtime: HostRuntime | None, run_dir: Path
                 _mark_synthetic(plan, state)
                 state["schedule"] = _schedule_args(plan, store, state["schedule"])
                 if _schedule_pending(state):
-                    _measure_schedule(plan, store, runtime, run_dir, request, state, say, obs)
+                    _measure_schedule(plan, store, runtime, run_dir, request, state, say, obs, hosts)
                 break
             marker = (decision, store.counts()["done"], store.counts()["failed"])
             if marker == last:
@@ -264,7 +287,7 @@ def _search(plan: Plan, store: Store, runtime: HostRuntime | None, run_dir: Path
                 state["loads"] = int(state.get("loads", 0)) + len(loading)
                 store.set_meta("tune", state)
                 if loading:
-                    runner.run(plan, store, runtime, run_dir, request.options, say)
+                    runner.run(plan, store, runtime, run_dir, request.options, say, hosts)
         else:
             raise SparklabError(f"tune stopped after {MAX_ROUNDS} rounds without an answer",
                                 "This is a bug in the search; the run's results are kept.")
@@ -339,7 +362,8 @@ def _schedule_pending(state: dict[str, Any]) -> bool:
 
 
 def _measure_schedule(plan: Plan, store: Store, runtime: HostRuntime | None, run_dir: Path, request: TuneRequest,
-                      state: dict[str, Any], say: runner.Say, obs: search.Observations) -> None:
+                      state: dict[str, Any], say: runner.Say, obs: search.Observations,
+                      hosts: list[Host] | None = None) -> None:
     """Load the schedule server once, measure it at every concurrency of the space, and compare it with each
     concurrency's winner: only a schedule that loses nowhere beyond noise is recommended (verdict.schedule_verdict).
     """
@@ -357,7 +381,7 @@ def _measure_schedule(plan: Plan, store: Store, runtime: HostRuntime | None, run
                                 [f"{schedule['method']} K per batch size"], "repeats": settings.repeats,
                                 "loads": [server.label + " (schedule)"]})
         store.set_meta("tune", state)
-        runner.run(with_schedule, store, runtime, run_dir, request.options, say)
+        runner.run(with_schedule, store, runtime, run_dir, request.options, say, hosts)
     measured = observations(store, with_schedule, state["objective"], settings.terms, [server])
     cells = measured.get((server.method, server.num_speculative_tokens), {})
     space = space_of(plan)
@@ -373,9 +397,11 @@ def _measure_schedule(plan: Plan, store: Store, runtime: HostRuntime | None, run
                   "winner_mean": r.winner_interval.mean if r.winner_interval else None,
                   "winner_low": r.winner_interval.low if r.winner_interval else None,
                   "winner_high": r.winner_interval.high if r.winner_interval else None,
+                  "winner_n": r.winner_interval.runs if r.winner_interval else 0,
                   "schedule_mean": r.schedule_interval.mean if r.schedule_interval else None,
                   "schedule_low": r.schedule_interval.low if r.schedule_interval else None,
                   "schedule_high": r.schedule_interval.high if r.schedule_interval else None,
+                  "schedule_n": r.schedule_interval.runs if r.schedule_interval else 0,
                   "versus": _ratio(r.versus), "loses": r.loses} for r in result.rows]}
     say(f"tune: K schedule: {result.summary()}")
     store.set_meta("tune", state)
@@ -395,27 +421,6 @@ def _schedule_args(plan: Plan, store: Store, schedule: dict[str, Any] | None) ->
             "why_not": None if args else adapter.k_schedule_why_not(version)}
 
 
-def load_space(text: str) -> dict[str, Any] | None:
-    """A sweep file's document when text names one (a path, or a name under recipes/sweeps), else None.
-
-    The search is over method x K of one engine: of a sweep file that names several engines (cpu-demo: vLLM
-    and llama.cpp), the first, with the exclusions that concern the others dropped."""
-    from sparklab.recipes.schema import recipes_dir
-
-    for candidate in (Path(text), recipes_dir() / "sweeps" / f"{text}.yaml"):
-        if candidate.suffix in (".yaml", ".yml") and candidate.is_file():
-            document = load_sweep(candidate).model_dump(exclude_unset=True)
-            recipe = Path(document["recipe"])
-            if recipe.suffix in (".yaml", ".yml") and not recipe.is_absolute():
-                document["recipe"] = str((candidate.parent / recipe).resolve())
-            engines = document.get("engines") or []
-            if len(engines) > 1:
-                document["engines"] = engines[:1]
-                document["exclude"] = [m for m in document.get("exclude", []) if m.get("engine") in (None, engines[0])]
-            return document
-    return None
-
-
 @dataclass(frozen=True)
 class TuneChoices:
     """What `sparklab tune` was asked, before the space is read: a sweep file (a path, or a name under
@@ -423,16 +428,17 @@ class TuneChoices:
     needed). Empty or None means: the sweep file's value, else the default `request_for` names."""
 
     space: str
+    engine: str | None = None  # default: the sweep file's first engine, else the recipe's default
     methods: tuple[str, ...] = ()
     k: tuple[int, ...] = ()  # num_speculative_tokens to consider (default 1-3 on a recipe)
     concurrency: tuple[int, ...] = ()
     workload: str | None = None
-    objective: str = "aggregate"
+    objective: str | None = None  # default: decode for a sweep file with headline: decode, else aggregate
     ttft_max_ms: float | None = None
     slo: str | None = None  # "tpot_p90<=50ms,ttft_p90<=500ms": only configs that meet it (default: the sweep's)
     grid: bool = False  # load every config first (the full grid), then the same verdict rules
-    repeats: int | None = None  # default: the sweep file's, else 2
-    max_repeats: int | None = None  # default: 2 x repeats
+    repeats: int | None = None  # default: the sweep file's (auto_repeats.min for repeats: auto), else 2
+    max_repeats: int | None = None  # default: auto_repeats.max for repeats: auto, else 2 x repeats
     requests: int | None = None
     max_tokens: int | None = None
     tolerance: float = 0.15
@@ -442,13 +448,18 @@ class TuneChoices:
     pull_policy: str = "missing"
     ulimits: tuple[str, ...] = ()
     download: bool = True
+    hosts: tuple[str, ...] = ()  # --host: Docker hosts, as a sweep file's hosts:
 
 
 def request_for(choices: TuneChoices) -> TuneRequest:
     """The request for these choices: a sweep file's space with the choices laid over it, or a recipe's space made
     of the choices alone."""
-    space = load_space(choices.space)
-    if space is None:
+    found = sweep_document(choices.space)
+    notes: list[str] = []
+    if found is not None:
+        notes = space_notes(found[0], choices.engine, choices.workload, choices.objective)
+        space = one_engine(found[0], choices.engine)
+    else:
         if not choices.methods or not choices.concurrency:
             raise RecipeError(f"tune {choices.space}: not a sweep file, so --methods and --concurrency give the space",
                               f"e.g. sparklab tune {choices.space} --methods none ngram --k 1-4 --concurrency 1 4")
@@ -456,19 +467,20 @@ def request_for(choices: TuneChoices) -> TuneRequest:
         space = {"name": recipe.stem if recipe.suffix in (".yaml", ".yml") else choices.space,
                  "recipe": str(recipe.resolve()) if recipe.suffix in (".yaml", ".yml") else choices.space,
                  "num_speculative_tokens": [1, 2, 3], "repeats": 2}
+        if choices.engine:
+            space["engines"] = [choices.engine]
     for key, value in (("methods", list(choices.methods)), ("num_speculative_tokens", list(choices.k)),
                        ("concurrency", list(choices.concurrency)), ("requests", choices.requests)):
         if value:
             space[key] = value
-    if choices.workload:
-        space["workloads"] = [choices.workload]
+    space["workloads"] = [choices.workload] if choices.workload else space.get("workloads", ["seed"])[:1]
     if choices.max_tokens:
         space["sampling"] = {**space.get("sampling", {}), "max_tokens": choices.max_tokens}
-    repeats = choices.repeats or int(space.get("repeats", 2))
-    max_repeats = choices.max_repeats or 2 * repeats
-    if max_repeats < repeats:
-        raise RecipeError(f"tune: --max-repeats {max_repeats} is below --repeats {repeats}",
-                          "Give --max-repeats at least --repeats (equal: no extra repeats).")
+    if choices.hosts:
+        space["hosts"] = [entry_of(text, "--host").model_dump(exclude_none=True) for text in choices.hosts]
+    objective = choices.objective or ("decode" if space.get("headline") == "decode" else "aggregate")
+    repeats, max_repeats = repeats_of(space, choices.repeats, choices.max_repeats)
+    objective = choices.objective or ("decode" if space.get("headline") == "decode" else "aggregate")
     slo = choices.slo if choices.slo is not None else space.pop("slo", None)
     space.pop("slo", None)
     try:
@@ -477,5 +489,6 @@ def request_for(choices: TuneChoices) -> TuneRequest:
         raise RecipeError(f"tune {choices.space}: --slo: {exc}", f"Example: --slo '{slos.EXAMPLE}'") from None
     settings = search.Settings(repeats, max_repeats, choices.tolerance, choices.ttft_max_ms, slo,
                                "grid" if choices.grid else "search")
-    return TuneRequest(space, settings, choices.objective, choices.runs_dir, choices.resume, choices.new,
-                       runner.Options(choices.pull_policy), download=choices.download, ulimits=choices.ulimits)
+    return TuneRequest(space, settings, objective, choices.runs_dir, choices.resume, choices.new,
+                       runner.Options(choices.pull_policy), download=choices.download, ulimits=choices.ulimits,
+                       notes=tuple(notes))

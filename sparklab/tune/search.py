@@ -36,7 +36,7 @@ import math
 from collections.abc import Iterable
 
 from sparklab.bench.metrics import estimate
-from sparklab.tune.space import (
+from sparklab.tune.searchstate import (
     EXPLORE,
     OBJECTIVES,
     SINGLE_RUN_TIE,
@@ -54,7 +54,7 @@ from sparklab.tune.space import (
     State,
     label,
 )
-from sparklab.tune.space import mean as _mean
+from sparklab.tune.searchstate import mean as _mean
 from sparklab.tune.verdict import K0_WHY, confirm, k_schedule, schedule_verdict, slo_reach
 
 __all__ = ["EXPLORE", "K0_WHY", "OBJECTIVES", "SINGLE_RUN_TIE", "CellObs", "Config", "Done", "Load", "Measure",

@@ -1,244 +1,82 @@
-"""What `sparklab tune` searches over and what it has seen (pure): the space, the settings, the observations per
-(method, K) and concurrency, and the decisions it hands the driver (loads to run, or the picks).
-
-Observations keep which server load each repeat ran on, so noise is split into within one load and between loads
-(sparklab.bench.noise) wherever the search or its verdict compares two configs.
-"""
+"""A sweep file as `sparklab tune`'s space (pure): what tune takes from each of its settings, and what it says it
+leaves out. The search runs over method x K of one engine and one workload; everything else is the sweep's."""
 
 from __future__ import annotations
 
-import math
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
-from sparklab.bench import noise
-from sparklab.bench import slo as slos
-from sparklab.bench.metrics import Estimate, Ratio
-
-OBJECTIVES = ("aggregate", "per-request", "decode")
-EXPLORE = ("search", "grid")
-SINGLE_RUN_TIE = 0.01  # single runs have no interval: within 1% of each other they count as overlapping
-
-Config = tuple[str, "int | None"]  # (method, K); K is None for a method that does not draft
+from sparklab.errors import RecipeError
+from sparklab.recipes.plan import load_sweep
 
 
-def label(config: Config) -> str:
-    method, k = config
-    return method if k is None else f"{method} K={k}"
+def load_space(text: str) -> dict[str, Any] | None:
+    """A sweep file's document when text names one (a path, or a name under recipes/sweeps), else None.
+
+    The search is over method x K of one engine and one workload: of a sweep file that names several engines
+    (cpu-demo: vLLM and llama.cpp), the first, with the exclusions that concern the others dropped; of several
+    workloads (seed004), the first (`--workload` picks another). Every other setting is the sweep's own (see
+    `space_notes` for what tune does with each)."""
+    found = sweep_document(text)
+    return None if found is None else one_engine(found[0], None)
 
 
-def k_of(config: Config) -> int:
-    return config[1] or 0
+def sweep_document(text: str) -> tuple[dict[str, Any], Path] | None:
+    from sparklab.recipes.schema import recipes_dir
+
+    for candidate in (Path(text), recipes_dir() / "sweeps" / f"{text}.yaml"):
+        if candidate.suffix in (".yaml", ".yml") and candidate.is_file():
+            document = load_sweep(candidate).model_dump(exclude_unset=True)
+            recipe = Path(document["recipe"])
+            if recipe.suffix in (".yaml", ".yml") and not recipe.is_absolute():
+                document["recipe"] = str((candidate.parent / recipe).resolve())
+            return document, candidate
+    return None
 
 
-@dataclass(frozen=True)
-class CellObs:
-    """One config at one concurrency: a value of the objective per finished repeat, and what the server said."""
-
-    values: tuple[float, ...] = ()
-    ttft_ms: tuple[float, ...] = ()  # median TTFT of each repeat
-    per_position: tuple[float, ...] = ()  # mean over repeats of the share accepted at each draft position
-    acceptance_length: float | None = None  # mean over repeats, from the server's counters
-    settled: int = 0  # repeats that will not run again (done, or failed after their attempts)
-    # the server load each value ran on, parallel to values; ids sort in load order; () or "" : one unknown load
-    loads: tuple[str, ...] = ()
-    slo: Mapping[str, tuple[float, ...]] = field(default_factory=dict)  # per SLO statistic (Term.key), per repeat
-
-    @property
-    def failed(self) -> bool:
-        return self.settled > 0 and not self.values
-
-    def by_load(self) -> list[list[float]]:
-        """The values grouped by load, in load order."""
-        if len(self.loads) != len(self.values):
-            return [list(self.values)] if self.values else []
-        groups: dict[str, list[float]] = {}
-        for load, value in sorted(zip(self.loads, self.values, strict=True), key=lambda p: p[0]):
-            groups.setdefault(load, []).append(value)
-        return list(groups.values())
-
-    @property
-    def load_count(self) -> int:
-        return len(self.by_load())
-
-    @property
-    def last_load(self) -> str:
-        return max(self.loads, default="")
+def one_engine(document: dict[str, Any], chosen: str | None) -> dict[str, Any]:
+    engines = document.get("engines") or []
+    if chosen is None and len(engines) <= 1:
+        return document
+    engine_name = chosen or engines[0]
+    document = {**document, "engines": [engine_name]}
+    document["exclude"] = [m for m in document.get("exclude", []) if m.get("engine") in (None, engine_name)]
+    return document
 
 
-Observations = Mapping[Config, Mapping[int, CellObs]]
+def space_notes(document: dict[str, Any], engine_name: str | None, workload: str | None,
+                objective: str | None = None) -> list[str]:
+    """What tune does with a sweep file's settings that a grid sweep uses differently, said once in the plan.
+
+    Everything else carries over as the sweep runs it: recipe, set/overrides/exclude, requests or duration_s,
+    warmup, stream, sampling, max_attempts, require_ok, the timeouts, memory_floor_gib, load_stall_s and hosts."""
+    notes = []
+    engines = document.get("engines") or []
+    if len(engines) > 1 and engine_name is None:
+        notes.append(f"the sweep file names {len(engines)} engines; tune searches {engines[0]} (the first; "
+                     f"--engine picks another of {', '.join(engines)})")
+    workloads = document.get("workloads") or []
+    if len(workloads) > 1 and workload is None:
+        notes.append(f"the sweep file names {len(workloads)} workloads; tune searches {workloads[0]} (the first; "
+                     f"--workload picks another of {', '.join(workloads)})")
+    if objective is None and document.get("headline", "seed000") == "seed000" and len(document["concurrency"]) > 1:
+        notes.append("the sweep's headline is per-request tok/s at C=1 and aggregate tok/s above; tune maximises "
+                     "one objective at every concurrency: aggregate tok/s (--objective per-request for C=1's)")
+    if document.get("repeats") == "auto":
+        auto = {"min": 3, "max": 8, **document.get("auto_repeats", {})}
+        notes.append(f"repeats: auto: {auto['min']} repeat(s) per measured config, up to {auto['max']} where its "
+                     "interval overlaps the best's; auto_repeats.target is not used (tune stops repeating once a "
+                     "pick is told apart from the rest, or at the maximum)")
+    return notes
 
 
-@dataclass(frozen=True)
-class Space:
-    methods: tuple[str, ...]
-    ks: tuple[int, ...]
-    concurrencies: tuple[int, ...]
-    drafting: Mapping[str, bool]  # whether a method uses K at all (the baseline does not)
-
-    def configs(self, method: str) -> list[Config]:
-        return [(method, k) for k in self.ks] if self.drafting[method] else [(method, None)]
-
-    def every(self) -> list[Config]:
-        return [config for method in self.methods for config in self.configs(method)]
-
-
-@dataclass(frozen=True)
-class Settings:
-    repeats: int = 2  # runs per load
-    # runs per config and concurrency over all its loads: the budget for telling the best from a contender (a load
-    # adds `repeats` runs, so at most max_repeats // repeats loads); equal to repeats: one load, no reloads
-    max_repeats: int = 2
-    tolerance: float = 0.15  # measured acceptance this far off its prediction: the drafter is measured, not predicted
-    ttft_max_ms: float | None = None
-    slo: str | None = None  # "tpot_p90<=50ms,ttft_p90<=500ms" (sparklab.bench.slo)
-    explore: str = "search"  # "grid": every config first (the full grid), then the same verdict rules
-
-    @property
-    def max_loads(self) -> int:
-        """Loads per config and concurrency: the first, and reloads of `repeats` runs (the last one shorter when
-        max_repeats is not a multiple of repeats)."""
-        return max(1, math.ceil(self.max_repeats / self.repeats))
-
-    @property
-    def terms(self) -> tuple[slos.Term, ...]:
-        return slos.parse(self.slo)
-
-    def budget(self) -> str:
-        if self.max_loads < 2:
-            return (f"one load of {self.repeats} run(s) per config (--max-repeats {self.max_repeats}): no reload, "
-                    "so every verdict rests on one load")
-        return (f"each config at most {self.max_loads} loads of {self.repeats} run(s) per concurrency "
-                f"(--max-repeats {self.max_repeats})")
-
-
-@dataclass(frozen=True)
-class Prediction:
-    config: Config
-    concurrency: int
-    value: float
-    acceptance_length: float
-    basis: str  # how the step cost at K was had: between which measured K (or the baseline as K = 0)
-
-
-@dataclass(frozen=True)
-class Load:
-    """Start one server of this config and run its cells at these concurrencies up to a repeat index (exclusive)."""
-
-    config: Config
-    upto: tuple[tuple[int, int], ...]  # (concurrency, cells with repeat index below this)
-
-
-@dataclass(frozen=True)
-class Measure:
-    loads: tuple[Load, ...]  # run in this order (a reload pair alternates: A B, then B A)
-    why: str
-    notes: tuple[str, ...] = ()  # why a drafter is measured, not predicted (said once it is known)
-
-    @property
-    def configs(self) -> tuple[Config, ...]:
-        return tuple(dict.fromkeys(load.config for load in self.loads))
-
-    @property
-    def repeats(self) -> int:
-        return max((n for load in self.loads for _, n in load.upto), default=0)
-
-
-@dataclass(frozen=True)
-class Pick:
-    concurrency: int
-    config: Config
-    estimate: noise.Interval | Estimate
-    best_mean: Config  # the config with the highest mean (the pick unless a tie-break chose another)
-    overlapping: tuple[Config, ...]  # configs not told apart from the best
-    note: str
-    tie_break: bool = False  # chosen by the smaller-K rule after the budget ran out, not by a measured difference
-    runner_up: Config | None = None
-    versus_runner_up: Ratio | None = None  # the pick over the runner-up, within- and between-load noise
-    one_load: bool = False  # the pick or its runner-up rests on one load
-
-
-@dataclass(frozen=True)
-class SloReach:
-    """The highest concurrency of the space where some config meets the SLO, with the fastest such config."""
-
-    concurrency: int
-    config: Config
-    value: float
-
-
-@dataclass(frozen=True)
-class Done:
-    picks: tuple[Pick, ...]
-    notes: tuple[str, ...] = ()
-    slo_reach: SloReach | None = None
-    slo_missed: tuple[int, ...] = ()  # concurrencies where no measured config meets the SLO
-
-
-@dataclass
-class State:
-    space: Space
-    settings: Settings
-    obs: Observations
-
-    def cell(self, config: Config, c: int) -> CellObs:
-        return self.obs.get(config, {}).get(c, CellObs())
-
-    def settled(self, config: Config, repeats: int) -> bool:
-        return all(self.cell(config, c).settled >= repeats for c in self.space.concurrencies)
-
-    def dead(self, config: Config) -> bool:
-        """Failed at every concurrency (the server did not start, or no request succeeded)."""
-        return all(self.cell(config, c).failed for c in self.space.concurrencies)
-
-    def noise_at(self, c: int) -> noise.Components:
-        """Within- and between-load noise pooled over the configs measured at c (none there yet: over every c)."""
-        here = noise.components(cell.by_load() for by_c in self.obs.values() if (cell := by_c.get(c)))
-        if here.within is not None or here.between is not None:
-            return here
-        return noise.components(cell.by_load() for by_c in self.obs.values() for cell in by_c.values())
-
-    def interval(self, config: Config, c: int) -> noise.Interval | None:
-        return noise.interval(self.cell(config, c).by_load(), self.noise_at(c))
-
-    def meets_slo(self, config: Config, c: int) -> bool:
-        terms = self.settings.terms
-        return not terms or slos.judge(self.cell(config, c).slo, terms)[0]
-
-    def eligible(self, config: Config, c: int) -> noise.Interval | None:
-        """The config's interval at c, or None when it has no value there or misses the TTFT bound or the SLO."""
-        cell = self.cell(config, c)
-        if not cell.values:
-            return None
-        bound = self.settings.ttft_max_ms
-        if bound is not None and (not cell.ttft_ms or sum(cell.ttft_ms) / len(cell.ttft_ms) > bound):
-            return None
-        if not self.meets_slo(config, c):
-            return None
-        return self.interval(config, c)
-
-    def leader(self, c: int) -> tuple[Config, float] | None:
-        """The measured config with the highest mean at c, and that mean."""
-        means = [(config, e.mean) for config in self.obs if (e := self.eligible(config, c)) is not None]
-        return max(means, key=lambda m: m[1]) if means else None
-
-    def incumbent(self, c: int) -> float | None:
-        leader = self.leader(c)
-        return leader[1] if leader else None
-
-    def told_apart(self, a: Config, b: Config, c: int) -> Ratio | None:
-        """a over b at c with within- and between-load noise; None when either has no value."""
-        return noise.ratio(self.cell(a, c).by_load(), self.cell(b, c).by_load(), self.noise_at(c))
-
-
-def not_told_apart(r: Ratio | None) -> bool:
-    """The 95% interval of the ratio holds 1.0; for single runs, means within 1% of each other."""
-    if r is None:
-        return False
-    if r.low is None or r.high is None:
-        return abs(r.value - 1) <= SINGLE_RUN_TIE * max(r.value, 1.0)
-    return r.low <= 1.0 <= r.high
-
-
-def mean(values: tuple[float, ...] | list[float]) -> float:
-    return sum(values) / len(values) if values else math.nan
+def repeats_of(space: dict[str, Any], given: int | None, given_max: int | None) -> tuple[int, int]:
+    """(repeats, max_repeats): the flags, else the sweep file's (`auto`: auto_repeats.min and .max), else 2 and
+    twice --repeats."""
+    auto = {"min": 3, "max": 8, **space.get("auto_repeats", {})} if space.get("repeats") == "auto" else None
+    repeats = given or (auto["min"] if auto else int(space.get("repeats", 2)))
+    max_repeats = given_max or (max(repeats, auto["max"]) if auto else 2 * repeats)
+    if max_repeats < repeats:
+        raise RecipeError(f"tune: --max-repeats {max_repeats} is below --repeats {repeats}",
+                          "Give --max-repeats at least --repeats (equal: no extra repeats).")
+    return repeats, max_repeats

@@ -21,8 +21,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from sparklab.bench import noise
-from sparklab.bench.metrics import Ratio
-from sparklab.tune.space import (
+from sparklab.bench.metrics import IDENTICAL, Ratio
+from sparklab.tune.searchstate import (
     Config,
     Load,
     Pick,
@@ -68,6 +68,10 @@ def _note(state: State, c: int, chosen: Config, best: Config, runner: Config | N
         others = ", ".join(label(x) for x in close)
         return (f"TIE-BREAK: {label(best)} has the highest mean but is not told apart from {others} after "
                 f"{state.settings.budget()}; the smaller K is chosen ({runs}){rests}")
+    values = state.cell(chosen, c).values
+    if not close and e is not None and len(values) >= 2 and max(values) - min(values) <= 1e-9 * max(abs(e.mean), 1e-12):
+        return (f"the highest of {scored} measured; its {len(values)} repeats gave the same value ({IDENTICAL}) "
+                f"({runs}){rests}")
     r = state.told_apart(chosen, runner, c) if runner else None
     if r is not None and r.low is not None and r.high is not None:
         return (f"faster than the runner-up {label(runner)} ({100 * r.value:.1f}% [{100 * r.low:.1f}, "  # type: ignore[arg-type]

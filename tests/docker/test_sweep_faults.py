@@ -157,8 +157,11 @@ def test_a_disk_that_fills_up_stops_the_sweep_cleanly(cli: Cli, tmp_path: Path, 
 
 
 def _restart_dockerd() -> None:
-    """Stop the Docker daemon (its containers die with it) and start it again the way setup-host.sh does."""
-    pid = int(subprocess.run(["pgrep", "-xo", "dockerd"], capture_output=True, text=True, check=True).stdout)
+    """Stop the Docker daemon (its containers die with it) and start it again the way setup-host.sh does.
+
+    The daemon is the one behind the default socket, found by its pidfile: `pgrep -o dockerd` would pick the
+    second test host's daemon (scripts/ci/second-host.sh, its own --pidfile) once this one had been restarted."""
+    pid = int(Path("/run/docker.pid").read_text().strip())
     os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and subprocess.run(["kill", "-0", str(pid)], capture_output=True).returncode == 0:

@@ -163,3 +163,39 @@ def test_the_multinode_flag_says_what_node_command_does() -> None:
             assert not adapter.multinode, adapter.kind
         else:
             assert adapter.multinode, adapter.kind
+
+
+@pytest.mark.parametrize("command", ["up", "render"])
+def test_a_pair_recipe_without_hosts_says_it_needs_them_before_any_other_check(
+        command: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 23: `up gb10-pair --dry-run` without hosts reported this machine's port and memory instead."""
+    import socket
+
+    from sparklab.cli.main import main
+
+    with socket.socket() as taken:  # this machine's port taken, its cache missing, its memory short: all beside
+        taken.bind(("127.0.0.1", 0))  # the point, since the server would run on two other hosts
+        taken.listen()
+        port = taken.getsockname()[1]
+        extra = ["--dry-run"] if command == "up" else ["--host-checks"]
+        code = main([command, "gb10-pair", *extra, "--port", str(port), "--hf-cache", str(tmp_path / "missing"),
+                     "--set", "gpu_memory_utilization=0.99"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "gb10-pair.yaml: engines.vllm: nodes: 2 needs 2 Docker hosts, 0 given" in err
+    assert "--host local --host ssh://me@spark-2" in err
+    assert "preflight" not in err and "port" not in err.split("needs 2")[0] and "MemFree" not in err
+
+
+def test_a_sweep_of_a_pair_recipe_without_hosts_says_so_before_planning_a_download(tmp_path: Path) -> None:
+    import yaml
+
+    from sparklab.sweep import runner
+
+    path = tmp_path / "pair.yaml"
+    path.write_text(yaml.safe_dump({"name": "pair", "recipe": str(PAIR), "methods": ["none"], "concurrency": [1]}))
+    with pytest.raises(RecipeError, match="nodes: 2 needs 2 Docker hosts, 0 given"):
+        runner.dry_run(runner.Request(path, tmp_path / "runs"))
+    with pytest.raises(RecipeError, match="nodes: 2 needs 2 Docker hosts, 0 given"):
+        runner.sweep(runner.Request(path, tmp_path / "runs", download=True), say=lambda m: None)
+    assert not (tmp_path / "runs").exists()  # no run directory, no store, no download

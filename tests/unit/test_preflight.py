@@ -183,7 +183,11 @@ def test_missing_hf_cache(tmp_path: Path) -> None:
 
 def test_unified_memory_needs_the_fraction_available(tmp_path: Path) -> None:
     spec, recipe = _spec("gb10", hf_cache=tmp_path)
-    assert _host(spec, recipe, _meminfo(tmp_path, 112.0)) == []  # 0.91 x 121.7 = 110.7 GiB
+    assert _host(spec, recipe, _meminfo(tmp_path, 117.7)) == []  # 0.91 x 121.7 = 110.7 GiB, an idle host's 4 GiB
+    # Issue 23: 112 GiB available covers the 110.7 GiB, but leaves 1.3 GiB at ready: under the memory floor
+    (tight,) = _host(spec, recipe, _meminfo(tmp_path, 112.0))
+    assert tight.level == "error" and "1.3 GiB stay available at ready" in tight.message
+    assert "Lower --gpu-memory-utilization to 0.87 or less" in (tight.hint or "")  # (121.7-9.7-3-2)/121.7
     findings = _host(spec, recipe, _meminfo(tmp_path, 100.0))
     assert len(findings) == 1
     assert "only 100.0 GiB of memory is available (MemAvailable)" in findings[0].message

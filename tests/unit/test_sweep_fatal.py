@@ -71,7 +71,7 @@ def test_a_fatal_line_while_a_cell_runs_fails_the_server_at_once_and_requeues_it
     watch = LogWatch(engine("vllm"))
     ready = Ready(fake, ImageInfo("img", "id", None, "amd64"), 1.0, None, StartupFacts(), watch=watch)
     monkeypatch.setattr(sweep_mod, "_wait_port_free", lambda *a: None)
-    monkeypatch.setattr(sweep_mod.launch, "checked", lambda recipe, spec: None)
+    monkeypatch.setattr(sweep_mod.launch, "checked", lambda recipe, spec, **kwargs: None)  # kwargs: floor_gib
     monkeypatch.setattr(sweep_mod.launch, "start", lambda *a, **k: ready)
 
     class NoAPI:
