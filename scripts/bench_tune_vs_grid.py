@@ -6,6 +6,7 @@ not load (against the grid's measurement of that K).
     python scripts/bench_tune_vs_grid.py                          # every profile, grid then tune, then compare
     python scripts/bench_tune_vs_grid.py --profiles dspark steep  # some of them
     python scripts/bench_tune_vs_grid.py --only compare --runs-dir DIR
+    python scripts/bench_tune_vs_grid.py --profiles steep --k 1 2 4 8 --repeats 2 --max-repeats 4   # bounded
 
 Profiles (recipes/sweeps/cpu-tune-<profile>.yaml; each file derives its rates): dspark, mtp, steep and deep are
 synthetic acceptance on the real vLLM 0.27.1 CPU engine (docker/vllm-cpu-synthetic: ngram drafts, accepted at the
@@ -34,6 +35,7 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -74,11 +76,29 @@ def space_file(profile: str) -> Path:
     return recipes_dir() / "sweeps" / f"{PROFILES[profile]}.yaml"
 
 
-def run_side(side: str, profile: str, runs: Path) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Bounds:
+    """What both sides are given alike (None or (): the space file's): a smaller space bounds the measurement."""
+
+    k: tuple[int, ...] = ()
+    concurrency: tuple[int, ...] = ()
+    repeats: int | None = None
+    max_repeats: int = MAX_REPEATS
+
+    def argv(self, space: Path) -> list[str]:
+        repeats = self.repeats or build_plan(space).sweep.repeats
+        out = ["--repeats", str(repeats), "--max-repeats", str(self.max_repeats)]
+        if self.k:
+            out += ["--k", ",".join(map(str, self.k))]
+        if self.concurrency:
+            out += ["--concurrency", *map(str, self.concurrency)]
+        return out
+
+
+def run_side(side: str, profile: str, runs: Path, bounds: Bounds = Bounds()) -> dict[str, Any]:
     space = space_file(profile)
-    repeats = str(build_plan(space).sweep.repeats)
     argv = [sys.executable, "-m", "sparklab", "tune", str(space), "--runs-dir", str(runs / side), "--new",
-            "--repeats", repeats, "--max-repeats", str(MAX_REPEATS)] + (["--grid"] if side == "grid" else [])
+            *bounds.argv(space)] + (["--grid"] if side == "grid" else [])
     runs.mkdir(parents=True, exist_ok=True)
     figures = timed_run(argv, runs / f"{side}.log")
     (runs / f"{side}.json").write_text(json.dumps(figures))
@@ -101,7 +121,7 @@ def _read(runs: Path, side: str, space_path: Path) -> tuple[dict[str, Any], sear
         state = json.loads(store.meta()["tune"])
         settings = driver._settings(state)
         obs = driver.observations(store, plan, "aggregate", settings.terms)
-    return state, obs, search.State(driver.space_of(build_plan(space_path)), settings, obs)
+    return state, obs, search.State(driver.space_of(plan), settings, obs)  # the run's own space (--k bounds it)
 
 
 def _explore_wall(state: dict[str, Any]) -> float | None:
@@ -195,13 +215,18 @@ def main() -> None:
     parser.add_argument("--profiles", nargs="+", choices=list(PROFILES), default=list(PROFILES))
     parser.add_argument("--runs-dir", type=Path, default=Path("runs/tune-vs-grid"))
     parser.add_argument("--only", choices=["grid", "tune", "compare"])
+    parser.add_argument("--k", nargs="+", type=int, default=[], help="K values of both sides (default: the space's)")
+    parser.add_argument("--concurrency", nargs="+", type=int, default=[], help="C of both sides (default: the space's)")
+    parser.add_argument("--repeats", type=int, help="runs per load on both sides (default: the space's)")
+    parser.add_argument("--max-repeats", type=int, default=MAX_REPEATS, help="runs per config and C over its loads")
     args = parser.parse_args()
+    bounds = Bounds(tuple(args.k), tuple(args.concurrency), args.repeats, args.max_repeats)
     results = []
     for profile in args.profiles:
         runs = args.runs_dir / profile
         for side in ("grid", "tune"):
             if args.only in (None, side):
-                run_side(side, profile, runs)
+                run_side(side, profile, runs, bounds)
         if args.only in (None, "compare"):
             results.append(compare(profile, runs))
     if len(results) > 1:
