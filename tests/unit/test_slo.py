@@ -62,10 +62,10 @@ def test_meeting_an_slo_takes_the_whole_interval_under_the_bound() -> None:
     assert not slo.judge({}, [term])[0]  # not measured: not met
 
 
-def slo_run(tmp_path: Path) -> Path:
+def slo_run(tmp_path: Path, sweep_file: Path | None = None) -> Path:
     """cpu-demo's vLLM none and ngram K=1/K=3 at C=1 and 4, 2 repeats: ngram K=3 is fastest everywhere but its
     TPOT p90 is 60 ms at C=4; none's is 45 ms there; at C=1 everything is under 50 ms."""
-    plan = build_plan(recipes_dir() / "sweeps" / "cpu-demo.yaml", run_id="slo-test")
+    plan = build_plan(sweep_file or recipes_dir() / "sweeps" / "cpu-demo.yaml", run_id="slo-test")
     speed = {("none", None): 20.0, ("ngram", 1): 24.0, ("ngram", 3): 30.0}
     tpot = {(("none", None), 1): 20.0, (("ngram", 1), 1): 25.0, (("ngram", 3), 1): 30.0,
             (("none", None), 4): 45.0, (("ngram", 1), 4): 52.0, (("ngram", 3), 4): 60.0}
@@ -132,3 +132,24 @@ def test_a_sweep_files_slo_is_checked_with_the_plan_and_tune_takes_it(tmp_path: 
     with pytest.raises(RecipeError, match="--slo"):
         driver.request_for(TuneArgs.from_cli_args(build_parser().parse_args(
             ["tune", str(good), "--slo", "p90<=5"])).choices)
+
+
+def test_a_sweep_files_slo_reaches_the_sweeps_closing_table_and_its_report(tmp_path: Path) -> None:
+    from rich.console import Console
+
+    from sparklab.cli.console import sweep_table
+
+    demo = recipes_dir() / "sweeps" / "cpu-demo.yaml"
+    sweep_file = tmp_path / "demo-slo.yaml"
+    sweep_file.write_text(demo.read_text().replace("recipe: cpu\n", f"recipe: {recipes_dir() / 'cpu.yaml'}\n")
+                          + 'slo: "tpot_p90<=50ms"\n')
+    path = slo_run(tmp_path, sweep_file)
+    with Store.open(path, readonly=True) as store:
+        built = report.build(store, "slo-test")  # no --slo: the sweep file's
+    assert built.slo == "tpot_p90<=50ms"
+    console = Console(width=400, record=True)
+    console.print(sweep_table(built))
+    closing = console.export_text()
+    assert ("SLO tpot_p90<=50ms (95% intervals of each term at or under its bound): seed C=1: vllm-cpu ngram K=3; "
+            "seed C=4: vllm-cpu none; seed: met up to C=4 (vllm-cpu none)") in closing
+    assert "## Latency objective: tpot_p90<=50ms" in report.render(built, "md")
