@@ -333,7 +333,7 @@ def _pick_line(pick: dict[str, Any]) -> str:
 
 def _schedule_lines(schedule: dict[str, Any], servers: dict[Any, Any]) -> list[str]:
     ranges = ", ".join(f"{a}-{b}: K={k}" for a, b, k in schedule["ranges"])
-    verdict = schedule.get("verdict")
+    verdict = schedule["verdict"]
     lines = [f"K schedule ({schedule['method']}, K per batch size {ranges}), measured on one server against each "
              "concurrency's winner (95% intervals, within- and between-load noise):"]
     for row in verdict["rows"]:

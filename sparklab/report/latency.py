@@ -68,8 +68,9 @@ def section(report: Report, text: str | None) -> Section | None:
                       "yes" if r.meets else "no"))
     best, reach = best_under(report, terms)
     items = []
-    for (workload, c), g in best.items():
-        items.append(f"{workload}, C={c}: " + (f"{g.server.label} ({g.headline.mean:,.2f} tok/s)" if g and g.headline
+    for (workload, c), chosen in best.items():
+        items.append(f"{workload}, C={c}: " + (f"{chosen.server.label} ({chosen.headline.mean:,.2f} tok/s)"
+                                                if chosen and chosen.headline
                                                 else "no config meets the SLO"))
     for workload, hit in reach.items():
         items.append(f"{workload}: " + (f"met up to C={hit[0]} (the highest concurrency of this run where any config "

@@ -353,7 +353,7 @@ def _baseline_of(group: Group, groups: list[Group]) -> Group | None:
                   and g.workload == group.workload and g.concurrency == group.concurrency]
     # several baselines of one engine (different overrides): the one with the same overrides, else the first
     same = [g for g in candidates if g.server.overrides == group.server.overrides]
-    return (same or candidates or [None])[0]
+    return (same or candidates)[0] if same or candidates else None
 
 
 def _sampling(group: Group) -> dict[str, Any] | None:

@@ -123,7 +123,8 @@ def _moe(facts: dict[str, Any]) -> Moe | None:
 
 
 def model_inputs(facts: dict[str, Any], device: Device) -> tuple[ModelInputs | None, list[str]]:
-    bits, source = facts.get("weight_bits"), "weight_bits"
+    bits: Any = facts.get("weight_bits")
+    source = "weight_bits"
     if not bits and facts.get("weight_format") in FORMATS:
         bits, source = FORMATS[facts["weight_format"]][0], str(facts["weight_format"])
     missing = [key for key in REQUIRED if not (bits if key == "weight_bits" else facts.get(key))]

@@ -265,9 +265,13 @@ def _search(plan: Plan, store: Store, runtime: HostRuntime | None, run_dir: Path
                 downloaded = True
             for load in decision.loads:  # one at a time, in order: a reload pair runs A B, then B A
                 upto = dict(load.upto)
-                runner.register(plan, store, only=lambda server, cell, config=load.config, upto=upto: (
-                    (server.method, server.num_speculative_tokens) == config
-                    and cell.repeat < upto.get(cell.concurrency, 0)))
+                config = load.config
+
+                def wanted(server: Any, cell: Any, config: search.Config = config, upto: dict[int, int] = upto) -> bool:
+                    return ((server.method, server.num_speculative_tokens) == config
+                            and cell.repeat < upto.get(cell.concurrency, 0))
+
+                runner.register(plan, store, only=wanted)
                 pending = {c.server_config_id for c in store.pending_cells()}
                 loading = [s.label for s in plan.servers if s.id in pending]
                 state["rounds"][-1]["loads"] += loading
