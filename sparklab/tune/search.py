@@ -27,7 +27,7 @@ ineligible):
    assuming tok/s is unimodal in K) while the method is within `tolerance` of the best;
 4. the verdict (sparklab.tune.verdict): the best and its runner-up are reloaded (ABBA), and a contender the best
    cannot be told from gets reloads with it until they can be told apart or the budget runs out; only then a
-   tie-break (the smaller K), which the pick says.
+   tie-break (the smaller K within 3% of the best's mean, else the best), which the pick says.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ from sparklab.tune.searchstate import (
     EXPLORE,
     OBJECTIVES,
     SINGLE_RUN_TIE,
+    TIE_MARGIN,
     CellObs,
     Config,
     Done,
@@ -57,9 +58,10 @@ from sparklab.tune.searchstate import (
 from sparklab.tune.searchstate import mean as _mean
 from sparklab.tune.verdict import K0_WHY, confirm, k_schedule, schedule_verdict, slo_reach
 
-__all__ = ["EXPLORE", "K0_WHY", "OBJECTIVES", "SINGLE_RUN_TIE", "CellObs", "Config", "Done", "Load", "Measure",
-           "Observations", "Pick", "Prediction", "Settings", "SloReach", "Space", "acceptance_length", "decide",
-           "estimate", "k_schedule", "label", "pooled_noise", "prediction_error", "predictions", "schedule_verdict"]
+__all__ = ["EXPLORE", "K0_WHY", "OBJECTIVES", "SINGLE_RUN_TIE", "TIE_MARGIN", "CellObs", "Config", "Done", "Load",
+           "Measure", "Observations", "Pick", "Prediction", "Settings", "SloReach", "Space", "acceptance_length",
+           "decide", "estimate", "k_schedule", "label", "pooled_noise", "prediction_error", "predictions",
+           "schedule_verdict"]
 
 BASELINE_ANCHOR = "baseline as K=0"
 DEFAULT_PREDICTION_ERROR = 0.05  # before any K of a method was predicted and then measured

@@ -18,6 +18,11 @@ from sparklab.bench.metrics import Estimate, Ratio
 OBJECTIVES = ("aggregate", "per-request", "decode")
 EXPLORE = ("search", "grid")
 SINGLE_RUN_TIE = 0.01  # single runs have no interval: within 1% of each other they count as overlapping
+# A tie-break (the budget spent, the best not told apart from some configs) takes the smallest K only among those
+# whose mean is within this share of the best's: a config measured well below the best but inside its wide interval
+# is not a tie in any sense an owner would accept (scripts/bench_verdict_flips.py measured what the plain
+# smallest-K rule costs: picks at 81-88% of the true best's speed on average at 12% between-load noise).
+TIE_MARGIN = 0.03
 
 Config = tuple[str, "int | None"]  # (method, K); K is None for a method that does not draft
 
@@ -152,7 +157,7 @@ class Pick:
     best_mean: Config  # the config with the highest mean (the pick unless a tie-break chose another)
     overlapping: tuple[Config, ...]  # configs not told apart from the best
     note: str
-    tie_break: bool = False  # chosen by the smaller-K rule after the budget ran out, not by a measured difference
+    tie_break: bool = False  # chosen after the budget ran out, not by a measured difference (smaller K within 3%)
     runner_up: Config | None = None
     versus_runner_up: Ratio | None = None  # the pick over the runner-up, within- and between-load noise
     one_load: bool = False  # the pick or its runner-up rests on one load

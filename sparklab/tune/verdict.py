@@ -8,8 +8,9 @@ Uncertain means measure more, not fall back:
 2. While the best and a contender (the fastest config the 95% interval of their ratio does not tell from the best)
    cannot be told apart, both are reloaded again, `repeats` runs per load, until they can, or until either has
    used its budget (`Settings.max_loads` loads, i.e. --max-repeats runs per concurrency).
-3. Only then does a tie-break apply: the smaller K among the best and what it cannot be told from (no drafting
-   counts as K = 0); the pick says it is a tie-break.
+3. Only then does a tie-break apply: the smaller K among the best and what it cannot be told from whose mean is
+   within TIE_MARGIN (3%) of the best's (no drafting counts as K = 0), else the best; the pick says it is a
+   tie-break.
 
 And a K schedule (one server, K per batch size) is measured before it is recommended: `schedule_verdict` compares
 it at every concurrency with that concurrency's winner.
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 
 from sparklab.bench import noise
 from sparklab.bench.metrics import IDENTICAL, Ratio
+from sparklab.tune import searchstate
 from sparklab.tune.searchstate import (
     Config,
     Load,
@@ -66,8 +68,13 @@ def _note(state: State, c: int, chosen: Config, best: Config, runner: Config | N
         return f"the only config measured at this concurrency ({runs}){rests}"
     if tie:
         others = ", ".join(label(x) for x in close)
+        margin = f"{searchstate.TIE_MARGIN:.0%}"
+        if chosen == best:
+            return (f"TIE-BREAK: {label(best)} has the highest mean and is not told apart from {others} after "
+                    f"{state.settings.budget()}; {others} measured more than {margin} below it, so the highest mean "
+                    f"is kept (a smaller K wins only a tie within {margin}) ({runs}){rests}")
         return (f"TIE-BREAK: {label(best)} has the highest mean but is not told apart from {others} after "
-                f"{state.settings.budget()}; the smaller K is chosen ({runs}){rests}")
+                f"{state.settings.budget()}; the smaller K within {margin} of its mean is chosen ({runs}){rests}")
     values = state.cell(chosen, c).values
     if not close and e is not None and len(values) >= 2 and max(values) - min(values) <= 1e-9 * max(abs(e.mean), 1e-12):
         return (f"the highest of {scored} measured; its {len(values)} repeats gave the same value ({IDENTICAL}) "
@@ -107,7 +114,8 @@ def confirm(state: State) -> tuple[list[Load], list[Pick]]:
         # 3. the pick: the best, or a tie-break among what it could not be told from
         tie = bool(close)  # (single runs: within 1% of the best counts as not told apart, SINGLE_RUN_TIE)
         means = dict(scored)
-        chosen = min([best, *close], key=lambda x: (k_of(x), -means[x].mean)) if close else best
+        near = [x for x in close if means[x].mean >= (1 - searchstate.TIE_MARGIN) * means[best].mean]
+        chosen = min([best, *near], key=lambda x: (k_of(x), -means[x].mean))
         second = runner if chosen == best else best
         estimate = state.interval(chosen, c)
         assert estimate is not None

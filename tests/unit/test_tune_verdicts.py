@@ -100,6 +100,20 @@ def test_when_the_budget_runs_out_the_smaller_k_wins_a_tie_break_that_says_so() 
         assert "each config at most 3 loads of 3 run(s) per concurrency (--max-repeats 9)" in pick.note
 
 
+def test_a_tie_break_takes_the_smaller_k_only_within_3_percent_of_the_best() -> None:
+    # ngram K=1 is 11% faster, but loads drift by +-15%: no budget tells them apart. The old rule (the smallest K
+    # among all not told apart) picked none at 90% of the best's speed; a tie is a tie only within TIE_MARGIN.
+    world, sp = two_configs(45.0, 50.0)
+    world.load_noise = lambda config, n: (0.15, -0.15)[n % 2]
+    done = drive(world, sp, Settings(repeats=3, max_repeats=9))
+    assert search.TIE_MARGIN == 0.03
+    for pick in done.picks:
+        assert pick.tie_break and pick.config == ("ngram", 1) and pick.best_mean == ("ngram", 1)
+        assert pick.note.startswith("TIE-BREAK: ngram K=1 has the highest mean and is not told apart from none")
+        assert "none measured more than 3% below it, so the highest mean is kept" in pick.note
+    assert len(world.loads) == 6  # the budget was spent first: 3 loads each
+
+
 def test_without_a_reload_budget_the_verdict_says_it_rests_on_one_load() -> None:
     world, sp = two_configs(40.0, 50.0)
     done = drive(world, sp, Settings(repeats=3, max_repeats=3))
