@@ -114,7 +114,7 @@ def _store(runs: Path, side: str) -> Path:
     return found[-1]
 
 
-def _read(runs: Path, side: str, space_path: Path) -> tuple[dict[str, Any], search.Observations, search.State]:
+def _read(runs: Path, side: str) -> tuple[dict[str, Any], search.Observations, search.State]:
     path = _store(runs, side)
     plan = build_plan(path.parent / driver.SPACE_FILE)
     with Store.open(path, readonly=True) as store:
@@ -136,8 +136,8 @@ def compare(profile: str, runs: Path) -> dict[str, Any]:
     """Per concurrency: the grid's pick and its best's interval against tune's pick; the wall times and the
     prediction error of tune's unloaded (K, C) against the grid's measurement."""
     space_path = space_file(profile)
-    grid_state, _, grid = _read(runs, "grid", space_path)
-    tune_state, _, _ = _read(runs, "tune", space_path)
+    grid_state, _, grid = _read(runs, "grid")
+    tune_state, _, _ = _read(runs, "tune")
     sides = {side: json.loads((runs / f"{side}.json").read_text()) for side in ("grid", "tune")}
     g, t = sides["grid"], sides["tune"]
     out: dict[str, Any] = {"profile": profile, "grid": g, "tune": t, "share": t["wall_s"] / g["wall_s"],
