@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sparklab.bench import suites
 from sparklab.errors import RecipeError
 from sparklab.inputs import read_utf8
 
@@ -91,12 +92,14 @@ _ROLES = ("system", "developer", "user", "assistant")
 @dataclass(frozen=True)
 class Prompt:
     """One request's input: OpenAI chat messages and an estimate of their length in tokens; `extra`: more
-    request fields (the tool-call probe's `tools` and `tool_choice`)."""
+    request fields (the tool-call probe's `tools` and `tool_choice`); `task`: how a graded suite's answer is
+    graded (sparklab.bench.grading; never sent to the server)."""
 
     id: str
     messages: tuple[dict[str, str], ...]
     approx_input_tokens: int
     extra: dict[str, Any] | None = None
+    task: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -115,16 +118,25 @@ class Workload:
         return self.prompts[index % len(self.prompts)]
 
     @property
+    def graded(self) -> bool:
+        """A task suite: its answers are graded after the window (sparklab.bench.grading)."""
+        return any(p.task for p in self.prompts)
+
+    def by_id(self, prompt_id: str) -> Prompt | None:
+        return next((p for p in self.prompts if p.id == prompt_id), None)
+
+    @property
     def content_hash(self) -> str:
         """sha256 over every prompt's id and messages, in order: two runs with the same hash sent the same
         prompts, and their per-request `prompt_id`s line up prompt by prompt."""
-        data = [[p.id, list(p.messages), *([p.extra] if p.extra else [])] for p in self.prompts]
+        data = [[p.id, list(p.messages), *([p.extra] if p.extra else []), *([{"task": p.task}] if p.task else [])]
+                for p in self.prompts]
         return "sha256:" + hashlib.sha256(json.dumps(data, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
 
 
 def builtin_workloads() -> dict[str, str]:
-    """Built-in workload names and one-line descriptions, for help texts and listings."""
-    return dict(_BUILTINS)
+    """Built-in workload names and one-line descriptions, for help texts and listings (the graded suites too)."""
+    return {**_BUILTINS, **suites.BUILTIN}
 
 
 def load_workload(spec: str) -> Workload:
@@ -137,12 +149,15 @@ def load_workload(spec: str) -> Workload:
         return _humaneval()
     if spec == "toolcall-probe":
         return _toolcall_probe()
+    if spec in suites.BUILTIN or spec.endswith((".yaml", ".yml")):
+        return suites.load_suite(spec)
     path = spec.removeprefix("file:")
     if path != spec or path.endswith(".jsonl") or "/" in path or Path(path).exists():
         return load_jsonl(Path(path))
     raise RecipeError(
         f"unknown workload {spec!r}",
-        hint=f"Built-in workloads: {', '.join(_BUILTINS)}. Or give the path of a .jsonl file of prompts.",
+        hint=f"Built-in workloads: {', '.join([*_BUILTINS, *suites.BUILTIN])}. Or give the path of a .jsonl file of "
+             "prompts, or of a .yaml task suite.",
     )
 
 
