@@ -122,9 +122,10 @@ class RequestRecord:
         text = "".join(self.output_parts)
         out = kept(self.index, self.prompt_id, self.warmup, self.ok, self.finish_reason, text, ids, whole=whole)
         reasoning = "".join(self.reasoning_parts)
-        if reasoning:
+        if reasoning:  # thinking budgets: how much went to reasoning, and whether any answer showed
             out["reasoning_chars"] = len(reasoning)
             out["reasoning_tokens"] = self.reasoning_tokens
+            out["content_chars"] = sum(map(len, self.content_parts))
         if whole:
             out["content"] = "".join(self.content_parts)[:KEEP_GRADED_CHARS]
         if self.tool_calls or self.tool_calls_dropped:

@@ -268,6 +268,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="override a model fact for the roofline, e.g. --fact active_params_b=3 (repeatable)")
     p.set_defaults(command="report")
 
+    from sparklab.cli.compare import add_parser as compare_parser  # its own module (one file per command)
+
+    compare_parser(sub)
+
     p = sub.add_parser("pull", help="fetch the images and every model and draft a recipe, method or sweep needs")
     p.add_argument("spec", metavar="RECIPE|METHOD|SWEEP",
                    help="what `up` takes (dspark, gb10, recipe:method, a recipe file) or a sweep (file or name)")

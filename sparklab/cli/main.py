@@ -264,6 +264,12 @@ def cmd_recipes(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_compare(args: argparse.Namespace) -> int:
+    from sparklab.cli.compare import cmd_compare as compare_runs
+
+    return compare_runs(args, out, err)
+
+
 def cmd_pull(args: argparse.Namespace) -> int:
     from sparklab.cli import pull
 
@@ -273,7 +279,7 @@ def cmd_pull(args: argparse.Namespace) -> int:
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "pull": cmd_pull,
     "render": cmd_render, "up": cmd_up, "bench": cmd_bench, "sweep": cmd_sweep, "tune": cmd_tune,
-    "report": cmd_report,
+    "report": cmd_report, "compare": cmd_compare,
     "down": _on_hosts("down"), "ps": _on_hosts("ps"), "logs": _on_hosts("logs"), "gc": _on_hosts("gc"),
     "recipes": cmd_recipes,
 }

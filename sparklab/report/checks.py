@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sparklab.report.model import Group, Report
+from sparklab.report.thinking import thinking_ended
 
 SHORT_TOKENS = 32  # answers this short make any speedup mostly prefill and scheduling
 SHORT_SHARE = 0.25  # unforced answers averaging under this share of max_tokens are "far shorter than asked"
@@ -101,9 +102,10 @@ def truncation(report: Report) -> Check:
                 reasons[reason] = reasons.get(reason, 0) + int(n)
         total = sum(reasons.values())
         forced = forced_length(sampling)
-        if not forced and total and reasons.get("length"):
-            findings.append(f"{_where(g)}: {reasons['length']} of {total} answers "
-                            f"({100 * reasons['length'] / total:.0f}%) ended at max_tokens ({max_tokens}) - cut off, "
+        cut = reasons.get("length", 0) - thinking_ended(g)  # thinking that ate the budget: the thinking check's
+        if not forced and total and cut > 0:
+            findings.append(f"{_where(g)}: {cut} of {total} answers "
+                            f"({100 * cut / total:.0f}%) ended at max_tokens ({max_tokens}) - cut off, "
                             "so tokens per answer is the budget, not the model's; raise max_tokens")
         tokens = g.metrics.get("tokens_per_request")
         if tokens is None:
@@ -227,4 +229,7 @@ CHECKS: tuple[Callable[[Report], Check], ...] = (equality, truncation, prefix_ca
 
 
 def run_checks(report: Report) -> list[Check]:
-    return [check(report) for check in CHECKS]
+    """Every check; those over graded answers, sampled answers and thinking live beside their report sections."""
+    from sparklab.report import lossless, quality, thinking
+
+    return [check(report) for check in (*CHECKS, quality.check, lossless.check, thinking.check)]

@@ -60,6 +60,7 @@ class Ready:
     api_key: str | None
     facts: StartupFacts
     watch: LogWatch | None = None  # the engine's log as it arrives: its first fatal line
+    image_s: float | None = None  # making sure the image is here: a pull, or a look-up when it was already here
 
 
 def start(p: Launch, docker: Docker | local.Runtime, *, pull_policy: str = "missing",
@@ -75,7 +76,9 @@ def start(p: Launch, docker: Docker | local.Runtime, *, pull_policy: str = "miss
     host_arch = docker.host_arch()
     p.warnings += preflight.check_platform_tag(p.spec, host_arch, allow_foreign_platform)
     platform = p.spec.platform if allow_foreign_platform else None
+    pull_started = time.monotonic()
     image = _ensure_image(p, docker, pull_policy, on_pull, platform)
+    image_s = time.monotonic() - pull_started
     p.spec = caches.bind(p.spec, p.spec.image, image.digest, image.id)  # the digest is known only now
     spec = p.spec
     preflight.raise_errors(preflight.check_image_platform(spec.image, image.architecture, host_arch,
@@ -103,7 +106,7 @@ def start(p: Launch, docker: Docker | local.Runtime, *, pull_policy: str = "miss
     except BaseException:
         server.stop()
         raise
-    return Ready(server, image, seconds, key, facts, log_watch)
+    return Ready(server, image, seconds, key, facts, log_watch, image_s)
 
 
 def _ensure_image(p: Launch, docker: Docker, policy: str, on_pull: PullCallback | None,

@@ -9,6 +9,7 @@ cell in flight pending. SIGKILL loses at most that cell: the next run resets it 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import platform
 import time
@@ -40,7 +41,7 @@ from sparklab.records import BenchResult, Sampling
 from sparklab.runtimes import cluster, launch
 from sparklab.runtimes.containers import Docker
 from sparklab.runtimes.local import Runtime
-from sparklab.sweep import fleet, provenance, repeats, rundir
+from sparklab.sweep import fleet, grading, lossless, provenance, repeats, rundir
 from sparklab.sweep.store import PlannedCell, Store
 
 log = logging.getLogger(__name__)
@@ -59,6 +60,7 @@ class Options:
     min_free_mib: float = 256.0  # free space the runs directory needs before each server
     memory_floor_gib: float | None = None  # --memory-floor-gib; None: the sweep file's, else memwatch.floor_for
     allow_drift: bool = False  # --allow-drift: resume even if the recipe, sampling or an image digest changed
+    sandbox: Any = None  # where code suites' answers run (sweep.grading.make_sandbox); None: no code suite
 
 
 @dataclass(frozen=True)
@@ -89,9 +91,12 @@ class Outcome:
 
 def host_facts() -> dict[str, Any]:
     available, total = preflight.mem_available_gib()
+    from sparklab.host.platform import platform_facts
+
     return {"hostname": platform.node(), "machine": platform.machine(), "python": platform.python_version(),
             "kernel": platform.release(), "mem_total_gib": round(total, 1),
-            "mem_available_gib_at_start": round(available, 1), "sparklab": __version__}
+            "mem_available_gib_at_start": round(available, 1), "sparklab": __version__,
+            "platform": platform_facts()}
 
 
 def _wait_port_free(host: str, port: int, timeout_s: float, address: str | None = None) -> None:
@@ -156,10 +161,10 @@ def register(plan: Plan, store: Store, only: Callable[[ServerConfig, Any], bool]
                                         "serve_args": list(server.serve_args), "kind": server.spec.kind,
                                         "label": server.label, **stored_facts(server.recipe, devices, server.engine)},
                                 argv=argv, image=server.spec.image)
-    settings = {"warmup": plan.sweep.warmup, "stream": plan.sweep.stream, "duration_s": plan.sweep.duration_s,
-                "sampling": plan.sweep.sampling.model_dump()}
+    settings = {"warmup": plan.sweep.warmup, "stream": plan.sweep.stream, "duration_s": plan.sweep.duration_s}
     return store.add_cells(
-        PlannedCell(c.id, server.id, c.concurrency, c.workload, c.repeat, {**settings, "requests": c.requests})
+        PlannedCell(c.id, server.id, c.concurrency, c.workload, c.repeat,
+                    {**settings, "sampling": c.sampling, "requests": c.requests})
         for server in plan.servers for c in server.cells if only is None or only(server, c))
 
 
@@ -211,7 +216,20 @@ def run(plan: Plan, store: Store, docker: Runtime | Docker | None, run_dir: Path
         cells = [c for c in server.cells if c.id in pending]
         if cells:
             _serve(plan, store, docker, run_dir, options, server, cells, say_progress, baseline)
+    _score_the_rest(plan, store, docker, run_dir, options, say_progress, baseline)
     return store.counts()
+
+
+def _score_the_rest(plan: Plan, store: Any, docker: Runtime | Docker, run_dir: Path, options: Options, say: Say,
+                    baseline: float) -> None:
+    """Sampled answers the lossless check has not scored yet (drafting configs that ran after `none`): the
+    engine's `none` server config once more, with no cells, only to score them."""
+    if not plan.sweep.lossless.enabled:
+        return
+    for name in lossless.engines_with_pending(plan, store):
+        plain = lossless.baseline_of(plan, name)
+        if plain is not None:
+            _serve(plan, store, docker, run_dir, options, plain, [], say, baseline)
 
 
 def _serve(plan: Plan, store: Any, docker: Runtime | Docker, run_dir: Path, options: Options, server: ServerConfig,
@@ -280,7 +298,8 @@ def _run_server(plan: Plan, store: Any, docker: Runtime | Docker, run_dir: Path,
     spec = server.spec
     max_attempts = plan.sweep.max_attempts
     start_mark = watch.mark() if watch is not None else 0
-    say(f"server {server.label}: starting ({len(cells)} cells; {spec.image})")
+    say(f"server {server.label}: starting ({len(cells)} cells; {spec.image})" if cells else
+        f"server {server.label}: starting, to score the sampled answers left (the lossless check; {spec.image})")
     try:
         remote = None if local or not spec.address or spec.address in LOOPBACK else spec.address
         _wait_port_free(spec.host, spec.port, options.port_wait_s, remote)
@@ -313,7 +332,8 @@ def _run_server(plan: Plan, store: Any, docker: Runtime | Docker, run_dir: Path,
         facts["memory"] = watch.stats(start_mark).as_dict()
     store.record_server_start(server.id, image_digest=ready.image.digest, startup_facts=facts,
                               ready_s=ready.seconds_to_ready, log_path=str(ready.server.log_path),
-                              engine_version=engine(spec.kind).version(api))
+                              engine_version=engine(spec.kind).version(api),
+                              downloads=_downloads(store, server, ready))
     say(f"server {server.label}: ready in {ready.seconds_to_ready:.1f} s")
     if ready.watch is not None:  # a dead engine's API server may run on: kill it, so in-flight requests fail now
         ready.watch.on_fatal(ready.server.kill)
@@ -341,12 +361,37 @@ def _run_server(plan: Plan, store: Any, docker: Runtime | Docker, run_dir: Path,
                 continue
             attempted.add(cell.id)
             try:
-                _run_cell(plan, store, ready, server, cell, say, watch)
+                _run_cell(plan, store, ready, server, cell, say, watch, options.sandbox)
             except MemoryFloorError:
                 _fail_at_floor(store, server, watch, max_attempts, [c.id for c in cells[i:]], say)
                 return
         if _engine_died(ready):  # during the last cell
             _fail_fatal(store, server, ready, max_attempts, [], say)
+            return
+        if server.method == lossless.BASELINE and plan.sweep.lossless.enabled:
+            _score(plan, store, server, api, say)
+
+
+def _score(plan: Plan, store: Any, server: ServerConfig, api: EngineAPI, say: Say) -> None:
+    """The lossless check on this plain server, after its cells: a fault here costs the check, not the run."""
+    try:
+        lossless.score_pending(plan, store, server, api, say)
+    except (KeyboardInterrupt, DiskFullError):
+        raise
+    except Exception as exc:
+        rundir.faults.error("lossless check on %s: %s", server.label, _one_line(exc), exc_info=exc)
+        say(f"lossless check on {server.label}: stopped by {_one_line(exc)}; what was scored is kept")
+
+
+def _downloads(store: Any, server: ServerConfig, ready: launch.Ready) -> dict[str, Any]:
+    """What this server waited for before its container started: its share of the run's model downloads (a
+    checkpoint counts for the first server that needs it) and making sure of its image."""
+    models = (json.loads(store.meta().get(DOWNLOADS_META) or "{}")).get(server.id) or {}
+    image_s = ready.image_s
+    total = (models.get("seconds") or 0.0) + (image_s or 0.0)
+    return {**models, "image_s": image_s, "total_s": total,
+            "source": "model checkpoints fetched by the sweep before its first server (huggingface_hub), and the "
+                      "image pull or look-up just before this start"}
 
 
 def _measured_enough(plan: Plan, store: Store, server: ServerConfig, cell: Any, say: Say) -> bool:
@@ -402,11 +447,11 @@ def _fail_at_floor(store: Store, server: ServerConfig, watch: watchdog.Sampler |
 
 
 def _run_cell(plan: Plan, store: Store, ready: launch.Ready, server: ServerConfig, cell: Any, say: Say,
-              watch: watchdog.Sampler | None = None) -> None:
+              watch: watchdog.Sampler | None = None, sandbox: Any = None) -> None:
     sweep = plan.sweep
     store.start_cell(cell.id)
     mark, clocks = (watch.mark(), memory.gpu_clocks()) if watch is not None else (0, None)
-    sampling = Sampling(**sweep.sampling.model_dump())
+    sampling = Sampling(**cell.sampling)
     load = bench.Load(concurrency=cell.concurrency, requests=cell.requests, duration_s=sweep.duration_s,
                       warmup=sweep.warmup, stream=sweep.stream)
     spec = ready.server.spec
@@ -444,19 +489,33 @@ def _run_cell(plan: Plan, store: Store, ready: launch.Ready, server: ServerConfi
         store.fail_cell(cell.id, "bench_error", errors, max_attempts=sweep.max_attempts)
         say(f"cell {name}: every request failed: {errors}")
         return
+    grades = _grade(name, cell, result, sandbox, say)  # after the window: the bench's clock has stopped
     if counts["ok"] < sweep.require_ok * counts["measured"]:
         errors = "; ".join(counts["first_errors"])
         message = (f"{counts['failed']} of {counts['measured']} requests failed (require_ok {sweep.require_ok:g}): "
                    f"{errors}")
         status = store.partial_cell(cell.id, dict(summary), dict(result), message, max_attempts=sweep.max_attempts,
-                                    image_digest=ready.image.digest)
+                                    image_digest=ready.image.digest, grades=grades)
         say(f"cell {name}: partial, {message}; " + ("it runs again" if status == "pending" else
                                                      "kept as partial (flagged in the report)"))
         return
-    store.finish_cell(cell.id, dict(summary), dict(result), image_digest=ready.image.digest)
+    store.finish_cell(cell.id, dict(summary), dict(result), image_digest=ready.image.digest, grades=grades)
     adapter.reset_prefix_cache(endpoint.api)
+    graded = f"; graded: {grading.summary(grades)}" if grades is not None else ""
     say(f"cell {name}: {summary['aggregate_tps']:.2f} tok/s aggregate, "
-        f"{summary['requests']['ok']}/{summary['requests']['measured']} ok")
+        f"{summary['requests']['ok']}/{summary['requests']['measured']} ok{graded}")
+
+
+def _grade(name: str, cell: Any, result: BenchResult, sandbox: Any, say: Say) -> list[dict[str, Any]] | None:
+    """A task suite's grades; a fault in grading loses the grades (said, and logged), never the cell's numbers."""
+    try:
+        return grading.grade_cell(cell.workload, result, sandbox)
+    except (KeyboardInterrupt, DiskFullError):
+        raise
+    except Exception as exc:
+        rundir.faults.error("grading %s: %s", name, _one_line(exc), exc_info=exc)
+        say(f"cell {name}: not graded ({_one_line(exc)})")
+        return None
 
 
 def _engine_died(ready: launch.Ready) -> bool:
@@ -495,14 +554,22 @@ def sweep(request: Request, say: Say, docker: Runtime | None = None) -> Outcome:
             _check_drift(plan, store, exists, request.options.allow_drift, say)
             added = register(plan, store)
             if not exists:
-                store.set_host_facts(host_facts())
+                facts = host_facts()
+                if docker is not None:  # the engine the servers run on, where it is this machine's
+                    with contextlib.suppress(Exception):
+                        facts["platform"]["docker"] = runtime_docker(docker).facts().get("docker_version")
+                store.set_host_facts(facts)
             if request.retry_failed:
                 say(f"{store.retry_failed()} failed or partial cell(s) will run again")
             if request.download and store.pending_cells():
                 download(plan, store, say)
             say(f"run {run_dir} ({'continued' if exists else 'new'}; {added} new cell(s)): {store.counts()}")
+            options = request.options
+            if store.pending_cells():  # a code suite's sandbox image is checked before any server starts
+                options = replace(options, sandbox=grading.make_sandbox(plan, runtime_docker(docker) if docker
+                                                                        else None))
             try:
-                counts = run(plan, store, docker, run_dir, request.options, say, hosts)
+                counts = run(plan, store, docker, run_dir, options, say, hosts)
             except KeyboardInterrupt:
                 store.reset_interrupted(plan.sweep.max_attempts)
                 return Outcome(run_dir, store.counts(), interrupted=True)
@@ -539,13 +606,29 @@ def _hosts(request: Request, plan: Plan) -> list[Host] | None:
     return parse_hosts(plan.sweep.hosts, f"{request.file}") if plan.sweep.hosts else None
 
 
+DOWNLOADS_META = "downloads"  # meta key: per server config id, the model downloads it waited for (this run's)
+
+
 def download(plan: Plan, store: Store, say: Say) -> None:
-    """Every checkpoint the servers mount into the cache, before any clock starts; revisions kept with the run."""
+    """Every checkpoint the servers mount into the cache, before any clock starts; revisions kept with the run,
+    and how long each server waited for its own (a checkpoint counts for the first server that needs it)."""
+    from sparklab.host.downloads import checkpoints
     from sparklab.runtimes import pull
 
     fetched = pull.pull([(s.recipe, s.spec) for s in plan.servers], pull_image=None, say=say)
     if fetched.models:
         store.set_host_facts({"model_revisions": fetched.revisions()})
+    by_repo = {(f.checkpoint.repo_id, f.checkpoint.cache_dir): f for f in fetched.models}
+    seen: set[tuple[str, Any]] = set()
+    per_server: dict[str, dict[str, Any]] = {}
+    for server in plan.servers:
+        mine = [f for c in checkpoints(server.recipe, server.spec)
+                if (f := by_repo.get((c.repo_id, c.cache_dir))) is not None and (c.repo_id, c.cache_dir) not in seen]
+        seen.update((f.checkpoint.repo_id, f.checkpoint.cache_dir) for f in mine)
+        per_server[server.id] = {"seconds": sum(f.seconds for f in mine),
+                                 "bytes": sum(f.bytes_received for f in mine),
+                                 "models": [f.checkpoint.repo_id for f in mine]}
+    store.set_meta(DOWNLOADS_META, per_server)
 
 
 def _progress(store: Store, started: float, done_at_start: int) -> str:

@@ -327,6 +327,11 @@ def request_from_args(args: Any) -> TuneRequest:
         space["workloads"] = [args.workload]
     if args.max_tokens:
         space["sampling"] = {**space.get("sampling", {}), "max_tokens": args.max_tokens}
+    listed = [k for k, v in (space.get("sampling") or {}).items() if isinstance(v, list) and len(v) > 1]
+    if listed:
+        raise RecipeError(f"tune {args.space}: sampling.{listed[0]} lists several values; tune picks a method and K "
+                          "for one sampling", f"Give one value (e.g. --max-tokens N), or run `sparklab sweep` over "
+                                              f"the {listed[0]} values.")
     repeats = args.repeats or int(space.get("repeats", 2))
     max_repeats = args.max_repeats or 2 * repeats
     if max_repeats < repeats:

@@ -338,7 +338,7 @@ def test_a_version_2_file_gains_the_host_columns_and_keeps_its_cells(path: Path)
     with Store.open(path, readonly=True) as s:  # read as it is: no host column yet
         assert s.cell("sc-a-c1").status == "done"
     with Store.open(path) as s:
-        assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
+        assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 5
         assert s.cell("sc-a-c1").host is None and s.cell("sc-a-c1").result == RESULT
         s.start_cell("sc-b-c1", host="spark-2")
         assert s.cell("sc-b-c1").host == "spark-2"
@@ -436,7 +436,7 @@ def test_a_version_2_file_gains_per_cell_digests_and_outputs_when_opened_for_wri
     with Store.open(path, readonly=True) as s:
         assert s.cell("sc-a-c1").image_digest is None and s.outputs() == {}
     with Store.open(path) as s:
-        assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
+        assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 5
         s.start_cell("sc-b-c1")
         answers = [{"index": 0, "prompt_id": "seed-0", "token_ids": [1, 2]}]
         s.finish_cell("sc-b-c1", {"aggregate_tps": 2.0}, {**RESULT, "outputs": answers}, image_digest="sha256:abc")
