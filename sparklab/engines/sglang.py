@@ -183,6 +183,11 @@ class SGLang(Engine):
     ready_needs_key = False
     ready_line = re.compile(r"The server is fired up and ready to roll!")
     label = "SGLang"
+    # SGLang can return input-token log-probabilities (/generate with return_logprob and logprob_start_len,
+    # sglang/srt/managers/io_struct.py:233 in 0.5.23); sparklab does not drive it yet (no SGLang server here to
+    # test against), so its sampled answers are "not checkable" rather than checked untested.
+    scoring_unsupported = ("sparklab does not score answers on SGLang yet (its /generate return_logprob with "
+                           "logprob_start_len could; untested here)")
     memory_fraction_flag = "--mem-fraction-static"
     method_noun = "speculative algorithm"
     api_key_env = None  # SGLang reads its key only from --api-key (see README: security)

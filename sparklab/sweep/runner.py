@@ -368,8 +368,8 @@ def _run_server(plan: Plan, store: Any, docker: Runtime | Docker, run_dir: Path,
         if _engine_died(ready):  # during the last cell
             _fail_fatal(store, server, ready, max_attempts, [], say)
             return
-        if server.method == lossless.BASELINE and plan.sweep.lossless.enabled:
-            _score(plan, store, server, api, say)
+        if server.method == lossless.BASELINE and plan.sweep.lossless.enabled:  # the server as it runs
+            _score(plan, store, server, EngineAPI(ready.server.spec.endpoint, ready.api_key), say)
 
 
 def _score(plan: Plan, store: Any, server: ServerConfig, api: EngineAPI, say: Say) -> None:

@@ -446,3 +446,42 @@ def test_a_version_2_file_gains_per_cell_digests_and_outputs_when_opened_for_wri
         s.start_cell("sc-b-c1")  # a second attempt replaces the first one's answers
         s.finish_cell("sc-b-c1", {"aggregate_tps": 2.0}, {**RESULT, "outputs": answers[:0]})
         assert s.outputs() == {}
+
+
+def test_a_version_4_run_reads_as_before_and_gains_grades_scores_and_downloads(tmp_path: Path) -> None:
+    """A real run stored at schema 4 (the llama.cpp report fixture): read-only it has no grades, scores or
+    downloads and reports as before; opened for writing it is migrated and keeps every cell."""
+    from sparklab.sweep.store import Score
+    from tests.reportkit import FIXTURES, load_dump
+
+    path = load_dump(FIXTURES / "llamacpp-cpu-sweep.sql", tmp_path / "llamacpp-run")
+    assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == 4
+    with Store.open(path, readonly=True) as s:
+        assert s.grades() == {} and s.scores() == {}
+        assert all(row.downloads is None for row in s.server_configs())
+        done = len(s.cells("done"))
+    with Store.open(path) as s:
+        assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 5
+        assert len(s.cells("done")) == done
+        cell = s.cells("done")[0]
+        grade = {"index": 1, "prompt_id": "p", "kind": "instruction", "status": "graded", "passed": True}
+        s.finish_cell(cell.id, cell.summary, cell.result, grades=[grade])
+        assert s.grades() == {cell.id: [grade]}
+        assert s.add_scores([Score(cell.id, 1, "x", "scored", 4, -2.0)]) == 1
+        assert s.add_scores([Score(cell.id, 1, "x", "scored", 9, -9.0)]) == 0  # a score is kept, never replaced
+        assert s.scores()[(cell.id, 1)].tokens == 4
+        server = s.server_configs()[0]
+        s.record_server_start(server.id, image_digest=None, startup_facts={}, ready_s=1.0, log_path=None,
+                              downloads={"seconds": 3.5, "image_s": 0.2, "total_s": 3.7})
+        assert s.server_configs()[0].downloads == {"seconds": 3.5, "image_s": 0.2, "total_s": 3.7}
+
+
+def test_grades_of_a_retried_cell_replace_the_first_attempts(store: Store) -> None:
+    store.start_cell("sc-a-c1")
+    first = [{"index": 0, "prompt_id": "p", "kind": "code", "status": "graded", "passed": False}]
+    assert store.partial_cell("sc-a-c1", {"aggregate_tps": 1.0}, RESULT, "1 of 2 failed", grades=first) == "pending"
+    assert store.grades()["sc-a-c1"] == first
+    store.start_cell("sc-a-c1")
+    second = [{**first[0], "passed": True}, {**first[0], "index": 1}]
+    store.finish_cell("sc-a-c1", {"aggregate_tps": 1.0}, RESULT, grades=second)
+    assert store.grades()["sc-a-c1"] == second
