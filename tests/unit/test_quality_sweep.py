@@ -150,7 +150,7 @@ def _sweep(tmp_path: Path, methods: list[str]) -> Path:
 
 def _run(tmp_path: Path, monkeypatch, engines_by_method, methods: list[str], sweep: Path | None = None,
          cells: int = 3 * 2) -> tuple[Path, list[str], LocalSandbox]:
-    found, servers = engines_by_method
+    _, servers = engines_by_method
     plan = build_plan(sweep or _sweep(tmp_path, methods), run_id="quality-1")
     path = tmp_path / "quality-1" / "results.sqlite"
     starts: list[str] = []
