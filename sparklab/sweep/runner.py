@@ -206,6 +206,8 @@ def run(plan: Plan, store: Store, docker: Runtime | Docker | None, run_dir: Path
                        partners=[p.docker for p in partners or []])
 
         fleet.run(plan, store, members, serve, say_progress, run_dir.name)
+        if local is not None:  # what no `none` server scored while up: on this machine's engine, at the end
+            _score_the_rest(plan, store, local, run_dir, options, say_progress, baseline)
         return store.counts()
     assert docker is not None
     for info in docker.gc():

@@ -25,6 +25,7 @@ def _importers(module: str) -> set[str]:
     ("matplotlib", {"report/plots.py"}),
     ("scipy", {"bench/stats.py"}),  # t quantiles, Wilson, McNemar, Welch
     ("huggingface_hub", {"host/downloads.py"}),
+    ("jsonschema", {"bench/grading.py"}),  # graded answers' JSON against the task's schema
 ])
 def test_one_module_per_external_system(module: str, only: set[str]) -> None:
     assert _importers(module) == only
