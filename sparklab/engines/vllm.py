@@ -121,7 +121,13 @@ FAILURES = (
     KnownFailure(re.compile(r"No working C\+\+ compiler found|C\+\+ compile error|InvalidCxxCompiler|"
                             r"Failed to find C compiler"),
                  "torch.compile needs a C/C++ compiler, and the image has none: add --enforce-eager to the "
-                 "recipe's args, or use an image with gcc/g++."),
+                 "recipe's args, or use an image with gcc/g++. With --enforce-eager already on, vLLM 0.27.1 still "
+                 "compiles two helpers on the CPU: sampling at temperature > 0 without a per-request seed "
+                 "(vllm/v1/sample/ops/topk_topp_sampler.py:203-204, :341) and logprob ranks "
+                 "(vllm/v1/sample/ops/logprobs.py:10): set TORCHDYNAMO_DISABLE=1 in the engine's env."),
+    # vllm/utils/cpu_triton_utils.py:348, :387 (the CPU rejection kernels)
+    KnownFailure(re.compile(r"Synthetic acceptance not supported with CPU sampling"),
+                 "vLLM's CPU build has no synthetic rejection sampling: run it on a GPU image."),
 )
 
 
@@ -302,6 +308,15 @@ class VLLM(Engine):
             found.append(Finding(
                 "error", f"{here}: --speculative_config.moe_backend {moe!r} is not one vLLM accepts",
                 f"Use one of: {', '.join(SPEC_MOE_BACKENDS)}."))
+        if sp.options.get("rejection_sample_method") == "synthetic" and not spec.gpus:
+            # vllm/utils/cpu_triton_utils.py:348 and :387: `assert not SYNTHETIC_MODE, "Synthetic acceptance not
+            # supported with CPU sampling"` (both CPU rejection kernels); measured: the engine starts, then its
+            # core dies on the first request.
+            found.append(Finding(
+                "error", f"{here}: synthetic rejection sampling does not run on vLLM 0.27.1's CPU build: its CPU "
+                         "rejection kernels assert it away (vllm/utils/cpu_triton_utils.py:348, :387), so the engine "
+                         "dies on the first request",
+                "Run it on a GPU image, or leave rejection_sample_method at standard on the CPU."))
         if sp.method != "ngram" or sp.num_speculative_tokens is not None:
             found += check_k(spec, recipe, sp.num_speculative_tokens, "num_speculative_tokens")
         return found

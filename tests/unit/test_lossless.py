@@ -179,3 +179,30 @@ def test_unscorable_answers_give_the_common_reason(tmp_path: Path) -> None:
     assert r.reason == "not checkable: 16 answer(s) could not be scored (/tokenize answered HTTP 400: too long)"
 
 
+
+
+def test_synthetic_on_the_cpu_build_is_refused_before_launch() -> None:
+    """vLLM 0.27.1's CPU rejection kernels assert synthetic mode away (vllm/utils/cpu_triton_utils.py:348, :387):
+    measured, the engine became ready and its core died on the first request. A GPU server may run it."""
+    from sparklab.recipes.render import LaunchOptions, render
+    from sparklab.recipes.schema import load_recipe, recipes_dir
+
+    synthetic = ("--speculative_config.rejection_sample_method", "synthetic",
+                 "--speculative_config.synthetic_acceptance_length", "3")
+    recipe = load_recipe(recipes_dir() / "cpu.yaml")
+    spec = render(recipe, "vllm-cpu", "draft_model", LaunchOptions(extra_args=synthetic))
+    (error,) = [f for f in engine("vllm").check_spec(spec, recipe) if f.level == "error"]
+    assert "does not run on vLLM 0.27.1's CPU build" in error.message and "cpu_triton_utils.py:348" in error.message
+    gb10 = load_recipe(recipes_dir() / "gb10.yaml")
+    gpu = render(gb10, "vllm", "dspark", LaunchOptions(extra_args=synthetic))
+    assert not [f for f in engine("vllm").check_spec(gpu, gb10) if "CPU build" in f.message]
+
+
+def test_the_cpu_builds_known_deaths_are_explained() -> None:
+    vllm = engine("vllm")
+    said = vllm.explain_failure("RuntimeError: Worker failed with error 'Synthetic acceptance not supported with CPU "
+                                "sampling', please check the stack trace above")
+    assert said and "GPU image" in said
+    compiler = vllm.explain_failure("InvalidCxxCompiler: No working C++ compiler found in "
+                                    "torch._inductor.config.cpp.cxx: (None, 'g++')")
+    assert compiler and "TORCHDYNAMO_DISABLE=1" in compiler
