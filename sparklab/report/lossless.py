@@ -193,8 +193,8 @@ def check(report: Report) -> Any:
     for r in found:
         where = f"{r.server.label} ({r.sampling})"
         if r.flagged:
-            findings.append(f"{where}: " + "; ".join(r.flagged) + " - a lossless drafter would not move these; "
-                            "its answers are not the target's")
+            findings.append(f"{where}: " + "; ".join(r.flagged) + " - a lossless config would not move these "
+                            "beyond chance; its answers are not the target's")
         if r.declared:
             findings.append(f"{where}: lossy by design: " + "; ".join(r.declared))
         if not r.checked and not r.declared:
