@@ -46,27 +46,30 @@ _SAMPLING = Sampling()  # the one place sampling defaults are written (sparklab.
 
 
 Temperature = Annotated[float, Field(ge=0, le=100, allow_inf_nan=False)]
-AXES = ("temperature", "max_tokens")  # sampling keys that may list values: load axes, like concurrency
+TopP = Annotated[float, Field(gt=0, le=1)]
+AXES = ("temperature", "top_p", "max_tokens")  # sampling keys that may list values: load axes, like concurrency
 MaxTokensAxis = Annotated[Annotated[TokenCount, Tag(ONE_VALUE)] | Annotated[list[TokenCount], Tag(VALUES)],
                           Discriminator(one_or_list)]
 TemperatureAxis = Annotated[Annotated[Temperature | None, Tag(ONE_VALUE)]
                             | Annotated[list[Temperature | None], Tag(VALUES)], Discriminator(one_or_list)]
+TopPAxis = Annotated[Annotated[TopP | None, Tag(ONE_VALUE)] | Annotated[list[TopP | None], Tag(VALUES)],
+                     Discriminator(one_or_list)]
 
 
 class SamplingSpec(Strict):
-    """A sweep file's `sampling:`; every default is sparklab.records.Sampling's. `temperature` and `max_tokens` may
-    each list values (`max_tokens: [4096, 16000]`): every combination is a load of its own on the same server
-    (seed 002 found the budget at which answers appear this way)."""
+    """A sweep file's `sampling:`; every default is sparklab.records.Sampling's. `temperature`, `top_p` and
+    `max_tokens` may each list values (`max_tokens: [4096, 16000]`): every combination is a load of its own on the
+    same server (seed 002 found the budget at which answers appear this way)."""
 
     max_tokens: MaxTokensAxis = _SAMPLING.max_tokens
     temperature: TemperatureAxis = _SAMPLING.temperature
-    top_p: float | None = Field(default=_SAMPLING.top_p, gt=0, le=1)
+    top_p: TopPAxis = _SAMPLING.top_p
     ignore_eos: bool = _SAMPLING.ignore_eos
     min_tokens: TokenCount | None = _SAMPLING.min_tokens
     enable_thinking: bool | None = _SAMPLING.enable_thinking
     seed: int | None = _SAMPLING.seed
 
-    @field_validator("max_tokens", "temperature")
+    @field_validator("max_tokens", "temperature", "top_p")
     @classmethod
     def _listed_once(cls, value: Any) -> Any:
         if isinstance(value, list) and (not value or len(set(value)) != len(value)):

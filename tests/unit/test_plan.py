@@ -151,7 +151,8 @@ def test_one_value_keeps_the_cell_ids_it_had(tmp_path: Path) -> None:
     ({"max_tokens": [64, 64]}, r"sampling\.max_tokens: .*each value once"),
     ({"max_tokens": []}, r"sampling\.max_tokens: .*at least one"),
     ({"temperature": [0, -1]}, r"sampling\.temperature\[1\]: .*greater than or equal to 0"),
-    ({"top_p": [0.5, 0.9]}, r"sampling\.top_p: "),
+    ({"top_p": [0.5, 0]}, r"sampling\.top_p\[1\]: .*greater than 0"),
+    ({"seed": [1, 2]}, r"sampling\.seed: "),
 ])
 def test_a_bad_axis_names_the_file_and_the_value(tmp_path: Path, sampling: dict, where: str) -> None:
     path = _axes_sweep(tmp_path, sampling)
