@@ -20,6 +20,8 @@ import secrets
 from pathlib import PurePosixPath
 from typing import Any, Protocol
 
+from sparklab.bench.grades import Grade
+
 RUNNER_FILE = "_sparklab_runner.py"
 PER_TEST_S = 10.0  # a test that runs longer fails as "timeout" (SIGALRM inside the sandbox)
 OUTCOMES = ("pass", "fail", "error", "timeout")
@@ -189,9 +191,7 @@ def parse_results(output: str, nonce: str) -> dict[str, str] | None:
 
 
 def grade_code(index: int, prompt_id: str, task: dict[str, Any], answer: dict[str, Any],
-               sandbox: Sandbox | None) -> Any:
-    from sparklab.bench.grading import Grade
-
+               sandbox: Sandbox | None) -> Grade:
     if sandbox is None:
         return Grade(index, prompt_id, "code", "ungraded", None, note="no sandbox to run the tests in")
     files, note = task_files(task, str(answer.get("content") or ""))

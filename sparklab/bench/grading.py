@@ -20,34 +20,14 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from typing import Any
 
 from sparklab.bench.codegrade import Sandbox, grade_code
+from sparklab.bench.grades import Grade
 from sparklab.outputs import runaway
 
-GRADER = "sparklab.grading/1"
 # Tool-call syntax that a server's parser should have turned into calls: left in the text, the call was lost.
 _MARKUP = re.compile(r"<tool_call>|</tool_call>|<function=|\[TOOL_CALLS\]|<\|python_tag\|>|<\|tool_call")
-
-
-@dataclass(frozen=True)
-class Grade:
-    """One answer's verdict. status: "graded", or "ungraded" (then passed is None and note says why)."""
-
-    index: int  # its position among the cell's stored answers (outputs.idx)
-    prompt_id: str
-    kind: str
-    status: str
-    passed: bool | None
-    checks: tuple[tuple[str, bool, str], ...] = ()
-    tests: dict[str, str] = field(default_factory=dict)  # code: test id -> pass | fail | error | timeout
-    note: str = ""
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"index": self.index, "prompt_id": self.prompt_id, "kind": self.kind, "status": self.status,
-                "passed": self.passed, "checks": [list(c) for c in self.checks], "tests": dict(self.tests),
-                "note": self.note, "grader": GRADER}
 
 
 def grade_answers(workload: Any, answers: Iterable[dict[str, Any]], sandbox: Sandbox | None) -> list[Grade]:

@@ -22,6 +22,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from sparklab.bench.prompts import Prompt, Workload, approx_tokens
 from sparklab.errors import RecipeError
 from sparklab.inputs import read_utf8
 
@@ -124,10 +125,8 @@ def _is_test(path: str) -> bool:
     return Path(path).name.startswith("test") and path.endswith(".py")
 
 
-def load_suite(spec: str) -> Any:
+def load_suite(spec: str) -> Workload:
     """A bundled suite by name, or a suite file (YAML); every problem is a RecipeError naming the file and key."""
-    from sparklab.bench.workloads import Workload
-
     if spec in BUILTIN:
         source = f"sparklab/bench/tasks/{spec}.yaml"
         text = importlib.resources.files("sparklab.bench").joinpath("tasks", f"{spec}.yaml").read_text("utf-8")
@@ -165,9 +164,7 @@ def _validate(model: type[_Strict], data: Any, source: str, where: str) -> Any:
         raise RecipeError(f"{source}: {key}: {error['msg']}{more}", _HINT) from None
 
 
-def _prompt(suite: Suite, raw: dict[str, Any], source: str, where: str) -> Any:
-    from sparklab.bench.workloads import Prompt, approx_tokens
-
+def _prompt(suite: Suite, raw: dict[str, Any], source: str, where: str) -> Prompt:
     extra: dict[str, Any] | None = None
     shape = suite.kind  # what the task is (not an engine's kind)
     if shape == "instruction":

@@ -16,11 +16,12 @@ what it looked at, and its findings, so a clean report says so rather than sayin
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
+from sparklab.report import lossless, quality, thinking
 from sparklab.report.model import Group, Report
 from sparklab.report.thinking import thinking_ended
+from sparklab.report.verdict import Check
 
 SHORT_TOKENS = 32  # answers this short make any speedup mostly prefill and scheduling
 SHORT_SHARE = 0.25  # unforced answers averaging under this share of max_tokens are "far shorter than asked"
@@ -33,14 +34,6 @@ CHUNK_SLACK = 1.05  # tokens per chunk may exceed K+1 by rounding only
 AGREE_LOW = 0.75
 AGREE_HIGH = {True: 1.25, False: 2.0}  # C=1, C>1
 AGREE_MIN_ACCEPTED = 10  # fewer accepted tokens than this: too few to judge
-
-
-@dataclass(frozen=True)
-class Check:
-    name: str
-    looked_at: str  # what a pass means, one sentence
-    findings: tuple[str, ...]
-    not_checked: str | None = None  # why the run could not be checked (then no pass is claimed)
 
 
 def _where(g: Group) -> str:
@@ -230,6 +223,4 @@ CHECKS: tuple[Callable[[Report], Check], ...] = (equality, truncation, prefix_ca
 
 def run_checks(report: Report) -> list[Check]:
     """Every check; those over graded answers, sampled answers and thinking live beside their report sections."""
-    from sparklab.report import lossless, quality, thinking
-
     return [check(report) for check in (*CHECKS, quality.check, lossless.check, thinking.check)]

@@ -24,6 +24,7 @@ from sparklab import engines
 from sparklab.bench.stats import Difference, two_sample
 from sparklab.report.document import Block, Bullets, Para, Section, Table
 from sparklab.report.model import Group, Report, Server, variant_label
+from sparklab.report.verdict import Check
 
 DASH = "-"
 
@@ -185,9 +186,7 @@ def sections(report: Report) -> list[Section]:
     return [Section("Lossless at temperature > 0: drafting's answers scored under the target", blocks=blocks)]
 
 
-def check(report: Report) -> Any:
-    from sparklab.report.checks import Check
-
+def check(report: Report) -> Check:
     found = results(report)
     findings = []
     for r in found:

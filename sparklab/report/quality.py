@@ -21,6 +21,7 @@ from typing import Any
 from sparklab.bench.stats import McNemar, Proportion, mcnemar_exact, proportion
 from sparklab.report.document import Block, Para, Section, Table
 from sparklab.report.model import Group, Report
+from sparklab.report.verdict import Check
 
 SIGNIFICANT = 0.05
 DASH = "-"
@@ -173,9 +174,7 @@ def _per_task(report: Report, agreed: list[Agreement]) -> list[Section]:
     return sections
 
 
-def check(report: Report) -> Any:
-    from sparklab.report.checks import Check
-
+def check(report: Report) -> Check:
     findings = []
     for a in agreements(report):
         if a.test.p_value < SIGNIFICANT:

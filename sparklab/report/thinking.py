@@ -16,6 +16,7 @@ from typing import Any
 
 from sparklab.report.document import Para, Section, Table
 from sparklab.report.model import Group, Report
+from sparklab.report.verdict import Check
 
 DASH = "-"
 
@@ -101,9 +102,7 @@ def sections(report: Report) -> list[Section]:
               tuple(rows), (False, True, False, True, True, True, True, True, True, True, True))])]
 
 
-def check(report: Report) -> Any:
-    from sparklab.report.checks import Check
-
+def check(report: Report) -> Check:
     findings = []
     for g in report.groups:
         b = budget(g)

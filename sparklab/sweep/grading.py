@@ -51,3 +51,22 @@ def summary(grades: list[dict[str, Any]]) -> str:
     passed = sum(1 for g in graded if g["passed"])
     ungraded = len(grades) - len(graded)
     return f"{passed}/{len(graded)} passed" + (f", {ungraded} ungraded" if ungraded else "")
+
+
+def grade_safely(name: str, workload_name: str, result: BenchResult, sandbox: Any,
+                 say: Any) -> list[dict[str, Any]] | None:
+    """A task suite's grades; a fault in grading loses the grades (said, and logged with its traceback in the
+    run's log), never the cell's numbers."""
+    from sparklab.errors import DiskFullError, SparklabError
+    from sparklab.sweep import rundir
+
+    try:
+        return grade_cell(workload_name, result, sandbox)
+    except (KeyboardInterrupt, DiskFullError):
+        raise
+    except Exception as exc:
+        text = exc.message if isinstance(exc, SparklabError) else f"{type(exc).__name__}: {exc}"
+        reason = (text.strip().splitlines() or [""])[0][:300]
+        rundir.faults.error("grading %s: %s", name, reason, exc_info=exc)
+        say(f"cell {name}: not graded ({reason})")
+        return None

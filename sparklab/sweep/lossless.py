@@ -110,3 +110,19 @@ def _score(adapter: Any, api: EngineAPI, model: str, scorer: str, cell: CellRow,
     except ScoringError as exc:
         return Score(cell.id, idx, scorer, "unscorable", None, None, str(exc)[:300])
     return Score(cell.id, idx, scorer, "scored", len(ids), total)
+
+
+def score_safely(plan: Plan, store: Any, server: ServerConfig, api: EngineAPI, say: Callable[[str], None]) -> None:
+    """score_pending on a plain server after its cells: a fault here costs the check, not the run (it goes to
+    the run's log with its traceback)."""
+    from sparklab.errors import DiskFullError
+    from sparklab.sweep import rundir
+
+    try:
+        score_pending(plan, store, server, api, say)
+    except (KeyboardInterrupt, DiskFullError):
+        raise
+    except Exception as exc:
+        reason = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"[:300]
+        rundir.faults.error("lossless check on %s: %s", server.label, reason, exc_info=exc)
+        say(f"lossless check on {server.label}: stopped by {reason}; what was scored is kept")

@@ -9,7 +9,6 @@ cell in flight pending. SIGKILL loses at most that cell: the next run resets it 
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import platform
 import time
@@ -41,7 +40,7 @@ from sparklab.records import BenchResult, Sampling
 from sparklab.runtimes import cluster, launch
 from sparklab.runtimes.containers import Docker
 from sparklab.runtimes.local import Runtime
-from sparklab.sweep import fleet, grading, lossless, provenance, repeats, rundir
+from sparklab.sweep import downloads, fleet, grading, lossless, provenance, repeats, rundir
 from sparklab.sweep.store import PlannedCell, Store
 
 log = logging.getLogger(__name__)
@@ -335,7 +334,7 @@ def _run_server(plan: Plan, store: Any, docker: Runtime | Docker, run_dir: Path,
     store.record_server_start(server.id, image_digest=ready.image.digest, startup_facts=facts,
                               ready_s=ready.seconds_to_ready, log_path=str(ready.server.log_path),
                               engine_version=engine(spec.kind).version(api),
-                              downloads=_downloads(store, server, ready))
+                              downloads=downloads.waited_for(store, server.id, ready.image_s))
     say(f"server {server.label}: ready in {ready.seconds_to_ready:.1f} s")
     if ready.watch is not None:  # a dead engine's API server may run on: kill it, so in-flight requests fail now
         ready.watch.on_fatal(ready.server.kill)
@@ -371,29 +370,7 @@ def _run_server(plan: Plan, store: Any, docker: Runtime | Docker, run_dir: Path,
             _fail_fatal(store, server, ready, max_attempts, [], say)
             return
         if server.method == lossless.BASELINE and plan.sweep.lossless.enabled:  # the server as it runs
-            _score(plan, store, server, EngineAPI(ready.server.spec.endpoint, ready.api_key), say)
-
-
-def _score(plan: Plan, store: Any, server: ServerConfig, api: EngineAPI, say: Say) -> None:
-    """The lossless check on this plain server, after its cells: a fault here costs the check, not the run."""
-    try:
-        lossless.score_pending(plan, store, server, api, say)
-    except (KeyboardInterrupt, DiskFullError):
-        raise
-    except Exception as exc:
-        rundir.faults.error("lossless check on %s: %s", server.label, _one_line(exc), exc_info=exc)
-        say(f"lossless check on {server.label}: stopped by {_one_line(exc)}; what was scored is kept")
-
-
-def _downloads(store: Any, server: ServerConfig, ready: launch.Ready) -> dict[str, Any]:
-    """What this server waited for before its container started: its share of the run's model downloads (a
-    checkpoint counts for the first server that needs it) and making sure of its image."""
-    models = (json.loads(store.meta().get(DOWNLOADS_META) or "{}")).get(server.id) or {}
-    image_s = ready.image_s
-    total = (models.get("seconds") or 0.0) + (image_s or 0.0)
-    return {**models, "image_s": image_s, "total_s": total,
-            "source": "model checkpoints fetched by the sweep before its first server (huggingface_hub), and the "
-                      "image pull or look-up just before this start"}
+            lossless.score_safely(plan, store, server, EngineAPI(ready.server.spec.endpoint, ready.api_key), say)
 
 
 def _measured_enough(plan: Plan, store: Store, server: ServerConfig, cell: Any, say: Say) -> bool:
@@ -491,7 +468,7 @@ def _run_cell(plan: Plan, store: Store, ready: launch.Ready, server: ServerConfi
         store.fail_cell(cell.id, "bench_error", errors, max_attempts=sweep.max_attempts)
         say(f"cell {name}: every request failed: {errors}")
         return
-    grades = _grade(name, cell, result, sandbox, say)  # after the window: the bench's clock has stopped
+    grades = grading.grade_safely(name, cell.workload, result, sandbox, say)  # after the window: its clock stopped
     if counts["ok"] < sweep.require_ok * counts["measured"]:
         errors = "; ".join(counts["first_errors"])
         message = (f"{counts['failed']} of {counts['measured']} requests failed (require_ok {sweep.require_ok:g}): "
@@ -506,18 +483,6 @@ def _run_cell(plan: Plan, store: Store, ready: launch.Ready, server: ServerConfi
     graded = f"; graded: {grading.summary(grades)}" if grades is not None else ""
     say(f"cell {name}: {summary['aggregate_tps']:.2f} tok/s aggregate, "
         f"{summary['requests']['ok']}/{summary['requests']['measured']} ok{graded}")
-
-
-def _grade(name: str, cell: Any, result: BenchResult, sandbox: Any, say: Say) -> list[dict[str, Any]] | None:
-    """A task suite's grades; a fault in grading loses the grades (said, and logged), never the cell's numbers."""
-    try:
-        return grading.grade_cell(cell.workload, result, sandbox)
-    except (KeyboardInterrupt, DiskFullError):
-        raise
-    except Exception as exc:
-        rundir.faults.error("grading %s: %s", name, _one_line(exc), exc_info=exc)
-        say(f"cell {name}: not graded ({_one_line(exc)})")
-        return None
 
 
 def _engine_died(ready: launch.Ready) -> bool:
@@ -564,7 +529,7 @@ def sweep(request: Request, say: Say, docker: Runtime | None = None) -> Outcome:
             if request.retry_failed:
                 say(f"{store.retry_failed()} failed or partial cell(s) will run again")
             if request.download and store.pending_cells():
-                download(plan, store, say)
+                downloads.download(plan, store, say)
             say(f"run {run_dir} ({'continued' if exists else 'new'}; {added} new cell(s)): {store.counts()}")
             options = request.options
             if store.pending_cells():  # a code suite's sandbox image is checked before any server starts
@@ -606,31 +571,6 @@ def _hosts(request: Request, plan: Plan) -> list[Host] | None:
     if request.hosts:
         return parse_hosts(list(request.hosts), "--host")
     return parse_hosts(plan.sweep.hosts, f"{request.file}") if plan.sweep.hosts else None
-
-
-DOWNLOADS_META = "downloads"  # meta key: per server config id, the model downloads it waited for (this run's)
-
-
-def download(plan: Plan, store: Store, say: Say) -> None:
-    """Every checkpoint the servers mount into the cache, before any clock starts; revisions kept with the run,
-    and how long each server waited for its own (a checkpoint counts for the first server that needs it)."""
-    from sparklab.host.downloads import checkpoints
-    from sparklab.runtimes import pull
-
-    fetched = pull.pull([(s.recipe, s.spec) for s in plan.servers], pull_image=None, say=say)
-    if fetched.models:
-        store.set_host_facts({"model_revisions": fetched.revisions()})
-    by_repo = {(f.checkpoint.repo_id, f.checkpoint.cache_dir): f for f in fetched.models}
-    seen: set[tuple[str, Any]] = set()
-    per_server: dict[str, dict[str, Any]] = {}
-    for server in plan.servers:
-        mine = [f for c in checkpoints(server.recipe, server.spec)
-                if (f := by_repo.get((c.repo_id, c.cache_dir))) is not None and (c.repo_id, c.cache_dir) not in seen]
-        seen.update((f.checkpoint.repo_id, f.checkpoint.cache_dir) for f in mine)
-        per_server[server.id] = {"seconds": sum(f.seconds for f in mine),
-                                 "bytes": sum(f.bytes_received for f in mine),
-                                 "models": [f.checkpoint.repo_id for f in mine]}
-    store.set_meta(DOWNLOADS_META, per_server)
 
 
 def _progress(store: Store, started: float, done_at_start: int) -> str:

@@ -23,7 +23,7 @@ from sparklab.engines import acceptance, engine
 from sparklab.errors import DiskFullError, RecipeError, SparklabError
 from sparklab.recipes.plan import Plan, build_plan, estimate_seconds, load_sweep
 from sparklab.runtimes.containers import Docker
-from sparklab.sweep import rundir, runner
+from sparklab.sweep import downloads, rundir, runner
 from sparklab.sweep.store import Store
 from sparklab.tune import search
 
@@ -237,7 +237,7 @@ def _search(plan: Plan, store: Store, docker: Docker, run_dir: Path, request: Tu
             state["loads"] = int(state.get("loads", 0)) + len(loading)
             store.set_meta("tune", state)
             if request.download and not downloaded:
-                runner.download(plan, store, say)
+                downloads.download(plan, store, say)
                 downloaded = True
             runner.run(plan, store, docker, run_dir, request.options, say)
         else:

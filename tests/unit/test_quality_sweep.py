@@ -29,7 +29,7 @@ from sparklab.engines.scrape import StartupFacts
 from sparklab.recipes.plan import build_plan
 from sparklab.runtimes.containers import ImageInfo
 from sparklab.runtimes.launch import Ready
-from sparklab.sweep import runner
+from sparklab.sweep import downloads, runner
 from sparklab.sweep.store import Store
 from tests.scripted_server import Scripted, Step, chunk, usage
 from tests.unit.test_grading import REFERENCE, LocalSandbox
@@ -328,8 +328,8 @@ def test_each_server_is_charged_the_downloads_it_waited_for(tmp_path: Path, monk
     monkeypatch.setattr(pull, "pull", lambda *a, **k: pull.Pulled(models=fetched))
     with Store.create(tmp_path / "dl" / "results.sqlite", plan.sweep.model_dump(), "test") as store:
         runner.register(plan, store)
-        runner.download(plan, store, lambda _: None)
-        per_server = json.loads(store.meta()[runner.DOWNLOADS_META])
+        downloads.download(plan, store, lambda _: None)
+        per_server = json.loads(store.meta()[downloads.DOWNLOADS_META])
     by_label = {s.label: per_server[s.id] for s in plan.servers}
     assert by_label["vllm/none"] == {"seconds": 300.0, "bytes": 18 << 30,
                                      "models": ["nvidia/NVIDIA-Nemotron-3.5-Lightning-30B-A3B-NVFP4"]}
@@ -340,7 +340,7 @@ def test_each_server_is_charged_the_downloads_it_waited_for(tmp_path: Path, monk
 def test_the_report_shows_download_and_download_plus_start(tmp_path: Path, monkeypatch, engines_by_method) -> None:
     path, _, _ = _run(tmp_path, monkeypatch, engines_by_method, ["none"])
     with Store.open(path) as store:
-        store.set_meta(runner.DOWNLOADS_META, {})
+        store.set_meta(downloads.DOWNLOADS_META, {})
         server = store.server_configs()[0]
         store.record_server_start(server.id, image_digest="sha256:d", startup_facts={}, ready_s=54.0, log_path=None,
                                   downloads={"seconds": 317.0, "bytes": 18 << 30, "image_s": 0.3, "total_s": 317.3})
