@@ -71,7 +71,8 @@ def equality(report: Report) -> Check:
     unchecked = sorted({g.equality.describe() for g in drafting if g.equality and g.equality.status == "sampling"})
     for text in unchecked:
         findings.append(f"equality {text}: sampled answers differ run to run, drafting or not; run at temperature "
-                        "0 to check that drafting keeps the output")
+                        "0 to check that drafting keeps the output token for token (the lossless check compares "
+                        "sampled answers as samples)")
     compared = [g for g in drafting if g.equality and g.equality.status in ("checked", "sampling")]
     why = None
     if not drafting:
