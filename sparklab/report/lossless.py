@@ -41,6 +41,7 @@ class Lossless:
     reason: str = ""  # why it could not be checked ("" when checked)
     flagged: tuple[str, ...] = ()  # what the test found
     declared: tuple[str, ...] = ()  # lossy by design (the engine adapter)
+    identical: bool = False  # every answer scored exactly as none's: the very same samples
 
     @property
     def checked(self) -> bool:
@@ -88,6 +89,18 @@ def _centred(first: list[tuple[str, float, int]], second: list[tuple[str, float,
             [float(v[i - 1]) - mean[k] for k, *v in second if k in both])
 
 
+def _same_samples(first: list[tuple[str, float, int]], second: list[tuple[str, float, int]]) -> bool:
+    """Each task's answers scored exactly alike in both samples (the same answers, as two servers sampling with the
+    same seed give them)."""
+    def per_task(values: list[tuple[str, float, int]]) -> dict[str, list[tuple[float, int]]]:
+        out: dict[str, list[tuple[float, int]]] = defaultdict(list)
+        for key, logprob, tokens in values:
+            out[key].append((round(logprob, 6), tokens))
+        return {k: sorted(v) for k, v in out.items()}
+
+    return per_task(first) == per_task(second)
+
+
 def results(report: Report) -> list[Lossless]:
     by_config: dict[tuple[str, str], list[Group]] = defaultdict(list)
     for g in report.groups:
@@ -111,13 +124,19 @@ def results(report: Report) -> list[Lossless]:
         if not mine or not theirs:
             reason = _why_not(server, settings, why + why_base, bool(mine))
         logprob = length = None
+        same = False
         if not reason:
-            logprob = two_sample(*_centred(theirs, mine, 1))
+            first, second = _centred(theirs, mine, 1)
+            logprob = two_sample(first, second)
             length = two_sample(*_centred(theirs, mine, 2))
-            if logprob is None or logprob.p_value is None:
+            same = bool(first) and _same_samples(theirs, mine)
+            if same:  # every answer scored as none's to the same task: the same samples (the engines' seeds agree)
+                logprob = Difference(len(first), len(second), 0.0, 0.0, 0.0, 0.0, 0.0, 1.0)
+                length = Difference(len(first), len(second), 0.0, 0.0, 0.0, 0.0, 0.0, 1.0)
+            elif logprob is None or logprob.p_value is None:
                 reason = "too few scored answers to the same tasks for a test (at least 2 each, with some spread)"
         out.append(Lossless(server, bases[0].server, label, len(mine), len(theirs), logprob, length, reason,
-                            declared=declared))
+                            declared=declared, identical=same))
     alpha = float(settings.get("alpha") or 0.05)
     tests = 2 * sum(1 for r in out if r.checked) or 1
     return [_judged(r, alpha / tests) for r in out]
@@ -145,7 +164,7 @@ def _judged(r: Lossless, threshold: float) -> Lossless:
             flagged.append(f"{name} differs: {d.difference:+.3f} [{d.low:+.3f}, {d.high:+.3f}], p = {d.p_value:.2g} "
                            f"(< {threshold:.2g})")
     return Lossless(r.server, r.baseline, r.sampling, r.answers, r.baseline_answers, r.logprob, r.length, r.reason,
-                    tuple(flagged), r.declared)
+                    tuple(flagged), r.declared, r.identical)
 
 
 def _diff(d: Difference | None, digits: int) -> str:
@@ -161,6 +180,8 @@ def verdict(r: Lossless) -> str:
         return "LOSSY: its answers are not the target's"
     if r.declared:
         return "lossy by design" + ("" if r.checked else f"; {r.reason}")
+    if r.identical:
+        return "consistent with lossless: the same samples as none, answer for answer (the same sampling seed)"
     return "consistent with lossless" if r.checked else r.reason
 
 

@@ -206,3 +206,11 @@ def test_the_cpu_builds_known_deaths_are_explained() -> None:
     compiler = vllm.explain_failure("InvalidCxxCompiler: No working C++ compiler found in "
                                     "torch._inductor.config.cpp.cxx: (None, 'g++')")
     assert compiler and "TORCHDYNAMO_DISABLE=1" in compiler
+
+
+def test_the_very_same_samples_are_consistent_with_lossless(tmp_path: Path) -> None:
+    """Two plain vLLM servers with the same default seed sample the same answers to the same requests (measured on
+    the CPU build): no spread to test, and nothing to flag."""
+    (r,) = _results(_run(tmp_path, "vllm", {"none": BASE, "ngram": BASE}))
+    assert r.identical and r.checked and not r.flagged
+    assert lossless.verdict(r).startswith("consistent with lossless: the same samples as none")
