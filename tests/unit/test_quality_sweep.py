@@ -29,8 +29,9 @@ from sparklab.engines.scrape import StartupFacts
 from sparklab.recipes.plan import build_plan
 from sparklab.runtimes.containers import ImageInfo
 from sparklab.runtimes.launch import Ready
-from sparklab.sweep import downloads, runner
+from sparklab.sweep import downloads, runner, serverrun
 from sparklab.sweep.store import Store
+from tests.fakes import FakeRuntime
 from tests.scripted_server import Scripted, Step, chunk, usage
 from tests.unit.test_grading import REFERENCE, LocalSandbox
 
@@ -119,17 +120,6 @@ class FakeServer:
         self.stop()
 
 
-class FakeDocker:
-    def gc(self) -> list[Any]:
-        return []
-
-    def container_id(self, name: str) -> None:
-        return None
-
-    def kill(self, name: str) -> None:
-        pass
-
-
 @pytest.fixture
 def engines_by_method():
     found = {"none": Engine(True, 100, 1), "ngram": Engine(True, 100, 2), "draft_model": Engine(False, 200, 3)}
@@ -160,11 +150,11 @@ def _run(tmp_path: Path, monkeypatch, engines_by_method, methods: list[str], swe
         root = servers[p.spec.method].root
         spec = dataclasses.replace(p.spec, host="127.0.0.1", port=int(root.rsplit(":", 1)[1]))
         return Ready(FakeServer(spec), ImageInfo("img", "id", "sha256:d", "amd64"), 1.5, None, StartupFacts(),
-                     LogWatch(engine("vllm")), 0.25)
+                     LogWatch(engine("vllm")), image_s=0.25)
 
-    monkeypatch.setattr(runner, "_wait_port_free", lambda *a: None)
-    monkeypatch.setattr(runner.launch, "checked", lambda recipe, spec, *a: type("P", (), {"spec": spec})())
-    monkeypatch.setattr(runner.launch, "start", start)
+    monkeypatch.setattr(serverrun, "_wait_port_free", lambda *a: None)
+    monkeypatch.setattr(serverrun.launch, "checked", lambda recipe, spec, *a, **k: type("P", (), {"spec": spec})())
+    monkeypatch.setattr(serverrun.launch, "start", start)
     sandbox = LocalSandbox(per_test_s=2.0)
     graded_at: list[float] = []
     original = sandbox.run
@@ -179,7 +169,7 @@ def _run(tmp_path: Path, monkeypatch, engines_by_method, methods: list[str], swe
     with Store.create(path, plan.sweep.model_dump(), "test") as store:
         runner.register(plan, store)
         options = runner.Options(drop_caches=False, memory_wait_s=0.1, sandbox=sandbox)
-        counts = runner.run(plan, store, FakeDocker(), path.parent, options, said.append)  # type: ignore[arg-type]
+        counts = runner.run(plan, store, FakeRuntime(), path.parent, options, said.append)  # type: ignore[arg-type]
     assert counts["done"] == len(methods) * cells, said
     return path, starts, sandbox
 
