@@ -27,6 +27,7 @@ import yaml
 from sparklab.recipes.schema import recipes_dir
 from sparklab.sweep.store import Store
 from tests.dockerkit import Cli, make_cli
+from tests.e2e.conftest import MEASURED  # the module fixture's figure (the measured fixture is per test)
 
 pytestmark = pytest.mark.engine
 # The quality sweep's own bound. Measured: 4 servers x 8 cells took 423 s on this 2-core machine (2026-12-01); this
@@ -55,7 +56,7 @@ def _quality_sweep(root: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def quality_run(vllm_cpu_image: str, tmp_path_factory: pytest.TempPathFactory, measured) -> QualityRun:
+def quality_run(vllm_cpu_image: str, tmp_path_factory: pytest.TempPathFactory) -> QualityRun:
     """The quality sweep once, on the real vLLM CPU engine, for both tests of this module."""
     root = tmp_path_factory.mktemp("quality")
     cli = make_cli(vllm_cpu_image, root)
@@ -64,7 +65,7 @@ def quality_run(vllm_cpu_image: str, tmp_path_factory: pytest.TempPathFactory, m
     done = subprocess.run([sys.executable, "-m", "sparklab", "sweep", str(sweep), "--runs-dir", str(root / "runs")],
                           capture_output=True, text=True, timeout=QUALITY_TIMEOUT_S, env=cli.env())
     assert done.returncode == 0, done.stderr[-4000:]
-    measured["quality: sweep wall time (s), 5 servers x 6 cells, grading and scoring included"] = round(
+    MEASURED["quality: sweep wall time (s), 5 servers x 6 cells, grading and scoring included"] = round(
         time.monotonic() - started, 1)
     (db,) = (root / "runs").glob("cpu-quality-*/results.sqlite")
     return QualityRun(cli, root / "runs", db)
