@@ -30,8 +30,9 @@ from tests.dockerkit import Cli, make_cli
 from tests.e2e.conftest import MEASURED  # the module fixture's figure (the measured fixture is per test)
 
 pytestmark = pytest.mark.engine
-# The quality sweep's own bound. Measured: 4 servers x 8 cells took 423 s on this 2-core machine (2026-12-01); this
-# module's 5 servers x 6 cells should take about as long (the tier's summary prints "quality: sweep wall time").
+# The quality sweep's own bound. Measured on this 2-core machine (2026-12-01, 19:26 UTC): the module took 540 s, the
+# quality sweep (5 servers x 6 cells, grading and scoring) 406 s in the first test's setup, the comparison's own
+# part (2 llama.cpp servers x 4 cells, compare, report) 130 s.
 QUALITY_TIMEOUT_S = 1200
 
 
@@ -122,8 +123,12 @@ def test_cpu_quality_sweep(quality_run: QualityRun, tmp_path: Path, measured) ->
                 f"p {g['logprob_p']:.2g}; answer tokens diff {g['length_diff']:+.1f} p {g['length_p']:.2g}")
     assert verdicts["plain"]["lossless"] == "consistent with lossless"  # the negative control, its own seed
     assert verdicts["topk5"]["lossless"].startswith("LOSSY") and verdicts["topk5"]["logprob_diff"] > 0  # too likely
-    for method in ("ngram", "draft_model"):  # this CPU build's drafting at T > 0: word salad, far less likely
-        assert verdicts[method]["lossless"].startswith("LOSSY") and verdicts[method]["logprob_diff_ci95"][1] < -0.5
+    for method in ("ngram", "draft_model"):  # this CPU build's drafting at T > 0: word salad, less likely or cut short
+        g = verdicts[method]
+        # measured: the likelihood fell in 3 of 4 such results (up to -2.9 nats per token); ngram once kept its
+        # likelihood (+0.04 [-0.43, +0.50]) and ended 27.7 tokens early (p 1.4e-05): flagged by its length alone
+        assert g["lossless"].startswith("LOSSY"), g
+        assert g["logprob_diff_ci95"][1] < 0 or (g["length_diff"] < 0 and g["length_p"] < 0.05), g
     checks = md[md.index("## Checks on the verdict"):md.index("## How far to trust this")]
     lossless = checks[checks.index("lossless at temperature > 0:"):checks.index("thinking budget:")]
     assert "topk5" in lossless and "plain" not in lossless and "ngram" in lossless
