@@ -54,6 +54,7 @@ def compiled_recipe(image: str) -> Any:
     data = read_yaml(path)
     engine = data["engines"]["vllm-cpu"]
     engine["args"] = [a for a in engine["args"] if a != "--enforce-eager"]
+    engine["env"].pop("TORCHDYNAMO_DISABLE", None)  # the eager recipe's switch: compile is what is measured here
     engine["image"] = image
     return parse_recipe(data, f"{path} (compiled)")
 

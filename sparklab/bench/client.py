@@ -197,7 +197,11 @@ class ChatClient:
                 function = getattr(call, "function", None)
                 _add_tool_call(record, {"index": len(record.tool_calls), "function": {
                     "name": getattr(function, "name", None), "arguments": getattr(function, "arguments", None)}})
+            reasoning = getattr(choice.message, "reasoning_content", None) or getattr(choice.message, "reasoning", None)
+            if isinstance(reasoning, str) and reasoning:  # kept apart: a non-streamed answer's text is its content
+                record.reasoning_parts.append(reasoning)
             record.output_parts.append(choice.message.content or "")
+            record.content_parts.append(choice.message.content or "")
             record.output_ids = None
 
     async def _stream_lean(self, record: RequestRecord, prompt_id: str, messages: list[dict[str, str]],
@@ -334,6 +338,10 @@ def _on_event(record: RequestRecord, event: dict[str, Any], now: float, max_chun
         record.chunk_reasoning.append(bool(reasoning) and not content)
         record.output_chars += len(content) + len(reasoning)
         record.output_parts.append(reasoning + content)
+        if reasoning:
+            record.reasoning_parts.append(reasoning)
+        if content:
+            record.content_parts.append(content)
         if record.output_ids is not None:
             if tokens is None:
                 record.output_ids = None

@@ -96,7 +96,10 @@ def plan_table(plan: Any, eta_s: float, model: Any, hosts: list[Any] | None = No
         parts.append(Text("hosts (one server each at a time; ports: the recipe's plus the offset): " + ", ".join(
             f"{h.name} = {h.docker}" + (f" +{h.port_offset}" if h.port_offset else "") for h in hosts)))
     for server in plan.servers:
-        loads = ", ".join(f"c={c.concurrency} {c.workload}#{c.repeat} n={c.requests}" for c in server.cells)
+        varying = plan.sweep.sampling.varying()  # a sampling axis (temperature, max_tokens) names its value
+        loads = ", ".join(f"c={c.concurrency} {c.workload}"
+                          + "".join(f" {k}={c.sampling.get(k)}" for k in varying)
+                          + f"#{c.repeat} n={c.requests}" for c in server.cells)
         parts.append(Text(f"\n{server.label}  [{server.id}]  {server.spec.image}\n  {serve_command(server.spec)}\n"
                           f"  cells: {loads}"))
     hours, rest = divmod(int(eta_s), 3600)

@@ -79,6 +79,15 @@ class EngineAPI:
             raise Unreachable(str(exc)) from None
         return Answer(response.status_code, response.text)
 
+    # Any: a JSON request body, whatever the engine's endpoint takes
+    def post_json(self, path: str, body: Any, timeout_s: float = 120.0) -> Answer:
+        """POST a JSON body (the lossless check's scoring requests); raises Unreachable when nothing answers."""
+        try:
+            response = requests.post(self.root + path, json=body, headers=_headers(self.api_key), timeout=timeout_s)
+        except requests.RequestException as exc:
+            raise Unreachable(str(exc)) from None
+        return Answer(response.status_code, response.text)
+
     # Any: the engine's JSON reply, whatever shape it sent
     def get_json(self, path: str, timeout_s: float = TIMEOUT_S) -> Any:
         """GET JSON for a user-facing command: every failure is a SparklabError that says what to do."""

@@ -53,6 +53,13 @@ Seconds = Annotated[float, Field(gt=0, le=MAX_DURATION_S, allow_inf_nan=False)]
 
 # Union members are told apart by shape, and their tags are left out of error locations.
 _ONE, _PER_CONCURRENCY = "one count", "per concurrency"
+ONE_VALUE, VALUES = "one value", "values"  # a sweep axis given as one value or as a list (plan.SamplingSpec)
+
+
+# Any: YAML before pydantic validates it
+def one_or_list(value: Any) -> str:
+    """The tag of a value that may be given alone or as a list of values (a sweep axis)."""
+    return VALUES if isinstance(value, list) else ONE_VALUE
 RequestsSpec = Annotated[
     Annotated[RequestCount, Tag(_ONE)] | Annotated[dict[Concurrency, RequestCount], Tag(_PER_CONCURRENCY)],
     Discriminator(lambda v: _PER_CONCURRENCY if isinstance(v, dict) else _ONE),
@@ -234,7 +241,7 @@ class Recipe(Strict):
 def _location(loc: tuple[Any, ...]) -> str:
     path = ""
     for part in loc:
-        if part in (_ONE, _PER_CONCURRENCY):
+        if part in (_ONE, _PER_CONCURRENCY, ONE_VALUE, VALUES):
             continue
         if part == "[key]":
             path += " (the key)"

@@ -11,6 +11,7 @@ from sparklab.report.checks import run_checks
 from sparklab.report.document import Block, Bullets, Code, Document, Image, Para, Section, Table
 from sparklab.report.formats import DASH, fmt
 from sparklab.report.generation import generation_sections
+from sparklab.report.lossless import sections as lossless_sections
 from sparklab.report.model import (
     BEST_TIE,
     CLOCK_DROP_FLAG,
@@ -22,7 +23,9 @@ from sparklab.report.model import (
     headline_name,
     memory_rows,
 )
+from sparklab.report.quality import sections as graded_sections
 from sparklab.report.roofline import assumptions, model_inputs
+from sparklab.report.thinking import sections as thinking_sections
 from sparklab.sweep.store import HOST_LOST
 
 
@@ -78,6 +81,9 @@ def _overview(report: Report) -> Section:
         + f"{counts.get('pending', 0) + counts.get('running', 0)} not run; {len(report.servers)} server configs",
         f"host: {host.get('hostname', '?')} ({host.get('machine', '?')}, {host.get('mem_total_gib', '?')} GiB)",
     ]
+    platform = host.get("platform") or {}
+    if platform:
+        items.append("platform: " + platform_line(platform))
     if engines:
         items.append("engine versions (GET /version): " + ", ".join(engines))
     items.append("images: " + "; ".join(digests))
@@ -321,6 +327,7 @@ def _facts(report: Report) -> Section:
     rows = []
     warnings: dict[str, list[str]] = {}
     advice: dict[str, list[str]] = {}
+    downloads = any(s.downloads for s in report.servers)
     for s in report.servers:
         f = s.startup
         conc = DASH
@@ -329,15 +336,21 @@ def _facts(report: Report) -> Section:
         rows.append((s.label, DASH if s.ready_s is None else f"{s.ready_s:.1f}",
                      DASH if f.get("kv_cache_tokens") is None else f"{f['kv_cache_tokens']:,}", conc,
                      _opt(f.get("kv_cache_memory_gib"), "{:g}"), _opt(f.get("model_load_seconds"), "{:g}"),
-                     _opt(f.get("model_load_gib"), "{:g}"), _opt(f.get("engine_init_seconds"), "{:g}")))
+                     _opt(f.get("model_load_gib"), "{:g}"), _opt(f.get("engine_init_seconds"), "{:g}"),
+                     *(_download_cells(s) if downloads else ())))
         for text in f.get("warnings") or []:
             warnings.setdefault(text, []).append(s.label)
         for text in f.get("advice") or []:
             advice.setdefault(text, []).append(s.label)
+    header = ("server", "ready s", "KV cache tokens", "max concurrency", "KV cache GiB", "weights load s",
+              "model GiB", "engine init s", *(("download s", "download + start s") if downloads else ()))
     blocks: list[Block] = [
-        Para("From each server's startup log (the latest start of that config) and sparklab's readiness wait."),
-        Table(("server", "ready s", "KV cache tokens", "max concurrency", "KV cache GiB", "weights load s",
-               "model GiB", "engine init s"), tuple(rows), (False, *([True] * 7))),
+        Para("From each server's startup log (the latest start of that config) and sparklab's readiness wait."
+             + (" Download: the model checkpoints the sweep fetched for it before its first server (a checkpoint "
+                "counts for the first server that needs it; 0 when the cache had it) plus making sure of its image "
+                "(a pull, or a look-up); download + start adds the time to ready (seed 002 measured 371 s for one "
+                "model)." if downloads else "")),
+        Table(header, tuple(rows), (False, *([True] * (len(header) - 1)))),
     ]
     if advice:
         blocks.append(Para("Advice from these logs:"))
@@ -346,6 +359,29 @@ def _facts(report: Report) -> Section:
         blocks.append(Para("Startup warnings:"))
         blocks.append(Bullets(tuple(f"{text} ({_who(who, report)})" for text, who in warnings.items())))
     return Section("Measured facts per server config", blocks=blocks)
+
+
+def _download_cells(s: Server) -> tuple[str, str]:
+    d = s.downloads or {}
+    total = d.get("total_s")
+    if total is None:
+        return DASH, DASH
+    gib = f", {d['bytes'] / 2**30:.2f} GiB" if d.get("bytes") else ""
+    return (f"{total:,.1f}{gib}", DASH if s.ready_s is None else f"{total + s.ready_s:,.1f}")
+
+
+def platform_line(p: dict[str, Any]) -> str:
+    """OS release, kernel, GPU driver and CUDA where nvidia-smi answered (sparklab.host.platform)."""
+    parts = [str(p.get("os_release") or "OS release unknown"), f"kernel {p.get('kernel', '?')}"]
+    gpus = p.get("gpus") or []
+    if gpus:
+        parts.append(", ".join(sorted({f"{g.get('name')} (driver {g.get('driver')})" for g in gpus})))
+        parts.append(f"CUDA {p['cuda']}" if p.get("cuda") else "CUDA version not reported")
+    else:
+        parts.append(f"no NVIDIA GPU driver ({p.get('nvidia_smi') or 'nvidia-smi did not answer'})")
+    if p.get("docker"):
+        parts.append(f"Docker {p['docker']}")
+    return ", ".join(parts)
 
 
 def _memory(report: Report) -> Section | None:
@@ -525,9 +561,10 @@ def document(report: Report, plots: list[tuple[str, Path]] | None = None) -> Doc
     synthetic = [s] if (s := verdicts.synthetic_section(report)) else []
     synthetic += [s] if (s := latency.section(report, report.slo)) else []
     synthetic += [s] if (s := losses.section(report)) else []
+    quality = [*graded_sections(report), *lossless_sections(report), *thinking_sections(report)]
     sections = [_overview(report), *lead, _method(report), *_seed_tables(report), *tuned, *_k_pivot(report),
-                _best(report), *synthetic, verdicts.load_noise_section(report), _checks(report), _reliability(report),
-                *_detail_tables(report)]
+                _best(report), *synthetic, *quality, verdicts.load_noise_section(report), _checks(report),
+                _reliability(report), *_detail_tables(report)]
     if acceptance := _acceptance(report):
         sections.append(acceptance)
     if tools := _tool_calls(report):

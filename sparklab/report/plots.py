@@ -222,3 +222,36 @@ def all_plots(report: Report, out: Path) -> list[Plot]:
         for kind in (throughput_vs_k, speedup_bars, acceptance, ttft):
             plots += kind(report, workload, out)
     return plots + loss_bars(report, out)
+
+
+def compare_plots(comparison: Any, out: Path) -> list[Plot]:
+    """`sparklab compare`: per matched cell, each config's headline in each run (bars side by side), with the 95%
+    interval over repeats as whiskers where repeats measured one."""
+    plt = _pyplot()
+    plots: list[Plot] = []
+    runs = comparison.run_ids
+    for cell in comparison.cells:
+        configs = list(dict.fromkeys(c for groups in cell.groups for c in groups))
+        fig, (ax,) = _panels(plt, 1, len(configs) * len(runs))
+        width = 0.8 / len(runs)
+        for i, run in enumerate(runs):
+            means, errors, xs = [], [], []
+            for j, config in enumerate(configs):
+                g = cell.groups[i].get(config)
+                if g is None or g.headline is None:
+                    continue
+                e = g.headline
+                xs.append(j + (i - (len(runs) - 1) / 2) * width)
+                means.append(e.mean)
+                errors.append(0.0 if e.high is None else e.high - e.mean)
+            if xs:
+                ax.bar(xs, means, width, yerr=[e or 0.0 for e in errors] if any(errors) else None, capsize=3,
+                       label=run)
+        ax.set_xticks(range(len(configs)))
+        ax.set_xticklabels(configs, fontsize=8)
+        ax.set_ylabel(headline_metric(cell.key[2], comparison.reports[0].lead))
+        ax.set_title(cell.label, fontsize=9)
+        ax.legend(fontsize=7)
+        plots.append((f"compare: {cell.label}", _save(fig, out / f"compare-{safe_filename(cell.label)}.png")))
+        plt.close(fig)
+    return plots

@@ -14,6 +14,7 @@ import threading
 import time
 import weakref
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -172,7 +173,8 @@ class Docker:
         info = self.client.info()
         return {"name": info.get("Name"), "architecture": info.get("Architecture"),
                 "mem_total_gib": round(int(info.get("MemTotal") or 0) / 2**30, 1), "cpus": info.get("NCPU"),
-                "docker_version": info.get("ServerVersion"), "os": info.get("OperatingSystem")}
+                "docker_version": info.get("ServerVersion"), "os": info.get("OperatingSystem"),
+                "kernel": info.get("KernelVersion")}
 
     # -- images ------------------------------------------------------------------------------------
 
@@ -483,6 +485,75 @@ class Docker:
     def log_text(self, name: str, since: float | None = None) -> str:
         """A container's log (since a wall-clock time), redacted, as text."""
         return b"".join(self.logs(name, since=since)).decode("utf-8", "replace")
+
+    def run_confined(self, image: str, command: list[str], task_dir: str, limits: Confinement) -> Confined:
+        """Run untrusted code once and remove its container on every path (sparklab.runtimes.sandbox): no network,
+        a read-only root with `task_dir` mounted read-only at /task (the working directory) and a small /tmp,
+        no capabilities, an unprivileged user, and caps on memory (no swap), CPU, processes and wall time (the
+        container is killed at the time cap). Labelled like every sparklab container, so `gc` finds a leftover."""
+        labels = {LABEL: "1", "sparklab.mode": "sandbox", OWNER: owner_token(), USER_ID: str(os.getuid()),
+                  USER_NAME: user_name()}
+        kwargs: dict[str, Any] = {
+            "command": command, "working_dir": "/task", "network_mode": "none", "read_only": True,
+            "tmpfs": {"/tmp": f"rw,nosuid,nodev,size={limits.tmp_mib}m"},
+            "volumes": {task_dir: {"bind": "/task", "mode": "ro"}}, "mem_limit": f"{limits.memory_mib}m",
+            "memswap_limit": f"{limits.memory_mib}m", "nano_cpus": int(limits.cpus * 1e9),
+            "pids_limit": limits.pids, "cap_drop": ["ALL"], "security_opt": ["no-new-privileges"],
+            "user": "65534:65534", "environment": {"HOME": "/tmp", "PYTHONDONTWRITEBYTECODE": "1"},
+            "labels": labels, "detach": True, "init": True,
+            "name": f"sparklab-sandbox-{os.getpid()}-{time.monotonic_ns() % 10**9}"}
+        started = time.monotonic()
+        container: Container | None = None
+        timed_out = False
+        try:
+            with interrupts.deferred():
+                container = self.client.containers.create(image, **kwargs)
+            container.start()
+            try:
+                result = container.wait(timeout=limits.timeout_s)
+                code: int | None = int(result.get("StatusCode", -1))
+            except (requests.exceptions.ReadTimeout, requests.exceptions.ConnectionError):
+                timed_out, code = True, None
+                with contextlib.suppress(docker.errors.APIError):
+                    container.kill()
+            seconds = time.monotonic() - started
+            container.reload()
+            oom = bool(container.attrs.get("State", {}).get("OOMKilled"))
+            output = container.logs(stdout=True, stderr=True)[-limits.output_bytes:].decode("utf-8", "replace")
+            return Confined(code, output, seconds, timed_out, oom, None)
+        except docker.errors.ImageNotFound:
+            return Confined(None, "", time.monotonic() - started, False, False,
+                            f"no image {image} on this Docker engine")
+        except (docker.errors.APIError, requests.RequestException) as exc:
+            return Confined(None, "", time.monotonic() - started, False, False,
+                            f"docker: {str(getattr(exc, 'explanation', '') or exc)[:300]}")
+        finally:
+            if container is not None:
+                self._force_remove(container)
+
+
+@dataclass(frozen=True)
+class Confinement:
+    """What a confined run may use (sparklab.runtimes.sandbox.Limits fills it in)."""
+
+    timeout_s: float
+    memory_mib: int
+    cpus: float
+    pids: int
+    tmp_mib: int
+    output_bytes: int
+
+
+@dataclass(frozen=True)
+class Confined:
+    """How a confined run ended. error: it could not run at all."""
+
+    exit_code: int | None
+    output: str
+    seconds: float
+    timed_out: bool
+    oom_killed: bool
+    error: str | None
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -37,7 +37,7 @@ from sparklab.recipes.plan import (
 from sparklab.recipes.schema import load_hardware, stored_facts
 from sparklab.runtimes.base import HostRuntime
 from sparklab.runtimes.local import Runtime as LocalRuntime
-from sparklab.sweep import fleet, parsecheck, provenance, rundir
+from sparklab.sweep import downloads, fleet, grading, lossless, parsecheck, provenance, rundir
 from sparklab.sweep.hoststore import HostStore
 from sparklab.sweep.serverrun import Options, Say, ServerRun, serve
 from sparklab.sweep.store import PlannedCell, Store
@@ -74,10 +74,13 @@ class Outcome:
 
 # Any: a JSON document, stored with the run as it is
 def host_facts() -> dict[str, Any]:
+    from sparklab.host.platform import platform_facts
+
     available, total = preflight.mem_available_gib()
     return {"hostname": platform.node(), "machine": platform.machine(), "python": platform.python_version(),
             "kernel": platform.release(), "mem_total_gib": round(total, 1),
-            "mem_available_gib_at_start": round(available, 1), "sparklab": __version__}
+            "mem_available_gib_at_start": round(available, 1), "sparklab": __version__,
+            "platform": platform_facts()}
 
 
 def timing_model(plan: Plan, history: list[Path]) -> TimingModel:
@@ -121,10 +124,10 @@ def register(plan: Plan, store: Store, only: Callable[[ServerConfig, Cell], bool
                                         "serve_args": list(server.serve_args), "kind": server.spec.kind,
                                         "label": server.label, **stored_facts(server.recipe, devices, server.engine)},
                                 argv=argv, image=server.spec.image)
-    settings = {"warmup": plan.sweep.warmup, "stream": plan.sweep.stream, "duration_s": plan.sweep.duration_s,
-                "sampling": plan.sweep.sampling.model_dump()}
+    settings = {"warmup": plan.sweep.warmup, "stream": plan.sweep.stream, "duration_s": plan.sweep.duration_s}
     return store.add_cells(
-        PlannedCell(c.id, server.id, c.concurrency, c.workload, c.repeat, {**settings, "requests": c.requests})
+        PlannedCell(c.id, server.id, c.concurrency, c.workload, c.repeat,
+                    {**settings, "sampling": c.sampling, "requests": c.requests})
         for server in plan.servers for c in server.cells if only is None or only(server, c))
 
 
@@ -168,7 +171,23 @@ def run(plan: Plan, store: Store, runtime: HostRuntime | None, run_dir: Path, op
                             baseline, [p.runtime for p in partners or []], lost=member.gone))
 
     fleet.run(plan, store, members, serve_pending, say_progress, run_dir.name)
+    here = next((m for m in members if m.host.local), None)
+    if here is not None:  # what no `none` server scored while up: on this machine's engine, at the end
+        _score_the_rest(plan, store, here, run_dir, options, say_progress, baseline)
     return store.counts()
+
+
+def _score_the_rest(plan: Plan, store: Store, member: fleet.Member, run_dir: Path, options: Options, say: Say,
+                    baseline: float) -> None:
+    """Sampled answers the lossless check has not scored yet (drafting configs that ran after `none`): the
+    engine's `none` server config once more, with no cells, only to score them."""
+    if not plan.sweep.lossless.enabled:
+        return
+    for name in lossless.engines_with_pending(plan, store):
+        plain = lossless.baseline_of(plan, name)
+        if plain is not None:
+            serve(ServerRun(plan, HostStore(store, host=member.recorded_as), member.runtime, run_dir, options,
+                            member.tell(say), member.host, plain, [], baseline))
 
 
 def dry_run(request: Request) -> tuple[Plan, float, TimingModel, list[Host] | None]:
@@ -203,14 +222,21 @@ def sweep(request: Request, say: Say, runtime: HostRuntime | None = None) -> Out
             _check_drift(plan, store, exists, request.options.allow_drift, say)
             added = register(plan, store)
             if not exists:
-                store.set_host_facts(host_facts())
+                facts = host_facts()
+                if runtime is not None:  # the engine the servers run on, where it is this machine's
+                    with contextlib.suppress(Exception):
+                        facts["platform"]["docker"] = runtime.facts().get("docker_version")
+                store.set_host_facts(facts)
             if request.retry_failed:
                 say(f"{store.retry_failed()} failed or partial cell(s) will run again")
             if request.download and store.pending_cells():
-                download(plan, store, say)
+                downloads.download(plan, store, say)
             say(f"run {run_dir} ({'continued' if exists else 'new'}; {added} new cell(s)): {store.counts()}")
+            options = request.options
+            if store.pending_cells():  # a code suite's sandbox image is checked before any server starts
+                options = replace(options, sandbox=grading.make_sandbox(plan, _docker_of(runtime)))
             try:
-                counts = run(plan, store, runtime, run_dir, request.options, say, hosts)
+                counts = run(plan, store, runtime, run_dir, options, say, hosts)
             except KeyboardInterrupt:  # Ctrl-C, SIGTERM, or a hangup whose terminal is gone: the log says it
                 store.reset_interrupted(plan.sweep.max_attempts)
                 _log_line(run_dir / rundir.LOG_NAME, f"interrupted; the servers are down, {store.counts()}")
@@ -275,13 +301,10 @@ def _hosts(request: Request, plan: Plan) -> list[Host] | None:
     return hosts
 
 
-def download(plan: Plan, store: Store, say: Say) -> None:
-    """Every checkpoint the servers mount into the cache, before any clock starts; revisions kept with the run."""
-    from sparklab.runtimes import pull
 
-    fetched = pull.pull([(s.recipe, s.spec) for s in plan.servers], pull_image=None, say=say)
-    if fetched.models:
-        store.set_host_facts({"model_revisions": fetched.revisions()})
+def _docker_of(runtime: HostRuntime | None) -> Any:
+    """This machine's Docker engine behind a runtime (code answers run in a container there), None: the default."""
+    return runtime.docker if isinstance(runtime, LocalRuntime) else runtime
 
 
 def _progress(store: Store, started: float, done_at_start: int) -> str:

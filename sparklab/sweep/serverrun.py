@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from sparklab.bench import cell as bench
 from sparklab.bench.metrics import IDENTICAL
@@ -31,7 +32,7 @@ from sparklab.recipes.plan import Cell, Plan, ServerConfig
 from sparklab.records import BenchResult, Sampling
 from sparklab.runtimes import cluster, launch
 from sparklab.runtimes.base import HostRuntime
-from sparklab.sweep import provenance, repeats, rundir
+from sparklab.sweep import downloads, grading, lossless, provenance, repeats, rundir
 from sparklab.sweep.fleet import HostLost
 from sparklab.sweep.hoststore import HostStore
 from sparklab.sweep.store import Store
@@ -53,6 +54,7 @@ class Options:
     min_free_mib: float = 256.0  # free space the runs directory needs before each server
     memory_floor_gib: float | None = None  # --memory-floor-gib; None: the sweep file's, else memwatch.floor_for
     allow_drift: bool = False  # --allow-drift: resume even if the recipe, sampling or an image digest changed
+    sandbox: Any = None  # where code suites' answers run (sweep.grading.make_sandbox); None: no code suite
 
 
 @dataclass
@@ -159,7 +161,8 @@ def _run_server(run: ServerRun) -> None:
     server, store, say, watch = run.server, run.store, run.say, run.watch
     spec, cells = server.spec, run.cells
     start_mark = watch.mark() if watch is not None else 0
-    say(f"server {server.label}: starting ({len(cells)} cells; {spec.image})")
+    say(f"server {server.label}: starting ({len(cells)} cells; {spec.image})" if cells else
+        f"server {server.label}: starting, to score the sampled answers left (the lossless check; {spec.image})")
     try:
         ready = _start(run)
     except (ServerError, PreflightError) as exc:
@@ -185,7 +188,8 @@ def _run_server(run: ServerRun) -> None:
         say(f"server {server.label}: warning: {disagree}")
     store.record_server_start(server.id, image_digest=ready.image.digest, startup_facts=facts,
                               ready_s=ready.seconds_to_ready, log_path=str(ready.server.log_path),
-                              engine_version=ready.served_version or launch.image_version(ready))
+                              engine_version=ready.served_version or launch.image_version(ready),
+                              downloads=downloads.waited_for(store, server.id, ready.image_s))
     if ready.check is not None:
         store.record_image_check(server.id, ready.check.as_dict())
     say(f"server {server.label}: ready in {ready.seconds_to_ready:.1f} s")
@@ -198,7 +202,7 @@ def _run_server(run: ServerRun) -> None:
     with ready.server:
         _check_image(store, server, ready.image.digest, run.options.allow_drift, say)
         try:
-            _run_cells(run, ready)
+            measured = _run_cells(run, ready)
         except HostLost:  # its host does not answer: a teardown would wait on it too; `sparklab gc --host` later
             ready.server.keep()
             raise
@@ -207,19 +211,22 @@ def _run_server(run: ServerRun) -> None:
                 raise
             ready.server.keep()  # a state check failed because the host went away: as above
             raise HostLost(_one_line(exc)) from exc
+        if measured and server.method == lossless.BASELINE and run.plan.sweep.lossless.enabled:
+            # the plain server as it runs scores the sampled answers under the target (the lossless check)
+            lossless.score_safely(run.plan, store, server, EngineAPI(ready.server.spec.endpoint, ready.api_key), say)
 
 
-def _run_cells(run: ServerRun, ready: launch.Ready) -> None:
-    """The server's cells in order, while it serves; a server that ends fails the cells it did not reach."""
+def _run_cells(run: ServerRun, ready: launch.Ready) -> bool:
+    """The server's cells in order, while it serves; a server that ends fails the cells it did not reach (False)."""
     server, cells = run.server, run.cells
     for i, cell in enumerate(cells):
         if _engine_died(ready):
             _fail_fatal(run, ready, [c.id for c in cells[i:]])
-            return
+            return False
         running, code = ready.server.state()
         if not running and run.watch is not None and run.watch.tripped:
             _fail_at_floor(run, [c.id for c in cells[i:]])
-            return
+            return False
         if not running:
             tail = ready.server.log_tail(50)
             oom = ready.server.oom_killed()
@@ -229,7 +236,7 @@ def _run_cells(run: ServerRun, ready: launch.Ready) -> None:
                                          exit_code=code, log_tail=tail, max_attempts=run.max_attempts,
                                          cell_ids=[c.id for c in cells[i:]])
             run.say(f"server {server.label}: exited with code {code}; its remaining cells failed")
-            return
+            return False
         if _measured_enough(run.plan, run.store, server, cell, run.say):
             continue
         run.attempted.add(cell.id)
@@ -237,9 +244,11 @@ def _run_cells(run: ServerRun, ready: launch.Ready) -> None:
             _run_cell(run, ready, cell)
         except MemoryFloorError:
             _fail_at_floor(run, [c.id for c in cells[i:]])
-            return
+            return False
     if _engine_died(ready):  # during the last cell
         _fail_fatal(run, ready, [])
+        return False
+    return True
 
 
 def _measured_enough(plan: Plan, store: Store | HostStore, server: ServerConfig, cell: Cell, say: Say) -> bool:
@@ -301,7 +310,7 @@ def _run_cell(run: ServerRun, ready: launch.Ready, cell: Cell) -> None:
     sweep, store, say, watch, server = run.plan.sweep, run.store, run.say, run.watch, run.server
     store.start_cell(cell.id)
     mark = watch.mark() if watch is not None else 0  # its window: memory and clocks under load
-    sampling = Sampling(**sweep.sampling.model_dump())
+    sampling = Sampling(**cell.sampling)
     load = bench.Load(concurrency=cell.concurrency, requests=cell.requests, duration_s=sweep.duration_s,
                       warmup=sweep.warmup, stream=sweep.stream)
     spec = ready.server.spec
@@ -367,21 +376,23 @@ def _run_cell(run: ServerRun, ready: launch.Ready, cell: Cell) -> None:
         store.fail_cell(cell.id, "bench_error", errors, max_attempts=sweep.max_attempts)
         say(f"cell {name}: every request failed: {errors}")
         return
+    grades = grading.grade_safely(name, cell.workload, result, run.options.sandbox, say)  # the window is over
     if counts["ok"] < sweep.require_ok * counts["measured"]:
         errors = "; ".join(counts["first_errors"])
         message = (f"{counts['failed']} of {counts['measured']} requests failed (require_ok {sweep.require_ok:g}): "
                    f"{errors}")
         status = store.partial_cell(cell.id, dict(summary), dict(result), message, max_attempts=sweep.max_attempts,
                                     image_digest=ready.image.digest, engine_version=launch.image_version(ready),
-                                    served_version=ready.served_version)
+                                    served_version=ready.served_version, grades=grades)
         say(f"cell {name}: partial, {message}; " + ("it runs again" if status == "pending" else
                                                      "kept as partial (flagged in the report)"))
         return
     store.finish_cell(cell.id, dict(summary), dict(result), image_digest=ready.image.digest,
-                      engine_version=launch.image_version(ready), served_version=ready.served_version)
+                      engine_version=launch.image_version(ready), served_version=ready.served_version, grades=grades)
     adapter.reset_prefix_cache(endpoint.api)
+    graded = f"; graded: {grading.summary(grades)}" if grades is not None else ""
     say(f"cell {name}: {summary['aggregate_tps']:.2f} tok/s aggregate, "
-        f"{summary['requests']['ok']}/{summary['requests']['measured']} ok")
+        f"{summary['requests']['ok']}/{summary['requests']['measured']} ok{graded}")
 
 
 def _loadavg() -> list[float] | None:

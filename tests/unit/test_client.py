@@ -88,6 +88,18 @@ def test_reasoning_answer_and_multi_token_chunks(serve) -> None:
     assert record.chunk_times[-1] - record.chunk_times[-2] == pytest.approx(0.03, abs=0.02)
 
 
+def test_vllms_reasoning_field_counts_as_reasoning(serve) -> None:
+    """vLLM 0.27.1 streams thinking as delta.reasoning (vllm/entrypoints/openai/engine/protocol.py:397), SGLang and
+    the stand-in as delta.reasoning_content: the thinking-budget check reads both the same."""
+    steps = [(0.0, {**step[1], "choices": [{**step[1]["choices"][0], "delta": {"reasoning": "Let me"}}]})
+             if isinstance(step[1], dict) and step[1].get("choices") and
+             "reasoning_content" in step[1]["choices"][0]["delta"] else step for step in REASONING_THEN_ANSWER]
+    assert steps != REASONING_THEN_ANSWER
+    record = _request(serve(steps))
+    assert record.ok, record.error
+    assert record.chunk_reasoning == [True, False, False, False] and record.finish_reason == "length"
+
+
 def test_sends_the_sampling_and_token_id_request(serve) -> None:
     server = serve(REASONING_THEN_ANSWER)
     _request(server, Sampling(max_tokens=256, temperature=0, top_p=None, ignore_eos=True, min_tokens=256,
