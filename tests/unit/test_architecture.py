@@ -20,7 +20,7 @@ def _importers(module: str) -> set[str]:
     ("openai", {"bench/client.py"}),
     ("requests", {"engines/api.py", "runtimes/containers.py"}),  # engine HTTP; docker-py's own transport errors
     ("sparklab.bench.sse", {"bench/client.py"}),
-    ("jinja2", {"recipes/render.py", "report/document.py"}),  # recipes' templates; the report's HTML page
+    ("jinja2", {"recipes/sandbox.py", "report/document.py"}),  # recipes' templates; the report's HTML page
     ("rich", {"cli/main.py", "cli/console.py", "cli/progress.py"}),
     ("matplotlib", {"report/plots.py"}),
     ("scipy", {"bench/metrics.py"}),
