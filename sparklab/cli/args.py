@@ -18,6 +18,7 @@ from sparklab.recipes.schema import (
     MAX_DURATION_S,
     MAX_REQUESTS,
     MAX_SPECULATIVE_TOKENS,
+    MAX_TEMPERATURE,
     MAX_TOKENS,
     MAX_WARMUP,
 )
@@ -54,6 +55,20 @@ def _positive(high: float) -> Callable[[str], float]:
             value = math.nan
         if not 0 < value <= high:
             raise argparse.ArgumentTypeError(f"expected a number above 0 and at most {high:g}, got {text}")
+        return value
+    return parse
+
+
+def _between(low: float, high: float, low_open: bool = False) -> Callable[[str], float]:
+    """An argparse type: a finite number from low (or above it) to high, as the sweep file's sampling allows."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not (low < value <= high if low_open else low <= value <= high):
+            raise argparse.ArgumentTypeError(f"expected a number {'above' if low_open else 'from'} {low:g} "
+                                             f"{'and at most' if low_open else 'to'} {high:g}, got {text}")
         return value
     return parse
 
@@ -204,8 +219,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=_whole(0, MAX_WARMUP), default=2,
                    help="requests before the window, excluded (default 2)")
     p.add_argument("--max-tokens", type=_whole(1, MAX_TOKENS), default=SAMPLING.max_tokens)
-    p.add_argument("--temperature", type=float, default=SAMPLING.temperature)
-    p.add_argument("--top-p", type=float, default=SAMPLING.top_p)
+    p.add_argument("--temperature", type=_between(0, MAX_TEMPERATURE), default=SAMPLING.temperature)
+    p.add_argument("--top-p", type=_between(0, 1, low_open=True), default=SAMPLING.top_p)
     p.add_argument("--ignore-eos", action="store_true", help="generate max-tokens tokens (vLLM, SGLang)")
     p.add_argument("--min-tokens", type=_whole(1, MAX_TOKENS), help="at least this many tokens before EOS")
     p.add_argument("--thinking", choices=["on", "off", "default"], default="off",

@@ -23,6 +23,7 @@ from sparklab.recipes.hosts import HostEntry
 from sparklab.recipes.render import LaunchOptions, render
 from sparklab.recipes.schema import (
     MAX_REPEATS,
+    MAX_TEMPERATURE,
     MAX_WARMUP,
     Concurrency,
     Recipe,
@@ -46,8 +47,8 @@ class SamplingSpec(Strict):
     """A sweep file's `sampling:`; every default is sparklab.records.Sampling's."""
 
     max_tokens: TokenCount = _SAMPLING.max_tokens
-    temperature: float | None = Field(default=_SAMPLING.temperature, ge=0, le=100, allow_inf_nan=False)
-    top_p: float | None = Field(default=_SAMPLING.top_p, gt=0, le=1)
+    temperature: float | None = Field(default=_SAMPLING.temperature, ge=0, le=MAX_TEMPERATURE, allow_inf_nan=False)
+    top_p: float | None = Field(default=_SAMPLING.top_p, gt=0, le=1, allow_inf_nan=False)
     ignore_eos: bool = _SAMPLING.ignore_eos
     min_tokens: TokenCount | None = _SAMPLING.min_tokens
     enable_thinking: bool | None = _SAMPLING.enable_thinking
@@ -81,7 +82,8 @@ class Override(Strict):
 
 
 class SweepFile(Strict):
-    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
+    # a path component of every run (runs/tune-<name>-<id>/): short enough for any filesystem's 255 bytes
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$", max_length=100)
     description: str = ""
     recipe: str
     engines: list[str] | None = None

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from sparklab.errors import SparklabError
+from sparklab.inputs import MAX_TEXT_BYTES, read_bounded
 
 META_KEY = "provenance"
 _FIX = ("Start a new run for the changed setup (`sparklab sweep FILE --new`), put the old recipe or sampling back, "
@@ -28,7 +29,7 @@ class DriftError(SparklabError):
 
 def fingerprint(recipe_file: Path, sampling: dict[str, Any]) -> dict[str, Any]:
     return {"recipe_file": str(recipe_file),
-            "recipe_sha256": hashlib.sha256(recipe_file.read_bytes()).hexdigest(),
+            "recipe_sha256": hashlib.sha256(read_bounded(recipe_file, MAX_TEXT_BYTES)).hexdigest(),
             "sampling": sampling}
 
 

@@ -4,6 +4,7 @@ and the free space under it. No imports beyond errors: the store and the downloa
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import logging
 import os
@@ -33,6 +34,22 @@ def resolve(runs_dir: Path, name: str, resume: str | None, new: bool) -> tuple[P
     if earlier and not new:
         return earlier[-1].parent, True
     return runs_dir / f"{name}-{new_run_id()}", False
+
+
+def make(run_dir: Path) -> None:
+    """Create the run's directory; a runs directory sparklab cannot write is an error naming it, not a traceback."""
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise unwritable(run_dir, exc) from None
+
+
+def unwritable(path: Path, exc: OSError) -> SparklabError:
+    why = {errno.EROFS: "is on a read-only file system", errno.EACCES: "is not writable by you",
+           errno.EPERM: "is not writable by you", errno.ENOTDIR: "has a file where a directory should be",
+           errno.ENAMETOOLONG: "makes a path too long"}.get(exc.errno or 0, f"cannot be written ({exc.strerror})")
+    return SparklabError(f"{path}: sparklab cannot create the run there: {path.parent} {why}",
+                         "Give --runs-dir a directory you can write to (default ./runs).")
 
 
 def check_free_space(run_dir: Path, min_free_mib: float) -> None:
@@ -74,7 +91,10 @@ class RunLock:
         self._fd: int | None = None
 
     def __enter__(self) -> RunLock:
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:  # a run on read-only media can be reported, never continued
+            raise unwritable(self.path, exc) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

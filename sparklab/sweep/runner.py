@@ -484,7 +484,7 @@ def sweep(request: Request, say: Say, docker: Runtime | None = None) -> Outcome:
                                      request.new)
     plan = build_plan(request.file, run_id=run_dir.name, ulimits=request.ulimits)
     hosts = _hosts(request, plan)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    rundir.make(run_dir)
     with rundir.RunLock(run_dir), rundir.fault_log(run_dir):
         rundir.check_free_space(run_dir, request.options.min_free_mib)
         if docker is None and (hosts is None or any(h.local for h in hosts)):
