@@ -229,20 +229,24 @@ def cmd_report(args: argparse.Namespace) -> int:
     from sparklab import report
 
     path, note = report.locate(args.run, args.runs_dir)
+    if args.out:
+        report.check_out(args.out)  # before anything is read: a file there is never touched
     if note:
         err.print(note, markup=False)
-    built = _built_report(path, report.overrides_from(args.hardware, args.bandwidth_gbps, args.facts))
-    if not built.groups:
-        err.print(f"{path}: no finished cells yet; the report has no measurements", markup=False)
-    if args.out:
-        for written in report.write_all(built, args.out):
-            out.print(str(written), markup=False)
-        return 0
-    if args.format != "html":
-        sys.stdout.write(report.render(built, args.format))
-        return 0
-    with tempfile.TemporaryDirectory(prefix="sparklab-report-") as plots:  # drawn, then inlined in the page
-        sys.stdout.write(report.render(built, "html", Path(plots)))
+    overrides = report.overrides_from(args.hardware, args.bandwidth_gbps, args.facts)
+    with report.malformed(path):  # whatever a hand-edited file holds: one error naming it, nothing written
+        built = report.load(path, overrides)
+        if not built.groups:
+            err.print(f"{path}: no finished cells yet; the report has no measurements", markup=False)
+        if args.out:
+            for written in report.write_all(built, args.out):
+                out.print(str(written), markup=False)
+            return 0
+        if args.format != "html":
+            sys.stdout.write(report.render(built, args.format))
+            return 0
+        with tempfile.TemporaryDirectory(prefix="sparklab-report-") as plots:  # drawn, then inlined in the page
+            sys.stdout.write(report.render(built, "html", Path(plots)))
     return 0
 
 

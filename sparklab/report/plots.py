@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -17,10 +18,11 @@ Plot = tuple[str, Path]
 def safe_filename(name: str) -> str:
     """A name read from a store as one plain file-name part: never a path (`a/../../x`, `/abs`, `..`).
 
-    A name that needed changing gets a short hash of the original, so distinct names stay distinct files.
+    A name that needed changing, or is over 60 characters, gets a short hash of the original, so distinct names
+    stay distinct files.
     """
     safe = re.sub(r"[^A-Za-z0-9_.-]+", "-", name).strip(".-") or "unnamed"
-    if safe == name:
+    if safe == name and len(name) <= 60:  # longer: a file name the filesystem may refuse (255 bytes at most)
         return name
     return f"{safe[:60]}-{hashlib.sha256(name.encode()).hexdigest()[:8]}"
 
@@ -54,7 +56,9 @@ def _panels(plt: Any, count: int, bars: int = 0) -> tuple[Any, list[Any]]:
 
 def _save(fig: Any, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
+    with warnings.catch_warnings():  # labels too long to fit (a name from the store): drawn as they are
+        warnings.filterwarnings("ignore", message="Tight layout not applied")
+        fig.tight_layout()
     fig.savefig(path, dpi=110, metadata={"Software": None})
     fig.clear()
     return path

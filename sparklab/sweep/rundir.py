@@ -8,6 +8,7 @@ import errno
 import fcntl
 import logging
 import os
+import re
 import time
 import uuid
 from collections.abc import Iterator
@@ -20,6 +21,22 @@ from sparklab.host.disk import free_bytes
 def new_run_id() -> str:
     """A sortable, unique run id: the local start time and 6 random hex digits."""
     return time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:6]
+
+
+RUN_ID = re.compile(r"\d{8}-\d{6}-[0-9a-f]{6}")  # new_run_id's shape
+
+
+def runs_of(runs_dir: Path, name: str) -> list[Path]:
+    """The run directories of the sweep `name` (those named exactly `<name>-<run id>` that hold a results file),
+    oldest first. `name` is taken literally: never a glob pattern, and `pq` never matches `pq-long-<id>`."""
+    try:
+        entries = list(runs_dir.iterdir())
+    except OSError:  # no runs directory yet, or not a directory
+        return []
+    prefix = f"{name}-"
+    return sorted(entry for entry in entries
+                  if entry.name.startswith(prefix) and RUN_ID.fullmatch(entry.name[len(prefix):])
+                  and (entry / "results.sqlite").is_file())
 
 
 def resolve(runs_dir: Path, name: str, resume: str | None, new: bool) -> tuple[Path, bool]:
