@@ -47,9 +47,9 @@ def resolve(runs_dir: Path, name: str, resume: str | None, new: bool) -> tuple[P
             raise SparklabError(f"no run {resume!r} under {runs_dir} (no {run / 'results.sqlite'})",
                                 f"List them with: ls {runs_dir}")
         return run, True
-    earlier = sorted(runs_dir.glob(f"{name}-*/results.sqlite"))
+    earlier = runs_of(runs_dir, name)  # the exact name: sweep `pq` never continues `pq-long-<id>`
     if earlier and not new:
-        return earlier[-1].parent, True
+        return earlier[-1], True
     return runs_dir / f"{name}-{new_run_id()}", False
 
 

@@ -129,7 +129,7 @@ def timing_model(plan: Plan, history: list[Path]) -> TimingModel:
     ready, tps = [], []
     for path in history:
         try:
-            with Store.open(path) as old:
+            with Store.open(path, readonly=True) as old:  # another run's file: read, never migrated
                 configs = [s for s in old.server_configs() if s.config.get("recipe") == recipe.name]
                 ready += [s.ready_s for s in configs if s.ready_s]
                 ids = {s.id for s in configs}
@@ -467,8 +467,10 @@ def _engine_died(ready: launch.Ready) -> bool:
 def dry_run(request: Request) -> tuple[Plan, float, TimingModel, list[Host] | None]:
     """The plan, its ETA, the timing model behind it and the Docker hosts: the same code path as a run, up to
     the first start (the ETA is one host's: several hosts share the servers out)."""
-    run_dir, _ = rundir.resolve(request.runs_dir, load_sweep(request.file).name, request.resume, request.new)
+    run_dir, exists = rundir.resolve(request.runs_dir, load_sweep(request.file).name, request.resume, request.new)
     plan = build_plan(request.file, run_id=run_dir.name, ulimits=request.ulimits)
+    if exists:
+        provenance.check_owner(run_dir / "results.sqlite", plan.sweep.name, request.file)
     hosts = _hosts(request, plan)
     model = timing_model(plan, sorted(request.runs_dir.glob("*/results.sqlite")))
     return plan, estimate_seconds(plan, model), model, hosts
@@ -483,6 +485,8 @@ def sweep(request: Request, say: Say, docker: Runtime | None = None) -> Outcome:
     run_dir, exists = rundir.resolve(request.runs_dir, load_sweep(request.file).name, request.resume,
                                      request.new)
     plan = build_plan(request.file, run_id=run_dir.name, ulimits=request.ulimits)
+    if exists:  # before the file is opened for writing (which would migrate it)
+        provenance.check_owner(run_dir / "results.sqlite", plan.sweep.name, request.file)
     hosts = _hosts(request, plan)
     rundir.make(run_dir)
     with rundir.RunLock(run_dir), rundir.fault_log(run_dir):
