@@ -127,6 +127,19 @@ class SweepFile(Strict):
         return [{"docker": v} if isinstance(v, str) else v for v in value] if isinstance(value, list) else value
 
 
+    @field_validator("engines", "methods", "num_speculative_tokens", "concurrency", "workloads")
+    @classmethod
+    def _each_once(cls, value: list[Any] | None) -> list[Any] | None:
+        """A value listed twice planned its cells twice (`concurrency: [1, 1, 2, 1]` ran C=1 six times, past
+        max_attempts). Refused, not deduplicated: it is a typo more often than a wish, and more runs of a load
+        is what `repeats:` says."""
+        for item in value or ():
+            times = value.count(item) if value else 0
+            if times > 1:
+                raise ValueError(f"{item!r} is listed {times} times; list each value once (`repeats: N` runs "
+                                 "each load N times)")
+        return value
+
     @field_validator("repeats", mode="before")
     @classmethod
     def _repeats(cls, value: Any) -> Any:

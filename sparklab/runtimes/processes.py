@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import json
 import logging
 import os
@@ -63,6 +64,24 @@ def _port_taken(host: str, port: int) -> bool:
     return False
 
 
+_DIGESTS: dict[tuple[str, int, int, int], str] = {}
+
+
+def program_digest(path: Path) -> str:
+    """A host program's identity, as an image's digest is a container's: "sha256:" of the file it runs (for a
+    launcher script, the script's own text). Computed once per file version (path, inode, size, mtime)."""
+    real = path.resolve()
+    st = real.stat()
+    key = (str(real), st.st_ino, st.st_size, st.st_mtime_ns)
+    if key not in _DIGESTS:
+        digest = hashlib.sha256()
+        with real.open("rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+        _DIGESTS[key] = f"sha256:{digest.hexdigest()}"
+    return _DIGESTS[key]
+
+
 # ---------------------------------------------------------------------------------------------------
 
 
@@ -81,7 +100,8 @@ class Processes:
                 f"{ref} is not an executable program on this host",
                 "Install the engine where the recipe says (e.g. `python3 -m venv --system-site-packages VENV && "
                 "VENV/bin/pip install PACKAGE`), or fix the recipe's venv/entrypoint.")
-        return ImageInfo(ref=ref, id="", digest=None, architecture=self.host_arch())
+        # The program's content stands for an image digest: a binary rebuilt between stop and resume is drift.
+        return ImageInfo(ref=ref, id="", digest=program_digest(path), architecture=self.host_arch())
 
     # -- servers -----------------------------------------------------------------------------------------
 

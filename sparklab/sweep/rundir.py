@@ -1,11 +1,13 @@
-"""A run's id and directory and what keeps it safe: finding it, one sweep process at a time, its fault log,
-and the free space under it. No imports beyond errors: the store and the downloader ask it about disks."""
+"""A run's id and directory and what keeps it safe: finding it, one sweep process at a time (per run and per
+sweep), its fault log, and the free space under it. It imports only errors, the disk helper and the state
+directory (where the sweep locks live)."""
 
 from __future__ import annotations
 
 import contextlib
 import errno
 import fcntl
+import hashlib
 import logging
 import os
 import re
@@ -96,19 +98,23 @@ def fault_log(run_dir: Path) -> Iterator[None]:
         handler.close()
 
 
-class RunLock:
-    """One sweep process per run: an exclusive flock on runs/<id>/lock, holding the holder's pid.
+class _Flock:
+    """An exclusive flock on a file holding the holder's pid.
 
     The kernel drops a flock when its process dies (even by SIGKILL), so a lock left by a dead sweep is never
     stale: the next sweep simply takes it.
     """
 
-    def __init__(self, run_dir: Path) -> None:
-        self.path = run_dir / "lock"
+    def __init__(self, path: Path) -> None:
+        self.path = path
         self._fd: int | None = None
 
-    def __enter__(self) -> RunLock:
+    def _busy(self, holder: str) -> SparklabError:
+        raise NotImplementedError
+
+    def __enter__(self) -> _Flock:
         try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as exc:  # a run on read-only media can be reported, never continued
             raise unwritable(self.path, exc) from None
@@ -117,8 +123,7 @@ class RunLock:
         except BlockingIOError:
             holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
             os.close(fd)
-            raise SparklabError(f"run {self.path.parent.name} is in use by pid {holder} (another `sparklab sweep` "
-                                "is running it)", f"Wait for it to finish, or stop it: kill -TERM {holder}") from None
+            raise self._busy(holder) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         self._fd = fd
@@ -128,3 +133,35 @@ class RunLock:
         if self._fd is not None:
             os.close(self._fd)  # releases the flock
             self._fd = None
+
+
+class RunLock(_Flock):
+    """One sweep process per run: runs/<id>/lock."""
+
+    def __init__(self, run_dir: Path) -> None:
+        super().__init__(run_dir / "lock")
+
+    def _busy(self, holder: str) -> SparklabError:
+        return SparklabError(f"run {self.path.parent.name} is in use by pid {holder} (another `sparklab sweep` is "
+                             "running it)", f"Wait for it to finish, or stop it: kill -TERM {holder}")
+
+
+class SweepLock(_Flock):
+    """One sweep process per sweep name and runs directory, taken before a run is chosen or made: two sweeps of
+    one name started together would otherwise each make a run and fight over the recipe's port. The lock file
+    lives in sparklab's state directory (locks/<name>-<hash of the runs directory>.lock), so runs/ holds runs only.
+    """
+
+    def __init__(self, runs_dir: Path, name: str) -> None:
+        from sparklab.runtimes.state import state_dir  # here: `report` reads runs_of offline, never the runtimes
+
+        where = hashlib.sha256(str(runs_dir.resolve()).encode()).hexdigest()[:12]
+        super().__init__(state_dir() / "locks" / f"{name}-{where}.lock")
+        self.name, self.runs_dir = name, runs_dir
+
+    def _busy(self, holder: str) -> SparklabError:
+        return SparklabError(f"sweep {self.name} is in use by pid {holder} (another `sparklab sweep` of it is running "
+                             f"under {self.runs_dir}); a second would make its own run and fight the first over "
+                             "its servers' ports",
+                             f"Wait for it to finish, or stop it: kill -TERM {holder}. To run both, give the "
+                             "second its own sweep name or --runs-dir.")

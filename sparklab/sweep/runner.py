@@ -320,21 +320,27 @@ def _run_server(plan: Plan, store: Any, docker: Runtime | Docker, run_dir: Path,
     with ready.server:
         _check_image(store, server, ready.image.digest, options.allow_drift, say)
         for i, cell in enumerate(cells):
+            # A failure below charges these cells this server start's attempt; a fault after it (removing a
+            # container the restarting daemon has lost) must not charge them a second one: they count as attempted.
+            rest = [c.id for c in cells[i:]]
             if _engine_died(ready):
-                _fail_fatal(store, server, ready, max_attempts, [c.id for c in cells[i:]], say)
+                attempted.update(rest)
+                _fail_fatal(store, server, ready, max_attempts, rest, say)
                 return
             running, code = ready.server.state()
             if not running and watch is not None and watch.tripped:
-                _fail_at_floor(store, server, watch, max_attempts, [c.id for c in cells[i:]], say)
+                attempted.update(rest)
+                _fail_at_floor(store, server, watch, max_attempts, rest, say)
                 return
             if not running:
                 tail = ready.server.log_tail(50)
                 oom = ready.server.oom_killed()
                 meaning = exit_code_meaning(code, oom, tail) + watchdog.kill_evidence(code, tail, oom)
+                attempted.update(rest)
                 store.fail_server_config(server.id, _exit_kind(code, oom),
                                          f"the server exited with code {code}{meaning} during "
                                          f"the sweep", exit_code=code, log_tail=tail, max_attempts=max_attempts,
-                                         cell_ids=[c.id for c in cells[i:]])
+                                         cell_ids=rest)
                 say(f"server {server.label}: exited with code {code}; its remaining cells failed")
                 return
             if _measured_enough(plan, store, server, cell, say):
@@ -343,7 +349,8 @@ def _run_server(plan: Plan, store: Any, docker: Runtime | Docker, run_dir: Path,
             try:
                 _run_cell(plan, store, ready, server, cell, say, watch)
             except MemoryFloorError:
-                _fail_at_floor(store, server, watch, max_attempts, [c.id for c in cells[i:]], say)
+                attempted.update(rest)
+                _fail_at_floor(store, server, watch, max_attempts, rest, say)
                 return
         if _engine_died(ready):  # during the last cell
             _fail_fatal(store, server, ready, max_attempts, [], say)
@@ -482,8 +489,13 @@ def sweep(request: Request, say: Say, docker: Runtime | None = None) -> Outcome:
     Ctrl-C and SIGTERM (as KeyboardInterrupt) tear the current server down and return an interrupted outcome
     that can be resumed; the cell in flight goes back to pending.
     """
-    run_dir, exists = rundir.resolve(request.runs_dir, load_sweep(request.file).name, request.resume,
-                                     request.new)
+    name = load_sweep(request.file).name
+    with rundir.SweepLock(request.runs_dir, name):  # before a run is chosen or made: one process per sweep
+        return _sweep_locked(request, name, say, docker)
+
+
+def _sweep_locked(request: Request, name: str, say: Say, docker: Runtime | None) -> Outcome:
+    run_dir, exists = rundir.resolve(request.runs_dir, name, request.resume, request.new)
     plan = build_plan(request.file, run_id=run_dir.name, ulimits=request.ulimits)
     if exists:  # before the file is opened for writing (which would migrate it)
         provenance.check_owner(run_dir / "results.sqlite", plan.sweep.name, request.file)

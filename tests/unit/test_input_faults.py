@@ -19,6 +19,11 @@ from sparklab.recipes.schema import load_recipe, recipes_dir
 from tests.tmpfs import tmpfs
 
 
+@pytest.fixture(autouse=True)
+def _state(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("SPARKLAB_STATE", str(tmp_path / "state"))  # sweep locks and logs: never the real home
+
+
 def _sweep(tmp_path: Path, **changes: Any) -> Path:
     doc: dict[str, Any] = {"name": "faults", "recipe": "cpu", "methods": ["none"], "concurrency": [1],
                            "requests": 2, **changes}

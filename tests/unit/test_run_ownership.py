@@ -18,6 +18,11 @@ from sparklab.sweep.store import Store
 from tests.reportkit import CPU_RUN_ID, cpu_run
 
 
+@pytest.fixture(autouse=True)
+def _state(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("SPARKLAB_STATE", str(tmp_path / "state"))  # sweep locks and logs: never the real home
+
+
 def _sweep_file(tmp_path: Path, name: str) -> Path:
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump({"name": name, "recipe": "cpu", "methods": ["none"], "concurrency": [1],
