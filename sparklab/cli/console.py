@@ -11,6 +11,8 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from sparklab.engines.logwatch import headline
+
 
 def _num(value: float | None, digits: int = 2) -> str:
     return "-" if value is None else f"{value:,.{digits}f}"
@@ -122,8 +124,9 @@ def sweep_table(report: Any) -> Group:
         table.add_row(group.server.label, str(group.concurrency), group.workload, str(group.n),
                       _mean(m["aggregate_tps"]), _mean(m["per_request_tps"]), _mean(m["ttft_p50_ms"], 1),
                       _mean(m["acceptance_length"]), _speedup(group), _identical(group))
-    notes = [Text(f"{len(report.failures)} failure(s) recorded over all attempts; first: {report.failures[0].kind}: "
-                  f"{report.failures[0].message.splitlines()[0]}")] if report.failures else []
+    first = report.failures[0] if report.failures else None
+    notes = [Text(f"{len(report.failures)} failure(s) recorded over all attempts; first: {first.kind}: "
+                  f"{headline(first.message, first.log_tail)}")] if first else []
     return Group(Text("sweep results (mean over repeats; aggregate = tokens / window, warmup excluded; vs none = "
                       "per-request tok/s at c=1, aggregate above, as in the report; = none: answers identical to "
                       "none's at temperature 0)", style="bold"), table, *notes)

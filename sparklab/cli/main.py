@@ -70,7 +70,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         return 0
     docker = Runtime()
     for info in docker.gc():
-        err.print(f"removed leftover container {info.name} (its sparklab process is gone)")
+        err.print(f"removed leftover {info.noun} {info.name} (its sparklab process is gone)")
     if args.download:  # before the clock starts: a download never counts as time to ready
         from sparklab.cli.progress import DownloadProgress
         from sparklab.runtimes.pull import pull

@@ -76,6 +76,7 @@ def speculative(argv: Sequence[str]) -> Speculative | None:
 class TrtEdge(Engine):
     kind = "trtedge"
     label = "TensorRT Edge-LLM 0.11"
+    no_acceptance_reason = "TensorRT Edge-LLM 0.11 has no acceptance counter (no /metrics route, api/routes.py)"
     ready_path = "/health/ready"  # routes.py:77; served only once load_model returned (cli.py:39-52)
     ready_needs_key = False  # the key guards /v1/ only (api/app.py:128)
     ready_line = re.compile(r"Application startup complete|Uvicorn running on")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from sparklab.errors import SparklabError
 from sparklab.report.content import document
-from sparklab.report.document import markdown, to_html
+from sparklab.report.document import json_visible, markdown, to_html, visible
 from sparklab.report.exports import to_csv, to_json
 from sparklab.report.files import check_out, load, locate, malformed, publish, staged
 from sparklab.report.model import Overrides, Report, build
@@ -26,19 +26,20 @@ __all__ = ["FORMATS", "Overrides", "Report", "build", "check_out", "load", "loca
 
 
 def render(report: Report, fmt: str, plot_dir: Path | None = None) -> str:
-    """One format as text. HTML embeds plots, drawn into plot_dir (required for html)."""
+    """One format as text. HTML embeds plots, drawn into plot_dir (required for html). Control characters from
+    stored strings are shown, never passed to a terminal (document.visible)."""
     if fmt == "md":
-        return markdown(document(report))
+        return visible(markdown(document(report)))
     if fmt == "csv":
-        return to_csv(report)
+        return visible(to_csv(report))
     if fmt == "json":
-        return to_json(report)
+        return json_visible(to_json(report))
     if fmt == "html":
         if plot_dir is None:
             raise ValueError("html needs a directory for its plots")
         from sparklab.report.plots import all_plots
 
-        return to_html(document(report, all_plots(report, plot_dir)))
+        return visible(to_html(document(report, all_plots(report, plot_dir))))
     raise ValueError(f"unknown report format {fmt!r}")
 
 
@@ -50,8 +51,8 @@ def write_all(report: Report, out: Path) -> list[Path]:
     with staged(out) as staging:
         plots = all_plots(report, staging / "plots")
         doc = document(report, plots)
-        files = {"report.md": markdown(doc, base=staging), "report.csv": to_csv(report),
-                 "report.json": to_json(report), "report.html": to_html(doc)}
+        files = {"report.md": visible(markdown(doc, base=staging)), "report.csv": visible(to_csv(report)),
+                 "report.json": json_visible(to_json(report)), "report.html": visible(to_html(doc))}
         for name, text in files.items():
             (staging / name).write_text(text, encoding="utf-8")
         return publish(staging, out, [staging / name for name in files] + [path for _, path in plots])

@@ -95,6 +95,13 @@ class Server:
     model: dict[str, Any]
     device: Device | None
     kind: str | None = None  # the engine adapter's kind (vllm, llamacpp, ...); None in runs that did not store it
+    runtime: str | None = None  # "container" or "process"; None in runs that did not store it
+
+    @property
+    def is_process(self) -> bool:
+        """A host-process engine: its image is the program it runs (older runs: a path is a program, never an
+        image reference)."""
+        return self.runtime == "process" or (self.runtime is None and self.image.startswith("/"))
 
     @property
     def streams_one_chunk_per_step(self) -> bool:
@@ -251,7 +258,7 @@ def _servers(store: Store, overrides: Overrides, notes: list[str]) -> list[Serve
         servers.append(Server(row.id, seq, row.engine, row.method, row.k, str(config.get("recipe", "?")),
                               tuple(config.get("overrides", ())), tuple(config.get("serve_args", ())), row.image,
                               row.image_digest, row.engine_version, row.ready_s, row.startup_facts or {}, model,
-                              device, config.get("kind")))
+                              device, config.get("kind"), config.get("runtime")))
     return servers
 
 

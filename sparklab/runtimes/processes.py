@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from sparklab import interrupts
-from sparklab.engines import ENGINES
+from sparklab.engines import ENGINES, candidates
 from sparklab.errors import ContainerError
 from sparklab.redaction import redact
 from sparklab.runtimes import keeper
@@ -129,8 +129,9 @@ class Processes:
                   USER_ID: str(os.getuid()), USER_NAME: _user_name(), "sparklab.runtime": "process"}
         record = RunRecord(name=spec.name, pid=0, start_time=None, labels=labels,
                            argv=[*spec.entrypoint, *spec.argv], log_path=str(log_path), log_offset=offset,
-                           created=datetime.now(timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z"),
-                           api_key=api_key, secrets=hidden)
+                           created=datetime.now(timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z"))
+        # No secret goes into the run file (HF_TOKEN, a secret -e value, the API key): the keeper gets them on its
+        # stdin, and a later `bench` or `logs` reads them from the running engine itself (_live_secrets).
         runs_dir().mkdir(parents=True, exist_ok=True)
         record.forget()
         config = {"argv": argv, "env": env, "secrets": hidden, "log_path": str(log_path),
@@ -224,8 +225,8 @@ class Processes:
             raise ContainerError(f"{name} is not running (exited {record.exit_code()})",
                                  "Start it again: sparklab up …")
         kind = record.labels.get("sparklab.kind")
-        return Target(record.labels.get("sparklab.endpoint", ""), record.api_key, name,
-                      kind if kind in ENGINES else None)
+        key = record.api_key or _live_secrets(record, kind)[0]  # run files of older sparklab versions held it
+        return Target(record.labels.get("sparklab.endpoint", ""), key, name, kind if kind in ENGINES else None)
 
     def remove_run_containers(self, run_id: str, wait_s: float = 120.0) -> list[str]:
         removed = []
@@ -262,7 +263,27 @@ def _read_log(record: RunRecord, since: float | None = None) -> bytes:
             data = f.read()
     except OSError:
         return b""
-    return redact(data, [s.encode() for s in record.secrets or []], starts_mid_log=False)
+    key, secrets = _live_secrets(record, record.labels.get("sparklab.kind"))
+    hidden = [*(record.secrets or []), *secrets, *([key] if key else [])]
+    return redact(data, [s.encode() for s in hidden if len(s) >= 4], starts_mid_log=False)
+
+
+def _live_secrets(record: RunRecord, kind: str | None) -> tuple[str | None, list[str]]:
+    """(the API key, secret-named environment values) of the running group, read from /proc as `docker inspect`
+    reads a container's config: readable by its user only, and gone with the server."""
+    key, secrets = None, []
+    for pid in record.members():
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes().decode("utf-8", "replace")
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode("utf-8", "replace")
+        except OSError:
+            continue
+        env = dict(item.partition("=")[::2] for item in environ.split("\0") if item)
+        argv = [a for a in cmdline.split("\0") if a]
+        secrets += [value for name, value in env.items() if is_secret_name(name) and value]
+        key = key or next((k for a in candidates(kind if kind in ENGINES else None)
+                           if (k := a.api_key_from(env, argv))), None)
+    return key, secrets
 
 
 def _offset_at(index: Path, since: float, default: int) -> int:

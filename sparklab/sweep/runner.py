@@ -22,7 +22,7 @@ from sparklab.bench import cell as bench
 from sparklab.bench.workloads import load_workload
 from sparklab.engines import engine
 from sparklab.engines.api import EngineAPI
-from sparklab.engines.logwatch import CAUSE_LINES, fatal_error
+from sparklab.engines.logwatch import CAUSE_LINES, fatal_error, headline
 from sparklab.engines.scrape import exit_code_meaning
 from sparklab.errors import (
     ContainerError,
@@ -154,6 +154,7 @@ def register(plan: Plan, store: Store, only: Callable[[ServerConfig, Any], bool]
         store.add_server_config(server.id, engine=server.engine, method=server.method, k=server.num_speculative_tokens,
                                 config={"recipe": server.recipe.name, "overrides": list(server.overrides),
                                         "serve_args": list(server.serve_args), "kind": server.spec.kind,
+                                        "runtime": server.spec.runtime,
                                         "label": server.label, **stored_facts(server.recipe, devices, server.engine)},
                                 argv=argv, image=server.spec.image)
     settings = {"warmup": plan.sweep.warmup, "stream": plan.sweep.stream, "duration_s": plan.sweep.duration_s,
@@ -188,7 +189,7 @@ def run(plan: Plan, store: Store, docker: Runtime | Docker | None, run_dir: Path
                                                for m in members}, "bench_client": "controller"})
         for member in members:
             for info in member.docker.gc():
-                say(f"[{member.name}] removed leftover container {info.name} (its sparklab process is gone)")
+                say(f"[{member.name}] removed leftover {info.noun} {info.name} (its sparklab process is gone)")
         baseline, _ = preflight.mem_available_gib()
 
         def serve(member: fleet.Member, server: ServerConfig, hstore: Any, host_say: Say,
@@ -204,7 +205,7 @@ def run(plan: Plan, store: Store, docker: Runtime | Docker | None, run_dir: Path
         return store.counts()
     assert docker is not None
     for info in docker.gc():
-        say(f"removed leftover container {info.name} (its sparklab process is gone)")
+        say(f"removed leftover {info.noun} {info.name} (its sparklab process is gone)")
     baseline, _ = preflight.mem_available_gib()
     for server in plan.servers:
         pending = {c.id for c in store.pending_cells()}
@@ -305,7 +306,7 @@ def _run_server(plan: Plan, store: Any, docker: Runtime | Docker, run_dir: Path,
                                  exit_code=code,
                                  log_tail=getattr(exc, "log_tail", None), max_attempts=max_attempts)
         cause = f" — {why.strip().splitlines()[0]}" if why else ""
-        say(f"server {server.label}: failed ({kind}): {exc.message.splitlines()[0]}{cause}")
+        say(f"server {server.label}: failed ({kind}): {headline(exc.message, getattr(exc, 'log_tail', None))}{cause}")
         return
     api = EngineAPI(spec.endpoint, ready.api_key)
     facts = {**ready.facts.as_dict(), **engine(spec.kind).served_facts(api)}
@@ -539,6 +540,13 @@ def _check_drift(plan: Plan, store: Store, exists: bool, allow: bool, say: Say) 
     """Before anything is added to a resumed run: the recipe and sampling its cells measured, unchanged."""
     current = fingerprint(plan)
     changes = provenance.drift(provenance.from_meta(store.meta()), current) if exists else []
+    counts = store.counts()
+    tried = exists and (bool(store.failures()) or any(c.attempts for c in store.cells()))
+    if changes and tried and not counts["done"] + counts["partial"]:  # its attempts measured nothing: a fix
+        say(f"{'; '.join(changes)} since the run's last attempt; no cell had finished, so the run goes on with "
+            "the new setup")
+        store.set_meta(provenance.META_KEY, current)
+        return
     if changes and not allow:
         raise provenance.refuse(store.path.parent.name, changes)
     if changes:

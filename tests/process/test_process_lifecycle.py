@@ -176,7 +176,7 @@ def test_sigkill_of_the_cli_leaves_an_orphan_that_gc_removes_but_not_a_detached_
         orphan = _sigkilled_foreground_up(host, port)
         again = host.run("up", f"{RECIPE}:none", "--detach", *host.launch_args(free_port()))
         assert again.returncode == 0, again.stderr
-        assert f"removed leftover container {orphan}" in again.stderr
+        assert f"removed leftover host process {orphan}" in again.stderr
         assert _ours(port) == []
         assert host.run("down", field(again.stdout, "container")).returncode == 0
         assert len(_ours(kept_port)) == 1
