@@ -21,10 +21,12 @@ from sparklab.recipes.schema import METHOD_ARGS_MARKER, EngineSpec, Recipe
 from sparklab.spec import (
     API_KEY_PLACEHOLDER,
     PASSTHROUGH_ENV,
+    SESSION_LABEL,
     LaunchSpec,
     Mount,
     endpoint_url,
     is_secret_name,
+    session,
 )
 
 
@@ -186,6 +188,7 @@ def render(recipe: Recipe, engine: str | None = None, method: str | None = None,
         "sparklab.method": method,
         "sparklab.mode": options.mode,
         "sparklab.endpoint": endpoint_url(host, port, options.address),
+        **({SESSION_LABEL: current} if (current := session()) else {}),
     }
     suffix = f"-{options.run_id}" if options.run_id else ""
     safe = re.sub(r"[^a-zA-Z0-9_.-]", "-", f"sparklab-{recipe.name}-{engine_name}-{method}{suffix}")

@@ -27,7 +27,7 @@ from sparklab.engines import ENGINES, candidates
 from sparklab.errors import ContainerError, ImageUnavailableError
 from sparklab.redaction import redact, redacted_lines
 from sparklab.runtimes.owners import owner_alive, owner_token
-from sparklab.spec import API_KEY_PLACEHOLDER, LaunchSpec, is_secret_name
+from sparklab.spec import API_KEY_PLACEHOLDER, LaunchSpec, in_session, is_secret_name
 
 log = logging.getLogger(__name__)
 
@@ -422,7 +422,7 @@ class Docker:
     def orphans(self) -> list[ContainerInfo]:
         """Containers left behind by a sparklab process that no longer runs (never detached ones)."""
         return [c for c in self.containers()
-                if not c.detached and not owner_alive(c.labels.get(OWNER, ""))]
+                if not c.detached and not owner_alive(c.labels.get(OWNER, "")) and in_session(c.labels)]
 
     def gc(self) -> list[ContainerInfo]:
         removed = []

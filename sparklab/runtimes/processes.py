@@ -46,7 +46,7 @@ from sparklab.runtimes.containers import (
 )
 from sparklab.runtimes.owners import owner_alive, owner_token
 from sparklab.runtimes.runfiles import RunRecord, runs_dir, start_time, terminate
-from sparklab.spec import API_KEY_PLACEHOLDER, LaunchSpec, is_secret_name
+from sparklab.spec import API_KEY_PLACEHOLDER, LaunchSpec, in_session, is_secret_name
 
 log = logging.getLogger(__name__)
 
@@ -189,7 +189,7 @@ class Processes:
 
     def _orphan_records(self) -> list[RunRecord]:
         return [r for r in self._records()
-                if r.labels.get(DETACHED) != "1" and not owner_alive(r.labels.get(OWNER, ""))]
+                if r.labels.get(DETACHED) != "1" and not owner_alive(r.labels.get(OWNER, "")) and in_session(r.labels)]
 
     def gc(self) -> list[ContainerInfo]:
         removed = []

@@ -16,13 +16,13 @@ import openai
 import pytest
 import requests
 
-from tests.dockerkit import Cli, Lines, field, free_port, sparklab_containers
+from tests.dockerkit import OURS, Cli, Lines, field, free_port, sparklab_containers
 
 pytestmark = pytest.mark.docker
 
 
 def _ours(docker_client, port: int) -> list:
-    return [c for c in docker_client.containers.list(all=True, filters={"label": "sparklab"})
+    return [c for c in docker_client.containers.list(all=True, filters=OURS)
             if c.labels.get("sparklab.endpoint", "").endswith(f":{port}")]
 
 

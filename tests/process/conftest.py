@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.dockerkit import SESSION
+
 REPO = Path(__file__).resolve().parents[2]
 RECIPE = REPO / "tests" / "fixtures" / "process" / "standin-trtedge.yaml"
 STANDIN = REPO / "docker" / "standin"
@@ -43,6 +45,7 @@ class HostCli:
     def env(self, **extra: str) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if k not in ("HF_TOKEN", "SPARKLAB_API_KEY")}
         env.update({"SPARKLAB_STATE": str(self.state), "COLUMNS": "200", "HF_HOME": str(self.state.parent / "hf"),
+                    "SPARKLAB_SESSION": SESSION,
                     "PYTHONPATH": os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]), **extra})
         return env
 

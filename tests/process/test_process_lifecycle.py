@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from sparklab.runtimes.runfiles import group_members
-from tests.dockerkit import Lines, field, free_port
+from tests.dockerkit import SESSION, Lines, field, free_port
 from tests.process.conftest import RECIPE, STANDIN, HostCli, processes_of
 
 
@@ -192,7 +192,7 @@ def test_a_recycled_pid_is_never_signalled(host: HostCli) -> None:
         runs.mkdir(parents=True)
         record = {"name": "sparklab-stale", "pid": bystander.pid, "start_time": "1", "argv": ["x"],
                   "labels": {"sparklab": "1", "sparklab.owner": f"{socket.gethostname()}/oldboot/1/1", "sparklab.detached": "0",
-                             "sparklab.mode": "up", "sparklab.uid": str(os.getuid())},
+                             "sparklab.mode": "up", "sparklab.uid": str(os.getuid()), "sparklab.session": SESSION},
                   "log_path": str(runs / "x.log"), "log_offset": 0, "created": "2026-01-01T00:00:00Z"}
         (runs / "sparklab-stale.json").write_text(json.dumps(record))
         ps = host.run("ps").stdout
