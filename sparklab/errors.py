@@ -29,17 +29,21 @@ class PreflightError(SparklabError):
     exit_code = 3
 
 
-class ContainerError(SparklabError):
-    """Docker refused, a pull failed, or a container died."""
+class ServerError(SparklabError):
+    """A server could not be started, reached or kept: its runtime refused it, or it died (any runtime)."""
 
     exit_code = 4
+
+
+class ContainerError(ServerError):
+    """Docker refused, a pull failed, or a container could not be found or removed."""
 
 
 class ImageUnavailableError(ContainerError):
     """The registry has no such image (or refuses it): another tag may still work."""
 
 
-class NotReadyError(ContainerError):
+class NotReadyError(ServerError):
     """The server did not become ready or stopped serving: it exited, logged a fatal error, went silent while
     loading, or the deadline passed."""
 
@@ -52,7 +56,7 @@ class NotReadyError(ContainerError):
         self.kind = kind  # "fatal" (a fatal engine log line), "stalled" (silent while loading), None: exit/deadline
 
 
-class MemoryFloorError(ContainerError):
+class MemoryFloorError(ServerError):
     """MemAvailable fell under the floor: sparklab stopped the server before the host could wedge."""
 
 

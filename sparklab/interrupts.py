@@ -19,15 +19,19 @@ _SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 @contextmanager
 def _handled_by(handler: signal.Handlers | Callable[[int, FrameType | None], None]) -> Iterator[None]:
-    """Both signals go to `handler` inside the block; the previous handlers come back after it."""
+    """Both signals go to `handler` inside the block; the previous handlers come back after it.
+
+    A signal the process ignores stays ignored: a script's background job (an overnight sweep) starts with
+    SIGINT ignored so that the terminal's Ctrl-C is not for it, and is stopped with SIGTERM instead."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = [signal.signal(s, handler) for s in _SIGNALS]
+    watched = [s for s in _SIGNALS if signal.getsignal(s) is not signal.SIG_IGN]
+    previous = [signal.signal(s, handler) for s in watched]
     try:
         yield
     finally:
-        for s, old in zip(_SIGNALS, previous, strict=True):
+        for s, old in zip(watched, previous, strict=True):
             signal.signal(s, old)
 
 

@@ -1,6 +1,16 @@
+"""Fixtures every tier shares, the tier markers, the per-tier wall time, and the Ctrl-C state of every test.
+
+The tiers (docs/architecture.md, "Test tiers"): a test's folder decides its tier, and the folder's marker is
+put on every test in it, so `pytest -m unit` and `pytest tests/unit` select the same tests and a test cannot
+sit in one tier carrying another's marker.
+"""
+
 from __future__ import annotations
 
 import copy
+import time
+from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -8,6 +18,73 @@ import pytest
 import yaml
 
 from sparklab.recipes.schema import recipes_dir
+from tests.signals import ctrl_c_raises
+
+TESTS = Path(__file__).resolve().parent
+# folder under tests/ -> its tier's marker (declared in pyproject.toml, where --strict-markers holds them)
+TIERS = {"unit": "unit", "process": "process", "docker": "docker", "e2e": "engine", "contract": "contract"}
+
+
+def tier_of(path: str | Path) -> str | None:
+    """The tier of a test file (an absolute path, or a node id's file part), or None outside the tier folders."""
+    path = Path(path)
+    if path.is_absolute():
+        if TESTS not in path.parents:
+            return None
+        parts = path.relative_to(TESTS).parts
+    else:
+        parts = path.parts[1:] if path.parts[:1] == ("tests",) else path.parts
+    return TIERS.get(parts[0]) if len(parts) > 1 else None
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        tier = tier_of(item.path)
+        if tier is None:
+            raise pytest.UsageError(f"{item.nodeid}: every test lives in one tier's folder: "
+                                    f"{', '.join(f'tests/{d}/' for d in TIERS)}")
+        others = {m.name for m in item.iter_markers() if m.name in TIERS.values()} - {tier}
+        if others:
+            raise pytest.UsageError(f"{item.nodeid} is in the {tier} tier (its folder) but marked "
+                                    f"{', '.join(sorted(others))}: move the file or drop the marker")
+        item.add_marker(tier)
+
+
+_tier_seconds: Counter[str] = Counter()
+_tier_outcomes: dict[str, Counter[str]] = {}
+_session_started = time.monotonic()
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Each tier's wall time: the sum of its tests' setup, call and teardown (tests run one at a time)."""
+    tier = tier_of(report.nodeid.split("::", 1)[0]) or "other"
+    _tier_seconds[tier] += report.duration
+    if report.when == "call" or (report.when == "setup" and not report.passed):
+        _tier_outcomes.setdefault(tier, Counter())[report.outcome] += 1
+    elif report.when == "teardown" and report.failed:
+        _tier_outcomes.setdefault(tier, Counter())["error"] += 1
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if not _tier_seconds:
+        return
+    terminalreporter.section("wall time per tier (setup + call + teardown of its tests)")
+    for tier in [*TIERS.values(), "other"]:
+        if tier in _tier_seconds:
+            outcomes = ", ".join(f"{n} {what}" for what, n in sorted(_tier_outcomes.get(tier, Counter()).items()))
+            terminalreporter.write_line(f"{tier:<9} {_tier_seconds[tier]:8.1f} s   {outcomes}")
+    total = time.monotonic() - _session_started
+    rest = total - sum(_tier_seconds.values())
+    terminalreporter.write_line(f"{'all':<9} {total:8.1f} s   (collection and the rest: {rest:.1f} s)")
+
+
+@pytest.fixture(autouse=True)
+def _ctrl_c_as_in_a_terminal() -> Iterator[None]:
+    """Every test starts with Ctrl-C raising KeyboardInterrupt, and so do the processes it starts, however the
+    run itself was started (tests/signals.py: under `nohup … &` SIGINT arrives ignored)."""
+    with ctrl_c_raises():
+        yield
 
 
 @pytest.fixture

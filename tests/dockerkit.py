@@ -18,6 +18,8 @@ from typing import NoReturn
 
 import pytest
 
+from tests.signals import ctrl_c_raises
+
 
 def _missing(what: str) -> NoReturn:
     message = f"{what}; run `bash scripts/test.sh` (it starts dockerd and the registry and builds the images)"
@@ -116,12 +118,14 @@ class Cli:
 
     def run(self, *args: str, timeout: float = 120, env: dict[str, str] | None = None
             ) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "sparklab", *args], capture_output=True, text=True,
-                              timeout=timeout, env=env or self.env())
+        with ctrl_c_raises():  # the CLI takes Ctrl-C as from a terminal, however this run was started
+            return subprocess.run([sys.executable, "-m", "sparklab", *args], capture_output=True, text=True,
+                                  timeout=timeout, env=env or self.env())
 
     def popen(self, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
-        return subprocess.Popen([sys.executable, "-m", "sparklab", *args], stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, env=env or self.env())
+        with ctrl_c_raises():
+            return subprocess.Popen([sys.executable, "-m", "sparklab", *args], stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True, env=env or self.env())
 
 
 def make_cli(image: str, tmp_path: Path) -> Cli:

@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import unquote, urlsplit
 
+from tests.scripted_server import POLL_S
+
 LFS_THRESHOLD = 10 * 1024  # files above this are served as LFS files (sha256 ETag, X-Linked-Size)
 
 
@@ -68,7 +70,8 @@ class FakeHub:
     def __post_init__(self) -> None:
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
         self.server.daemon_threads = True
-        self._thread = threading.Thread(target=self.server.serve_forever, name="fake-hub", daemon=True)
+        self._thread = threading.Thread(target=self.server.serve_forever, args=(POLL_S,), name="fake-hub",
+                                        daemon=True)
 
     @property
     def endpoint(self) -> str:

@@ -13,6 +13,9 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+# How often a test server's serve_forever looks for shutdown(): its default, 0.5 s, made every close() wait that long.
+POLL_S = 0.02
+
 # One step: wait `delay` seconds, then send `event` (a dict as an SSE data line, or raw bytes as they are).
 Step = tuple[float, dict[str, Any] | bytes]
 
@@ -51,6 +54,7 @@ class Scripted:
     status: int = 200
     bodies: list[dict[str, Any]] = field(default_factory=list)
     resets: list[int] = field(default_factory=list)  # len(bodies) at each POST /reset_prefix_cache
+    gets: list[str] = field(default_factory=list)  # the path of every GET, in order
 
     def __post_init__(self) -> None:
         owner = self
@@ -69,6 +73,7 @@ class Scripted:
                 self.wfile.write(body)
 
             def do_GET(self) -> None:
+                owner.gets.append(self.path)
                 if self.path == "/v1/models":
                     self._send(200, json.dumps({"object": "list", "data": [{"id": "scripted-model"}]}).encode())
                 elif self.path == "/metrics":
@@ -106,7 +111,7 @@ class Scripted:
         self.httpd = _QuietServer(("127.0.0.1", 0), Handler)
         self.httpd.daemon_threads = True
         self.root = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        threading.Thread(target=self.httpd.serve_forever, args=(POLL_S,), daemon=True).start()
 
     def close(self) -> None:
         self.httpd.shutdown()
@@ -165,7 +170,7 @@ class Hostile:
         self.server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
         self.root = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        threading.Thread(target=self.server.serve_forever, args=(POLL_S,), daemon=True).start()
 
     def close(self) -> None:
         self.server.shutdown()

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# TensorRT Edge-LLM's server CLI source for the contract test (tests/unit/test_edgellm_contract.py): the wheel
+# TensorRT Edge-LLM's server CLI source for the contract test (tests/contract/test_edgellm_parser_contract.py): the wheel
 # tensorrt-edgellm==0.11.0 (seed 004 names 0.11.1, which the package index does not hold) downloaded once without
 # its dependencies, and only the files the test reads kept: experimental/server/config.py (its argparse parser and
 # validation, stdlib only, so it loads without a GPU or TensorRT), experimental/server/cli.py and the wheel's

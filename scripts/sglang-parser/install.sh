@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A venv holding SGLang's own argument parser (sglang.srt.server_args.prepare_server_args), for the SGLang
-# parser contract test (tests/e2e/test_sglang_parser_contract.py). Idempotent; cached under
+# parser contract test (tests/contract/test_sglang_parser_contract.py). Idempotent; cached under
 # ${SPARKLAB_CACHE:-~/.cache/sparklab}/sglang-parser-<version>.
 #
 # Not the whole of SGLang: `pip install --no-deps sglang==VERSION`, then only the modules importing

@@ -20,7 +20,7 @@ from sparklab import __version__, engines
 from sparklab.bench import metrics
 from sparklab.bench.client import TRANSPORT, ChatClient
 from sparklab.bench.workloads import Workload
-from sparklab.engines.api import EngineAPI
+from sparklab.engines.api import COUNTERS_BUDGET_S, Budget, EngineAPI
 from sparklab.errors import SparklabError
 from sparklab.records import Alive, BenchResult, RequestRecord, Sampling
 
@@ -139,6 +139,7 @@ class Patience:
     stall_timeout_s: float | None = 60  # no bytes this long while `alive` fails ends a request; None: never
     alive: Alive | None = None
     finish_grace_s: float = 2.0
+    counters_budget_s: float = COUNTERS_BUDGET_S  # both counter snapshots together (sparklab.engines.api)
 
 
 async def _run(endpoint: Endpoint, model: str, workload: Workload, sampling: Sampling, load: Load,
@@ -153,13 +154,14 @@ async def _run(endpoint: Endpoint, model: str, workload: Workload, sampling: Sam
         if warmup and endpoint.kind is not None:  # warmup answers the first prompts: not from cache in the window
             await asyncio.to_thread(engines.engine(endpoint.kind).reset_prefix_cache, endpoint.api)
         await client.warm(load.concurrency)
-        before = await asyncio.to_thread(engines.snapshot, endpoint.api, endpoint.kind)
+        budget = Budget(patience.counters_budget_s)
+        before = await asyncio.to_thread(engines.snapshot, endpoint.api, endpoint.kind, budget)
         window_start = time.perf_counter()
         window_wall = time.time()
         runner = _poisson if load.rate else _closed_loop
         measured = await runner(client, workload, sampling, load, on_done)
         window_end = max([r.end for r in measured], default=time.perf_counter())
-        after = await asyncio.to_thread(engines.snapshot, endpoint.api, endpoint.kind)
+        after = await asyncio.to_thread(engines.snapshot, endpoint.api, endpoint.kind, budget)
         connections = client.connections()
     finally:
         await client.close()
@@ -172,11 +174,13 @@ async def _run(endpoint: Endpoint, model: str, workload: Workload, sampling: Sam
     return result
 
 
-def add_log_acceptance(result: BenchResult, kind: str | None, log_text: Callable[[], str]) -> None:
-    """For engines that state acceptance only in their log (SGLang), the window's lines into the result."""
+def add_log_acceptance(result: BenchResult, kind: str | None, log_text: Callable[[], str],
+                       version: str | None = None) -> None:
+    """For engines that state acceptance only in their log (SGLang), the window's lines into the result, read as the
+    engine's version (when known) prints them."""
     adapter = engines.engine(kind) if kind is not None else None
     if adapter is not None and adapter.reads_log_acceptance:
-        result["speculative_log"] = adapter.log_acceptance(log_text())
+        result["speculative_log"] = adapter.log_acceptance(log_text(), version)
 
 
 def discover_model(endpoint: Endpoint) -> str:
@@ -217,14 +221,17 @@ def ensure_open_files(concurrency: int) -> None:
 
 def run(endpoint: Endpoint, workload: Workload, sampling: Sampling, load: Load,
         on_done: Progress | None = None, request_timeout_s: float = 1800, stall_timeout_s: float | None = 60,
-        alive: Alive | None = None, finish_grace_s: float = 2.0) -> BenchResult:
+        alive: Alive | None = None, finish_grace_s: float = 2.0,
+        counters_budget_s: float = COUNTERS_BUDGET_S) -> BenchResult:
     """One cell. A request ends at request_timeout_s; earlier when it has received no byte for stall_timeout_s
-    while `alive()` fails (default: the endpoint's /health; stall_timeout_s=None turns the detector off)."""
+    while `alive()` fails (default: the endpoint's /health; stall_timeout_s=None turns the detector off). The
+    server-counter snapshots before and after the window take counters_budget_s at most, together."""
     ensure_open_files(load.concurrency)
     if endpoint.kind:
         sampling = engines.engine(endpoint.kind).request_sampling(sampling)
     model = endpoint.model or discover_model(endpoint)
-    patience = Patience(request_timeout_s, stall_timeout_s, alive or endpoint.api.alive, finish_grace_s)
+    patience = Patience(request_timeout_s, stall_timeout_s, alive or endpoint.api.alive, finish_grace_s,
+                        counters_budget_s)
     return asyncio.run(_run(endpoint, model, workload, sampling, load, on_done, patience))
 
 

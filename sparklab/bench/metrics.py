@@ -170,6 +170,8 @@ def _itl_stats(records: Sequence[RequestRecord]) -> dict[str, float] | None:
 
 CONFIDENCE = 0.95
 SPREAD_WARN = 0.10  # coefficient of variation across repeats above which a report says the spread is large
+IDENTICAL = "identical repeats: the interval is not measured"
+IDENTICAL_SHORT = "identical repeats"  # a table cell's mark; the legend gives IDENTICAL in full
 
 
 @dataclass(frozen=True)
@@ -195,6 +197,12 @@ class Estimate:
     @property
     def spread_is_large(self) -> bool:
         return self.cv is not None and self.cv > SPREAD_WARN
+
+    @property
+    def identical(self) -> bool:
+        """Repeats that all gave one value (up to float rounding): a spread of zero measures nothing, so the
+        interval it gives (mean to mean) is not one; say IDENTICAL instead of printing it."""
+        return self.n >= 2 and max(self.values) - min(self.values) <= 1e-9 * max(abs(self.mean), 1e-12)
 
 
 def estimate(values: Iterable[float], confidence: float = CONFIDENCE) -> Estimate | None:
@@ -227,11 +235,12 @@ class Ratio:
     value: float
     low: float | None
     high: float | None
+    identical: bool = False  # both sides' repeats were identical: low = high = value, not a measured interval
 
     @property
     def significant(self) -> bool | None:
-        """Whether the interval excludes 1.0 (None: no interval, nothing can be said)."""
-        if self.low is None or self.high is None:
+        """Whether the interval excludes 1.0 (None: no interval, or an unmeasured one; nothing can be said)."""
+        if self.low is None or self.high is None or self.identical:
             return None
         return not (self.low <= 1.0 <= self.high)
 
@@ -242,11 +251,13 @@ def ratio(treatment: Estimate, baseline: Estimate, confidence: float = CONFIDENC
     value = treatment.mean / baseline.mean
     if treatment.n < 2 or baseline.n < 2:
         return Ratio(value, None, None)
+    if treatment.identical and baseline.identical:
+        return Ratio(value, value, value, identical=True)
     # relative variance of each mean: s^2 / (n m^2)
     parts = [e.sd**2 / (e.n * e.mean**2) for e in (treatment, baseline)]
     se = float(np.sqrt(sum(parts)))
-    if se == 0.0:
-        return Ratio(value, value, value)
+    if se == 0.0:  # both spreads zero (caught above up to rounding): no interval was measured
+        return Ratio(value, value, value, identical=True)
     df = se**4 / sum(p**2 / (e.n - 1) for p, e in zip(parts, (treatment, baseline), strict=True) if p > 0)
     half = t_quantile((1 + confidence) / 2, df) * se
     return Ratio(value, value * float(np.exp(-half)), value * float(np.exp(half)))

@@ -11,6 +11,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from sparklab import engines
 from sparklab.engines.logwatch import headline
 
 
@@ -80,9 +81,9 @@ def bench_result(result: dict[str, Any]) -> Group:
         rate = "" if from_log.get("rate") is None else f", rate {_num(100 * from_log['rate'], 1)}%"
         parts.append(Text(f"speculative ({from_log['source']}): median {_num(from_log['median'])}, "
                           f"mean {_num(from_log['mean'])}{rate} over {from_log['samples']} lines"))
-    sglang = (result.get("server", {}).get("after") or {}).get("sglang_avg_spec_accept_length")
-    if sglang is not None:
-        parts.append(Text(f"speculative (SGLang /server_info avg_spec_accept_length): {_num(sglang)}"))
+    lifelong = engines.cumulative_acceptance(result.get("server", {}).get("after") or {})
+    if lifelong is not None:
+        parts.append(Text(f"speculative ({lifelong[1]}): {_num(lifelong[0])}"))
     return Group(*parts)
 
 
@@ -105,9 +106,9 @@ def plan_table(plan: Any, eta_s: float, model: Any, hosts: list[Any] | None = No
         parts.append(Text(f"\nrepeats: auto - each load runs {auto.min} to {auto.max} times, stopping once its 95% "
                           f"interval's half-width is under {100 * auto.target:g}% of its mean; the cells above and the "
                           f"ETA count all {auto.max} runs"))
-    at_most, one_host = "at most " if auto else "", " on one host" if hosts else ""
+    at_most, one_host = "at most " if auto or model.builds else "", " on one host" if hosts else ""
     parts.append(Text(f"\nETA {at_most}{hours} h {rest // 60:02d} min{one_host}: "
-                      f"{model.startup_s:.0f} s per server start, "
+                      f"{model.startup_text()}, "
                       f"{model.tokens_per_s:.1f} tok/s at c=1 scaled by c^{model.batching} (refined from earlier "
                       f"runs of this recipe when there are any)"))
     return Group(*parts)
@@ -150,6 +151,7 @@ def _speedup(group: Any) -> str:
     if group.speedup is None:
         return "-"
     mark = " (n.s.)" if group.speedup.significant is False else ""
+    mark += " (identical repeats)" if group.speedup.identical else ""
     mark += " (partial)" if group.rests_on_partial else ""
     return f"{100 * group.speedup.value:.1f}%{mark}"
 
@@ -164,6 +166,15 @@ def ready_summary(ready: Any, key_given: bool = False) -> Group:
              f"  container   {ready.server.name}",
              f"  image       {ready.image.ref}" + (f" ({ready.image.digest})" if ready.image.digest else ""),
              f"  endpoint    {spec.endpoint}/v1"]
+    check = getattr(ready, "check", None)
+    if check is not None:
+        verdict = check.verdict
+        took = f"cached, {check.first_seconds:.1f} s when first run" if check.cached and check.first_seconds else \
+            f"{check.seconds:.1f} s"
+        lines.append(f"  engine      {verdict.version or 'version not read'} (the image's package metadata)"
+                     + (f"; its server answers {ready.served_version}" if getattr(ready, "served_version", None)
+                        else ""))
+        lines.append(f"  parser      {verdict.status} by the image's own parser before the start ({took})")
     if ready.api_key and key_given:
         lines.append("  api key     the one you gave (--api-key or SPARKLAB_API_KEY)")
     elif ready.api_key:
@@ -234,8 +245,13 @@ def timestamped(console: Any) -> Callable[[str], None]:
     return say
 
 
-def _interval(low: float | None, high: float | None) -> str:
-    return f" [{low:.2f}, {high:.2f}]" if low is not None and high is not None else " (one run: no interval)"
+def _interval(low: float | None, high: float | None, n: int) -> str:
+    """A tune pick's 95% interval; low = high over several repeats is identical repeats, not a measured one."""
+    if low is None or high is None:
+        return " (one run: no interval)"
+    if low == high and n >= 2:
+        return " (identical repeats: the interval is not measured)"
+    return f" [{low:.2f}, {high:.2f}]"
 
 
 def _duration(seconds: float) -> str:
@@ -250,13 +266,20 @@ def tune_plan(dry: Any) -> str:
     from sparklab.tune.search import Done, label
 
     space, settings = dry.space, dry.settings
-    ks = f"K {min(space.ks)}-{max(space.ks)}" if len(space.ks) > 1 else f"K {space.ks[0]}"
+    contiguous = list(space.ks) == list(range(min(space.ks), max(space.ks) + 1))
+    ks = (f"K {min(space.ks)}-{max(space.ks)}" if len(space.ks) > 1 and contiguous
+          else f"K {', '.join(map(str, space.ks))}")
     bound = f", median TTFT <= {settings.ttft_max_ms:g} ms" if settings.ttft_max_ms else ""
     cs = ", ".join(map(str, space.concurrencies))
     lines = [f"tune {dry.plan.sweep.name}: {', '.join(space.methods)}; {ks}; C {cs}; maximise {dry.objective} "
              f"tok/s{bound}; {settings.repeats} repeat(s) per measured config, up to {settings.max_repeats} where "
              "intervals overlap the best",
              f"run: {dry.run_dir} ({'continues: the next step from its stored results' if dry.exists else 'new'})"]
+    if dry.hosts:
+        from sparklab.recipes.hosts import redact_url
+
+        lines.append("hosts: " + ", ".join(f"{h.name} = {redact_url(h.docker)}" for h in dry.hosts))
+    lines += [f"note: {note}" for note in dry.notes]
     step = dry.next_step
     if isinstance(step, Done):
         lines.append("next: nothing to load; the stored results already answer (run it to print the picks)")
@@ -276,7 +299,7 @@ def tune_plan(dry: Any) -> str:
         + "; retried failed starts not counted)",
         f"ETA at most {_duration(dry.eta_upper_s)} (those loads, every cell up to {settings.max_repeats} repeat(s)); "
         f"the full grid: {dry.grid_loads} loads, ETA {_duration(dry.grid_eta_s)}. Timing model: "
-        f"{dry.model.startup_s:.0f} s per server start, {dry.model.tokens_per_s:.1f} tok/s at c=1 scaled by "
+        f"{dry.model.startup_text()}, {dry.model.tokens_per_s:.1f} tok/s at c=1 scaled by "
         f"c^{dry.model.batching} (refined from earlier runs of this recipe when there are any)",
         "dry run: nothing started",
     ]
@@ -291,7 +314,7 @@ def tune_summary(report: Any, state: dict[str, Any]) -> str:
     lines = [f"best per concurrency ({state.get('objective')} tok/s{bound}; 95% intervals over repeats):"]
     for pick in state.get("picks", []):
         lines.append(f"  C={pick['concurrency']}: {pick['label']}: {pick['mean']:.2f} tok/s"
-                     f"{_interval(pick['low'], pick['high'])} (n={pick['n']}); {pick['note']}")
+                     f"{_interval(pick['low'], pick['high'], pick['n'])} (n={pick['n']}); {pick['note']}")
     if not state.get("picks"):
         lines.append("  none: no config finished at any concurrency (see the report's failures)")
     predicted = state.get("predictions", [])
@@ -328,3 +351,19 @@ def tune_summary(report: Any, state: dict[str, Any]) -> str:
                                           "setting sparklab knows")
         lines.append(f"no K schedule printed: {schedule['method']} wins with different K per concurrency, but {why}")
     return "\n".join(lines)
+
+
+def check_table(checks: list[Any]) -> Table:
+    """`sparklab check`: per server, its image and digest, the engine version the image states, the parser's
+    verdict and how long the check took (a cached verdict: the lookup, and its own run's time)."""
+    table = Table("server", "image", "digest", "engine version", "parser", "seconds", box=None, pad_edge=False)
+    for c in checks:
+        spec, verdict = c.spec, c.verdict
+        k = spec.speculative.num_speculative_tokens if spec.speculative else None
+        server = f"{spec.recipe}:{spec.engine}/{spec.method}" + (f" K={k}" if k is not None else "")
+        digest = (c.digest or "-")[:19]
+        style = {"accepted": "green", "rejected": "bold red"}.get(verdict.status, "yellow")
+        seconds = (f"{c.seconds:.2f} (cached; {c.first_seconds:.1f} first)" if c.cached and c.first_seconds is not None
+                   else f"{c.seconds:.1f}")
+        table.add_row(server, c.image, digest, verdict.version or "-", Text(verdict.status, style=style), seconds)
+    return table

@@ -12,35 +12,110 @@ import argparse
 import os
 import re
 import sys
+from dataclasses import dataclass
 from typing import Any, Protocol
 
-from sparklab.errors import ContainerError, SparklabError
+from sparklab.cli.args import ON_HOSTS, host_option, positive, whole
+from sparklab.errors import ServerError, SparklabError
 from sparklab.recipes.hosts import LOCAL_NAME, Host, parse_hosts
 from sparklab.runtimes import containers
-from sparklab.runtimes.containers import ContainerInfo, Docker
-from sparklab.runtimes.local import Runtime
+from sparklab.runtimes.base import Runtime, ServerInfo
+from sparklab.runtimes.local import Runtime as LocalRuntime
 
 
 class Console(Protocol):  # cli's rich consoles; this module prints through them
     def print(self, *objects: Any, **kwargs: Any) -> None: ...
 
 
-def chosen_hosts(values: list[str]) -> list[Host]:
+@dataclass(frozen=True)
+class PsArgs:
+    hosts: tuple[str, ...]  # --host; none: this machine's and those in SPARKLAB_HOSTS
+
+    @classmethod
+    def add_cli_args(cls, p: argparse.ArgumentParser) -> None:
+        host_option(p, ON_HOSTS)
+
+    @classmethod
+    def from_cli_args(cls, args: argparse.Namespace) -> PsArgs:
+        return cls(tuple(args.hosts))
+
+
+@dataclass(frozen=True)
+class DownArgs:
+    name: str | None
+    all: bool  # every sparklab container you started
+    all_users: bool  # every sparklab container, other users' too
+    hosts: tuple[str, ...]
+
+    @classmethod
+    def add_cli_args(cls, p: argparse.ArgumentParser) -> None:
+        p.add_argument("name", nargs="?", help="container name (see `sparklab ps`)")
+        p.add_argument("--all", action="store_true", help="every sparklab container you started")
+        p.add_argument("--all-users", action="store_true", help="every sparklab container, other users' too")
+        host_option(p, ON_HOSTS)
+
+    @classmethod
+    def from_cli_args(cls, args: argparse.Namespace) -> DownArgs:
+        return cls(args.name, args.all, args.all_users, tuple(args.hosts))
+
+
+@dataclass(frozen=True)
+class LogsArgs:
+    name: str | None  # None: the only one
+    follow: bool
+    tail: str  # the last N lines, or "all"
+    hosts: tuple[str, ...]
+
+    @classmethod
+    def add_cli_args(cls, p: argparse.ArgumentParser) -> None:
+        p.add_argument("name", nargs="?", help="container name (default: the only one)")
+        p.add_argument("-f", "--follow", action="store_true", help="keep printing new lines")
+        p.add_argument("--tail", default="all", help="only the last N lines")
+        host_option(p, ON_HOSTS)
+
+    @classmethod
+    def from_cli_args(cls, args: argparse.Namespace) -> LogsArgs:
+        return cls(args.name, args.follow, args.tail, tuple(args.hosts))
+
+
+@dataclass(frozen=True)
+class GcArgs:
+    caches: bool  # also list the engine caches and trim them
+    keep: int | None  # with caches: keep the N most recently used
+    max_gib: float | None  # with caches: remove the least recently used until the rest fits
+    hosts: tuple[str, ...]
+
+    @classmethod
+    def add_cli_args(cls, p: argparse.ArgumentParser) -> None:
+        p.add_argument("--caches", action="store_true",
+                       help="also list the engine caches (per image digest: size, last use) and trim them")
+        p.add_argument("--keep", type=whole(0, 1_000_000), metavar="N",
+                       help="with --caches: keep the N most recently used, remove the rest")
+        p.add_argument("--max-gib", type=positive(1e6), metavar="GIB",
+                       help="with --caches: remove the least recently used until the rest fits in GIB")
+        host_option(p, ON_HOSTS)
+
+    @classmethod
+    def from_cli_args(cls, args: argparse.Namespace) -> GcArgs:
+        return cls(args.caches, args.keep, args.max_gib, tuple(args.hosts))
+
+
+def chosen_hosts(values: tuple[str, ...]) -> list[Host]:
     if values:
         return parse_hosts(values, "--host")
     extra = [v for v in re.split(r"[\s,]+", os.environ.get("SPARKLAB_HOSTS", "")) if v]
     return parse_hosts([LOCAL_NAME, *[v for v in extra if v != LOCAL_NAME]], "SPARKLAB_HOSTS")
 
 
-def reach(hosts: list[Host], err: Console) -> list[tuple[Host, Docker | Runtime]]:
+def reach(hosts: list[Host], err: Console) -> list[tuple[Host, Runtime]]:
     """The hosts that answer; each one that does not is named on stderr (all silent: the first error)."""
-    reached: list[tuple[Host, Docker | Runtime]] = []
+    reached: list[tuple[Host, Runtime]] = []
     first: SparklabError | None = None
     for host in hosts:
         try:
-            # this machine: its containers and its host-process servers (sparklab.runtime); another: its Docker
-            docker = Runtime() if host.local else containers.Docker.connect(host.docker, host.tls_dir)
-            reached.append((host, docker))
+            # this machine: its containers and its host-process servers (runtimes.local); another: its Docker
+            runtime: Runtime = LocalRuntime() if host.local else containers.Docker.connect(host.docker, host.tls_dir)
+            reached.append((host, runtime))
         except SparklabError as exc:
             first = first or exc
             err.print(f"host {host.name}: unreachable ({exc.message})", markup=False)
@@ -49,11 +124,11 @@ def reach(hosts: list[Host], err: Console) -> list[tuple[Host, Docker | Runtime]
     return reached
 
 
-def _listed(reached: list[tuple[Host, Docker | Runtime]]) -> list[tuple[Host, Docker | Runtime, ContainerInfo]]:
-    return [(host, docker, info) for host, docker in reached for info in docker.containers()]
+def _listed(reached: list[tuple[Host, Runtime]]) -> list[tuple[Host, Runtime, ServerInfo]]:
+    return [(host, runtime, info) for host, runtime in reached for info in runtime.containers()]
 
 
-def cmd_ps(args: argparse.Namespace, out: Console, err: Console) -> int:
+def cmd_ps(args: PsArgs, out: Console, err: Console) -> int:
     from sparklab.cli.console import ps_table
 
     hosts = chosen_hosts(args.hosts)
@@ -62,7 +137,7 @@ def cmd_ps(args: argparse.Namespace, out: Console, err: Console) -> int:
     return 0
 
 
-def cmd_down(args: argparse.Namespace, out: Console, err: Console) -> int:
+def cmd_down(args: DownArgs, out: Console, err: Console) -> int:
     listed = _listed(reach(chosen_hosts(args.hosts), err))
     if args.all_users or args.all:
         targets = [(h, d, c) for h, d, c in listed if args.all_users or c.mine]
@@ -73,44 +148,44 @@ def cmd_down(args: argparse.Namespace, out: Console, err: Console) -> int:
     elif args.name:
         targets = [(h, d, c) for h, d, c in listed if c.name == args.name]
         if not targets:
-            raise ContainerError(f"no sparklab container named {args.name}", "List them with `sparklab ps`.")
+            raise ServerError(f"no sparklab container named {args.name}", "List them with `sparklab ps`.")
     else:
         targets = [(h, d, c) for h, d, c in listed if c.labels.get("sparklab.mode") == "up" and c.mine]
         if len(targets) != 1:
             names = ", ".join(c.name for _, _, c in targets) or "none"
             raise SparklabError(f"say which server to stop (sparklab up containers: {names})",
                                 "sparklab down NAME, or sparklab down --all")
-    for host, docker, info in targets:
-        docker.remove(info.name)
+    for host, runtime, info in targets:
+        runtime.remove(info.name)
         out.print(f"removed {info.name}" + ("" if host.local else f" on {host.name}"))
     if not targets:
         out.print("no sparklab containers")
     return 0
 
 
-def cmd_logs(args: argparse.Namespace, out: Console, err: Console) -> int:
+def cmd_logs(args: LogsArgs, out: Console, err: Console) -> int:
     listed = _listed(reach(chosen_hosts(args.hosts), err))
     found = [(h, d, c) for h, d, c in listed if args.name in (None, c.name)]
     if len(found) != 1:
         names = ", ".join(f"{c.name}@{h.name}" for h, _, c in found) or "none"
         raise SparklabError(f"say whose logs to show (sparklab containers: {names})",
                             "sparklab logs NAME (with --host HOST when the name is on several hosts)")
-    _, docker, info = found[0]
-    tail: Any = int(args.tail) if str(args.tail).isdigit() else "all"
-    for chunk in docker.logs(info.name, follow=args.follow, tail=tail):
+    _, runtime, info = found[0]
+    tail: int | str = int(args.tail) if str(args.tail).isdigit() else "all"
+    for chunk in runtime.logs(info.name, follow=args.follow, tail=tail):
         sys.stdout.buffer.write(chunk)
         sys.stdout.buffer.flush()
     return 0
 
 
-def cmd_gc(args: argparse.Namespace, out: Console, err: Console) -> int:
+def cmd_gc(args: GcArgs, out: Console, err: Console) -> int:
     from sparklab.engines import caches as engine_cache
 
     removed = 0
-    local: Docker | Runtime | None = None
-    for host, docker in reach(chosen_hosts(args.hosts), err):
-        local = docker if host.local else local
-        for info in docker.gc():
+    local: Runtime | None = None
+    for host, runtime in reach(chosen_hosts(args.hosts), err):
+        local = runtime if host.local else local
+        for info in runtime.gc():
             removed += 1
             where = "" if host.local else f" on {host.name}"
             out.print(f"removed {info.name}{where} ({info.status}; its sparklab process is gone)")

@@ -3,7 +3,7 @@
 An adapter says how the engine is launched (network and API-key flags, its sweep-time environment), how its
 speculative flags read, what to check before it starts, what its startup log says, which log lines explain a
 death, when it is ready, and how to read its counters, acceptance, version and prefix-cache reset. It is
-pure: HTTP goes through the `EngineAPI` it is handed (sparklab.engine_api). A new engine is one module
+pure: HTTP goes through the `EngineAPI` it is handed (sparklab.engines.api). A new engine is one module
 subclassing `Engine`, registered in sparklab/engines/__init__.py, plus a recipe.
 """
 
@@ -14,13 +14,17 @@ import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from sparklab.engines import knowledge, parsers
+from sparklab.engines.knowledge import Fact, Knowledge, VersionKey
+from sparklab.engines.parsers import Probe, ProbeRun, Verdict
 from sparklab.engines.scrape import StartupFacts, collect_warnings
 from sparklab.spec import LaunchSpec, Speculative
 
 if TYPE_CHECKING:
-    from sparklab.engines.api import EngineAPI
+    from sparklab.engines.api import EngineAPI, Replies
     from sparklab.records import Sampling
 
 
@@ -97,12 +101,18 @@ class Engine:
     """Defaults shared by the engines; each adapter overrides what differs."""
 
     kind: str = ""
+    # One server across several hosts (`node_command` says what each node runs); a recipe with `nodes > 1` is
+    # refused for an engine without it (sparklab.recipes.schema reads this flag).
+    multinode: bool = False
     ready_path: str = "/v1/models"
     ready_needs_key: bool = True
     ready_line: re.Pattern[str] = re.compile(r"(?!)")  # the startup log's "ready" line
     api_key_env: str | None = None  # the variable the engine reads its key from (None: a flag)
     api_key_warning: str | None = None  # what `up` says when the key cannot be kept out of `ps`
     memory_fraction_flag: str | None = None  # the flag giving its share of the device's (unified) memory
+    # What that share is a fraction of: "total" (the device's whole memory) or "free" (what was free when the
+    # engine started). The drafter's weights count inside it for every engine here (see host/headroom.py).
+    memory_fraction_of: str = "total"
     methods: frozenset[str] = frozenset()
     failures: tuple[KnownFailure, ...] = ()
     fatal_lines: tuple[FatalLine, ...] = ()  # taken from the engine's source; each cites its file and line
@@ -115,6 +125,18 @@ class Engine:
     # Each engine step streams one chunk of 1 + its accepted draft tokens (vLLM, SGLang), so the report can check the
     # client's tokens per chunk against the server's accepted-token counter; False: it streams token by token.
     streams_one_chunk_per_step: bool = True
+    # Phases the engine may spend silent that are no stall, as (start line, end line, what): while one is open
+    # the readiness wait keeps to its deadline only (Edge-LLM's TensorRT build prints nothing for minutes).
+    quiet_phases: tuple[tuple[re.Pattern[str], re.Pattern[str], str], ...] = ()
+    # Its first start of a configuration builds something long before it serves (Edge-LLM: TensorRT engines):
+    # the ETA counts the recipe's ready deadline for such a start until one of that server was measured.
+    builds_on_first_start: bool = False
+
+    def process_hub_cache(self, spec: LaunchSpec, env: Mapping[str, str]) -> Path | None:
+        """Where this engine, run as a host process, reads the Hub checkpoints its argv names, when that is all
+        it reads from the Hub: sparklab fetches them there first and then runs it with HF_HUB_OFFLINE=1. None:
+        not known, so it may fetch on its own and runs without the offline flag."""
+        return None
 
     # -- launch ------------------------------------------------------------------------------------------
     def network_args(self, host: str, port: int) -> list[str]:
@@ -213,16 +235,26 @@ class Engine:
         """The sampling as this engine's chat API takes it (an engine that refuses unknown fields drops them)."""
         return sampling
 
-    def snapshot(self, api: EngineAPI) -> dict[str, Any]:
-        """Server-side counters at one instant (merged into the bench result's before/after)."""
+    # The paths a counter snapshot GETs for this engine. sparklab.engines.snapshot asks each path once for every
+    # adapter that lists it (without a kind, vLLM, SGLang and llama.cpp all read one /metrics text).
+    counter_paths: tuple[str, ...] = ()
+
+    def read_counters(self, replies: Replies) -> dict[str, Any]:
+        """Server-side counters at one instant, from the answers to `counter_paths` (merged into the bench
+        result's before/after)."""
         return {}
+
+    def cumulative_acceptance(self, snapshot: dict[str, Any]) -> Acceptance | None:
+        """An acceptance length the engine states over its whole life (not the window) in one snapshot, and where
+        it came from; None when it states none. `sparklab bench` shows it beside the window's own figures."""
+        return None
 
     def window(self, before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
         """What the counters say about the window between two snapshots: `speculative`, `server_latency`."""
         return {}
 
-    def log_acceptance(self, text: str) -> dict[str, Any] | None:
-        """Acceptance stated by the log lines of the window, for engines that print it."""
+    def log_acceptance(self, text: str, version: str | None = None) -> dict[str, Any] | None:
+        """Acceptance stated by the log lines of the window, for engines that print it (as this version prints it)."""
         return None
 
     def acceptance(self, result: dict[str, Any]) -> Acceptance | None:
@@ -253,6 +285,42 @@ class Engine:
     def k_schedule_why_not(self, version: str | None) -> str:
         """Why k_schedule_args gives nothing at this version ("" when it gives the arguments)."""
         return f"sparklab knows no per-batch-size K setting of {self.kind}"
+
+    # -- its own parser, its version, and which versions this adapter's knowledge was read from ----------------
+    knowledge: Knowledge = Knowledge(())
+    name: str = ""  # the engine's name without a version: "vLLM"
+
+    def parser_probe(self, specs: Sequence[LaunchSpec]) -> Probe | str:
+        """How to run the engine's own argument parser on these servers' commands (one image or program), reading
+        its version in the same run; a string says why it cannot be run."""
+        return f"sparklab knows no way to run {self.name or self.kind}'s own argument parser"
+
+    def parser_verdicts(self, specs: Sequence[LaunchSpec], run: ProbeRun) -> list[Verdict]:
+        """One verdict per server from the probe's run."""
+        return [parsers.not_checked(f"{self.name or self.kind}'s parser did not run", run) for _ in specs]
+
+    def version_key(self, version: str | None) -> VersionKey | None:
+        return knowledge.dotted_key(version)
+
+    def same_version(self, a: str | None, b: str | None) -> bool:
+        """Two readings of the version (the image's metadata, the server's endpoint) name one release."""
+        return a is None or b is None or self.version_key(a) == self.version_key(b)
+
+    def version_warning(self, version: str | None, where: str, why_unknown: str = "") -> str | None:
+        """One warning naming the checks that may not hold for this version (None: every fact was read for it)."""
+        return knowledge.version_warning(self.name or self.kind, self.knowledge, version, where, self.version_key,
+                                         why_unknown)
+
+    def acceptance_fact(self, result: dict[str, Any]) -> Fact | None:
+        """The fact a result's acceptance figure rests on (the counter or log line it was read from)."""
+        return None
+
+    def unverified_acceptance(self, result: dict[str, Any], version: str | None) -> Fact | None:
+        """The acceptance fact, when nobody read its format for this version: the report marks the figure."""
+        fact = self.acceptance_fact(result)
+        if fact is None or version is None:
+            return None
+        return None if self.knowledge.holds(fact, version, self.version_key) else fact
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -1,9 +1,8 @@
 """Speculative-decoding counters as an engine exports them on /metrics, turned into acceptance over a window (pure).
 
-vLLM 0.27.1 (`vllm:spec_decode_num_drafts`, `…_num_draft_tokens`, `…_num_accepted_tokens`, and
-`…_num_accepted_tokens_per_pos` by position) and llama.cpp's server (its `llamacpp:` draft counters, read by its
-adapter into the same shape) give cumulative totals; the delta between a snapshot after warmup and one after the
-window is the window's acceptance.
+Engines that count drafts, draft tokens, accepted tokens and accepted tokens by position give cumulative totals
+(each adapter reads its own counters into that shape); the delta between a snapshot after warmup and one after the
+window is the window's acceptance. The adapter names the counters it read (`source`), and knows its results by it.
 """
 
 from __future__ import annotations
@@ -11,8 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 
-def spec_delta(before: dict[str, Any] | None, after: dict[str, Any] | None) -> dict[str, Any] | None:
-    """Acceptance from the server's own counters over the window (vLLM's spec_decode_* counters)."""
+def spec_delta(before: dict[str, Any] | None, after: dict[str, Any] | None, source: str) -> dict[str, Any] | None:
+    """Acceptance from the server's own counters over the window; `source` says which counters they were."""
     if not before or not after or "drafts" not in after:
         return None
     drafts = after["drafts"] - before.get("drafts", 0.0)
@@ -28,5 +27,5 @@ def spec_delta(before: dict[str, Any] | None, after: dict[str, Any] | None) -> d
         "acceptance_length": 1 + accepted / drafts if drafts else None,
         "acceptance_rate": accepted / draft_tokens if draft_tokens else None,
         "per_position_acceptance": per_position,
-        "source": "vllm:spec_decode_* counters from /metrics, after warmup and after the window (delta)",
+        "source": source,
     }

@@ -36,6 +36,7 @@ class LogWatch:
         self.output = 0  # pieces of output so far; a stalled engine adds none
         self.fatal: str | None = None  # the first fatal line, as the engine printed it
         self.meaning: str | None = None  # what that line means, in words
+        self.quiet: str | None = None  # a phase the engine may spend silent (Engine.quiet_phases), while open
         self._partial = ""
         self._lock = threading.Lock()
         self._callbacks: list[tuple[Callable[[], None], float]] = []
@@ -49,6 +50,7 @@ class LogWatch:
             lines = _LINE_END.split(self._partial + text)
             self._partial = lines[-1][-8192:]
             for line in lines[:-1]:  # whole lines only; the unfinished piece waits for its end
+                self._track_quiet(line)
                 found = self.adapter.fatal(line)
                 if found is not None:
                     self.fatal, self.meaning = line.strip(), found.meaning
@@ -58,6 +60,13 @@ class LogWatch:
             callbacks, self._callbacks = self._callbacks, []
         for callback, after_s in callbacks:
             _later(callback, after_s)
+
+    def _track_quiet(self, line: str) -> None:
+        for start, end, what in self.adapter.quiet_phases:
+            if start.search(line):
+                self.quiet = what
+            elif self.quiet == what and end.search(line):
+                self.quiet = None
 
     def on_fatal(self, callback: Callable[[], None], after_s: float = FATAL_GRACE_S) -> None:
         """Call `callback` (in its own thread) `after_s` after the first fatal line, or now if it came already."""

@@ -34,6 +34,7 @@ from huggingface_hub.errors import (
     RevisionNotFoundError,
 )
 
+from sparklab.engines import engine
 from sparklab.errors import SparklabError
 from sparklab.host.disk import free_bytes
 from sparklab.recipes.schema import Recipe
@@ -48,6 +49,16 @@ _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
 def offline_env() -> dict[str, str]:
     """Environment for server containers: the Hub cache is read-only truth, nothing is fetched at start."""
     return {"HF_HUB_OFFLINE": "1"}
+
+
+def offline_for(spec: LaunchSpec) -> dict[str, str]:
+    """offline_env() where the checkpoints were fetched into the cache the engine reads and it reads nothing else
+    from the Hub: a container whose Hub cache is mounted, a host process whose adapter says where it reads
+    (Engine.process_hub_cache); else nothing: a host process that fetches on its own must stay online."""
+    if spec.runtime == "process":
+        env = {**os.environ, **spec.env}
+        return offline_env() if engine(spec.kind).process_hub_cache(spec, env) is not None else {}
+    return offline_env() if host_hub_cache(spec) is not None else {}
 
 
 def is_hub_id(ref: str) -> bool:
@@ -106,6 +117,9 @@ def host_hub_cache(spec: LaunchSpec) -> Path | None:
     """
     if spec.runtime == "process":
         env = {**os.environ, **spec.env}
+        own = engine(spec.kind).process_hub_cache(spec, env)  # an engine that keeps its own (Edge-LLM)
+        if own is not None:
+            return own
         home = env.get("HF_HOME") or "~/.cache/huggingface"
         return Path(env.get("HF_HUB_CACHE") or f"{home}/hub").expanduser()
     mount = next((m for m in spec.mounts if spec.hf_cache and m.source == spec.hf_cache), None)

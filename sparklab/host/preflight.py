@@ -10,6 +10,7 @@ from pathlib import Path
 
 from sparklab.engines.base import Finding
 from sparklab.errors import PreflightError
+from sparklab.host.headroom import MIN_FLOOR_GIB, headroom, max_fraction_text, refusal
 from sparklab.host.memory import HostMemory, engine_need, read_meminfo, unified_need
 from sparklab.recipes.schema import Recipe
 from sparklab.spec import LaunchSpec
@@ -19,16 +20,18 @@ from sparklab.spec import LaunchSpec
 
 
 def port_in_use(host: str, port: int) -> bool:
-    """True when something already listens on host:port (a bind attempt, like the server's own).
+    """True when something already listens on host:port: a bind attempt on the address the server will bind
+    (an IPv6 one on IPv6), like the server's own; the one port probe of preflight, sweeps and host processes.
 
     SO_REUSEADDR, as uvicorn and SGLang set it: connections of a server just stopped, lingering in TIME_WAIT,
-    do not keep the next server from binding, so they must not fail this check either.
+    do not keep the next server from binding, so they must not fail this check either. An address this host does
+    not have is not "in use": the server's own bind says what is wrong with it.
     """
-    bind_host = "0.0.0.0" if host == "0.0.0.0" else "127.0.0.1"
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            sock.bind((bind_host, port))
+            sock.bind((host, port))
         except OSError as exc:
             return exc.errno in (errno.EADDRINUSE, errno.EACCES)
     return False
@@ -87,7 +90,8 @@ def check_image_platform(image: str, image_arch: str, host_arch: str, allow_fore
 
 
 def check_host(spec: LaunchSpec, recipe: Recipe, *, port_busy: Callable[[str, int], bool] = port_in_use,
-               meminfo: Path = Path("/proc/meminfo")) -> list[Finding]:
+               meminfo: Path = Path("/proc/meminfo"), floor_gib: float | None = None) -> list[Finding]:
+    """floor_gib: the memory floor configured for this server (None: the default; 0: off), see check_memory."""
     found: list[Finding] = []
     if port_busy(spec.host, spec.port):
         found.append(Finding(
@@ -97,21 +101,30 @@ def check_host(spec: LaunchSpec, recipe: Recipe, *, port_busy: Callable[[str, in
         found.append(Finding(
             "error", f"the Hugging Face cache directory {spec.hf_cache} does not exist",
             f"Create it (mkdir -p {spec.hf_cache}) or point to yours with --hf-cache DIR or HF_HOME."))
-    found += check_memory(spec, recipe, read_meminfo(meminfo))
+    found += check_memory(spec, recipe, read_meminfo(meminfo), floor_gib)
     return found
 
 
-def check_memory(spec: LaunchSpec, recipe: Recipe, host: HostMemory) -> list[Finding]:
-    """MemAvailable against the recipe's floor and the engine's share; on unified memory, MemFree as well,
-    since that is what the engine's own startup check reads there (see sparklab.memory)."""
+def check_memory(spec: LaunchSpec, recipe: Recipe, host: HostMemory, floor_gib: float | None = None) -> list[Finding]:
+    """MemAvailable against the recipe's floor and the engine's share; on unified memory, the room its fraction
+    leaves against the memory floor (host/headroom.py: under the least floor, an error; under a floor the user
+    configured, a warning; 0: none), and MemFree, since that is what the engine's own startup check reads there
+    (see sparklab.memory)."""
     required = _required_gib(spec, recipe, host.total_gib)
+    room = headroom(spec, recipe, host)
     if required is not None and host.available_gib < required[0]:
+        floor = floor_gib if floor_gib else MIN_FLOOR_GIB
+        leaves = (f" On this host, {room.flag} {max_fraction_text(room, floor)} or less also leaves the memory floor "
+                  f"({floor:.1f} GiB) under load." if room is not None else "")
         return [Finding(
             "error",
             f"only {host.available_gib:.1f} GiB of memory is available (MemAvailable) but this launch needs "
             f"{required[0]:.1f} GiB ({required[1]})",
             "Stop other servers (`sparklab ps`), drop the page cache "
-            "(sync; echo 3 > /proc/sys/vm/drop_caches), or lower the memory settings with --set.")]
+            "(sync; echo 3 > /proc/sys/vm/drop_caches), or lower the memory settings with --set." + leaves)]
+    refused = refusal(room, floor_gib) if room is not None else None
+    if refused is not None:  # a floor the user set is theirs to keep: said, not refused
+        return [Finding("error" if floor_gib is None else "warning", refused[0], refused[1])]
     need = unified_need(spec, recipe, host)
     if need is not None and host.free_gib < need.gib:
         return [Finding(

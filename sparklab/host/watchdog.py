@@ -19,20 +19,27 @@ from pathlib import Path
 from typing import Any
 
 from sparklab.host import memory
+from sparklab.host.clocks import ClockWindow, GpuClockProbe, GpuClocks
+from sparklab.host.headroom import USERS_FLOOR_GIB, Headroom
 from sparklab.host.memory import HostMemory
 from sparklab.recipes.schema import Recipe
 
 log = logging.getLogger(__name__)
 
-UNIFIED_FLOOR_GIB = 8.0  # what GB10 users set (huggingface.co/nvidia/GLM-5.3-Flash-FP4-Local/discussions/7)
+UNIFIED_FLOOR_GIB = USERS_FLOOR_GIB  # what GB10 users set; the default where the headroom allows it
 KEPT_SAMPLES = 60  # the tail a memory-floor failure stores
 
 
-def floor_for(recipe: Recipe, configured: float | None) -> float | None:
-    """The floor for one server: the configured one (0: off), else 8 GiB on unified-memory recipes."""
+def floor_for(recipe: Recipe, configured: float | None, room: Headroom | None = None) -> float | None:
+    """The floor for one server: the configured one (0: off), else on unified-memory recipes 8 GiB or, when the
+    engine's memory fraction leaves less (headroom.Headroom), the room it leaves under load: below what the
+    engine was asked to take, with the margin for its memory outside it. Preflight refuses a fraction whose
+    room is under headroom.MIN_FLOOR_GIB, so this never goes below that for a server that starts."""
     if configured is not None:
         return configured or None
-    return UNIFIED_FLOOR_GIB if recipe.unified_memory else None
+    if not recipe.unified_memory:
+        return None
+    return room.default_floor_gib if room is not None else UNIFIED_FLOOR_GIB
 
 
 @dataclass(frozen=True)
@@ -43,6 +50,7 @@ class Sample:
     container_peak_bytes: int | None = None
     gpu_used_mib: float | None = None
     gpu_total_mib: float | None = None
+    clocks: GpuClocks | None = None  # SM clock, power, temperature, throttle reasons (host/clocks.py)
 
     def line(self, start: float) -> str:
         h = self.host
@@ -96,8 +104,11 @@ class _Window:
         self.peak_container: float | None = None
         self.peak_gpu: float | None = None
         self.gpu_total: float | None = None
+        self.clocks = ClockWindow()
 
     def add(self, s: Sample) -> None:
+        if s.clocks is not None:
+            self.clocks.add(s.clocks)
         if self.samples:
             self.max_interval = max(self.max_interval, s.t - self.last)
         else:
@@ -130,7 +141,9 @@ class Sampler:
 
     def __init__(self, *, interval_s: float = 1.0, floor_gib: float | None = None,
                  locate: Callable[[], str | None] | None = None, on_floor: Callable[[], None] | None = None,
-                 meminfo: Path = memory.MEMINFO, cgroup_root: Path = memory.CGROUP_ROOT, gpu: bool = True) -> None:
+                 meminfo: Path = memory.MEMINFO, cgroup_root: Path = memory.CGROUP_ROOT, gpu: bool = True,
+                 clocks: Callable[[], GpuClocks | None] | None = None) -> None:
+        """gpu: ask nvidia-smi at all; clocks: the clock reading (default: nvidia-smi on PATH, when gpu)."""
         self.interval_s = min(interval_s, 1.0)
         self.floor_gib = floor_gib
         self._locate = locate
@@ -139,6 +152,7 @@ class Sampler:
         self._cgroup_root = cgroup_root
         self._cgroup: memory.Cgroup | None = None
         self._gpu = gpu
+        self._clocks = clocks if clocks is not None else (GpuClockProbe() if gpu else None)
         self._lock = threading.Lock()
         self._windows: dict[int, _Window] = {0: _Window()}
         self._recent: deque[Sample] = deque(maxlen=KEPT_SAMPLES)
@@ -159,6 +173,12 @@ class Sampler:
     def stats(self, mark: int = 0) -> MemoryStats:
         with self._lock:
             return self._windows[mark].stats()
+
+    def clock_stats(self, mark: int = 0) -> dict[str, Any] | None:
+        """The window's clocks under load (host/clocks.py), None when no reading came (no nvidia-smi)."""
+        source = getattr(self._clocks, "source", "nvidia-smi")
+        with self._lock:
+            return self._windows[mark].clocks.stats(source)
 
     def count(self, mark: int = 0) -> int:
         with self._lock:
@@ -186,7 +206,9 @@ class Sampler:
         gpu = memory.gpu_memory() if self._gpu else None
         if gpu is None:
             self._gpu = False  # absent or [N/A] (GB10): do not spawn nvidia-smi every second for nothing
-        return Sample(time.monotonic(), host, current, peak, *(gpu or (None, None)))
+        reading = self._clocks() if self._clocks is not None else None
+        used, total = gpu or (None, None)
+        return Sample(time.monotonic(), host, current, peak, used, total, reading)
 
     def _record(self, s: Sample) -> None:
         with self._lock:
@@ -203,11 +225,17 @@ class Sampler:
                 except Exception as exc:  # the sweep still sees the trip and removes the server itself
                     log.warning("stopping the server at the memory floor failed: %s", exc)
 
+    def tick(self) -> Sample:
+        """Take one sample and judge it (the thread's step; a test or a twin drives it directly)."""
+        s = self.sample()
+        self._record(s)
+        return s
+
     def _run(self) -> None:
         while not self._stop.is_set():
             began = time.monotonic()
             try:
-                self._record(self.sample())
+                self.tick()
             except OSError as exc:
                 log.debug("memory sample failed: %s", exc)
             self._stop.wait(max(0.0, self.interval_s - (time.monotonic() - began)))
@@ -246,11 +274,11 @@ def cell_clocks(start: dict[str, float | None] | None, end: dict[str, float | No
     return out
 
 
-def add_cell_facts(result: dict[str, Any], sampler: Sampler, mark: int,
-                   clocks_at_start: dict[str, float | None] | None) -> None:
-    """A cell's memory window, and its GPU clocks at start and end where nvidia-smi answers, into its result."""
+def add_cell_facts(result: dict[str, Any], sampler: Sampler, mark: int) -> None:
+    """A cell's memory window and, where nvidia-smi answers, its clocks under load (sampled by the same thread
+    through the window, not read at two idle moments around it) into its result."""
     result["memory"] = sampler.stats(mark).as_dict()
-    clocks = cell_clocks(clocks_at_start, memory.gpu_clocks() if clocks_at_start is not None else None)
+    clocks = sampler.clock_stats(mark)
     if clocks is not None:
         result["gpu_clocks"] = clocks
 

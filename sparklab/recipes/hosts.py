@@ -131,6 +131,11 @@ def parse_hosts(entries: Sequence[str | HostEntry], where: str) -> list[Host]:
     return _settle_offsets(hosts, where)
 
 
+def entry_of(text: str, where: str) -> HostEntry:
+    """A `--host` value as the hosts: entry it stands for (what a tune writes into its space file)."""
+    return _from_text(text, where)
+
+
 def _from_text(text: str, where: str) -> HostEntry:
     """`DOCKER[,key=value...]`: a Docker host, then what the command line may say of it."""
     docker, *pairs = text.split(",")

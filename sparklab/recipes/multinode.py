@@ -77,6 +77,19 @@ def head_options(options: LaunchOptions, head: Host) -> LaunchOptions:
                                hf_cache=Path(head.hf_cache) if head.hf_cache else options.hf_cache)
 
 
+def require_hosts(recipe: Recipe, engine: str | None, given: int) -> None:
+    """A server across N hosts needs its N hosts named before anything else is checked: this machine's port,
+    memory and cache say nothing about a server that runs on other machines (issue 23)."""
+    engine_name, spec = recipe.engine(engine)
+    if spec.nodes > 1 and given < spec.nodes:
+        raise RecipeError(f"{recipe.source}: engines.{engine_name}: nodes: {spec.nodes} needs {spec.nodes} Docker "
+                          f"hosts, {given} given", _HOSTS_HINT)
+
+
+_HOSTS_HINT = ("Name them in order, the head first: --host local --host ssh://me@spark-2 (or a sweep file's "
+               "hosts:); each with its cluster_address (and interface, ib_hca) on the link between them.")
+
+
 def render_cluster(recipe: Recipe, engine: str | None, method: str | None, options: LaunchOptions,
                    hosts: Sequence[Host]) -> ClusterSpec:
     """Every node's LaunchSpec, rank 0 on hosts[0]. `options` are the head's (its port, address, API key)."""
@@ -88,8 +101,7 @@ def render_cluster(recipe: Recipe, engine: str | None, method: str | None, optio
                           "Give one --host (or none), or use a recipe with nodes: 2.")
     if len(hosts) != spec.nodes:
         raise RecipeError(f"{where}: nodes: {spec.nodes} needs {spec.nodes} Docker hosts, {len(hosts)} given",
-                          "Name them in order, the head first: --host local --host ssh://me@spark-2 (or a sweep "
-                          "file's hosts:).")
+                          _HOSTS_HINT)
     assert spec.cluster_port is not None  # recipes.EngineSpec checks it
     nodes = [_node(h, rank, where) for rank, h in enumerate(hosts)]
     for name in sorted(_needed(recipe, engine_name, method or "")):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -20,6 +21,7 @@ from sparklab.bench.workloads import load_workload
 from sparklab.engines import engine as engine_adapter
 from sparklab.errors import RecipeError
 from sparklab.recipes.hosts import HostEntry
+from sparklab.recipes.multinode import ClusterSpec
 from sparklab.recipes.render import LaunchOptions, render
 from sparklab.recipes.schema import (
     MAX_REPEATS,
@@ -113,7 +115,8 @@ class SweepFile(Strict):
     # server's health check fails (None: no stall detection)
     request_timeout_s: Seconds = 1800.0
     stall_timeout_s: Seconds | None = 60.0
-    # Stop a server when MemAvailable falls under this (GiB; 0: off; None: 8 on unified-memory recipes).
+    # Stop a server when MemAvailable falls under this (GiB; 0: off; None: on unified-memory recipes 8, or the
+    # room the server's memory fraction leaves where that is less: host/headroom.py).
     memory_floor_gib: float | None = Field(default=None, ge=0, le=4096)
     # A server whose engine prints nothing for this long while not ready fails as "stalled" (null: never).
     load_stall_s: Seconds | None = 600.0
@@ -178,7 +181,7 @@ class ServerConfig:
     recipe: Recipe
     cells: tuple[Cell, ...] = field(default_factory=tuple)
     options: LaunchOptions | None = None  # what rendered spec; another host renders it again with its own port
-    cluster: Any = None  # a server across hosts, once its hosts are chosen: multinode.ClusterSpec (spec: its head)
+    cluster: ClusterSpec | None = None  # a server across hosts, once its hosts are chosen (spec: its head)
 
 
     @property
@@ -300,19 +303,34 @@ class TimingModel:
     """A first guess at how long a sweep takes; stored history refines it.
 
     Aggregate output tok/s at concurrency c is modelled as tokens_per_s x c ** batching (batching 0 = no gain
-    from concurrency, 1 = perfect scaling).
+    from concurrency, 1 = perfect scaling). A server's start takes startup_s unless server_startup_s says
+    otherwise for it (an engine that builds on its first start, or a start measured before); builds names, per
+    engine, the allowance a first start that builds is counted at.
     """
 
     startup_s: float = 300.0
     teardown_s: float = 15.0
     tokens_per_s: float = 80.0
     batching: float = 0.5
+    server_startup_s: Mapping[str, float] = field(default_factory=dict)
+    builds: Mapping[str, float] = field(default_factory=dict)
+
+    def startup_for(self, server: ServerConfig) -> float:
+        return self.server_startup_s.get(server.id, self.startup_s)
+
+    def startup_text(self) -> str:
+        """How the model counts a server's start, for the dry runs' ETA lines."""
+        text = f"{self.startup_s:.0f} s per server start"
+        for name, seconds in self.builds.items():
+            text += (f"; {name}: up to {seconds:.0f} s per server, whose first start builds its engines (the "
+                     "recipe's ready deadline; a measured start of the same server replaces it)")
+        return text
 
 
 def estimate_seconds(plan: Plan, model: TimingModel) -> float:
     total = 0.0
     for server in plan.servers:
-        total += model.startup_s + model.teardown_s
+        total += model.startup_for(server) + model.teardown_s
         for cell in server.cells:
             if plan.sweep.duration_s:
                 total += plan.sweep.duration_s

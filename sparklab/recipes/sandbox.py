@@ -364,7 +364,7 @@ class Sandbox(ImmutableSandboxedEnvironment):
             if is_map:
                 if kwargs or len(args) != 1:
                     raise TypeError("format_map() takes exactly one argument")
-                args, kwargs = (), args[0]
+                return str(formatter.vformat(text, (), args[0]))
             return str(formatter.vformat(text, args, kwargs))
 
         return functools.update_wrapper(bounded, value)

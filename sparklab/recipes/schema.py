@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Discriminator,
     Field,
@@ -23,7 +24,9 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic_core import PydanticCustomError
 
+from sparklab.engines import ENGINES
 from sparklab.errors import RecipeError
 from sparklab.inputs import check_text, read_utf8
 
@@ -55,6 +58,18 @@ RequestsSpec = Annotated[
     Annotated[RequestCount, Tag(_ONE)] | Annotated[dict[Concurrency, RequestCount], Tag(_PER_CONCURRENCY)],
     Discriminator(lambda v: _PER_CONCURRENCY if isinstance(v, dict) else _ONE),
 ]
+
+
+def _registered_kind(kind: Any) -> Any:
+    """An engine kind is a registered adapter's (sparklab.engines.ENGINES); the error reads as a Literal's would."""
+    if isinstance(kind, str) and kind in ENGINES:
+        return kind
+    known = [repr(k) for k in ENGINES]
+    expected = " or ".join(filter(None, (", ".join(known[:-1]), known[-1])))
+    raise PydanticCustomError("literal_error", "Input should be {expected}", {"expected": expected})
+
+
+EngineKind = Annotated[str, BeforeValidator(_registered_kind)]
 
 
 class Strict(BaseModel):
@@ -92,6 +107,11 @@ class Hardware(Strict):
     memory_gib: float | None = Field(default=None, gt=0)
     bandwidth_gbps: float = Field(gt=0, description="memory bandwidth, GB/s (10^9 bytes per second)")
     arch: str | None = None
+    # Unified memory as the kernel counts it (MemTotal, GiB), and what an idle host of this kind uses before
+    # any server (MemTotal - MemAvailable): the model of the host where nothing can be measured (a plan made
+    # elsewhere, the tests); a sweep measures its own baseline at its start.
+    mem_total_gib: float | None = Field(default=None, gt=0)
+    os_baseline_gib: float | None = Field(default=None, ge=0)
 
 
 class ModelSpec(Strict):
@@ -108,7 +128,7 @@ class Method(Strict):
 
 
 class EngineSpec(Strict):
-    kind: Literal["vllm", "sglang", "trtedge", "llamacpp"]
+    kind: EngineKind
     # container: a Docker image (sparklab/containers.py); process: a program on this host run in its own process
     # group (sparklab/processes.py), e.g. from a venv, with the same guarantees.
     runtime: Literal["container", "process"] = "container"
@@ -145,9 +165,9 @@ class EngineSpec(Strict):
     def _cluster(self) -> EngineSpec:
         if self.nodes == 1:
             return self
-        if self.kind not in ("vllm", "sglang"):
-            raise ValueError(f"nodes: {self.nodes} needs an engine with a multi-node mode (vllm, sglang), "
-                             f"not {self.kind}")
+        if not ENGINES[self.kind].multinode:
+            able = ", ".join(kind for kind, adapter in ENGINES.items() if adapter.multinode)
+            raise ValueError(f"nodes: {self.nodes} needs an engine with a multi-node mode ({able}), not {self.kind}")
         if self.cluster_port is None:
             raise ValueError("nodes > 1 needs cluster_port (the head's port the other nodes join on, e.g. 6379)")
         if self.runtime != "container" or self.network != "host":

@@ -11,6 +11,7 @@ what it looked at, and its findings, so a clean report says so rather than sayin
 - images: cells of one run measured on different image digests.
 - tool-call runaways: answers that repeat one tool call or never stop calling (seed 002's `tool_choice:
   "required"` loop), from the toolcall-probe workload.
+- clocks under load: cells whose SM clock fell, or whose GPU reported throttle reasons, during their window.
 """
 
 from __future__ import annotations
@@ -223,7 +224,33 @@ def tool_runaways(report: Report) -> Check:
                  None if probed else "no tool-call prompts in this run: add the `toolcall-probe` workload")
 
 
-CHECKS: tuple[Callable[[Report], Check], ...] = (equality, truncation, prefix_cache, ceilings, images, tool_runaways)
+def clocks_under_load(report: Report) -> Check:
+    """Cells whose SM clock fell under load or whose GPU reported throttle reasons during the window (sampled by
+    the memory sampler's thread through each cell, sparklab/host/clocks.py): their numbers are lower than the
+    config's, whatever it was that throttled."""
+    from sparklab.host.clocks import CLOCK_FALL_FLAG, describe
+
+    findings = []
+    sampled = 0
+    for g in report.groups:
+        for cell in g.cells:
+            facts = (cell.result or {}).get("gpu_clocks") or {}
+            if "loaded_samples" not in facts:  # none, or read only at two idle moments (runs before issue 23)
+                continue
+            sampled += 1
+            line = describe(facts)
+            if line:
+                findings.append(f"{_where(g)} #{cell.repeat}: {line} - its numbers are lower than the config's; "
+                                "rerun it cooler, or with the power limit the others had")
+    looked = (f"no cell's SM clock fell by more than {100 * CLOCK_FALL_FLAG:.0f}% under load, and no throttle reason "
+              "(power cap, HW/SW slowdown, thermal, power brake) was active while it ran")
+    return Check("clocks under load", looked, tuple(findings),
+                 None if sampled else "no clock samples under load: nvidia-smi did not answer on the host that ran "
+                                      "the cells (or the run was made before sparklab sampled clocks under load)")
+
+
+CHECKS: tuple[Callable[[Report], Check], ...] = (equality, truncation, prefix_cache, ceilings, images, tool_runaways,
+                                                 clocks_under_load)
 
 
 def run_checks(report: Report) -> list[Check]:

@@ -6,9 +6,11 @@ from pathlib import Path
 from typing import Any
 
 from sparklab import engines
-from sparklab.bench.metrics import CONFIDENCE, SPREAD_WARN, Estimate, Ratio
+from sparklab.bench.metrics import CONFIDENCE, IDENTICAL, IDENTICAL_SHORT, SPREAD_WARN, Ratio
+from sparklab.report import provenance
 from sparklab.report.checks import run_checks
 from sparklab.report.document import Block, Bullets, Code, Document, Image, Para, Section, Table
+from sparklab.report.formats import DASH, fmt
 from sparklab.report.generation import generation_sections
 from sparklab.report.model import (
     BEST_TIE,
@@ -24,18 +26,6 @@ from sparklab.report.model import (
 from sparklab.report.roofline import assumptions, model_inputs
 from sparklab.sweep.store import HOST_LOST
 
-DASH = "-"
-
-
-def fmt(e: Estimate | None, digits: int = 2, scale: float = 1.0) -> str:
-    """mean, and ± the half-width of its 95% interval when there are repeats."""
-    if e is None:
-        return DASH
-    text = f"{e.mean * scale:,.{digits}f}"
-    if e.low is not None and e.high is not None:
-        text += f" ± {(e.high - e.mean) * scale:,.{digits}f}"
-    return text
-
 
 def fmt_ratio(group: Group) -> str:
     if group.is_baseline and group.baseline == group.server.label:
@@ -44,7 +34,9 @@ def fmt_ratio(group: Group) -> str:
     if r is None:
         return DASH
     text = f"{100 * r.value:.2f}%"
-    if r.low is not None and r.high is not None:
+    if r.identical:
+        text += f" ({IDENTICAL_SHORT})"
+    elif r.low is not None and r.high is not None:
         text += f" [{100 * r.low:.1f}, {100 * r.high:.1f}]"
         if not r.significant:
             text += " n.s."
@@ -74,6 +66,7 @@ def _k(server: Server) -> str:
 def _overview(report: Report) -> Section:
     sweep, meta, host, counts = report.sweep, report.meta, report.host, report.counts
     engines = sorted({f"{s.engine} {s.engine_version}" for s in report.servers if s.engine_version})
+
     def identity(s: Server) -> str:
         started = s.ready_s is not None or bool(s.startup)
         return f"`{s.image}` " + (s.image_digest or ("(no digest recorded)" if started else "(never started)"))
@@ -121,7 +114,8 @@ def _method(report: Report) -> Section:
         "over each window, not client guesses; here from " + ("; ".join(accept) if accept else (
             _no_acceptance(report) if any(not g.is_baseline for g in report.groups) else "no drafting")) + ".",
         f"repeats: `a ± b` is the mean over repeats and the half-width of its {pct} Student-t interval; a "
-        "single run has no interval. `(spread)` marks a coefficient of variation over "
+        f"single run has no interval; `({IDENTICAL_SHORT})` marks repeats that all gave one value (the interval "
+        f"is not measured: a spread of zero is not certainty). `(spread)` marks a coefficient of variation over "
         f"{100 * SPREAD_WARN:.0f}%.",
         f"vs baseline: the mean over the same engine's `none` at the same concurrency and workload; `[low, high]` "
         f"is its {pct} interval (delta method on the log ratio, Welch degrees of freedom); `n.s.` = the "
@@ -178,7 +172,7 @@ def _detail_tables(report: Report) -> list[Section]:
                 m = g.metrics
                 rows.append((f"{g.server.engine} {g.server.method_name}", _k(g.server), _n(g),
                              fmt(m["aggregate_tps"]), fmt(m["per_request_tps"]), fmt(m["decode_tps"]),
-                             fmt(m["ttft_p50_ms"], 1), fmt(m["acceptance_length"]),
+                             fmt(m["ttft_p50_ms"], 1), fmt(m["acceptance_length"]) + provenance.mark(g),
                              fmt(m["acceptance_rate"], 1, 100), fmt_ratio(g), _identical(g),
                              f"{g.roofline.percent:.1f}%" if g.roofline else DASH))
             sections.append(Section(f"All metrics: workload {workload}, C={c}", level=3,
@@ -235,6 +229,8 @@ def _versus_runner_up(best: Any) -> str:
         return ""
     name = f"{second.server.engine} {second.server.method_name}" + (
         f" K={second.server.k}" if second.server.k is not None else "")
+    if r.identical:
+        return f"; {100 * r.value:.1f}% of runner-up {name} ({IDENTICAL})"
     if r.low is None or r.high is None:
         return f"; {100 * r.value:.1f}% of runner-up {name}, single runs: cannot tell them apart"
     if not r.significant:
@@ -253,7 +249,8 @@ def _best(report: Report) -> Section:
         if best.best_score_group is not g:
             why = (f"within {100 * BEST_TIE:.0f}% of {best.best_score_group.server.label} and a smaller K "
                    f"(best of {best.candidates})")
-        single = " (single run: no spread known)" if g.n < 2 else ""
+        single = (" (single run: no spread known)" if g.n < 2
+                  else f" ({IDENTICAL})" if g.headline is not None and g.headline.identical else "")
         why += _versus_runner_up(best)
         if g.speedup and g.speedup.significant is False:
             why += "; not significantly faster than the baseline"
@@ -271,6 +268,15 @@ def _best(report: Report) -> Section:
     ])
 
 
+def _pick_interval(pick: dict[str, Any]) -> str:
+    """A stored tune pick's interval: low = high over several repeats is identical repeats, not a measured one."""
+    if pick["low"] is None or pick["high"] is None:
+        return DASH
+    if pick["low"] == pick["high"] and pick["n"] >= 2:
+        return IDENTICAL
+    return f"[{pick['low']:,.2f}, {pick['high']:,.2f}]"
+
+
 def _tune(report: Report) -> Section | None:
     """`sparklab tune`'s picks, its predictions against what it measured, and what the search cost."""
     import json
@@ -278,8 +284,7 @@ def _tune(report: Report) -> Section | None:
     if "tune" not in report.meta:
         return None
     state = json.loads(report.meta["tune"])
-    picks = tuple((str(p["concurrency"]), p["label"], f"{p['mean']:,.2f}",
-                   f"[{p['low']:,.2f}, {p['high']:,.2f}]" if p["low"] is not None else DASH, str(p["n"]), p["note"])
+    picks = tuple((str(p["concurrency"]), p["label"], f"{p['mean']:,.2f}", _pick_interval(p), str(p["n"]), p["note"])
                   for p in state.get("picks", []))
     rows = tuple((f"{r['method']} K={r['k']}", str(r["concurrency"]), f"{r['predicted']:,.2f}",
                   f"{r['measured']:,.2f}" if r["measured"] else "not loaded",
@@ -354,8 +359,10 @@ def _memory(report: Report) -> Section | None:
                    _opt(r.total_gib, "{:.1f}")) for r in rows),
             (False, *([True] * 7))))
     if drops:
-        blocks.append(Para(f"Cells whose SM clock fell by more than {100 * CLOCK_DROP_FLAG:.0f}% from their start "
-                           "to their end (nvidia-smi; throttling makes their numbers lower than the config's):"))
+        blocks.append(Para(f"Cells whose SM clock fell by more than {100 * CLOCK_DROP_FLAG:.0f}% (nvidia-smi, read "
+                           "through the window: from its highest reading under load to its lowest; runs before that "
+                           "read it at the cell's start and end; throttling makes their numbers lower than the "
+                           "config's; the check \"clocks under load\" names the reasons):"))
         blocks.append(Bullets(tuple(
             f"{d.group.server.label} C={d.group.concurrency} {d.group.workload} #{d.cell.repeat}: SM clock "
             f"{100 * d.drop:.0f}% lower ({_opt(d.start.get('sm_clock_mhz'), '{:.0f}')} → "
@@ -423,6 +430,12 @@ def _reliability(report: Report) -> Section:
         items.append(f"{g.server.label} at C={g.concurrency} ({g.workload}): {g.failed_requests} of {measured} "
                      "measured requests failed; its numbers, and every speedup marked (partial), rest on "
                      "incomplete cells. Rerun them: `sparklab sweep FILE --retry-failed`.")
+    same = [f"{g.server.label} C={g.concurrency} {g.workload}" for g in report.groups
+            if g.headline is not None and g.headline.identical]
+    if same:
+        items.append(f"{IDENTICAL}: every repeat of {'; '.join(same)} gave the same headline value, so no spread was "
+                     "measured and its speedups claim no significance. Identical tok/s over repeats is unusual on a "
+                     "real engine: check that the runs measured what they say.")
     ns = [g for g in report.groups if not g.is_baseline and g.speedup and g.speedup.significant is False]
     if ns:
         items.append("not significantly different from the baseline (interval includes 100%): " +
@@ -503,7 +516,7 @@ def document(report: Report, plots: list[tuple[str, Path]] | None = None) -> Doc
         sections.append(acceptance)
     if tools := _tool_calls(report):
         sections.append(tools)
-    sections += [_roofline(report), _facts(report)]
+    sections += [_roofline(report), _facts(report), provenance.section(report)]
     if memory := _memory(report):
         sections.append(memory)
     if hosts := _hosts(report):

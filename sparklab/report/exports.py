@@ -8,7 +8,7 @@ import json
 from dataclasses import asdict
 from typing import Any
 
-from sparklab.bench.metrics import Estimate
+from sparklab.bench.metrics import Estimate, Ratio
 from sparklab.report.model import METRICS, Group, Report, headline_name
 
 SCHEMA = "sparklab.report/1"
@@ -17,8 +17,16 @@ SCHEMA = "sparklab.report/1"
 def _estimate(e: Estimate | None) -> dict[str, Any] | None:
     if e is None:
         return None
-    return {"n": e.n, "mean": e.mean, "ci95_low": e.low, "ci95_high": e.high, "median": e.median, "sd": e.sd,
-            "mad": e.mad, "cv": e.cv, "values": list(e.values)}
+    low, high = _interval(e)
+    return {"n": e.n, "mean": e.mean, "ci95_low": low, "ci95_high": high, "identical_repeats": e.identical,
+            "median": e.median, "sd": e.sd, "mad": e.mad, "cv": e.cv, "values": list(e.values)}
+
+
+def _interval(e: Estimate | Ratio | None) -> tuple[float | None, float | None]:
+    """The measured interval; identical repeats measured none (low = high would read as certainty)."""
+    if e is None or e.identical:
+        return None, None
+    return e.low, e.high
 
 
 def _group_row(g: Group) -> dict[str, Any]:
@@ -29,11 +37,11 @@ def _group_row(g: Group) -> dict[str, Any]:
     for name in METRICS:
         e = g.metrics[name]
         row[f"{name}_mean"] = e.mean if e else None
-        row[f"{name}_ci95_low"] = e.low if e else None
-        row[f"{name}_ci95_high"] = e.high if e else None
+        row[f"{name}_ci95_low"], row[f"{name}_ci95_high"] = _interval(e)
     s = g.speedup
-    row.update({"baseline": g.baseline, "speedup": s.value if s else None, "speedup_ci95_low": s.low if s else None,
-                "speedup_ci95_high": s.high if s else None,
+    speedup_low, speedup_high = _interval(s)
+    row.update({"baseline": g.baseline, "speedup": s.value if s else None, "speedup_ci95_low": speedup_low,
+                "speedup_ci95_high": speedup_high,
                 "speedup_significant": s.significant if s else None, "failed_requests": g.failed_requests,
                 "rests_on_partial": g.rests_on_partial})
     e = g.equality

@@ -10,18 +10,12 @@ from __future__ import annotations
 
 from sparklab.bench.metrics import Estimate
 from sparklab.report.document import Para, Section, Table
+from sparklab.report.formats import DASH, fmt
 from sparklab.report.model import Group, Report
-
-DASH = "-"
 
 
 def _fmt(e: Estimate | None, digits: int) -> str:
-    if e is None:
-        return DASH
-    text = f"{e.mean:,.{digits}f}"
-    if e.low is not None and e.high is not None:
-        text += f" ± {e.high - e.mean:,.{digits}f}"
-    return text
+    return fmt(e, digits)
 
 
 def _ratio(base: Estimate | None, other: Estimate | None) -> str:
@@ -53,12 +47,12 @@ def generation_sections(report: Report) -> list[Section]:
             base = next((g for g in here if g.is_baseline), None)
             by_label = {g.server.label: g for g in here if not g.is_baseline}
             base_speed = base.metrics["decode_tps"] if base else None
-            row = [workload, _prompt(here), _fmt(base_speed, 1)]
+            row = [workload, _prompt(here), fmt(base_speed, 1)]
             for label in drafting:
                 speed = by_label[label].metrics["decode_tps"] if label in by_label else None
-                row += [_fmt(speed, 1), _ratio(base_speed, speed)]
-            row.append(_fmt(base.metrics["ttft_p50_ms"] if base else None, 1))
-            row += [_fmt(by_label[label].metrics["ttft_p50_ms"] if label in by_label else None, 1)
+                row += [fmt(speed, 1), _ratio(base_speed, speed)]
+            row.append(fmt(base.metrics["ttft_p50_ms"] if base else None, 1))
+            row += [fmt(by_label[label].metrics["ttft_p50_ms"] if label in by_label else None, 1)
                     for label in drafting]
             rows.append(tuple(row))
         numeric = (False, *([True] * (len(header) - 1)))

@@ -95,6 +95,7 @@ class Server:
     model: dict[str, Any]
     device: Device | None
     kind: str | None = None  # the engine adapter's kind (vllm, llamacpp, ...); None in runs that did not store it
+    image_check: dict[str, Any] | None = None  # its image's own parser on its command (None: runs before schema 5)
     runtime: str | None = None  # "container" or "process"; None in runs that did not store it
 
     @property
@@ -258,7 +259,7 @@ def _servers(store: Store, overrides: Overrides, notes: list[str]) -> list[Serve
         servers.append(Server(row.id, seq, row.engine, row.method, row.k, str(config.get("recipe", "?")),
                               tuple(config.get("overrides", ())), tuple(config.get("serve_args", ())), row.image,
                               row.image_digest, row.engine_version, row.ready_s, row.startup_facts or {}, model,
-                              device, config.get("kind"), config.get("runtime")))
+                              device, config.get("kind"), row.image_check, config.get("runtime")))
     return servers
 
 
@@ -436,7 +437,16 @@ def clock_drops(report: Report, threshold: float = CLOCK_DROP_FLAG) -> list[Cloc
         for cell in group.cells:
             clocks = (cell.result or {}).get("gpu_clocks") or {}
             drop = clocks.get("sm_clock_drop")
-            if drop is not None and drop > threshold:
+            if drop is None or drop <= threshold:
+                continue
+            if clocks.get("sm_clock_mhz"):  # read through the window: its highest clock to its lowest, and so on
+                sm, heat, power = (clocks.get(k) or {} for k in ("sm_clock_mhz", "temperature_c", "power_w"))
+                out.append(ClockDrop(group, cell, float(drop),
+                                     {"sm_clock_mhz": sm.get("max"), "temperature_c": heat.get("min"),
+                                      "power_w": power.get("min")},
+                                     {"sm_clock_mhz": sm.get("min"), "temperature_c": heat.get("max"),
+                                      "power_w": power.get("max")}))
+            else:  # runs before issue 23: read at the cell's start and end
                 out.append(ClockDrop(group, cell, float(drop), clocks.get("start") or {}, clocks.get("end") or {}))
     return out
 

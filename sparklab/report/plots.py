@@ -115,9 +115,10 @@ def _per_panel(report: Report, workload: str, out: Path, name: str, title: str,
 
 
 def _interval(g: Group) -> tuple[float, float] | None:
-    """The headline's measured 95% half-widths (below, above); None for a single run: nothing to draw."""
+    """The headline's measured 95% half-widths (below, above); None for a single run or identical repeats:
+    nothing was measured to draw (a zero-length whisker would read as certainty)."""
     e = g.headline
-    if e is None or e.low is None or e.high is None:
+    if e is None or e.low is None or e.high is None or e.identical:
         return None
     return e.mean - e.low, e.high - e.mean
 
@@ -146,7 +147,7 @@ def throughput_vs_k(report: Report, workload: str, out: Path) -> list[Plot]:
         return drew
 
     return _per_panel(report, workload, out, "throughput-vs-k",
-                      "tok/s vs K, mean and 95% CI over repeats (no whisker: a single run)", draw)
+                      "tok/s vs K, mean and 95% CI over repeats (no whisker: a single run or identical repeats)", draw)
 
 
 def speedup_bars(report: Report, workload: str, out: Path) -> list[Plot]:
@@ -155,11 +156,12 @@ def speedup_bars(report: Report, workload: str, out: Path) -> list[Plot]:
         if not bars:
             return False
         values = [100 * g.speedup.value for g in bars if g.speedup]
-        single = [g.speedup is None or g.speedup.low is None or g.speedup.high is None for g in bars]
+        single = [g.speedup is None or g.speedup.low is None or g.speedup.high is None or g.speedup.identical
+                  for g in bars]
         ax.bar(range(len(bars)), values, color=["#c7d3e3" if s else "#4c78a8" for s in single],
                edgecolor="#4c78a8")
-        measured = [(i, g.speedup) for i, g in enumerate(bars)
-                    if g.speedup and g.speedup.low is not None and g.speedup.high is not None]
+        measured = [(i, g.speedup) for i, g in enumerate(bars) if g.speedup and g.speedup.low is not None
+                    and g.speedup.high is not None and not g.speedup.identical]
         if measured:  # whiskers only where both sides were repeated: a single run has no interval to draw
             ax.errorbar([i for i, _ in measured], [100 * r.value for _, r in measured],
                         yerr=[[100 * (r.value - (r.low or r.value)) for _, r in measured],
@@ -167,8 +169,9 @@ def speedup_bars(report: Report, workload: str, out: Path) -> list[Plot]:
                         fmt="none", capsize=4, ecolor="black")
         for i, is_single in enumerate(single):
             if is_single:
-                ax.annotate("1 run", (i, values[i]), ha="center", va="bottom", fontsize=6, xytext=(0, 2),
-                            textcoords="offset points")
+                same = bars[i].speedup is not None and bars[i].speedup.identical  # type: ignore[union-attr]
+                ax.annotate("identical repeats" if same else "1 run", (i, values[i]), ha="center", va="bottom",
+                            fontsize=6, xytext=(0, 2), textcoords="offset points")
         ax.axhline(100, color="black", linewidth=1)
         # one label per bar, rotated so neighbours never run into each other ("draft modeldraft model")
         ax.set_xticks(range(len(bars)), [_label(g, _several_engines(report)) for g in bars], fontsize=7,
@@ -176,8 +179,8 @@ def speedup_bars(report: Report, workload: str, out: Path) -> list[Plot]:
         ax.set_ylabel("% of baseline (none)")
         return True
 
-    return _per_panel(report, workload, out, "speedup",
-                      "speedup vs baseline, 95% CI where repeated (pale bar: a single run, no interval)", draw)
+    return _per_panel(report, workload, out, "speedup", "speedup vs baseline, 95% CI where repeated (pale bar: a "
+                      "single run or identical repeats, no interval)", draw)
 
 
 def acceptance(report: Report, workload: str, out: Path) -> list[Plot]:

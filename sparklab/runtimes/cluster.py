@@ -21,17 +21,15 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
-from sparklab import interrupts
 from sparklab.engines import caches, engine
 from sparklab.engines.logwatch import DEAD_STOP_GRACE_S, LogWatch
 from sparklab.errors import NotReadyError, SparklabError
 from sparklab.host import preflight
 from sparklab.recipes.multinode import ClusterSpec
-from sparklab.runtimes.containers import Docker, PullCallback
+from sparklab.runtimes.base import Lifecycle, PullCallback, Runtime, Server
 from sparklab.runtimes.health import exited_error, wait_ready
-from sparklab.runtimes.launch import Launch, Ready, _facts_after_ready
+from sparklab.runtimes.launch import Launch, Ready, facts_after_ready, parser_preflight
 from sparklab.runtimes.state import state_dir
 
 log = logging.getLogger(__name__)
@@ -40,16 +38,15 @@ CLUSTER_PORT_TIMEOUT_S = 300.0  # Ray's head is up in seconds; a torch.distribut
 Say = Callable[[str], None]
 
 
-class ClusterServer:
-    """The nodes of one server as one: not running once any node stopped; stop() tears every node down;
-    the log and the endpoint are the head's. Quacks like containers.Server for launch, health and sweep."""
+class ClusterServer(Lifecycle):
+    """The nodes of one server as one `base.Server`: not running once any node stopped; stop() tears every node
+    down; the log and the endpoint are the head's."""
 
     def __init__(self, cluster: ClusterSpec, poll_s: float = 1.0) -> None:
+        super().__init__()
         self.cluster = cluster
         self.spec = cluster.head
-        self.nodes: list[Any] = []  # containers.Server, rank order
-        self.kept = False
-        self.detach = False
+        self.nodes: list[Server] = []  # rank order
         self.ended: str | None = None  # which node ended the server, in words
         self._ended_code: int | None = None
         self._ended_rank: int | None = None
@@ -62,7 +59,7 @@ class ClusterServer:
         return self.cluster.head.name
 
     @property
-    def head(self) -> Any:
+    def head(self) -> Server:
         return self.nodes[0]
 
     @property
@@ -72,7 +69,7 @@ class ClusterServer:
     def where(self, rank: int) -> str:
         return f"node {rank} ({'head' if rank == 0 else 'worker'}) on {self.cluster.hosts[rank].name}"
 
-    def add(self, node: Any) -> None:
+    def add(self, node: Server) -> None:
         self.nodes.append(node)
 
     def _end(self, rank: int, code: int | None) -> None:
@@ -97,25 +94,25 @@ class ClusterServer:
         if not self.nodes:
             return ""
         if rank is None or rank == 0:
-            return str(self.head.log_tail(lines))
+            return self.head.log_tail(lines)
         return f"[{self.ended}; its log:]\n{self.nodes[rank].log_tail(lines)}"
 
     def full_log(self) -> str:
-        return str(self.head.full_log()) if self.nodes else ""
+        return self.head.full_log() if self.nodes else ""
 
     def log_since(self, since: float) -> str:
-        return str(self.head.log_since(since)) if self.nodes else ""
+        return self.head.log_since(since) if self.nodes else ""
 
     def oom_killed(self) -> bool | None:
         rank = self._ended_rank if self._ended_rank is not None else 0
         return self.nodes[rank].oom_killed() if self.nodes else None
 
+    def port_open(self, address: str, port: int, timeout_s: int = 5) -> bool:
+        return self.head.port_open(address, port, timeout_s)
+
     def kill(self) -> None:
         for node in self.nodes:
             node.kill()
-
-    def keep(self) -> None:
-        self.kept = True
 
     def watch(self) -> None:
         """Watch the other nodes from a thread: one that exits kills the head, which ends the server."""
@@ -135,29 +132,18 @@ class ClusterServer:
 
         threading.Thread(target=run, name=f"watch-{self.name}", daemon=True).start()
 
-    def stop(self, grace_s: float = 10) -> float:
-        """Tear every node down, the head last, shielded from a second Ctrl-C; the first failure is raised once
-        every node had its try."""
-        started = time.monotonic()
+    def _teardown(self, grace_s: float) -> None:
+        """Every node down, the head last; the first failure is raised once every node had its try."""
         self._stopping.set()
         failures: list[Exception] = []
-        with interrupts.shielded():
-            for rank in reversed(range(len(self.nodes))):
-                try:
-                    self.nodes[rank].stop(grace_s)
-                except Exception as exc:  # a host that does not answer: the others still come down
-                    log.debug("teardown of %s: %s", self.where(rank), exc)
-                    failures.append(exc)
+        for rank in reversed(range(len(self.nodes))):
+            try:
+                self.nodes[rank].stop(grace_s)
+            except Exception as exc:  # a host that does not answer: the others still come down
+                log.debug("teardown of %s: %s", self.where(rank), exc)
+                failures.append(exc)
         if failures:
             raise failures[0]
-        return time.monotonic() - started
-
-    def __enter__(self) -> ClusterServer:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if not self.kept:
-            self.stop()
 
 
 def wait_cluster_port(server: ClusterServer, timeout_s: float = CLUSTER_PORT_TIMEOUT_S,
@@ -171,7 +157,7 @@ def wait_cluster_port(server: ClusterServer, timeout_s: float = CLUSTER_PORT_TIM
         running, code = server.state()
         if not running:
             raise exited_error(server, cluster.head.kind, code, "the head", f"before its cluster port {address} opened")
-        if server.head.port_open(cluster.head_address, cluster.cluster_port):
+        if server.port_open(cluster.head_address, cluster.cluster_port):
             return
         if clock() >= deadline:
             raise NotReadyError(
@@ -182,23 +168,27 @@ def wait_cluster_port(server: ClusterServer, timeout_s: float = CLUSTER_PORT_TIM
         sleep(0.5)
 
 
-def start(p: Launch, cluster: ClusterSpec, dockers: Sequence[Docker], *, pull_policy: str = "missing",
+def start(p: Launch, cluster: ClusterSpec, runtimes: Sequence[Runtime], *, pull_policy: str = "missing",
           on_pull: PullCallback | None = None, api_key: str | None = None,
           on_wait: Callable[[float], None] | None = None, log_dir: Path | None = None, stall_s: float | None = None,
           say: Say | None = None, port_timeout_s: float = CLUSTER_PORT_TIMEOUT_S,
-          ready: Callable[..., float] = wait_ready) -> Ready:
+          ready: Callable[..., float] = wait_ready, sources: tuple[Path, ...] = ()) -> Ready:
     """Start the nodes in order and wait for the head; the returned server is torn down already if anything here
-    fails (dockers[i] is the Docker host of cluster.nodes[i])."""
+    fails (runtimes[i] is the host of cluster.nodes[i]; each node runs where its spec says, a container).
+    sources: files besides the recipe that may write a flag the image's parser refuses (a sweep file)."""
+    p.sources = p.sources or sources
     tell = say or (lambda message: log.info("%s", message))
     head = cluster.head
-    images = [docker.ensure_image(spec.image, pull_policy, on_pull) for spec, docker in zip(cluster.nodes, dockers,
-                                                                                             strict=True)]
+    runtimes = [runtime.for_spec(spec) for spec, runtime in zip(cluster.nodes, runtimes, strict=True)]
+    images = [runtime.ensure_image(spec.image, pull_policy, on_pull) for spec, runtime in zip(cluster.nodes, runtimes,
+                                                                                               strict=True)]
     if len({image.id for image in images}) > 1:
         p.warnings.append(preflight.Finding("warning", f"the hosts hold different builds of {head.image} ("
                                             + ", ".join(f"{h.name}: {i.id[:19]}" for h, i in zip(cluster.hosts, images,
                                                                                                     strict=True))
                                             + "); the engines' versions may not match",
                                             "Pull the same digest on every host (pin it in the recipe)."))
+    p.check = parser_preflight(p, runtimes[0], images[0])  # the head's command through its image's own parser
     nodes = [caches.bind(spec, spec.image, image.digest, image.id) for spec, image in zip(cluster.nodes, images,
                                                                                               strict=True)]
     key = (api_key or secrets.token_urlsafe(24)) if head.needs_api_key else None
@@ -212,13 +202,13 @@ def start(p: Launch, cluster: ClusterSpec, dockers: Sequence[Docker], *, pull_po
     started = time.monotonic()
     try:
         tell(f"{server.where(0)}: starting {nodes[0].name}")
-        server.add(dockers[0].launch(nodes[0], provided, logs / f"{nodes[0].name}.log", on_log=log_watch.feed))
+        server.add(runtimes[0].launch(nodes[0], provided, logs / f"{nodes[0].name}.log", on_log=log_watch.feed))
         wait_cluster_port(server, port_timeout_s)
         tell(f"cluster port {cluster.head_address}:{cluster.cluster_port} is open")
         for rank in range(1, len(nodes)):
             tell(f"{server.where(rank)}: starting {nodes[rank].name}")
             try:
-                server.add(dockers[rank].launch(nodes[rank], provided, logs / f"{nodes[rank].name}.log"))
+                server.add(runtimes[rank].launch(nodes[rank], provided, logs / f"{nodes[rank].name}.log"))
             except SparklabError as exc:  # say which host refused it
                 exc.message = f"{server.where(rank)}: {exc.message}"
                 raise
@@ -226,7 +216,7 @@ def start(p: Launch, cluster: ClusterSpec, dockers: Sequence[Docker], *, pull_po
         headers = {"Authorization": f"Bearer {key}"} if key and adapter.ready_needs_key else None
         ready(server, head.endpoint + head.ready_path, kind=head.kind, timeout_s=head.ready_timeout_s,
               headers=headers, on_try=on_wait, watch=log_watch, stall_s=stall_s)
-        facts = _facts_after_ready(server, head)  # type: ignore[arg-type]  # the head's log
+        facts = facts_after_ready(server, head)
     except NotReadyError as exc:
         server.stop(DEAD_STOP_GRACE_S if exc.kind else 10)
         raise
@@ -234,5 +224,5 @@ def start(p: Launch, cluster: ClusterSpec, dockers: Sequence[Docker], *, pull_po
         server.stop()
         raise
     p.spec = nodes[0]
-    return Ready(server, images[0], time.monotonic() - started, key, facts, log_watch)  # type: ignore[arg-type]
+    return Ready(server, images[0], time.monotonic() - started, key, facts, log_watch, p.check)
 

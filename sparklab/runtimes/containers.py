@@ -6,13 +6,11 @@ This is the only module that imports docker.
 from __future__ import annotations
 
 import contextlib
-import getpass
 import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,61 +22,28 @@ from docker.types import DeviceRequest, Ulimit
 
 from sparklab import interrupts
 from sparklab.engines import ENGINES, candidates
+from sparklab.engines.parsers import Probe, ProbeRun
 from sparklab.errors import ContainerError, ImageUnavailableError
 from sparklab.redaction import redact, redacted_lines
+from sparklab.runtimes.base import (
+    DETACHED,
+    LABEL,
+    OWNER,
+    USER_ID,
+    USER_NAME,
+    ImageInfo,
+    Lifecycle,
+    LogListener,
+    PullCallback,
+    ServerInfo,
+    Target,
+    only_running,
+    user_name,
+)
 from sparklab.runtimes.owners import owner_alive, owner_token
 from sparklab.spec import API_KEY_PLACEHOLDER, LaunchSpec, in_session, is_secret_name
 
 log = logging.getLogger(__name__)
-
-LABEL = "sparklab"
-OWNER = "sparklab.owner"
-DETACHED = "sparklab.detached"
-USER_ID = "sparklab.uid"  # who started it: `down --all` removes only the caller's containers
-USER_NAME = "sparklab.user"
-
-# (layer id, status, current bytes or None, total bytes or None)
-PullCallback = Callable[[str, str, int | None, int | None], None]
-
-
-@dataclass(frozen=True)
-class ImageInfo:
-    ref: str
-    id: str
-    digest: str | None
-    architecture: str
-
-
-@dataclass(frozen=True)
-class ContainerInfo:
-    id: str
-    name: str
-    status: str
-    exit_code: int | None
-    labels: dict[str, str]
-    created: str
-    runtime: str = "container"  # or "process": a host-process server's run file (sparklab.runtimes.processes)
-
-    @property
-    def noun(self) -> str:
-        """How messages name it: a container, or a host process."""
-        return "host process" if self.runtime == "process" else "container"
-
-    @property
-    def detached(self) -> bool:
-        return self.labels.get(DETACHED) == "1"
-
-    @property
-    def mine(self) -> bool:
-        """Started by this user (containers from before sparklab labelled users count as someone else's)."""
-        return self.labels.get(USER_ID) == str(os.getuid())
-
-
-def _user_name() -> str:
-    try:
-        return getpass.getuser()
-    except (KeyError, OSError):  # no passwd entry (some containers)
-        return str(os.getuid())
 
 
 def _split_ref(image: str) -> tuple[str, str | None]:
@@ -123,27 +88,8 @@ def container_secrets(container: Container) -> list[bytes]:
 # ---------------------------------------------------------------------------------------------------
 
 
-def only_running(running: list[ContainerInfo]) -> str:
-    """The one running sparklab server's name, for a command given no name (several or none: say which)."""
-    if len(running) != 1:
-        names = ", ".join(c.name for c in running) or "none"
-        raise ContainerError(f"say which server to use (running sparklab servers: {names})",
-                             "Pass --container NAME, or --url URL for any OpenAI-compatible endpoint.")
-    return running[0].name
-
-
-@dataclass(frozen=True)
-class Target:
-    """A running sparklab server as `sparklab bench` needs it."""
-
-    url: str
-    api_key: str | None
-    name: str
-    kind: str | None  # the engine kind (None for containers started before sparklab labelled it)
-
-
 class Docker:
-    """A thin, typed wrapper over docker-py for what sparklab needs."""
+    """A thin, typed wrapper over docker-py for what sparklab needs: a `base.HostRuntime`."""
 
     def __init__(self, client: docker.DockerClient | None = None) -> None:
         if client is None:
@@ -162,7 +108,7 @@ class Docker:
         `tcp://` with TLS from tls_dir or DOCKER_CERT_PATH, `unix://`, or a Docker context name."""
         if url == "local":
             return cls()
-        tls: Any = None
+        tls: Any = None  # docker.tls.TLSConfig: docker-py ships no type hints
         base_url = url
         if "://" not in url:
             from docker.context import ContextAPI
@@ -187,6 +133,9 @@ class Docker:
                 "Check that `docker -H " + url + " info` works from here (ssh key, ~/.ssh/config, TLS certificates, "
                 "the daemon running there).") from None
         return cls(client)
+
+    def for_spec(self, spec: LaunchSpec) -> Docker:
+        return self
 
     @property
     def url(self) -> str:
@@ -282,10 +231,60 @@ class Docker:
             raise ContainerError(f"image {ref} resolved to digest {info.digest}, not the pinned one")
         return info
 
+    def image_labels(self, ref: str) -> dict[str, str]:
+        """The labels of a local image ({} when it is not here): what an image says of itself (its CUDA targets)."""
+        try:
+            return dict(self.client.images.get(ref).attrs.get("Config", {}).get("Labels") or {})
+        except (docker.errors.DockerException, requests.RequestException):
+            return {}
+
+    def registry_platforms(self, ref: str) -> list[str] | None:
+        """The platforms the registry's manifest lists for a ref (`linux/arm64`, …); None when it cannot be asked."""
+        try:
+            data = self.client.images.get_registry_data(ref)
+        except (docker.errors.DockerException, requests.RequestException):
+            return None
+        return [f"{p.get('os', '?')}/{p.get('architecture', '?')}" + (f"/{p['variant']}" if p.get("variant") else "")
+                for p in data.attrs.get("Platforms") or []]
+
+    def probe(self, image: str, probe: Probe, timeout_s: float) -> ProbeRun:
+        """Run a short check in a throwaway container of `image` (the engine's own parser, sparklab.imagecheck):
+        no network, no GPU, no mounts, at most timeout_s, always removed. It carries sparklab's labels and owner, so
+        one a crash leaves behind is removed by the next start or `sparklab gc`."""
+        labels = {LABEL: "1", "sparklab.mode": "probe", OWNER: owner_token(), DETACHED: "0",
+                  USER_ID: str(os.getuid()), USER_NAME: user_name()}
+        started = time.monotonic()
+        container: Container | None = None
+        try:
+            with interrupts.deferred():
+                container = self.client.containers.create(
+                    image, entrypoint=[probe.program], command=list(probe.args), environment=dict(probe.env),
+                    labels=labels, name=f"sparklab-probe-{os.getpid()}-{time.monotonic_ns()}", network_mode="none",
+                    detach=True)
+                container.start()
+            try:
+                code: int | None = int(container.wait(timeout=timeout_s).get("StatusCode", -1))
+                timed_out = False
+            except requests.RequestException:  # the wait's read timed out: the check hangs
+                container.kill()
+                code, timed_out = None, True
+            out = container.logs(stdout=True, stderr=False).decode("utf-8", "replace")
+            err = container.logs(stdout=False, stderr=True).decode("utf-8", "replace")
+            return ProbeRun(code, out, err, time.monotonic() - started, timed_out)
+        except docker.errors.APIError as exc:  # no such program in the image, exec format error, no image
+            return ProbeRun(None, "", "", time.monotonic() - started,
+                            error=str(exc.explanation or exc).strip().splitlines()[-1][:400])
+        except requests.RequestException as exc:
+            return ProbeRun(None, "", "", time.monotonic() - started, error=f"Docker did not answer: {exc}")
+        finally:
+            if container is not None:
+                with interrupts.shielded():
+                    self._force_remove(container)
+
     # -- containers --------------------------------------------------------------------------------
 
     def launch(self, spec: LaunchSpec, secrets: dict[str, str], log_path: Path | None = None,
-               detach: bool = False, on_log: Callable[[bytes], None] | None = None) -> Server:
+               detach: bool = False, on_log: LogListener | None = None) -> Server:
         """Create and start the container. On any failure the container is removed before raising.
 
         on_log: called (from the log thread) with each piece of the log as it arrives, redacted; needs log_path."""
@@ -297,7 +296,7 @@ class Docker:
         api_key = secrets.get("api_key", "")
         command = [api_key if a == API_KEY_PLACEHOLDER else a for a in (*spec.entrypoint[1:], *spec.argv)]
         labels = {**spec.labels, OWNER: owner_token(), DETACHED: "1" if detach else "0",
-                  USER_ID: str(os.getuid()), USER_NAME: _user_name()}
+                  USER_ID: str(os.getuid()), USER_NAME: user_name()}
         kwargs: dict[str, Any] = {
             "name": spec.name, "entrypoint": [spec.entrypoint[0]], "command": command, "environment": env,
             "labels": labels, "init": True, "detach": True,
@@ -359,15 +358,15 @@ class Docker:
         with contextlib.suppress(docker.errors.NotFound):
             container.remove(force=True)
 
-    def containers(self, include_stopped: bool = True) -> list[ContainerInfo]:
+    def containers(self, include_stopped: bool = True) -> list[ServerInfo]:
         found = self.client.containers.list(all=include_stopped, filters={"label": LABEL},
                                             sparse=False, ignore_removed=True)
         return [self._info(c) for c in found]
 
     @staticmethod
-    def _info(c: Container) -> ContainerInfo:
+    def _info(c: Container) -> ServerInfo:
         state = c.attrs.get("State", {})
-        return ContainerInfo(
+        return ServerInfo(
             id=c.id[:12], name=c.name, status=c.status,
             exit_code=state.get("ExitCode") if c.status in ("exited", "dead") else None,
             labels=dict(c.labels), created=str(c.attrs.get("Created", "")))
@@ -403,14 +402,16 @@ class Docker:
         """Where a running sparklab server answers and with which key: the named one, or the only one."""
         container = self.get(name if name is not None else only_running(self.containers(include_stopped=False)))
         if container.status != "running":
-            raise ContainerError(f"{name} is not running ({container.status})", "Start it again: sparklab up …")
+            raise ContainerError(f"{container.name} is not running ({container.status})",
+                                 "Start it again: sparklab up …")
         config = container.attrs.get("Config", {})
         env = dict(item.partition("=")[::2] for item in config.get("Env") or [])
         command = list(config.get("Cmd") or [])
         kind = container.labels.get("sparklab.kind")
         adapters = candidates(kind if kind in ENGINES else None)  # containers from before the kind label: ask all
         key = next((k for a in adapters if (k := a.api_key_from(env, command))), None)
-        return Target(container.labels.get("sparklab.endpoint", ""), key, name, kind if kind in ENGINES else None)
+        return Target(container.labels.get("sparklab.endpoint", ""), key, str(container.name),
+                      kind if kind in ENGINES else None)
 
     def mount_sources(self) -> set[str]:
         """Host paths bind-mounted by any container, running or stopped (one may be started again)."""
@@ -419,12 +420,12 @@ class Docker:
             found.update(m["Source"] for m in container.attrs.get("Mounts") or [] if m.get("Source"))
         return found
 
-    def orphans(self) -> list[ContainerInfo]:
+    def orphans(self) -> list[ServerInfo]:
         """Containers left behind by a sparklab process that no longer runs (never detached ones)."""
         return [c for c in self.containers()
                 if not c.detached and not owner_alive(c.labels.get(OWNER, "")) and in_session(c.labels)]
 
-    def gc(self) -> list[ContainerInfo]:
+    def gc(self) -> list[ServerInfo]:
         removed = []
         for info in self.orphans():
             with contextlib.suppress(docker.errors.NotFound):
@@ -466,7 +467,7 @@ class Docker:
         return b"".join(self.logs(name, since=since)).decode("utf-8", "replace")
 
 
-def _tls_config(cert_dir: str | None) -> Any:
+def _tls_config(cert_dir: str | None) -> Any:  # docker.tls.TLSConfig (docker-py ships no type hints)
     """TLS with the client certificate and CA of a `docker --tlsverify` setup; none without a directory."""
     if not cert_dir:
         raise ContainerError("a tcp:// Docker host needs TLS certificates",
@@ -502,26 +503,24 @@ def teardown(container: Container, grace_s: float = 10) -> None:
                              f"Remove it by hand: docker rm -f {container.name}") from None
 
 
-class Server:
-    """A started server container. As a context manager it is torn down on every path unless kept."""
+class Server(Lifecycle):
+    """A started server container (a `base.Server`). As a context manager it is torn down on every path unless kept."""
 
     def __init__(self, docker_: Docker, container: Container, spec: LaunchSpec, log_path: Path | None,
-                 detach: bool = False, on_log: Callable[[bytes], None] | None = None) -> None:
+                 detach: bool = False, on_log: LogListener | None = None) -> None:
+        super().__init__(detach, on_log)
         self.docker = docker_
         self.container = container
         self.spec = spec
         self.log_path = log_path
-        self.detach = detach
-        self.kept = False
         self._log_thread: threading.Thread | None = None
         self._secrets = container_secrets(container)
-        self._on_log = on_log
         if log_path is not None:
             self._start_log_stream(log_path)
 
     @property
     def name(self) -> str:
-        return self.container.name
+        return str(self.container.name)
 
     def _start_log_stream(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -534,20 +533,12 @@ class Server:
                     for line in redacted_lines(stream, self._secrets):
                         out.write(line)
                         out.flush()
-                        if self._on_log is not None:
-                            self._tell(line)
+                        self._tell(line)
             except (docker.errors.APIError, requests.RequestException, OSError) as exc:
                 log.debug("log stream of %s ended: %s", self.container.name, exc)
 
         self._log_thread = threading.Thread(target=pump, name=f"logs-{self.name}", daemon=True)
         self._log_thread.start()
-
-    def _tell(self, data: bytes) -> None:
-        try:
-            assert self._on_log is not None
-            self._on_log(data)
-        except Exception:  # a listener's bug must not end the log file
-            log.debug("log listener of %s failed", self.name, exc_info=True)
 
     def state(self) -> tuple[bool, int | None]:
         """(running, exit code if it has exited)."""
@@ -611,20 +602,5 @@ class Server:
         except (docker.errors.APIError, requests.RequestException) as exc:  # NotFound, 409 not running
             log.debug("kill of %s: %s", self.name, exc)
 
-    def keep(self) -> None:
-        """Leave the container running when the context ends (`up --detach`)."""
-        self.kept = True
-
-    def stop(self, grace_s: float = 10) -> float:
-        """Tear down, shielded from a second Ctrl-C; returns the seconds it took."""
-        started = time.monotonic()
-        with interrupts.shielded():
-            teardown(self.container, grace_s)
-        return time.monotonic() - started
-
-    def __enter__(self) -> Server:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if not self.kept:
-            self.stop()
+    def _teardown(self, grace_s: float) -> None:
+        teardown(self.container, grace_s)

@@ -51,7 +51,8 @@ def wait_ready(probe: Probe, url: str, *, kind: str, timeout_s: float, headers: 
     and the last log lines. A 401/403 also fails at once: something answers, but not with our key.
     With a `watch` on the engine's log, a fatal line fails the wait (FATAL_GRACE_S later, so the tail holds
     the traceback) unless the container exits meanwhile, and with `stall_s` so does a log that stays silent
-    that long while the engine is not ready.
+    that long while the engine is not ready, outside a phase its adapter says is silent by nature
+    (Engine.quiet_phases: Edge-LLM's TensorRT build), which the deadline alone bounds.
     """
     started = clock()
     deadline = started + timeout_s
@@ -90,7 +91,7 @@ def wait_ready(probe: Probe, url: str, *, kind: str, timeout_s: float, headers: 
         now = clock()
         if watch.output != pulse[0]:
             pulse[:] = [watch.output, now]
-        elif stall_s and now - pulse[1] >= stall_s:
+        elif stall_s and now - pulse[1] >= stall_s and watch.quiet is None:  # a quiet phase: the deadline only
             raise stalled_error(stall_s, now - started, probe.log_tail(LOG_TAIL_LINES))
 
     def stop(state: RetryCallState) -> bool:

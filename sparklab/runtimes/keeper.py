@@ -12,6 +12,7 @@ the engine, and the keeper must stay to write the last lines; SIGKILL of the gro
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import signal
@@ -58,9 +59,9 @@ def main() -> int:
     return code
 
 
-def _copy(stream: IO[bytes], log: IO[bytes], index: IO[str], secrets: list[bytes]) -> None:
+def _copy(stream: io.BufferedIOBase, log: IO[bytes], index: IO[str], secrets: list[bytes]) -> None:
     noted = 0.0
-    chunks = iter(lambda: stream.read1(65536), b"")  # type: ignore[attr-defined]
+    chunks = iter(lambda: stream.read1(65536), b"")  # what has arrived, at most 64 KiB: never waits for a full block
     try:
         for data in redacted_lines(chunks, secrets):
             now = time.time()

@@ -11,16 +11,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sparklab.engines import caches, engine
+from sparklab.engines.api import EngineAPI
 from sparklab.engines.logwatch import CAUSE_LINES, DEAD_STOP_GRACE_S, FATAL_GRACE_S, LogWatch, fatal_error
 from sparklab.engines.scrape import StartupFacts
 from sparklab.errors import ImageUnavailableError, NotReadyError
 from sparklab.host import downloads, preflight
+from sparklab.recipes import multinode
 from sparklab.recipes.render import LaunchOptions, render
 from sparklab.recipes.schema import Recipe, load_recipe, resolve
-from sparklab.runtimes import local
-from sparklab.runtimes.containers import Docker, ImageInfo, PullCallback, Server
+from sparklab.runtimes import imagecheck
+from sparklab.runtimes.base import ImageInfo, PullCallback, Runtime, Server
 from sparklab.runtimes.health import exited_error, wait_ready
-from sparklab.runtimes.processes import ProcessServer
 from sparklab.runtimes.state import state_dir
 from sparklab.spec import LaunchSpec
 
@@ -34,52 +35,66 @@ class Launch:
     recipe: Recipe
     spec: LaunchSpec
     warnings: list[preflight.Finding] = field(default_factory=list)
+    sources: tuple[Path, ...] = ()  # files besides the recipe that may write its flags (a sweep file)
+    check: imagecheck.Checked | None = None  # the image's own parser on the command, once the image is here
 
 
 def prepare(spec_text: str, *, target: str | None, engine_name: str | None, overrides: list[str],
-            options: LaunchOptions, check_host: bool = True) -> Launch:
-    """Resolve, load, render and preflight: everything up to the first side effect."""
+            options: LaunchOptions, check_host: bool = True, hosts_given: int | None = None) -> Launch:
+    """Resolve, load, render and preflight: everything up to the first side effect. hosts_given: how many
+    Docker hosts the command names; a recipe served across more says so before any other check."""
     path, method = resolve(spec_text, target)
     recipe = load_recipe(path, overrides)
+    if hosts_given is not None:
+        multinode.require_hosts(recipe, engine_name, hosts_given)
     return checked(recipe, render(recipe, engine_name, method, options), check_host)
 
 
-def checked(recipe: Recipe, spec: LaunchSpec, check_host: bool = True) -> Launch:
-    """The engine's own checks of the rendered launch, then the host's; errors raise, warnings are kept."""
+def checked(recipe: Recipe, spec: LaunchSpec, check_host: bool = True, floor_gib: float | None = None) -> Launch:
+    """The engine's own checks of the rendered launch, then the host's; errors raise, warnings are kept.
+    floor_gib: the memory floor a sweep configured for it (None: the default; 0: off)."""
     findings = engine(spec.kind).check_spec(spec, recipe)
     if check_host:
-        findings += preflight.check_host(spec, recipe)
+        findings += preflight.check_host(spec, recipe, floor_gib=floor_gib)
     return Launch(recipe, spec, preflight.raise_errors(findings))
 
 
 @dataclass
 class Ready:
-    server: Server | ProcessServer
+    """A started server that answers, with what it took to get there: what every start returns (one server or one
+    across hosts, sparklab.runtimes.cluster)."""
+
+    server: Server
     image: ImageInfo
     seconds_to_ready: float
     api_key: str | None
     facts: StartupFacts
     watch: LogWatch | None = None  # the engine's log as it arrives: its first fatal line
+    check: imagecheck.Checked | None = None  # the image's parser verdict and the engine version it read
+    served_version: str | None = None  # what the ready server's version endpoint answered (read_served_version)
 
 
-def start(p: Launch, docker: Docker | local.Runtime, *, pull_policy: str = "missing",
+def start(p: Launch, runtime: Runtime, *, pull_policy: str = "missing",
           allow_foreign_platform: bool = False, on_pull: PullCallback | None = None,
           api_key: str | None = None, detach: bool = False,
           on_wait: Callable[[float], None] | None = None, log_path: Path | None = None,
-          stall_s: float | None = None) -> Ready:
+          stall_s: float | None = None, sources: tuple[Path, ...] = ()) -> Ready:
     """Pull, run and wait. The returned server is already torn down if anything here fails.
 
     A fatal line in the engine's log fails the wait at once; with stall_s, so does a log silent that long.
-    `docker` may be a runtime.Runtime, which picks the container or host-process runtime the recipe names."""
-    docker = local.pick(docker, p.spec)
-    host_arch = docker.host_arch()
+    sources: files besides the recipe that may write a flag the image's parser refuses (a sweep file).
+    The server runs where its recipe says (`runtime.for_spec`: a container or a host process)."""
+    runtime = runtime.for_spec(p.spec)
+    p.sources = p.sources or sources
+    host_arch = runtime.host_arch()
     p.warnings += preflight.check_platform_tag(p.spec, host_arch, allow_foreign_platform)
     platform = p.spec.platform if allow_foreign_platform else None
-    image = _ensure_image(p, docker, pull_policy, on_pull, platform)
+    image = _ensure_image(p, runtime, pull_policy, on_pull, platform)
     p.spec = caches.bind(p.spec, p.spec.image, image.digest, image.id)  # the digest is known only now
     spec = p.spec
     preflight.raise_errors(preflight.check_image_platform(spec.image, image.architecture, host_arch,
                                                           allow_foreign_platform))
+    p.check = parser_preflight(p, runtime, image)
     key = (api_key or secrets.token_urlsafe(24)) if spec.needs_api_key else None
     provided = {"api_key": key} if key else {}
     adapter = engine(spec.kind)
@@ -87,32 +102,59 @@ def start(p: Launch, docker: Docker | local.Runtime, *, pull_policy: str = "miss
     if key and api_env:
         provided[api_env] = key
     log_path = log_path or state_dir() / "logs" / f"{spec.name}.log"
-    if downloads.host_hub_cache(spec) is not None:  # models were fetched first: a missing file fails at start
-        spec = dataclasses.replace(spec, env={**downloads.offline_env(), **spec.env})
+    offline = downloads.offline_for(spec)  # models were fetched first: a missing file fails at start
+    if offline:
+        spec = dataclasses.replace(spec, env={**offline, **spec.env})
     log_watch = LogWatch(adapter)
-    server = docker.launch(spec, provided, log_path, detach=detach, on_log=log_watch.feed)
+    server = runtime.launch(spec, provided, log_path, detach=detach, on_log=log_watch.feed)
     try:
         headers = {"Authorization": f"Bearer {key}"} if key and adapter.ready_needs_key else None
         seconds = wait_ready(server, spec.endpoint + spec.ready_path, kind=spec.kind,
                              timeout_s=spec.ready_timeout_s, headers=headers, on_try=on_wait, watch=log_watch,
                              stall_s=stall_s)
-        facts = _facts_after_ready(server, spec)
+        facts = facts_after_ready(server, spec)
     except NotReadyError as exc:
         server.stop(DEAD_STOP_GRACE_S if exc.kind else 10)  # a dead or hung engine has nothing to finish
         raise
     except BaseException:
         server.stop()
         raise
-    return Ready(server, image, seconds, key, facts, log_watch)
+    return Ready(server, image, seconds, key, facts, log_watch, p.check)
 
 
-def _ensure_image(p: Launch, docker: Docker, policy: str, on_pull: PullCallback | None,
+def image_version(ready: Ready) -> str | None:
+    """The engine version the image's package metadata states (read by the parser check before the start)."""
+    return ready.check.version if ready.check is not None else None
+
+
+def read_served_version(ready: Ready, api: EngineAPI) -> str | None:
+    """Ask the ready server its version (where it has an endpoint for it); says when it disagrees with the image's
+    package metadata, else None."""
+    adapter = engine(ready.server.spec.kind)
+    ready.served_version = adapter.version(api)
+    image = image_version(ready)
+    if adapter.same_version(image, ready.served_version):
+        return None
+    return (f"the image's package metadata says {adapter.name} {image}, the server answers {ready.served_version}: "
+            f"sparklab reads the server as {image} (the version its parser check ran)")
+
+
+def parser_preflight(p: Launch, runtime: Runtime, image: ImageInfo | None) -> imagecheck.Checked:
+    """The image's own parser on the exact command, before anything starts (cached per image digest and command):
+    a refusal raises a PreflightError; its warnings (the parser could not run, the engine's version is outside what
+    sparklab's knowledge was read from) join the launch's."""
+    checked = imagecheck.preflight_one(p.spec, runtime.for_spec(p.spec), image, sources=p.sources)
+    p.warnings += [preflight.Finding("warning", w) for w in checked.warnings]
+    return checked
+
+
+def _ensure_image(p: Launch, runtime: Runtime, policy: str, on_pull: PullCallback | None,
                   platform: str | None) -> ImageInfo:
     """Pull the recipe's image; if the registry has no such image, try its alternatives in order."""
     candidates = [p.spec.image, *p.spec.image_alternatives]
     for i, ref in enumerate(candidates):
         try:
-            image = docker.ensure_image(ref, policy, on_pull, platform)
+            image = runtime.ensure_image(ref, policy, on_pull, platform)
         except ImageUnavailableError as exc:
             if i == len(candidates) - 1:
                 raise
@@ -124,7 +166,7 @@ def _ensure_image(p: Launch, docker: Docker, policy: str, on_pull: PullCallback 
     raise AssertionError("unreachable")
 
 
-def _facts_after_ready(server: Server, spec: LaunchSpec, settle_s: float = 2.0) -> StartupFacts:
+def facts_after_ready(server: Server, spec: LaunchSpec, settle_s: float = 2.0) -> StartupFacts:
     """Parse the startup log; the ready line may trail the first 200 by a moment."""
     deadline = time.monotonic() + settle_s
     adapter = engine(spec.kind)

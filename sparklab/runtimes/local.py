@@ -1,19 +1,23 @@
-"""Where servers run: Docker containers (containers.py) and host processes (processes.py) behind one interface.
+"""This machine's runtime: Docker containers (containers.py) and host processes (processes.py) as one `base.Runtime`.
 
-launch, health, sweep and the CLI talk to a `Runtime`: a launch goes to the runtime its recipe names; listing,
-`down`, `gc`, logs and a sweep's cleanup see both. Docker is reached only when needed, so a host-process engine
-runs on a machine without a Docker daemon (listings then say so in a warning and show the host processes).
+launch, health, sweep, tune and the CLI talk to a `Runtime`: a launch goes to the runtime its recipe names
+(`for_spec`); listing, `down`, `gc`, logs and a sweep's cleanup see both. Docker is reached only when needed, so a
+host-process engine runs on a machine without a Docker daemon (listings then say so in a warning and show the host
+processes). As a sweep's host (`base.HostRuntime`) it is judged by its Docker engine.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
-from sparklab.errors import ContainerError
-from sparklab.runtimes import containers
-from sparklab.runtimes.containers import ContainerInfo, Docker, Target
+from sparklab.engines.parsers import Probe, ProbeRun
+from sparklab.errors import ServerError
+from sparklab.runtimes import base, containers
+from sparklab.runtimes.base import ImageInfo, LogListener, PullCallback, ServerInfo, Target
+from sparklab.runtimes.containers import Docker
 from sparklab.runtimes.processes import Processes
 from sparklab.spec import LaunchSpec
 
@@ -42,7 +46,7 @@ class Runtime:
         (a host-process engine runs without a Docker daemon)."""
         try:
             return self.docker
-        except ContainerError as exc:
+        except ServerError as exc:
             if not self._warned:
                 log.warning("%s; only host-process servers are seen", exc.message)
                 self._warned = True
@@ -51,18 +55,54 @@ class Runtime:
     def _owner(self, name: str) -> Docker | Processes:
         return self.processes if self.processes.has(name) else self.docker
 
-    # -- the calls of containers.Docker, over both runtimes --------------------------------------------------
+    # -- a launch goes to the runtime its recipe names; without a spec, Docker (a recipe's default runtime) ---------
 
-    def containers(self, include_stopped: bool = True) -> list[ContainerInfo]:
+    def launch(self, spec: LaunchSpec, secrets: dict[str, str], log_path: Path | None = None,
+               detach: bool = False, on_log: LogListener | None = None) -> base.Server:
+        return self.for_spec(spec).launch(spec, secrets, log_path, detach=detach, on_log=on_log)
+
+    def host_arch(self) -> str:
+        return self.docker.host_arch()
+
+    def ensure_image(self, ref: str, policy: str = "missing", on_event: PullCallback | None = None,
+                     platform: str | None = None) -> ImageInfo:
+        return self.docker.ensure_image(ref, policy, on_event, platform)
+
+    def probe(self, image: str, probe: Probe, timeout_s: float) -> ProbeRun:
+        """In a container of `image` (a parser check goes through `for_spec` first; without a spec, Docker)."""
+        return self.docker.probe(image, probe, timeout_s)
+
+    def alive(self) -> bool:
+        """This machine answers; its Docker engine, once connected, must too."""
+        return self._docker is None or self._docker.alive()
+
+    # -- as one of a sweep's hosts (base.HostRuntime): its Docker engine ---------------------------------------------
+
+    @property
+    def url(self) -> str:
+        return self.docker.url
+
+    def facts(self) -> dict[str, Any]:
+        return self.docker.facts()
+
+    def image_info(self, ref: str) -> ImageInfo | None:
+        return self.docker.image_info(ref)
+
+    def image_problem(self, ref: str, policy: str = "missing") -> str | None:
+        return self.docker.image_problem(ref, policy)
+
+    # -- listing and cleanup, over both runtimes --------------------------------------------------------------------
+
+    def containers(self, include_stopped: bool = True) -> list[ServerInfo]:
         docker = self._reachable_docker()
         found = docker.containers(include_stopped) if docker is not None else []
         return found + self.processes.containers(include_stopped)
 
-    def orphans(self) -> list[ContainerInfo]:
+    def orphans(self) -> list[ServerInfo]:
         docker = self._reachable_docker()
         return (docker.orphans() if docker is not None else []) + self.processes.orphans()
 
-    def gc(self) -> list[ContainerInfo]:
+    def gc(self) -> list[ServerInfo]:
         removed = self.processes.gc()
         docker = self._reachable_docker()
         return (docker.gc() if docker is not None else []) + removed
@@ -81,7 +121,7 @@ class Runtime:
         return docker.mount_sources() if docker is not None else set()
 
     def endpoint_of(self, name: str | None) -> Target:
-        name = name if name is not None else containers.only_running(self.containers(include_stopped=False))
+        name = name if name is not None else base.only_running(self.containers(include_stopped=False))
         return self._owner(name).endpoint_of(name)
 
     def logs(self, name: str, follow: bool = False, tail: int | str = "all",
@@ -96,8 +136,3 @@ class Runtime:
         if self._docker is None:  # no container was started or listed by this sparklab: Docker is not needed
             return removed
         return removed + self.docker.remove_run_containers(run_id, wait_s)
-
-
-def pick(runtime: Any, spec: LaunchSpec) -> Any:
-    """The runtime that runs `spec`: a Runtime chooses by the recipe; a single runtime (or a test's fake) is it."""
-    return runtime.for_spec(spec) if isinstance(runtime, Runtime) else runtime

@@ -1,7 +1,8 @@
-"""Host processes as an engine runtime beside Docker (sparklab/containers.py), with the same guarantees.
+"""Host processes as an engine runtime beside Docker (containers.py), with the same guarantees and the same
+contract (base.Runtime, base.Server).
 
 A process engine (`runtime: process` in a recipe) runs its rendered argv (never a shell string) in a process group
-of its own, led by sparklab/procwrap.py, which copies its output, secrets replaced, into the same log files a
+of its own, led by keeper.py, which copies its output, secrets replaced, into the same log files a
 container's log goes to. A run file per server (pid, the pid's start time from /proc/<pid>/stat, the owner token,
 the labels a container would carry) lets `ps`, `down`, `gc` and a resumed sweep find and remove host processes;
 a pid whose start time differs is another process and is never signalled. Teardown sends SIGTERM to the group,
@@ -11,7 +12,6 @@ waits a grace period, then SIGKILL, until no process of the group is left.
 from __future__ import annotations
 
 import contextlib
-import errno
 import hashlib
 import json
 import logging
@@ -19,7 +19,6 @@ import os
 import platform
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -27,22 +26,27 @@ import time
 from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
 
 from sparklab import interrupts
 from sparklab.engines import ENGINES, candidates
-from sparklab.errors import ContainerError
+from sparklab.engines.parsers import Probe, ProbeRun
+from sparklab.errors import ServerError
+from sparklab.host.preflight import port_answers, port_in_use
 from sparklab.redaction import redact
 from sparklab.runtimes import keeper
-from sparklab.runtimes.containers import (
+from sparklab.runtimes.base import (
     DETACHED,
     OWNER,
     USER_ID,
     USER_NAME,
-    ContainerInfo,
     ImageInfo,
+    Lifecycle,
+    LogListener,
+    PullCallback,
+    ServerInfo,
     Target,
-    _user_name,
+    only_running,
+    user_name,
 )
 from sparklab.runtimes.owners import owner_alive, owner_token
 from sparklab.runtimes.runfiles import RunRecord, runs_dir, start_time, terminate
@@ -53,15 +57,8 @@ log = logging.getLogger(__name__)
 KEEPER = Path(keeper.__file__)
 
 
-def _port_taken(host: str, port: int) -> bool:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind((host, port))
-        except OSError as exc:
-            return exc.errno in (errno.EADDRINUSE, errno.EACCES)
-    return False
+def _text(data: bytes | str | None) -> str:
+    return data.decode("utf-8", "replace") if isinstance(data, bytes) else data or ""
 
 
 _DIGESTS: dict[tuple[str, int, int, int], str] = {}
@@ -86,31 +83,52 @@ def program_digest(path: Path) -> str:
 
 
 class Processes:
-    """The host-process runtime: the same calls as containers.Docker, for recipes with `runtime: process`."""
+    """The host-process runtime (a `base.Runtime`), for recipes with `runtime: process`."""
+
+    def for_spec(self, spec: LaunchSpec) -> Processes:
+        return self
+
+    def alive(self) -> bool:
+        return True  # this machine: it answers as long as sparklab runs
 
     def host_arch(self) -> str:
         return platform.machine()
 
-    def ensure_image(self, ref: str, policy: str = "missing", on_event: Any = None,
+    def ensure_image(self, ref: str, policy: str = "missing", on_event: PullCallback | None = None,
                      platform: str | None = None) -> ImageInfo:
         """A process engine has no image: its program must exist and be executable (a bare name: on PATH)."""
         path = Path(ref if "/" in ref else shutil.which(ref) or ref)
         if not (path.is_file() and os.access(path, os.X_OK)):
-            raise ContainerError(
+            raise ServerError(
                 f"{ref} is not an executable program on this host",
                 "Install the engine where the recipe says (e.g. `python3 -m venv --system-site-packages VENV && "
                 "VENV/bin/pip install PACKAGE`), or fix the recipe's venv/entrypoint.")
         # The program's content stands for an image digest: a binary rebuilt between stop and resume is drift.
         return ImageInfo(ref=ref, id="", digest=program_digest(path), architecture=self.host_arch())
 
+    def probe(self, image: str, probe: Probe, timeout_s: float) -> ProbeRun:
+        """Run a short check on this host (a process engine's own parser, sparklab.imagecheck; `image` is the
+        engine's program, as ensure_image names it): at most timeout_s, killed after; the environment without
+        secrets. Unlike a container's, the network is not cut off."""
+        env = {k: v for k, v in os.environ.items() if not is_secret_name(k)} | dict(probe.env)
+        started = time.monotonic()
+        try:
+            done = subprocess.run([probe.program, *probe.args], env=env, capture_output=True, text=True,
+                                  stdin=subprocess.DEVNULL, timeout=timeout_s, check=False)
+        except subprocess.TimeoutExpired as exc:
+            return ProbeRun(None, _text(exc.stdout), _text(exc.stderr), time.monotonic() - started, timed_out=True)
+        except OSError as exc:
+            return ProbeRun(None, "", "", time.monotonic() - started, error=str(exc))
+        return ProbeRun(done.returncode, done.stdout, done.stderr, time.monotonic() - started)
+
     # -- servers -----------------------------------------------------------------------------------------
 
     def launch(self, spec: LaunchSpec, secrets: dict[str, str], log_path: Path | None = None,
-               detach: bool = False, on_log: Callable[[bytes], None] | None = None) -> ProcessServer:
+               detach: bool = False, on_log: LogListener | None = None) -> ProcessServer:
         """Start the engine in its own process group. On any failure the group is ended before raising."""
         self._clear_stale(spec.name)
-        if _port_taken(spec.host, spec.port):
-            raise ContainerError(f"cannot start {spec.name}: port {spec.port} on {spec.host} is in use",
+        if port_in_use(spec.host, spec.port):
+            raise ServerError(f"cannot start {spec.name}: port {spec.port} on {spec.host} is in use",
                                  f"Port {spec.port} is taken: stop what uses it or pass --port N.")
         env = {k: v for k, v in os.environ.items() if not is_secret_name(k)}  # secrets only when named
         env.update(spec.env)
@@ -126,7 +144,7 @@ class Processes:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         offset = log_path.stat().st_size if log_path.exists() else 0
         labels = {**spec.labels, OWNER: owner_token(), DETACHED: "1" if detach else "0",
-                  USER_ID: str(os.getuid()), USER_NAME: _user_name(), "sparklab.runtime": "process"}
+                  USER_ID: str(os.getuid()), USER_NAME: user_name(), "sparklab.runtime": "process"}
         record = RunRecord(name=spec.name, pid=0, start_time=None, labels=labels,
                            argv=[*spec.entrypoint, *spec.argv], log_path=str(log_path), log_offset=offset,
                            created=datetime.now(timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z"))
@@ -156,7 +174,7 @@ class Processes:
             elif proc is not None:
                 terminate(record, grace_s=2, proc=proc)
             if isinstance(exc, OSError):
-                raise ContainerError(f"could not start {spec.name}: {exc}") from None
+                raise ServerError(f"could not start {spec.name}: {exc}") from None
             raise
         return server
 
@@ -165,7 +183,7 @@ class Processes:
         if record is None:
             return
         if record.alive() and (record.labels.get(DETACHED) == "1" or owner_alive(record.labels.get(OWNER, ""))):
-            raise ContainerError(f"{name} is already running (pid {record.pid})",
+            raise ServerError(f"{name} is already running (pid {record.pid})",
                                  f"Stop it first: sparklab down {name}")
         terminate(record, grace_s=5)
 
@@ -180,18 +198,18 @@ class Processes:
     def has(self, name: str) -> bool:
         return self._record(name) is not None
 
-    def containers(self, include_stopped: bool = True) -> list[ContainerInfo]:
+    def containers(self, include_stopped: bool = True) -> list[ServerInfo]:
         infos = [r.info() for r in self._records()]
         return infos if include_stopped else [i for i in infos if i.status == "running"]
 
-    def orphans(self) -> list[ContainerInfo]:
+    def orphans(self) -> list[ServerInfo]:
         return [r.info() for r in self._orphan_records()]
 
     def _orphan_records(self) -> list[RunRecord]:
         return [r for r in self._records()
                 if r.labels.get(DETACHED) != "1" and not owner_alive(r.labels.get(OWNER, "")) and in_session(r.labels)]
 
-    def gc(self) -> list[ContainerInfo]:
+    def gc(self) -> list[ServerInfo]:
         removed = []
         for record in self._orphan_records():
             info = record.info()
@@ -202,7 +220,7 @@ class Processes:
     def get(self, name: str) -> RunRecord:
         record = self._record(name)
         if record is None:
-            raise ContainerError(f"no server named {name}", "List them with `sparklab ps`.")
+            raise ServerError(f"no server named {name}", "List them with `sparklab ps`.")
         return record
 
     def remove(self, name: str, grace_s: float = 10) -> None:
@@ -219,14 +237,15 @@ class Processes:
     def mount_sources(self) -> set[str]:
         return set()
 
-    def endpoint_of(self, name: str) -> Target:
-        record = self.get(name)
+    def endpoint_of(self, name: str | None) -> Target:
+        record = self.get(name if name is not None else only_running(self.containers(include_stopped=False)))
         if not record.alive():
-            raise ContainerError(f"{name} is not running (exited {record.exit_code()})",
-                                 "Start it again: sparklab up …")
+            raise ServerError(f"{record.name} is not running (exited {record.exit_code()})",
+                              "Start it again: sparklab up …")
         kind = record.labels.get("sparklab.kind")
         key = record.api_key or _live_secrets(record, kind)[0]  # run files of older sparklab versions held it
-        return Target(record.labels.get("sparklab.endpoint", ""), key, name, kind if kind in ENGINES else None)
+        return Target(record.labels.get("sparklab.endpoint", ""), key, record.name,
+                      kind if kind in ENGINES else None)
 
     def remove_run_containers(self, run_id: str, wait_s: float = 120.0) -> list[str]:
         removed = []
@@ -320,23 +339,22 @@ def _follow(path: Path, offset: int, alive: Callable[[], bool], poll_s: float = 
             time.sleep(poll_s)
 
 
-class ProcessServer:
-    """A started host-process server. As a context manager its group is ended on every path unless kept."""
+class ProcessServer(Lifecycle):
+    """A started host-process server (a `base.Server`). As a context manager its group is ended on every path
+    unless kept."""
 
     noun = "process"  # how messages name it ("the server process exited …")
 
     def __init__(self, runtime: Processes, record: RunRecord, spec: LaunchSpec, log_path: Path,
                  proc: subprocess.Popen[bytes] | None, detach: bool = False,
-                 on_log: Callable[[bytes], None] | None = None) -> None:
+                 on_log: LogListener | None = None) -> None:
+        super().__init__(detach, on_log)
         self.runtime = runtime
         self.record = record
         self.spec = spec
         self.log_path = log_path
         self.proc = proc
-        self.detach = detach
-        self.kept = False
         self._stop = threading.Event()
-        self._on_log = on_log
         self._tail: threading.Thread | None = None
         if on_log is not None:
             self._tail = threading.Thread(target=self._pump, name=f"logs-{spec.name}", daemon=True)
@@ -349,11 +367,7 @@ class ProcessServer:
     def _pump(self) -> None:
         try:
             for data in _follow(self.log_path, self.record.log_offset, self.record.alive, 0.1, self._stop):
-                try:
-                    assert self._on_log is not None
-                    self._on_log(data)
-                except Exception:  # a listener's bug must not end the tail
-                    log.debug("log listener of %s failed", self.name, exc_info=True)
+                self._tell(data)
         except OSError as exc:
             log.debug("log tail of %s ended: %s", self.name, exc)
 
@@ -381,28 +395,18 @@ class ProcessServer:
     def log_since(self, since: float) -> str:
         return _read_log(self.record, since).decode("utf-8", "replace")
 
+    def port_open(self, address: str, port: int, timeout_s: int = 5) -> bool:
+        """Whether address:port accepts a connection from this machine, whose network the process shares."""
+        return port_answers(address, port, timeout_s)
+
     def kill(self) -> None:
         """SIGKILL the group now (a dead engine's in-flight requests then fail at once); the run is kept."""
         self.record.signal(signal.SIGKILL)
 
-    def keep(self) -> None:
-        self.kept = True
+    def _teardown(self, grace_s: float) -> None:
+        terminate(self.record, grace_s, self.proc)
 
-    def stop(self, grace_s: float = 10) -> float:
-        """End the group, shielded from a second Ctrl-C; returns the seconds it took."""
-        started = time.monotonic()
-        try:
-            with interrupts.shielded():
-                terminate(self.record, grace_s, self.proc)
-        finally:
-            self._stop.set()
+    def _stopped(self) -> None:
+        self._stop.set()
         if self._tail is not None:
             self._tail.join(timeout=2)
-        return time.monotonic() - started
-
-    def __enter__(self) -> ProcessServer:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if not self.kept:
-            self.stop()

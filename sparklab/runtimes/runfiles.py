@@ -18,8 +18,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from sparklab.errors import ContainerError
-from sparklab.runtimes.containers import ContainerInfo
+from sparklab.errors import ServerError
+from sparklab.runtimes.base import ServerInfo
 from sparklab.runtimes.state import state_dir
 
 log = logging.getLogger(__name__)
@@ -132,11 +132,11 @@ class RunRecord:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.pid, sig)
 
-    def info(self) -> ContainerInfo:
+    def info(self) -> ServerInfo:
         running = self.alive()
-        return ContainerInfo(id=f"pid {self.pid}", name=self.name, status="running" if running else "exited",
-                             exit_code=None if running else self.exit_code(), labels=dict(self.labels),
-                             created=self.created, runtime="process")
+        return ServerInfo(id=f"pid {self.pid}", name=self.name, status="running" if running else "exited",
+                          exit_code=None if running else self.exit_code(), labels=dict(self.labels),
+                          created=self.created, runtime="process")
 
 
 def terminate(record: RunRecord, grace_s: float = 10, proc: subprocess.Popen[bytes] | None = None) -> None:
@@ -158,7 +158,7 @@ def terminate(record: RunRecord, grace_s: float = 10, proc: subprocess.Popen[byt
             proc.wait(timeout=5)
     left = record.members()
     if left:
-        raise ContainerError(f"could not end {record.name}: process(es) {left} survived SIGKILL",
+        raise ServerError(f"could not end {record.name}: process(es) {left} survived SIGKILL",
                              f"End them by hand: kill -9 -- -{record.pid}")
     record.forget()
 

@@ -1,5 +1,8 @@
-"""One sweep over several Docker hosts: each host runs one server at a time, taking the next server config it
-can hold; every cell and failure goes into the one store on the controller, with the host it ran on.
+"""The sweep's one loop: each host runs one server at a time, taking the next server config it can hold; every cell
+and failure goes into the one store on the controller, with the host it ran on.
+
+A sweep without `hosts:` is a fleet of one: this machine alone (`this_machine`), which takes every server config
+in plan order in the caller's thread, so Ctrl-C unwinds its server where it runs.
 
 Where the bench client runs: on the controller, reaching each server over the network. The one store, the
 clock and the client's own overhead then stay the same for every cell, whichever host served it; a client
@@ -25,20 +28,27 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from sparklab.errors import DiskFullError, PreflightError, SparklabError
 from sparklab.host import preflight
 from sparklab.recipes import multinode
-from sparklab.recipes.hosts import Host, with_address
+from sparklab.recipes.hosts import LOCAL, Host, with_address
 from sparklab.recipes.plan import Plan, ServerConfig
 from sparklab.recipes.render import render
+from sparklab.runtimes.base import HostRuntime
 from sparklab.runtimes.containers import Docker
+from sparklab.sweep.hoststore import HostStore
+from sparklab.sweep.provenance import DriftError
 from sparklab.sweep.store import Store
 
 log = logging.getLogger(__name__)
 
 Say = Callable[[str], None]
+
+
+# What ends the whole run, on every host: the controller's disk is full, or a resumed run's image drifted.
+FATAL = (DiskFullError, DriftError)
 
 
 class HostLost(Exception):
@@ -47,14 +57,18 @@ class HostLost(Exception):
 
 @dataclass
 class Member:
-    """A Docker host taking part in this sweep."""
+    """A host taking part in this sweep: a Docker host of the sweep's hosts, or this machine alone."""
 
     host: Host
-    docker: Docker
+    runtime: HostRuntime
     facts: dict[str, Any] = field(default_factory=dict)
     lost: str | None = None  # why it left the sweep
     ran: list[str] = field(default_factory=list)  # server config ids it ran in this run
     pull_policy: str = "missing"
+    # This machine alone (a sweep without hosts:): with no other host to choose or to give work back to, it takes
+    # every server config (its own start says why one cannot run here, as a failure the report shows), its lines
+    # carry no host name, and it is never lost (a Docker daemon that restarts under it is a fault to contain).
+    alone: bool = False
     _arch: dict[str, str | None] = field(default_factory=dict)
     _images: dict[tuple[str, ...], str | None] = field(default_factory=dict)
 
@@ -62,13 +76,26 @@ class Member:
     def name(self) -> str:
         return self.host.name
 
+    @property
+    def recorded_as(self) -> str | None:
+        """The host name its cells and failures carry (none for this machine alone, as before there were hosts)."""
+        return None if self.alone else self.name
+
+    def tell(self, say: Say) -> Say:
+        """say, with this host's name in front (alone: as it is)."""
+        return say if self.alone else (lambda message: say(f"[{self.name}] {message}"))
+
+    def gone(self) -> bool:
+        """Whether the host stopped answering (never this machine alone)."""
+        return not self.alone and not self.runtime.alive()
+
     def image_problem(self, refs: tuple[str, ...]) -> str | None:
         """None when this host has one of the images (the recipe's, then its alternatives) or can pull it."""
         if refs not in self._images:
             problems = []
             for ref in refs:
                 try:
-                    problem = self.docker.image_problem(ref, self.pull_policy)
+                    problem = self.runtime.image_problem(ref, self.pull_policy)
                 except SparklabError as exc:
                     problem = exc.message
                 if problem is None:
@@ -85,20 +112,26 @@ class Member:
         the host's own platform from a multi-arch image)."""
         if ref not in self._arch:
             try:
-                info = self.docker.image_info(ref)
+                info = self.runtime.image_info(ref)
             except SparklabError:
                 info = None
             self._arch[ref] = info.architecture if info is not None else None
         return self._arch[ref]
 
 
-def connect(hosts: list[Host], say: Say, local: Docker | None = None, pull_policy: str = "missing") -> list[Member]:
+def this_machine(runtime: HostRuntime, pull_policy: str = "missing") -> Member:
+    """This machine alone: the fleet of one of a sweep without hosts: (see Member.alone)."""
+    return Member(LOCAL, runtime, pull_policy=pull_policy, alone=True)
+
+
+def connect(hosts: list[Host], say: Say, local: HostRuntime | None = None,
+            pull_policy: str = "missing") -> list[Member]:
     """Reach every host (preflight: reachable, its platform and memory); unreachable hosts are left out."""
     members: list[Member] = []
     for host in hosts:
         try:
-            docker = local if host.local and local is not None else Docker.connect(host.docker, host.tls_dir)
-            member = Member(with_address(host, docker.url), docker, docker.facts(), pull_policy=pull_policy)
+            runtime = local if host.local and local is not None else Docker.connect(host.docker, host.tls_dir)
+            member = Member(with_address(host, runtime.url), runtime, runtime.facts(), pull_policy=pull_policy)
         except SparklabError as exc:
             say(f"host {host.name}: left out of this run: {exc.message}")
             continue
@@ -155,41 +188,18 @@ def nodes_of(server: ServerConfig) -> int:
     return multinode.nodes_of(server.recipe, server.engine)
 
 
-class HostStore:
-    """The run's store as one host's worker sees it: every call under one lock (one SQLite connection for all
-    threads), and what it records carries the host's name."""
+class Serve(Protocol):
+    """Run this server config's pending cells on this host (and, for a server across hosts, on the partners' too);
+    raise HostLost when the host went away under it."""
 
-    def __init__(self, store: Store, lock: threading.RLock, host: str, stop: threading.Event | None = None) -> None:
-        self._store = store
-        self._lock = lock
-        self.host = host
-        self._stop = stop or threading.Event()
-
-    def __getattr__(self, name: str) -> Any:
-        attr = getattr(self._store, name)
-        if not callable(attr):
-            return attr
-
-        def locked(*args: Any, **kwargs: Any) -> Any:
-            if name in ("start_cell", "fail_cell", "partial_cell", "fail_server_config"):
-                kwargs.setdefault("host", self.host)
-            with self._lock:
-                if self._stop.is_set() and not name.startswith(("pending", "cell", "counts", "server_configs")):
-                    # Ctrl-C on the controller: this worker's next write unwinds it as an interrupt (its server
-                    # comes down on the way); what it was doing stays 'running' for reset_interrupted
-                    raise KeyboardInterrupt
-                return attr(*args, **kwargs)
-
-        return locked
-
-
-# serve(member, server, store, say[, partners=…]): run this server config's pending cells on this host (and, for a
-# server across hosts, on the partners' too); raise HostLost when the host went away under it.
-Serve = Callable[..., None]
+    def __call__(self, member: Member, server: ServerConfig, store: HostStore, say: Say, /,
+                 partners: list[Member] | None = None) -> None: ...
 
 
 def run(plan: Plan, store: Store, members: list[Member], serve: Serve, say: Say, run_id: str) -> None:
-    """Spread the server configs with pending cells over the hosts until none is left or no host can take one."""
+    """Spread the server configs with pending cells over the hosts until none is left or no host can take one.
+
+    Each host works in a thread of its own; this machine alone works in the caller's thread."""
     lock = threading.RLock()
     cond = threading.Condition(lock)
     pending = {c.id for c in store.pending_cells()}
@@ -197,7 +207,7 @@ def run(plan: Plan, store: Store, members: list[Member], serve: Serve, say: Say,
     busy: set[str] = set()
     reserved: set[str] = set()  # hosts serving another host's server across hosts
     stop = threading.Event()
-    fatal: list[BaseException] = []  # an error that ends the whole run (the controller's disk is full)
+    fatal: list[BaseException] = []  # an error that ends the whole run (FATAL)
 
     def partners_for(server: ServerConfig, member: Member) -> list[Member] | None:
         """The other idle hosts a server across hosts needs (none needed: []; not enough idle now: None)."""
@@ -210,7 +220,8 @@ def run(plan: Plan, store: Store, members: list[Member], serve: Serve, say: Say,
         with cond:
             while not stop.is_set() and not member.lost:
                 for server in queue if member.name not in reserved else []:
-                    partners = partners_for(server, member) if unfit(server, member) is None else None
+                    fits = member.alone or unfit(server, member) is None
+                    partners = partners_for(server, member) if fits else None
                     if partners is not None:
                         queue.remove(server)
                         busy.update([member.name, *(p.name for p in partners)])
@@ -226,7 +237,7 @@ def run(plan: Plan, store: Store, members: list[Member], serve: Serve, say: Say,
             for partner in partners:
                 reserved.discard(partner.name)
                 busy.discard(partner.name)
-                if not partner.docker.alive():
+                if partner.gone():
                     partner.lost = partner.lost or "the Docker host stopped answering during a server across hosts"
             cond.notify_all()
 
@@ -239,11 +250,8 @@ def run(plan: Plan, store: Store, members: list[Member], serve: Serve, say: Say,
                     say(f"host {member.name} lost: server {server.label} goes back to the queue")
 
     def work(member: Member) -> None:
-        hstore = HostStore(store, lock, member.name, stop)
-
-        def host_say(message: str) -> None:
-            say(f"[{member.name}] {message}")
-
+        hstore = HostStore(store, lock, member.recorded_as, stop)
+        host_say = member.tell(say)
         try:
             while (taken := take(member)) is not None:
                 server, partners = taken
@@ -257,7 +265,7 @@ def run(plan: Plan, store: Store, members: list[Member], serve: Serve, say: Say,
                         serve(member, for_host(server, member.host), hstore, host_say)
                 except HostLost as exc:
                     member.lost = str(exc) or "the Docker host stopped answering"
-                except (KeyboardInterrupt, DiskFullError):
+                except (KeyboardInterrupt, *FATAL):
                     raise
                 except Exception as exc:  # e.g. the recipe does not render for this host: its cells fail, not the run
                     text = exc.message if isinstance(exc, SparklabError) else f"{type(exc).__name__}: {exc}"
@@ -265,7 +273,7 @@ def run(plan: Plan, store: Store, members: list[Member], serve: Serve, say: Say,
                     hstore.fail_server_config(server.id, "error", text, max_attempts=plan.sweep.max_attempts)
                     host_say(f"server {server.label}: failed (error): {text.splitlines()[0] if text else ''}")
                 else:
-                    if not member.docker.alive():
+                    if member.gone():
                         member.lost = "the Docker host stopped answering after its server"
                 finally:
                     release(partners)
@@ -276,15 +284,22 @@ def run(plan: Plan, store: Store, members: list[Member], serve: Serve, say: Say,
                 with cond:
                     busy.discard(member.name)
                     cond.notify_all()
-        except KeyboardInterrupt:  # the controller was interrupted (see HostStore)
-            log.debug("host %s: stopped by an interrupt", member.name)
-        except DiskFullError as exc:  # the controller's disk: every host stops; the run resumes once freed
+        except KeyboardInterrupt:
+            if member.alone:  # the caller's own interrupt: its server came down on the way out
+                raise
+            log.debug("host %s: stopped by an interrupt", member.name)  # the controller's (see HostStore)
+        except FATAL as exc:  # every host stops; the run resumes once the cause is dealt with
             fatal.append(exc)
         finally:
             with cond:
                 busy.discard(member.name)
                 cond.notify_all()
 
+    if len(members) == 1 and members[0].alone:
+        work(members[0])
+        if fatal:
+            raise fatal[0]
+        return
     threads = [threading.Thread(target=work, args=(m,), name=f"host-{m.name}", daemon=True) for m in members]
     for thread in threads:
         thread.start()
@@ -294,13 +309,13 @@ def run(plan: Plan, store: Store, members: list[Member], serve: Serve, say: Say,
                 thread.join(0.5)
         if fatal:
             raise fatal[0]
-    except (KeyboardInterrupt, DiskFullError):  # every host's server comes down; cells in flight go back to pending
+    except (KeyboardInterrupt, *FATAL):  # every host's server comes down; cells in flight go back to pending
         stop.set()
         with cond:
             cond.notify_all()
         for member in members:  # what a worker stuck in a request waits on goes away, so it unwinds now
             try:
-                member.docker.remove_run_containers(run_id, wait_s=10)
+                member.runtime.remove_run_containers(run_id, wait_s=10)
             except Exception as exc:  # a lost host: the next run's gc removes it
                 log.debug("teardown on %s: %s", member.name, exc)
         for thread in threads:

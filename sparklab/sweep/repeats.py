@@ -37,3 +37,9 @@ def enough(values: list[float], minimum: int, target: float) -> bool:
         return False
     share = half_width_share(values)
     return share is not None and share < target
+
+
+def identical(values: list[float]) -> bool:
+    """Every run gave the same value: the interval is zero wide because nothing varied, not because it is known."""
+    e = estimate(values)
+    return e is not None and e.identical

@@ -21,11 +21,17 @@ import yaml
 from sparklab import __version__
 from sparklab.engines import acceptance, engine
 from sparklab.errors import DiskFullError, RecipeError, SparklabError
-from sparklab.recipes.plan import Plan, build_plan, estimate_seconds, load_sweep
-from sparklab.runtimes.containers import Docker
+from sparklab.recipes.hosts import Host, entry_of, parse_hosts
+from sparklab.recipes.multinode import require_hosts
+from sparklab.recipes.plan import Plan, TimingModel, build_plan, estimate_seconds
+from sparklab.runtimes.base import HostRuntime
 from sparklab.sweep import rundir, runner
 from sparklab.sweep.store import Store
 from sparklab.tune import search
+from sparklab.tune.space import load_space, one_engine, repeats_of, space_notes, sweep_document
+
+# load_space and space_notes moved to tune/space.py; callers keep reaching them here
+__all__ = ["dry_run", "load_space", "request_for", "run_tune", "space_notes"]
 
 SPACE_FILE = "tune.yaml"
 MAX_ROUNDS = 64
@@ -42,6 +48,7 @@ class TuneRequest:
     options: runner.Options = field(default_factory=runner.Options)
     download: bool = True
     ulimits: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()  # what tune took from the sweep file, or left out of it, and why
 
 
 @dataclass
@@ -116,8 +123,19 @@ def settings_dict(settings: search.Settings) -> dict[str, Any]:
     return dataclasses.asdict(settings)
 
 
-def run_tune(request: TuneRequest, say: runner.Say, docker: Docker | None = None) -> TuneOutcome:
-    """Start or continue a tune. Ctrl-C tears the current server down; the same command continues it."""
+def hosts_of(plan: Plan) -> list[Host] | None:
+    """The space file's hosts (a sweep file's hosts: or --host), None for the local engine alone; a server
+    across N hosts with fewer named is an error before anything else."""
+    hosts = parse_hosts(plan.sweep.hosts, plan.source) if plan.sweep.hosts else None
+    for server in plan.servers:
+        require_hosts(server.recipe, server.engine, len(hosts or []))
+    return hosts
+
+
+def run_tune(request: TuneRequest, say: runner.Say, runtime: HostRuntime | None = None) -> TuneOutcome:
+    """Start or continue a tune. Ctrl-C tears the current server down; the same command continues it.
+
+    runtime: where the servers run (None: this machine's, containers and host processes, as `sparklab sweep`)."""
     name = f"tune-{request.space['name']}"
     run_dir, exists = rundir.resolve(request.runs_dir, name, request.resume, request.new)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -127,6 +145,7 @@ def run_tune(request: TuneRequest, say: runner.Say, docker: Docker | None = None
         if not exists:
             space_path = write_space(run_dir, request.space, request.settings)
             plan = build_plan(space_path, run_id=run_dir.name, ulimits=request.ulimits)
+            hosts_of(plan)  # a server across hosts without its hosts: said before any store is made
             store = Store.create(path, plan.sweep.model_dump(), __version__)
             with store:
                 store.set_host_facts(runner.host_facts())
@@ -138,9 +157,12 @@ def run_tune(request: TuneRequest, say: runner.Say, docker: Docker | None = None
             if not state:
                 raise SparklabError(f"{path}: a sweep's results, not a tune's", "Give a tune run to --resume.")
             plan = build_plan(run_dir / SPACE_FILE, run_id=run_dir.name, ulimits=request.ulimits)
+            hosts = hosts_of(plan)
             if exists:
                 say(f"continuing {run_dir} with its stored space and settings ({run_dir / SPACE_FILE})")
-            return _search(plan, store, docker or Docker(), run_dir, request, state, say)
+            for note in request.notes if not exists else ():
+                say(f"tune: {note}")
+            return _search(plan, store, runtime, run_dir, request, state, say, hosts)
 
 
 @dataclass(frozen=True)
@@ -158,7 +180,9 @@ class DryRun:
     eta_upper_s: float
     grid_loads: int
     grid_eta_s: float
-    model: Any  # the sweep's TimingModel behind both ETAs
+    model: TimingModel  # the sweep's, behind both ETAs
+    notes: tuple[str, ...] = ()  # what tune took from the sweep file, or left out of it
+    hosts: list[Host] | None = None
 
 
 def dry_run(request: TuneRequest) -> DryRun:
@@ -186,6 +210,7 @@ def dry_run(request: TuneRequest) -> DryRun:
         else:
             space_path = write_space(Path(scratch), request.space, request.settings)
             plan = build_plan(space_path, run_id=run_dir.name, ulimits=request.ulimits)
+    hosts = hosts_of(plan)
     space = space_of(plan)
     configs = len(plan.servers)
     max_loads = configs * (2 if settings.max_repeats > settings.repeats else 1)
@@ -196,11 +221,11 @@ def dry_run(request: TuneRequest) -> DryRun:
                  for s in plan.servers)
     grid_eta = estimate_seconds(dataclasses.replace(plan, servers=grid), model)  # the grid at --repeats
     return DryRun(plan, space, settings, objective, run_dir, exists, search.decide(space, settings, obs), max_loads,
-                  eta, configs, grid_eta, model)
+                  eta, configs, grid_eta, model, () if exists else request.notes, hosts)
 
 
-def _search(plan: Plan, store: Store, docker: Docker, run_dir: Path, request: TuneRequest, state: dict[str, Any],
-            say: runner.Say) -> TuneOutcome:
+def _search(plan: Plan, store: Store, runtime: HostRuntime | None, run_dir: Path, request: TuneRequest,
+            state: dict[str, Any], say: runner.Say, hosts: list[Host] | None = None) -> TuneOutcome:
     settings, objective = _settings(state), state["objective"]
     space = space_of(plan)
     runner.register(plan, store, only=lambda server, cell: False)  # every server config, no cell yet
@@ -239,7 +264,7 @@ def _search(plan: Plan, store: Store, docker: Docker, run_dir: Path, request: Tu
             if request.download and not downloaded:
                 runner.download(plan, store, say)
                 downloaded = True
-            runner.run(plan, store, docker, run_dir, request.options, say)
+            runner.run(plan, store, runtime, run_dir, request.options, say, hosts)
         else:
             raise SparklabError(f"tune stopped after {MAX_ROUNDS} rounds without an answer",
                                 "This is a bug in the search; the run's results are kept.")
@@ -286,52 +311,64 @@ def _schedule_args(plan: Plan, store: Store, schedule: dict[str, Any] | None) ->
             "why_not": None if args else adapter.k_schedule_why_not(version)}
 
 
-def load_space(text: str) -> dict[str, Any] | None:
-    """A sweep file's document when text names one (a path, or a name under recipes/sweeps), else None.
+@dataclass(frozen=True)
+class TuneChoices:
+    """What `sparklab tune` was asked, before the space is read: a sweep file (a path, or a name under
+    recipes/sweeps) whose space these narrow, or a recipe whose space they make (then methods and concurrency are
+    needed). Empty or None means: the sweep file's value, else the default `request_for` names."""
 
-    The search is over method x K of one engine: of a sweep file that names several engines (cpu-demo: vLLM
-    and llama.cpp), the first, with the exclusions that concern the others dropped."""
-    from sparklab.recipes.schema import recipes_dir
+    space: str
+    engine: str | None = None  # default: the sweep file's first engine, else the recipe's default
+    methods: tuple[str, ...] = ()
+    k: tuple[int, ...] = ()  # num_speculative_tokens to consider (default 1-3 on a recipe)
+    concurrency: tuple[int, ...] = ()
+    workload: str | None = None
+    objective: str | None = None  # default: decode for a sweep file with headline: decode, else aggregate
+    ttft_max_ms: float | None = None
+    repeats: int | None = None  # default: the sweep file's (auto_repeats.min for repeats: auto), else 2
+    max_repeats: int | None = None  # default: auto_repeats.max for repeats: auto, else 2 x repeats
+    requests: int | None = None
+    max_tokens: int | None = None
+    tolerance: float = 0.15
+    runs_dir: Path = Path("runs")
+    resume: str | None = None
+    new: bool = False
+    pull_policy: str = "missing"
+    ulimits: tuple[str, ...] = ()
+    download: bool = True
+    hosts: tuple[str, ...] = ()  # --host: Docker hosts, as a sweep file's hosts:
 
-    for candidate in (Path(text), recipes_dir() / "sweeps" / f"{text}.yaml"):
-        if candidate.suffix in (".yaml", ".yml") and candidate.is_file():
-            document = load_sweep(candidate).model_dump(exclude_unset=True)
-            recipe = Path(document["recipe"])
-            if recipe.suffix in (".yaml", ".yml") and not recipe.is_absolute():
-                document["recipe"] = str((candidate.parent / recipe).resolve())
-            engines = document.get("engines") or []
-            if len(engines) > 1:
-                document["engines"] = engines[:1]
-                document["exclude"] = [m for m in document.get("exclude", []) if m.get("engine") in (None, engines[0])]
-            return document
-    return None
 
-
-def request_from_args(args: Any) -> TuneRequest:
-    """`sparklab tune`'s arguments as a request: a sweep file's space with the flags laid over it, or a recipe's
-    space made of the flags alone."""
-    space = load_space(args.space)
-    if space is None:
-        if not args.methods or not args.concurrency:
-            raise RecipeError(f"tune {args.space}: not a sweep file, so --methods and --concurrency give the space",
-                              f"e.g. sparklab tune {args.space} --methods none ngram --k 1-4 --concurrency 1 4")
-        recipe = Path(args.space)
-        space = {"name": recipe.stem if recipe.suffix in (".yaml", ".yml") else args.space,
-                 "recipe": str(recipe.resolve()) if recipe.suffix in (".yaml", ".yml") else args.space,
+def request_for(choices: TuneChoices) -> TuneRequest:
+    """The request for these choices: a sweep file's space with the choices laid over it, or a recipe's space made
+    of the choices alone."""
+    found = sweep_document(choices.space)
+    notes: list[str] = []
+    if found is not None:
+        notes = space_notes(found[0], choices.engine, choices.workload, choices.objective)
+        space = one_engine(found[0], choices.engine)
+    else:
+        if not choices.methods or not choices.concurrency:
+            raise RecipeError(f"tune {choices.space}: not a sweep file, so --methods and --concurrency give the space",
+                              f"e.g. sparklab tune {choices.space} --methods none ngram --k 1-4 --concurrency 1 4")
+        recipe = Path(choices.space)
+        space = {"name": recipe.stem if recipe.suffix in (".yaml", ".yml") else choices.space,
+                 "recipe": str(recipe.resolve()) if recipe.suffix in (".yaml", ".yml") else choices.space,
                  "num_speculative_tokens": [1, 2, 3], "repeats": 2}
-    for key, value in (("methods", args.methods), ("num_speculative_tokens", args.k),
-                       ("concurrency", args.concurrency), ("requests", args.requests)):
+        if choices.engine:
+            space["engines"] = [choices.engine]
+    for key, value in (("methods", list(choices.methods)), ("num_speculative_tokens", list(choices.k)),
+                       ("concurrency", list(choices.concurrency)), ("requests", choices.requests)):
         if value:
             space[key] = value
-    if args.workload:
-        space["workloads"] = [args.workload]
-    if args.max_tokens:
-        space["sampling"] = {**space.get("sampling", {}), "max_tokens": args.max_tokens}
-    repeats = args.repeats or int(space.get("repeats", 2))
-    max_repeats = args.max_repeats or 2 * repeats
-    if max_repeats < repeats:
-        raise RecipeError(f"tune: --max-repeats {max_repeats} is below --repeats {repeats}",
-                          "Give --max-repeats at least --repeats (equal: no extra repeats).")
-    settings = search.Settings(repeats, max_repeats, args.tolerance, args.ttft_max)
-    return TuneRequest(space, settings, args.objective, args.runs_dir, args.resume, args.new,
-                       runner.Options(args.pull), download=args.download, ulimits=tuple(args.ulimits))
+    space["workloads"] = [choices.workload] if choices.workload else space.get("workloads", ["seed"])[:1]
+    if choices.max_tokens:
+        space["sampling"] = {**space.get("sampling", {}), "max_tokens": choices.max_tokens}
+    if choices.hosts:
+        space["hosts"] = [entry_of(text, "--host").model_dump(exclude_none=True) for text in choices.hosts]
+    repeats, max_repeats = repeats_of(space, choices.repeats, choices.max_repeats)
+    objective = choices.objective or ("decode" if space.get("headline") == "decode" else "aggregate")
+    settings = search.Settings(repeats, max_repeats, choices.tolerance, choices.ttft_max_ms)
+    return TuneRequest(space, settings, objective, choices.runs_dir, choices.resume, choices.new,
+                       runner.Options(choices.pull_policy), download=choices.download, ulimits=choices.ulimits,
+                       notes=tuple(notes))

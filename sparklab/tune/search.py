@@ -394,8 +394,11 @@ def _bisect(state: _State, method: str) -> list[Config]:
 
 def _overlap(a: Estimate, b: Estimate) -> bool:
     """Whether two configs' measurements do not tell them apart: the 95% interval of the ratio of their means
-    (Welch, as the report's speed-ups) holds 1.0; for single runs, means within 1% of each other."""
+    (Welch, as the report's speed-ups) holds 1.0; for single runs, means within 1% of each other; for identical
+    repeats on both sides (no spread measured, a scripted or deterministic engine), only equal means."""
     interval = ratio(a, b)
+    if interval is not None and interval.identical:  # nothing varied on either side: only equal means tie
+        return interval.value == 1.0
     if interval is None or interval.significant is None:
         return abs(a.mean - b.mean) <= SINGLE_RUN_TIE * max(a.mean, b.mean)
     return not interval.significant
@@ -417,7 +420,10 @@ def _confirm(state: _State) -> tuple[list[Config], list[Pick]]:
             more += short
             continue
         config, chosen = min([(best, best_e), *close], key=lambda s: (_k(s[0]), -s[1].mean))
-        if not close and best_e.low is None:
+        if not close and best_e.identical:
+            note = (f"the highest of {len(scored)} measured; its {best_e.n} repeats gave the same value "
+                    "(identical repeats: the interval is not measured)")
+        elif not close and best_e.low is None:
             note = f"the highest of {len(scored)} measured, single runs (no interval: run with --repeats 2 or more)"
         elif not close:
             note = (f"faster than each of the other {len(scored) - 1} measured configs: the 95% interval of the "

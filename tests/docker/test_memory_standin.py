@@ -59,9 +59,10 @@ def cached_model(tmp_path: Path) -> Iterator[tuple[Path, Path]]:
     (repo / "blobs").mkdir(parents=True)
     (repo / "snapshots" / "main").mkdir(parents=True)
     blob = repo / "blobs" / "weights"
+    chunk = os.urandom(1 << 24)  # written 64 times per GiB: the page cache holds every page all the same
     with blob.open("wb") as f:
         for _ in range(CACHE_FILE_GIB * 64):
-            f.write(os.urandom(1 << 24))
+            f.write(chunk)
         f.flush()
         os.fsync(f.fileno())
     (repo / "snapshots" / "main" / "model.safetensors").symlink_to(blob)
@@ -80,7 +81,10 @@ def _fill_page_cache(blob: Path) -> float:
 
 
 def _unified_sweep(tmp_path: Path, cli: Cli, util: float) -> Path:
+    # The fraction is sized to this small machine's MemFree (the stand-in takes none of it), which leaves no room
+    # for a memory floor (issue 23: preflight would refuse it); the floor is beside this test's point: off.
     return _sweep(tmp_path, cli.image, name=NAME, methods=["none"], concurrency=[1], requests={1: 2}, max_attempts=1,
+                  memory_floor_gib=0,
                   set=[f"engines.vllm.image={cli.image}", "engines.vllm.gpus=none",
                        "engines.vllm.ulimits={stack: 67108864}", f"engines.vllm.port={free_port()}",
                        f"gpu_memory_utilization={util:.4f}", "engines.vllm.env={STANDIN_UNIFIED_MEMORY: '1'}"])

@@ -127,14 +127,16 @@ def test_a_failing_server_fails_only_its_cells(cli: Cli, tmp_path: Path) -> None
 @pytest.mark.parametrize(("stage", "wait_for", "env"), [
     ("pull", "starting (", "STANDIN_START_DELAY: '1'"),  # the image was removed: the pull begins right then
     ("startup", "starting (", "STANDIN_START_DELAY: '4'"),
-    ("load", "ready in", "STANDIN_TOKEN_DELAY: '0.2'"),
+    ("load", "ready in", "STANDIN_TOKEN_DELAY: '0.08'"),  # the first cell takes ~4 s: SIGINT lands in it
     ("between cells", "seed #0:", "STANDIN_TOKEN_DELAY: '0.05'"),
 ])
 def test_interrupt_at_each_stage_then_resume(cli: Cli, tmp_path: Path, docker_client, stage: str, wait_for: str,
                                              env: str) -> None:
     path = _sweep(tmp_path, cli.image)
     doc = yaml.safe_load(path.read_text())
-    doc["set"].append(f"engines.vllm.env={{{env}}}")
+    # Only the first server (none) is slowed: the interrupt lands in it, and the resumed run's other servers run
+    # at full speed.
+    doc["overrides"] = [{"match": {"method": "none"}, "set": [f"engines.vllm.env={{{env}}}"]}]
     path.write_text(yaml.safe_dump(doc))
     before = sparklab_containers(docker_client)
     pull = []
@@ -166,7 +168,9 @@ def test_interrupt_at_each_stage_then_resume(cli: Cli, tmp_path: Path, docker_cl
 def test_sigkill_then_restart_removes_the_orphan_and_finishes(cli: Cli, tmp_path: Path, docker_client) -> None:
     path = _sweep(tmp_path, cli.image)
     doc = yaml.safe_load(path.read_text())
-    doc["set"].append("engines.vllm.env={STANDIN_TOKEN_DELAY: '0.2'}")
+    # 12 tokens 0.08 s apart on the first server (none): its first cell (a warmup and 3 requests) takes ~4 s, so
+    # it is in flight 1 s after ready; the resumed run's other servers run at full speed
+    doc["overrides"] = [{"match": {"method": "none"}, "set": ["engines.vllm.env={STANDIN_TOKEN_DELAY: '0.08'}"]}]
     path.write_text(yaml.safe_dump(doc))
     proc = subprocess.Popen([sys.executable, "-m", "sparklab", "sweep", str(path), "--runs-dir",
                              str(tmp_path / "runs"), *ulimit_flags()], stdout=subprocess.PIPE,

@@ -37,6 +37,7 @@ def _line_time(line: str) -> float:
     return stamp.timestamp()
 
 
+@pytest.mark.timeout(900)  # 43 s quiet; the test itself fails `up` taking 300 s
 def test_compiling_without_a_compiler_fails_with_the_cause_well_before_the_deadline(engine_cli: Cli, tmp_path: Path,
                                                                                       measured) -> None:
     """Before (tried here with --ready-timeout 400): the container kept running after the fatal lines at 72 s,

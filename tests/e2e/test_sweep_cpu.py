@@ -21,6 +21,7 @@ from tests.dockerkit import Cli
 pytestmark = pytest.mark.engine
 
 
+@pytest.mark.timeout(1500)  # 230 s on a quiet 2-core machine: 7 engine starts, 36 cells, the report
 def test_cpu_demo_sweep(engine_cli: Cli, llamacpp_cpu_image: str, tmp_path: Path, measured) -> None:
     sweep = recipes_dir() / "sweeps" / "cpu-demo.yaml"
     started = time.monotonic()

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.dockerkit import SESSION
+from tests.signals import ctrl_c_ignored, ctrl_c_raises
 
 REPO = Path(__file__).resolve().parents[2]
 RECIPE = REPO / "tests" / "fixtures" / "process" / "standin-trtedge.yaml"
@@ -54,13 +55,16 @@ class HostCli:
 
     def run(self, *args: str, timeout: float = 60, env: dict[str, str] | None = None,
             cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "sparklab", *args], capture_output=True, text=True,
-                              timeout=timeout, env=env or self.env(), cwd=cwd)
+        with ctrl_c_raises():  # the CLI takes Ctrl-C as from a terminal, however this run was started
+            return subprocess.run([sys.executable, "-m", "sparklab", *args], capture_output=True, text=True,
+                                  timeout=timeout, env=env or self.env(), cwd=cwd)
 
     def popen(self, *args: str, env: dict[str, str] | None = None, cwd: Path | None = None,
-              stderr: int = subprocess.PIPE) -> subprocess.Popen[str]:
-        return subprocess.Popen([sys.executable, "-m", "sparklab", *args], stdout=subprocess.PIPE, stderr=stderr,
-                                text=True, env=env or self.env(), cwd=cwd)
+              stderr: int = subprocess.PIPE, ignoring_ctrl_c: bool = False) -> subprocess.Popen[str]:
+        """ignoring_ctrl_c: start it as a script's background job starts, with SIGINT ignored."""
+        with ctrl_c_ignored() if ignoring_ctrl_c else ctrl_c_raises():
+            return subprocess.Popen([sys.executable, "-m", "sparklab", *args], stdout=subprocess.PIPE,
+                                    stderr=stderr, text=True, env=env or self.env(), cwd=cwd)
 
 
 @pytest.fixture

@@ -87,6 +87,25 @@ def test_foreground_up_stops_on_signal(host: HostCli, sig: signal.Signals) -> No
     assert _ours(port) == []
 
 
+def test_an_up_started_ignoring_ctrl_c_keeps_serving_through_it_and_stops_on_sigterm(host: HostCli) -> None:
+    """A script's background job (`nohup sparklab up … &`) starts with SIGINT ignored: the terminal's Ctrl-C is
+    not for it, and SIGTERM is how it is stopped, tearing the engine down."""
+    port = free_port()
+    proc = host.popen("up", f"{RECIPE}:none", *host.launch_args(port), ignoring_ctrl_c=True)
+    try:
+        Lines(proc).wait_for("serving in the foreground", timeout=30)
+        proc.send_signal(signal.SIGINT)
+        time.sleep(1)
+        assert proc.poll() is None and len(_ours(port)) == 1
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=15)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert code == 0, proc.stderr.read() if proc.stderr else ""
+    assert _ours(port) == []
+
+
 def test_ctrl_c_during_startup_ends_the_group(host: HostCli) -> None:
     port = free_port()
     proc = host.popen("up", f"{RECIPE}:none", *host.launch_args(port, "-e", "STANDIN_START_DELAY=60"))

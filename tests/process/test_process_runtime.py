@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import signal
+import socket
 import sys
 import time
 from pathlib import Path
 
 import pytest
 
+from sparklab.errors import ServerError
 from sparklab.recipes.render import LaunchOptions, render
 from sparklab.recipes.schema import load_recipe
 from sparklab.runtimes.processes import Processes
@@ -100,3 +103,16 @@ def test_exit_codes_read_as_dockers(state: Path, tmp_path: Path) -> None:
             time.sleep(0.05)
         assert server.state() == (False, 137)
     assert group_members(server.record.pid) == []  # the orphaned `sleep` child went with the group
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "::1"])
+def test_a_taken_port_is_refused_before_anything_starts(state: Path, tmp_path: Path, host: str) -> None:
+    """The process runtime asks the host's one port probe (sparklab.host.preflight.port_in_use), IPv6 included."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
+        sock.bind((host, 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        spec = dataclasses.replace(_spec(), host=host, port=port)
+        with pytest.raises(ServerError, match=f"port {port} on {re.escape(host)} is in use"):
+            Processes().launch(spec, {}, tmp_path / "engine.log")
+    assert not list(state.glob("processes/*.json")) and not (tmp_path / "engine.log").exists()

@@ -1,18 +1,37 @@
-"""The house rules that keep side effects at the edges (style.md habit 1)."""
+"""The house rules that keep side effects at the edges (docs/architecture.md, "House rules the tests enforce")."""
 
 from __future__ import annotations
 
+import ast
+import os
 import re
+import subprocess
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.clikit import EVERY_FLAG, namespace_reads
+
 PACKAGE = Path(__file__).resolve().parents[2] / "sparklab"
+# sparklab/engines/probes/*.py are not sparklab modules: each runs inside an engine's image, with the engine's own
+# Python, importing the engine (sparklab.engines.parsers ships them as text). The house rules are for the package.
+PROBES = PACKAGE / "engines" / "probes"
+MODULES = [p for p in PACKAGE.rglob("*.py") if PROBES not in p.parents]
 
 
 def _importers(module: str) -> set[str]:
     pattern = re.compile(rf"^\s*(import {module}\b|from {module}[. ])", re.MULTILINE)
-    return {p.relative_to(PACKAGE).as_posix() for p in PACKAGE.rglob("*.py") if pattern.search(p.read_text())}
+    return {p.relative_to(PACKAGE).as_posix() for p in MODULES if pattern.search(p.read_text())}
+
+
+def test_the_parser_probes_are_run_in_images_never_imported() -> None:
+    """The probe scripts import vLLM, SGLang or Edge-LLM, which sparklab never has: nothing imports them, and no
+    __init__.py makes them a package that import-linter or a stray import could load."""
+    assert sorted(p.name for p in PROBES.glob("*.py")) == ["edgellm_args.py", "sglang_args.py", "vllm_args.py"]
+    assert not (PROBES / "__init__.py").exists()
+    assert _importers("sparklab.engines.probes") == set()
 
 
 @pytest.mark.parametrize(("module", "only"), [
@@ -21,7 +40,9 @@ def _importers(module: str) -> set[str]:
     ("requests", {"engines/api.py", "runtimes/containers.py"}),  # engine HTTP; docker-py's own transport errors
     ("sparklab.bench.sse", {"bench/client.py"}),
     ("jinja2", {"recipes/sandbox.py", "report/document.py"}),  # recipes' templates; the report's HTML page
-    ("rich", {"cli/main.py", "cli/console.py", "cli/progress.py"}),
+    # the consoles, the error boundary, the renderables and progress bars; up's warnings, bench's request bar
+    ("rich", {"cli/terminal.py", "cli/main.py", "cli/console.py", "cli/progress.py", "cli/up.py",
+              "cli/bench.py"}),
     ("matplotlib", {"report/plots.py"}),
     ("scipy", {"bench/metrics.py"}),
     ("huggingface_hub", {"host/downloads.py"}),
@@ -31,16 +52,84 @@ def test_one_module_per_external_system(module: str, only: set[str]) -> None:
 
 
 def test_library_code_never_prints() -> None:
-    printing = {p.name for p in PACKAGE.rglob("*.py") if re.search(r"^\s*print\(", p.read_text(), re.MULTILINE)}
+    printing = {p.name for p in MODULES if re.search(r"^\s*print\(", p.read_text(), re.MULTILINE)}
     assert printing == set()
 
 
+def _code_words(tree: ast.AST) -> Iterator[tuple[int, str, str]]:
+    """(line, "string" or "name", text) of every string constant and every name in a module's code: identifiers,
+    attributes, arguments, imported modules. Docstrings and comments say what they like."""
+    prose = {id(node.value) for node in ast.walk(tree)
+             if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)}
+    for node in ast.walk(tree):
+        line = getattr(node, "lineno", 0)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in prose:
+            yield line, "string", node.value
+        elif isinstance(node, ast.Name):
+            yield line, "name", node.id
+        elif isinstance(node, ast.Attribute):
+            yield line, "name", node.attr
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            yield line, "name", node.name
+        elif isinstance(node, (ast.arg, ast.keyword)) and node.arg:
+            yield line, "name", node.arg
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            yield line, "name", node.module
+        elif isinstance(node, ast.alias):
+            yield line, "name", node.asname or node.name
+
+
+def _source_prefix_tests(tree: ast.AST) -> Iterator[int]:
+    """Lines that tell results apart by how their `source` begins (`….get("source").startswith("vllm:")`)."""
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "startswith"
+                and "source" in ast.unparse(node.func.value)):
+            yield node.lineno
+
+
+def _engine_knowledge(path: Path, kinds: list[str], registry: bool = False) -> list[str]:
+    """What a module outside the adapters knows of particular engines, one line each (empty: nothing)."""
+    tree = ast.parse(path.read_text())
+    alternatives = "|".join(map(re.escape, kinds))
+    named = re.compile(rf"^(?:{alternatives})(?:[:_]|$)")  # a kind, or a counter/key it names: `vllm:…`, `sglang_…`
+    variable = re.compile(r"\b(?:VLLM|SGLANG|LLAMA)_[A-Z_]")  # the engines' own environment variables
+    found = []
+    for line, what, text in _code_words(tree):
+        if what == "string":
+            knows = bool(named.search(text) or variable.search(text))
+        else:  # a name that contains a kind (`sglang`, `is_vllm`, `LlamaCpp`) or an engine's variable
+            registered_module = registry and text in kinds
+            knows = bool(variable.search(text)) or (any(k in text.lower() for k in kinds) and not registered_module)
+        if knows:
+            found.append(f"{line}: the {what} {text!r}")
+    found += [f"{line}: a test of how a result's source begins" for line in _source_prefix_tests(tree)]
+    return found
+
+
 def test_engine_knowledge_lives_in_the_adapters() -> None:
-    """No module outside sparklab/engines/ branches on an engine's kind or names an engine's variables."""
+    """No module outside the engine adapters (sparklab/engines/<kind>.py) branches on an engine's kind, lists the
+    kinds, names an engine's counters, snapshot keys or variables, or tells one engine's results from another's by
+    a prefix of their source: a new engine is its adapter. The engine-neutral modules inside engines/ (the
+    protocol, the HTTP door, the shared counter arithmetic) are held to the same rule; the registry
+    (engines/__init__.py) may import the adapter modules by name."""
     pattern = re.compile(r"""kind\s*[!=]=\s*["']|["'](vllm|sglang)["']\s*(==|!=|in\b|:)|VLLM_[A-Z_]+|SGLANG_[A-Z_]+""")
-    offenders = {p.relative_to(PACKAGE).as_posix() for p in PACKAGE.rglob("*.py")
+    offenders = {p.relative_to(PACKAGE).as_posix() for p in MODULES
                  if "engines" not in p.parts and pattern.search(p.read_text())}
     assert offenders == {"spec.py"}  # its comment lists VLLM_API_KEY among the names treated as secrets
+
+    from sparklab.engines import ENGINES
+
+    adapters = {Path(sys.modules[type(e).__module__].__file__ or "").resolve() for e in ENGINES.values()}
+    kinds = sorted(ENGINES)
+    knowledge = {}
+    for path in sorted(MODULES):
+        if path.resolve() in adapters:
+            found = [f for f in _engine_knowledge(path, kinds) if "source begins" in f]
+        else:
+            found = _engine_knowledge(path, kinds, registry=path == PACKAGE / "engines" / "__init__.py")
+        if found:
+            knowledge[path.relative_to(PACKAGE).as_posix()] = found
+    assert knowledge == {}
 
 
 def test_the_offline_report_imports_nothing_that_talks_to_a_network() -> None:
@@ -66,14 +155,60 @@ def test_the_offline_report_imports_nothing_that_talks_to_a_network() -> None:
 
 
 def test_the_cli_stays_thin() -> None:
-    """parse → one call → print: the grammar lives in cli_args.py, the work behind one call per command."""
+    """parse → one call → print: main.py is the command table and the error boundary; each command's flags,
+    typed arguments and call live in its own file under cli/."""
     lines = (PACKAGE / "cli" / "main.py").read_text().count("\n")
-    assert lines < 350, f"cli.py has {lines} lines"
+    assert lines < 150, f"cli/main.py has {lines} lines"
 
 
 def test_host_processes_are_started_and_signalled_in_one_place() -> None:
     """The process runtime is the one door to host processes, as containers.py is to Docker: only processes.py
-    (with process_groups.py, and its keeper procwrap.py) starts an engine or signals a process group."""
+    (with runfiles.py, and its keeper keeper.py) starts an engine or signals a process group."""
     pattern = re.compile(r"\b(os\.killpg|subprocess\.Popen|os\.kill)\(")
-    users = {p.relative_to(PACKAGE).as_posix() for p in PACKAGE.rglob("*.py") if pattern.search(p.read_text())}
+    users = {p.relative_to(PACKAGE).as_posix() for p in MODULES if pattern.search(p.read_text())}
     assert users == {"runtimes/processes.py", "runtimes/runfiles.py", "runtimes/keeper.py"}
+
+
+def test_only_the_command_line_imports_argparse() -> None:
+    """argparse stops at sparklab/cli/. Held by import-linter's forbidden contract `argparse-at-the-edge` in
+    pyproject.toml (grimp counts the standard library among external packages, so a contract can name argparse);
+    run here so the unit tier enforces it wherever the suite runs."""
+    lint = Path(sys.executable).parent / "lint-imports"
+    if not lint.exists():
+        message = f"no {lint}: pip install -e '.[test]' installs import-linter"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(PACKAGE.parent), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([str(lint), "--contract", "argparse-at-the-edge", "--no-cache", "--no-logo"],
+                          cwd=PACKAGE.parent, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_library_code_never_takes_a_namespace(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Library functions take typed requests. An `args: Any` parameter would take a Namespace without importing
+    argparse (tune's request_from_args did), which no import contract sees: so every read of a parse, by every
+    command's from_cli_args and by whole commands run offline, must come from sparklab/cli/."""
+    from sparklab.cli.main import COMMANDS, build_parser, main
+
+    named = {p.relative_to(PACKAGE).as_posix() for p in MODULES
+             if "cli" not in p.relative_to(PACKAGE).parts and re.search(r"\bNamespace\b", p.read_text())}
+    assert named == set()
+    parses = {name: build_parser().parse_args(argv) for name, argv in EVERY_FLAG.items()}
+    with namespace_reads() as reads:
+        for name, namespace in parses.items():
+            COMMANDS[name].args.from_cli_args(namespace)
+        assert main(["render", "dspark"]) == 0
+        assert main(["up", "dspark", "--dry-run", "--hf-cache", str(tmp_path), "--set", "gpu_memory_utilization=0.01",
+                     "--port", "18999"]) == 0
+        assert main(["tune", "cpu-demo", "--dry-run", "--runs-dir", str(tmp_path / "runs")]) == 0
+        assert main(["recipes"]) == 0
+    capsys.readouterr()
+    readers = {module for module, _ in reads}
+    assert "sparklab.cli.sweep" in readers and {m for m in readers if not m.startswith("sparklab.cli.")} == set()
+
+
+def test_one_port_probe() -> None:
+    """Whether a port is taken is asked in one place, binding the address the server will bind (IPv6 too)."""
+    users = {p.relative_to(PACKAGE).as_posix() for p in PACKAGE.rglob("*.py") if "socket.socket(" in p.read_text()}
+    assert users == {"host/preflight.py"}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -75,6 +76,30 @@ def test_a_cell_measures_only_its_window(counters) -> None:
     assert (connections["opened"], connections["stale_resent"], connections["reused"]) == (2, 0, True)
     text = json.dumps(result)
     assert "sekret-key" not in text
+
+
+def test_a_cell_asks_each_counter_path_once_per_snapshot(counters) -> None:
+    """Without a kind every adapter reads the snapshot, but each path is fetched once and the text shared: vLLM,
+    SGLang and llama.cpp all read /metrics, SGLang /server_info as well (4 GETs a snapshot before, /metrics 3 times)."""
+    _, server = counters
+    result = cell.run(cell.Endpoint.from_url(server.root, model="m"), load_workload("seed"), Sampling(max_tokens=6),
+                       cell.Load(concurrency=1, requests=2, warmup=0))
+    assert sorted(server.gets) == ["/metrics", "/metrics", "/server_info", "/server_info"]  # before and after
+    assert result["speculative"]["drafts"] == 4  # vLLM's adapter read the shared /metrics text
+
+
+@pytest.mark.parametrize(("kind", "paths"), [
+    (None, ["/metrics", "/server_info"]), ("vllm", ["/metrics"]), ("sglang", ["/metrics", "/server_info"]),
+    ("llamacpp", ["/metrics"]), ("trtedge", []),
+])
+def test_one_snapshot_fetches_each_path_at_most_once(counters, kind: str | None, paths: list[str]) -> None:
+    from sparklab import engines
+    from sparklab.engines.api import EngineAPI
+
+    _, server = counters
+    snap = engines.snapshot(EngineAPI(server.root), kind)
+    assert sorted(server.gets) == paths
+    assert ("spec" in snap) == (kind in (None, "vllm"))  # vLLM's counters, read from the one /metrics text
 
 
 def test_duration_mode_stops_issuing_at_the_deadline(counters) -> None:
@@ -160,15 +185,21 @@ def test_a_stall_on_a_dead_engine_ends_the_cell_early() -> None:
 
     held = Hostile(lambda body: [(0.0, SSE_HEAD + b"Transfer-Encoding: chunked\r\n\r\n"),
                                  (0.0, http_chunk(sse(chunk(content="a", token_ids=[1]))))], hold_s=30)
+    started = time.monotonic()
     try:
         result = cell.run(cell.Endpoint.from_url(held.root, model="m"), load_workload("seed"), Sampling(max_tokens=6),
                            cell.Load(concurrency=2, requests=2, warmup=0), request_timeout_s=30,
-                           stall_timeout_s=0.5, alive=lambda: False)
+                           stall_timeout_s=0.5, alive=lambda: False, counters_budget_s=1.0)
     finally:
         held.close()
+    cell_s = time.monotonic() - started
     requests = result["summary"]["requests"]
     assert requests["failed"] == 2 and "stalled: no bytes for 0.5 s" in requests["first_errors"][0]
     assert result["summary"]["wall_s"] < 5
+    # the whole cell: the window, and the counter snapshots (GETs the engine never finishes answering) within their
+    # budget; it took 81 s here when every adapter asked for itself and each GET waited 10 s
+    assert cell_s < 0.5 + 1.0 + 2.0, f"the cell took {cell_s:.1f} s for a {result['summary']['wall_s']:.1f} s window"
+    assert "spent" in result["server"]["after"]["metrics_error"]  # the after snapshot was not asked: no time left
 
 
 def test_a_cell_keeps_its_answers_and_prefix_cache_window_and_resets_the_cache_after_warmup() -> None:

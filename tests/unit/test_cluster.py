@@ -1,88 +1,28 @@
-"""sparklab.cluster with a fake Docker per host: the start order (head, its cluster port, then the worker, then
+"""sparklab.cluster with a fake runtime per host (tests/fakes.py): the start order (head, its cluster port, then the worker, then
 readiness), and teardown of every node on every path (a refused node, Ctrl-C, a head that dies, a worker that
 dies while serving, a host that does not answer)."""
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from sparklab.errors import ContainerError, ImageUnavailableError, NotReadyError
+from sparklab.errors import ContainerError, ImageUnavailableError, NotReadyError, PreflightError
 from sparklab.recipes.hosts import parse_hosts
 from sparklab.recipes.multinode import ClusterSpec, render_cluster
 from sparklab.recipes.render import LaunchOptions
 from sparklab.recipes.schema import load_recipe
 from sparklab.runtimes import cluster
-from sparklab.runtimes.containers import ImageInfo
 from sparklab.runtimes.launch import Launch
+from tests.fakes import FakeRuntime, FakeServer
 
 PAIR = Path(__file__).resolve().parents[2] / "recipes" / "gb10-pair.yaml"
 LINK = ["local,cluster_address=10.0.0.1,interface=eth1,ib_hca=hca1",
         "ssh://me@spark-2,cluster_address=10.0.0.2,interface=eth1,ib_hca=hca1"]
-
-
-class FakeNode:
-    def __init__(self, name: str, events: list[str], port_after: int = 0) -> None:
-        self.name, self.events = name, events
-        self.running, self.code = True, None
-        self.port_after = port_after  # probes before the cluster port answers
-        self.log_path = None
-        self.fail_stop = False
-
-    def state(self) -> tuple[bool, int | None]:
-        return self.running, self.code
-
-    def port_open(self, address: str, port: int) -> bool:
-        self.events.append(f"probe {address}:{port}")
-        self.port_after -= 1
-        return self.port_after < 0
-
-    def stop(self, grace_s: float = 10) -> float:
-        self.events.append(f"stop {self.name}")
-        self.running = False
-        if self.fail_stop:
-            raise ContainerError(f"cannot reach the host of {self.name}")
-        return 0.0
-
-    def kill(self) -> None:
-        self.events.append(f"kill {self.name}")
-        self.running, self.code = False, 137
-
-    def log_tail(self, lines: int = 50) -> str:
-        return f"{self.name}: last lines"
-
-    def full_log(self) -> str:
-        return "Application startup complete."
-
-    def oom_killed(self) -> bool | None:
-        return False
-
-
-class FakeDocker:
-    def __init__(self, host: str, events: list[str], refuse: bool = False, no_image: bool = False,
-                 port_after: int = 0) -> None:
-        self.host, self.events, self.refuse, self.no_image, self.port_after = host, events, refuse, no_image, port_after
-        self.nodes: list[FakeNode] = []
-
-    def ensure_image(self, ref: str, policy: str = "missing", on_event: Any = None,
-                     platform: str | None = None) -> ImageInfo:
-        self.events.append(f"image on {self.host}")
-        if self.no_image:
-            raise ImageUnavailableError(f"pull of {ref} failed: not found")
-        return ImageInfo(ref, "sha256:" + "1" * 64, "sha256:" + "2" * 64, "arm64")
-
-    def launch(self, spec: Any, secrets: dict[str, str], log_path: Any = None, detach: bool = False,
-               on_log: Any = None) -> FakeNode:
-        if self.refuse:
-            self.events.append(f"refused on {self.host}")
-            raise ContainerError(f"docker could not start {spec.name}: invalid volume specification")
-        self.events.append(f"launch {spec.name} on {self.host}")
-        node = FakeNode(spec.name, self.events, self.port_after)
-        self.nodes.append(node)
-        return node
 
 
 def _pair() -> tuple[Launch, ClusterSpec]:
@@ -91,9 +31,9 @@ def _pair() -> tuple[Launch, ClusterSpec]:
     return Launch(recipe, spec.head), spec
 
 
-def _start(dockers: list[FakeDocker], ready: Any, **kwargs: Any) -> Any:
+def _start(runtimes: list[FakeRuntime], ready: Any, **kwargs: Any) -> Any:
     p, spec = _pair()
-    return cluster.start(p, spec, dockers, ready=ready, log_dir=Path("/nonexistent"), **kwargs)  # type: ignore[arg-type]
+    return cluster.start(p, spec, runtimes, ready=ready, log_dir=Path("/nonexistent"), **kwargs)
 
 
 def _names(events: list[str]) -> list[str]:
@@ -107,7 +47,7 @@ def _names(events: list[str]) -> list[str]:
 
 def test_the_head_starts_first_the_worker_once_its_cluster_port_answers_then_readiness_on_the_head() -> None:
     events: list[str] = []
-    dockers = [FakeDocker("local", events, port_after=2), FakeDocker("spark-2", events)]
+    dockers = [FakeRuntime("local", events, port_after=2), FakeRuntime("spark-2", events)]
     seen: dict[str, Any] = {}
 
     def ready(server: Any, url: str, **kw: Any) -> float:
@@ -129,14 +69,14 @@ def test_the_head_starts_first_the_worker_once_its_cluster_port_answers_then_rea
 def test_a_host_without_the_image_fails_the_start_before_any_node_runs() -> None:
     events: list[str] = []
     with pytest.raises(ImageUnavailableError):
-        _start([FakeDocker("local", events), FakeDocker("spark-2", events, no_image=True)], lambda *a, **k: 0.0)
+        _start([FakeRuntime("local", events), FakeRuntime("spark-2", events, no_image=True)], lambda *a, **k: 0.0)
     assert not [e for e in events if e.startswith("launch")]
 
 
 def test_a_node_refused_on_the_second_host_takes_the_head_down_and_says_where() -> None:
     events: list[str] = []
     with pytest.raises(ContainerError) as caught:
-        _start([FakeDocker("local", events), FakeDocker("spark-2", events, refuse=True)], lambda *a, **k: 0.0)
+        _start([FakeRuntime("local", events), FakeRuntime("spark-2", events, refuse=True)], lambda *a, **k: 0.0)
     assert caught.value.message.startswith("node 1 (worker) on spark-2: docker could not start")
     assert _names(events)[-2:] == ["refused on spark-2", "stop head"]
 
@@ -148,23 +88,23 @@ def test_ctrl_c_while_waiting_tears_down_every_node() -> None:
         raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        _start([FakeDocker("local", events), FakeDocker("spark-2", events)], interrupted)
+        _start([FakeRuntime("local", events), FakeRuntime("spark-2", events)], interrupted)
     assert _names(events)[-2:] == ["stop worker", "stop head"]
 
 
 def test_a_head_that_exits_before_its_cluster_port_opens_fails_at_once_and_no_worker_starts() -> None:
     events: list[str] = []
-    head_docker = FakeDocker("local", events, port_after=1000)
+    head_docker = FakeRuntime("local", events, port_after=1000)
     original = head_docker.launch
 
-    def dying(*args: Any, **kwargs: Any) -> FakeNode:
+    def dying(*args: Any, **kwargs: Any) -> FakeServer:
         node = original(*args, **kwargs)
         node.running, node.code = False, 1
         return node
 
     head_docker.launch = dying  # type: ignore[method-assign]
     with pytest.raises(NotReadyError) as caught:
-        _start([head_docker, FakeDocker("spark-2", events)], lambda *a, **k: 0.0)
+        _start([head_docker, FakeRuntime("spark-2", events)], lambda *a, **k: 0.0)
     assert "the head exited with code 1" in caught.value.message and "before its cluster port 10.0.0.1:6379" \
         in caught.value.message
     assert "launch worker on spark-2" not in _names(events) and _names(events)[-1] == "stop head"
@@ -174,7 +114,7 @@ def test_a_cluster_port_that_never_opens_is_an_error_naming_the_address_to_check
     events: list[str] = []
     _, spec = _pair()
     server = cluster.ClusterServer(spec)
-    server.add(FakeNode("head", events, port_after=10**6))
+    server.add(FakeServer("head", events, port_after=10**6))
     clock = iter(range(0, 1000, 100))
     with pytest.raises(NotReadyError) as caught:
         cluster.wait_cluster_port(server, 250, clock=lambda: float(next(clock)), sleep=lambda s: None)
@@ -186,7 +126,7 @@ def test_a_worker_that_dies_while_serving_kills_the_head_and_ends_the_server() -
     events: list[str] = []
     _, spec = _pair()
     server = cluster.ClusterServer(spec, poll_s=0.01)
-    head, worker = FakeNode("head", events), FakeNode("worker", events)
+    head, worker = FakeServer("head", events), FakeServer("worker", events)
     server.add(head)
     server.add(worker)
     server.watch()
@@ -207,10 +147,26 @@ def test_a_host_that_does_not_answer_does_not_keep_the_other_nodes_up() -> None:
     events: list[str] = []
     _, spec = _pair()
     server = cluster.ClusterServer(spec)
-    head, worker = FakeNode("head", events), FakeNode("worker", events)
+    head, worker = FakeServer("head", events), FakeServer("worker", events)
     worker.fail_stop = True
     server.add(head)
     server.add(worker)
     with pytest.raises(ContainerError, match="cannot reach the host of worker"):
         server.stop()
     assert events == ["stop worker", "stop head"]
+
+
+def test_the_heads_serve_command_goes_through_its_images_parser_before_any_node_starts() -> None:
+    """The head runs `vllm serve` after `ray start`: that serve command is what vLLM's own parser judges, on the
+    head's host, before any node starts; a refusal starts nothing."""
+    events: list[str] = []
+    dockers = [FakeRuntime("local", events), FakeRuntime("spark-2", events)]
+    dockers[0].parser_says = json.dumps({"vllm_version": "0.27.1", "cases": [{"id": "0", "ok": False, "errors": [
+        {"flag": None, "message": "unrecognized arguments: --speculative-confg"}]}]})
+    with pytest.raises(PreflightError, match="unrecognized arguments: --speculative-confg"):
+        _start(dockers, lambda *a, **k: 0.1)
+    assert not [e for e in events if e.startswith("launch")], events
+    (probe,) = dockers[0].probed
+    (case,) = json.loads(probe.args[-1])["cases"]
+    assert case["argv"][0] == "serve" and "--distributed-executor-backend" in case["argv"]
+    assert probe.args[4] == "vllm" and dockers[1].probed == []  # the program whose Python runs it; on the head only

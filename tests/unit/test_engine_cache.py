@@ -215,14 +215,9 @@ def test_cli_gc_caches_lists_and_trims_but_spares_the_mounted_one(caches: Path, 
     root = caches.parent / "engine-cache"
     os.rename(caches, root)
 
-    class FakeDocker:
-        def gc(self) -> list[Any]:
-            return []
+    from tests.fakes import FakeRuntime
 
-        def mount_sources(self) -> set[str]:
-            return {str(root / "aaaa")}
-
-    monkeypatch.setattr(sparklab.runtimes.containers, "Docker", FakeDocker)
+    monkeypatch.setattr(sparklab.runtimes.containers, "Docker", lambda: FakeRuntime(mounts={str(root / "aaaa")}))
     monkeypatch.setenv("SPARKLAB_CACHE", str(caches.parent))
     assert main(["gc", "--caches"]) == 0
     shown = capsys.readouterr().out

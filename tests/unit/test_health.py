@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import threading
 import time
 from collections.abc import Iterator
@@ -11,6 +12,7 @@ import pytest
 
 from sparklab.errors import NotReadyError
 from sparklab.runtimes.health import wait_ready
+from tests.scripted_server import POLL_S
 
 
 class Scripted:
@@ -35,7 +37,7 @@ class Scripted:
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1/models"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        threading.Thread(target=self.httpd.serve_forever, args=(POLL_S,), daemon=True).start()
 
 
 @pytest.fixture
@@ -61,13 +63,36 @@ class Container:
         return "\n".join(f"line {i}" for i in range(100))[-2000:] if lines else ""
 
 
+class Clock:
+    """A fake monotonic clock: `sleep` advances it at once and remembers what was asked."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+        self.sleeps: list[float] = []
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.now += seconds
+
+
+def test_the_deadline_is_on_the_monotonic_clock_by_default() -> None:
+    """The waits below run on a fake clock; a real wait reads time.monotonic, which a wall-clock step cannot move."""
+    defaults = inspect.signature(wait_ready).parameters
+    assert defaults["clock"].default is time.monotonic and defaults["sleep"].default is time.sleep
+
+
 def test_ready_after_503s_and_checks_the_container_each_try(server: Scripted) -> None:
-    container = Container()
-    seconds = wait_ready(container, server.url, kind="vllm", timeout_s=30, headers={"Authorization": "Bearer k"})
+    container, clock = Container(), Clock()
+    seconds = wait_ready(container, server.url, kind="vllm", timeout_s=30, headers={"Authorization": "Bearer k"},
+                         clock=clock, sleep=clock.sleep)
     assert server.hits == 4
     assert container.checks == 4
     assert server.auth == ["Bearer k"] * 4
-    assert 0 < seconds < 10
+    assert clock.sleeps == [0.25, 0.5, 1.0]  # exponential backoff, capped at max_interval_s
+    assert seconds == 1.75
 
 
 def test_container_exit_fails_at_once_with_code_and_log_tail(server: Scripted) -> None:
@@ -82,21 +107,26 @@ def test_container_exit_fails_at_once_with_code_and_log_tail(server: Scripted) -
 
 
 def test_deadline_is_monotonic_and_reports_the_tail() -> None:
-    s = Scripted([503] * 1000)
+    s, clock = Scripted([503] * 1000), Clock()
     try:
-        started = time.monotonic()
+        started = clock()
         with pytest.raises(NotReadyError) as exc:
-            wait_ready(Container(), s.url, kind="sglang", timeout_s=2, max_interval_s=0.5)
-        elapsed = time.monotonic() - started
+            wait_ready(Container(), s.url, kind="sglang", timeout_s=2, max_interval_s=0.5, clock=clock,
+                       sleep=clock.sleep)
+        elapsed = clock() - started
     finally:
         s.httpd.shutdown()
-    assert 2 <= elapsed < 4
+    assert elapsed == pytest.approx(2)  # the last sleep is cut to the deadline, not one interval past it
+    assert max(clock.sleeps) == 0.5 and s.hits == len(clock.sleeps) + 1
     assert "not ready after 2 s" in str(exc.value) and "--ready-timeout" in str(exc.value)
 
 
 def test_connection_refused_is_retried_until_the_deadline() -> None:
+    container, clock = Container(), Clock()
     with pytest.raises(NotReadyError, match="not ready after 1 s"):
-        wait_ready(Container(), "http://127.0.0.1:9/v1/models", kind="vllm", timeout_s=1, max_interval_s=0.2)
+        wait_ready(container, "http://127.0.0.1:9/v1/models", kind="vllm", timeout_s=1, max_interval_s=0.2,
+                   clock=clock, sleep=clock.sleep)
+    assert clock() - 1000.0 == pytest.approx(1.0) and container.checks == len(clock.sleeps) + 1 > 3
 
 
 def test_wrong_key_fails_at_once() -> None:

@@ -1,5 +1,5 @@
 """Docker hosts: how a sweep file and --host name them, what fits where, and the scheduler over several hosts
-(a fake Docker per host: one server per host at a time, a lost host gives its cells back)."""
+(a fake runtime per host: one server per host at a time, a lost host gives its cells back)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from sparklab.recipes.hosts import LOCAL, HostEntry, parse_hosts, redact_url
 from sparklab.recipes.plan import build_plan, load_sweep
 from sparklab.sweep import fleet
 from sparklab.sweep.store import PlannedCell, Store
+from tests.fakes import FakeRuntime
 
 
 def test_hosts_are_named_addressed_and_given_their_own_port_ranges() -> None:
@@ -55,37 +56,14 @@ def test_a_url_password_never_reaches_results() -> None:
     assert redact_url("ssh://me@spark-2") == "ssh://me@spark-2" and redact_url("spark-ctx") == "spark-ctx"
 
 
-# -- the planner and scheduler, with a fake Docker per host ----------------------------------------------------
-
-
-class FakeDocker:
-    def __init__(self, arch: str = "x86_64", images: dict[str, str] | None = None) -> None:
-        self.arch = arch
-        self.images = images or {}
-        self.up = True
-
-    def image_info(self, ref: str) -> Any:
-        arch = self.images.get(ref)
-        return None if arch is None else type("Info", (), {"architecture": arch})()
-
-    def image_problem(self, ref: str, policy: str = "missing") -> str | None:
-        if ref in self.images or (policy != "never" and not ref.startswith("gone/")):
-            return None
-        return f"{ref} cannot be pulled there: manifest unknown"
-
-    def alive(self) -> bool:
-        return self.up
-
-    def remove_run_containers(self, run_id: str, wait_s: float = 120.0) -> list[str]:
-        self.removed = run_id
-        return []
+# -- the planner and scheduler, with a fake runtime per host ----------------------------------------------------
 
 
 def _member(name: str, arch: str = "x86_64", mem: float = 64.0, images: dict[str, str] | None = None,
             offset: int = 0) -> fleet.Member:
     host = LOCAL if name == "local" else parse_hosts([f"ssh://r@{name}"], "t")[0]
     host = type(host)(host.name, host.docker, host.address, offset, "host")
-    return fleet.Member(host, FakeDocker(arch, images), {"architecture": arch, "mem_total_gib": mem})  # type: ignore[arg-type]
+    return fleet.Member(host, FakeRuntime(name, arch=arch, images=images), {"architecture": arch, "mem_total_gib": mem})
 
 
 @pytest.fixture
@@ -180,7 +158,7 @@ def test_a_lost_host_gives_its_configs_back_to_the_others(plan: Any, store: Any)
             hstore.start_cell(first.id)
             hstore.finish_cell(first.id, {}, {})  # finished before the loss: kept
             hstore.start_cell(server.cells[1].id)
-            remote.docker.up = False  # type: ignore[attr-defined]
+            remote.runtime.up = False  # type: ignore[attr-defined]
             hstore.host_lost(server.id, hstore.host, "daemon gone")
             started.set()
             raise fleet.HostLost("daemon gone")
@@ -253,7 +231,7 @@ def test_a_full_disk_on_the_controller_stops_every_host(plan: Any, store: Any) -
 
     with pytest.raises(DiskFullError):
         fleet.run(plan, store, members, serve, lambda m: None, "r1")
-    assert all(getattr(m.docker, "removed", None) == "r1" for m in members)  # both hosts' servers came down
+    assert all(m.runtime.removed_runs == ["r1"] for m in members)  # type: ignore[attr-defined]  # both came down
 
 
 # -- a server across two hosts (recipes/gb10-pair.yaml) -----------------------------------------------------------
@@ -262,7 +240,7 @@ def test_a_full_disk_on_the_controller_stops_every_host(plan: Any, store: Any) -
 def _linked(name: str, address: str) -> fleet.Member:
     text = "local" if name == "local" else f"ssh://r@{name}"
     (host,) = parse_hosts([f"{text},cluster_address={address},interface=eth1,ib_hca=hca1"], "t")
-    return fleet.Member(host, FakeDocker(), {"architecture": "x86_64", "mem_total_gib": 64.0})  # type: ignore[arg-type]
+    return fleet.Member(host, FakeRuntime(name), {"architecture": "x86_64", "mem_total_gib": 64.0})
 
 
 def _pair_plan(tmp_path: Path, store_path: Path) -> tuple[Any, Store]:

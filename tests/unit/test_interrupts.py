@@ -64,3 +64,21 @@ def test_off_the_main_thread_both_do_nothing() -> None:
     t.start()
     t.join()
     assert seen == []
+
+
+def test_a_ctrl_c_the_process_was_started_ignoring_stays_ignored_in_a_deferred_block() -> None:
+    """An overnight script's background job starts with SIGINT ignored (the terminal's Ctrl-C is not for it):
+    a start must not turn that SIGINT into an interrupt. SIGTERM, the way to stop such a run, is still held."""
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        try:
+            with interrupts.deferred():
+                os.kill(os.getpid(), signal.SIGINT)
+        except KeyboardInterrupt:
+            pytest.fail("an ignored SIGINT interrupted the deferred block")
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+        with pytest.raises(KeyboardInterrupt), interrupts.deferred():
+            os.kill(os.getpid(), signal.SIGTERM)
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, previous)

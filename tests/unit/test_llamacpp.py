@@ -172,7 +172,9 @@ def test_acceptance_over_the_window_from_the_servers_counters() -> None:
 
 
 def test_a_vllm_result_is_still_labelled_vllm() -> None:
-    spec = {"acceptance_length": 2.5, "drafts": 10, "source": "vllm:spec_decode_* counters from /metrics, ..."}
+    # the source as every stored vLLM result has it (tests/fixtures/report/cpu-sweep.sql)
+    spec = {"acceptance_length": 2.5, "drafts": 10,
+            "source": "vllm:spec_decode_* counters from /metrics, after warmup and after the window (delta)"}
     assert engines.acceptance({"speculative": spec})[1] == "vLLM spec-decode counters (/metrics delta over the window)"
 
 
@@ -181,14 +183,14 @@ def test_a_server_that_never_drafted_has_no_speculative_window() -> None:
     for name in ("drafts", "draft_tokens", "accepted_tokens"):
         zero = re.sub(rf"(llamacpp:spec_decode_num_{name}_total) \d+", r"\1 0", zero)
     api = FakeAPI([zero, zero])
-    before, after = ENGINE.snapshot(api), ENGINE.snapshot(api)  # type: ignore[arg-type]
+    before, after = engines.snapshot(api, "llamacpp"), engines.snapshot(api, "llamacpp")  # type: ignore[arg-type]
     assert after["llamacpp_spec"]["drafts"] == 0
     assert ENGINE.window(before, after)["speculative"] is None
 
 
 def test_no_metrics_endpoint_gives_no_acceptance_and_says_why() -> None:
     api = FakeAPI(status=501)
-    snap = ENGINE.snapshot(api)  # type: ignore[arg-type]
+    snap = engines.snapshot(api, "llamacpp")  # type: ignore[arg-type]
     assert "--metrics" in snap["metrics_error"]
     assert ENGINE.window(snap, snap) == {"speculative": None, "prefix_cache": None}
     assert spec_counters("# TYPE llamacpp:requests_processing gauge\nllamacpp:requests_processing 0\n") == {}
@@ -219,7 +221,7 @@ def test_prompt_cache_counters_over_the_window() -> None:
     fixture: 3 requests, 41 + 41 + 37 prompt tokens, 0 + 40 + 24 of them from the cache."""
     after_text = (FIXTURES / "metrics-prompt-cache-b11669.txt").read_text()
     api = FakeAPI(["# TYPE llamacpp:requests_processing gauge\nllamacpp:requests_processing 0\n", after_text])
-    before, after = ENGINE.snapshot(api), ENGINE.snapshot(api)  # type: ignore[arg-type]
+    before, after = engines.snapshot(api, "llamacpp"), engines.snapshot(api, "llamacpp")  # type: ignore[arg-type]
     window = engines.window(before, after, "llamacpp")["prefix_cache"]
     assert (window["queried_tokens"], window["hit_tokens"]) == (41 + 41 + 37, 40 + 24)
     assert window["hit_rate"] == pytest.approx(64 / 119) and "prompt_tokens_cached_total" in window["source"]

@@ -361,7 +361,7 @@ def test_no_oom_evidence_where_nothing_is_readable(tmp_path: Path, monkeypatch) 
 
 @pytest.mark.parametrize(("flags", "drop"), [([], None), (["--drop-caches"], True), (["--no-drop-caches"], False)])
 def test_freeing_the_page_cache_is_the_default_and_can_be_turned_off(flags: list[str], drop: bool | None) -> None:
-    from sparklab.cli.args import build_parser
+    from sparklab.cli.main import build_parser
 
     args = build_parser().parse_args(["sweep", "s.yaml", *flags])
     assert args.drop_caches is drop and args.memory_floor_gib is None
@@ -370,7 +370,7 @@ def test_freeing_the_page_cache_is_the_default_and_can_be_turned_off(flags: list
 def test_the_floor_flag_and_the_sweep_file_field(tmp_path: Path) -> None:
     import yaml
 
-    from sparklab.cli.args import build_parser
+    from sparklab.cli.main import build_parser
     from sparklab.recipes.plan import load_sweep
 
     assert build_parser().parse_args(["sweep", "s.yaml", "--memory-floor-gib", "2.5"]).memory_floor_gib == 2.5

@@ -99,12 +99,13 @@ def test_stats_percentiles_are_linear_interpolation() -> None:
 def test_spec_delta_from_server_counters() -> None:
     before = {"drafts": 10.0, "draft_tokens": 30.0, "accepted": 12.0, "per_position": {"0": 8.0, "1": 3.0, "2": 1.0}}
     after = {"drafts": 30.0, "draft_tokens": 90.0, "accepted": 48.0, "per_position": {"0": 26.0, "1": 15.0, "2": 7.0}}
-    d = spec_delta(before, after)
+    d = spec_delta(before, after, "the engine's spec_decode counters")
     assert d is not None
     assert d["acceptance_length"] == pytest.approx(1 + 36 / 20)
     assert d["acceptance_rate"] == pytest.approx(36 / 60)
     assert d["per_position_acceptance"] == pytest.approx([18 / 20, 12 / 20, 6 / 20])
-    assert spec_delta({}, {}) is None  # no speculative config on the server
+    assert d["source"] == "the engine's spec_decode counters"  # the adapter names its counters, not this module
+    assert spec_delta({}, {}, "any") is None  # no speculative config on the server
 
 
 def test_chunk_count_fallback_is_labelled() -> None:

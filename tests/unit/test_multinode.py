@@ -127,3 +127,75 @@ def test_a_one_host_recipe_is_not_spread_over_two() -> None:
     with pytest.raises(RecipeError, match="serves from one host, yet 2 hosts were given"):
         render_cluster(load_recipe(PAIR.with_name("gb10.yaml")), "vllm", "none", LaunchOptions(),
                        parse_hosts(LINK, "--host"))
+
+
+def test_an_engine_without_a_multinode_mode_is_refused_across_hosts() -> None:
+    with pytest.raises(RecipeError) as caught:
+        load_recipe(PAIR, ["engines.vllm.kind=llamacpp"])
+    assert caught.value.message == ("recipes/gb10-pair.yaml: engines.vllm: Value error, nodes: 2 needs an engine "
+                                    "with a multi-node mode (vllm, sglang), not llamacpp")
+
+
+def test_a_third_multinode_engine_is_one_adapter_flag(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Which engines run across hosts is their adapters' `multinode` flag: the recipe schema lists no kinds."""
+    from sparklab import engines
+    from sparklab.engines.base import Engine
+
+    class Distributed(Engine):
+        kind = "distributed"
+        multinode = True
+
+    monkeypatch.setitem(engines.ENGINES, "distributed", Distributed())
+    assert load_recipe(PAIR, ["engines.vllm.kind=distributed"]).engines["vllm"].nodes == 2
+    monkeypatch.setattr(Distributed, "multinode", False)
+    with pytest.raises(RecipeError, match=r"multi-node mode \(vllm, sglang\), not distributed"):
+        load_recipe(PAIR, ["engines.vllm.kind=distributed"])
+
+
+def test_the_multinode_flag_says_what_node_command_does() -> None:
+    from sparklab.engines import ENGINES
+
+    for adapter in ENGINES.values():
+        try:
+            adapter.node_command(["serve"], ["--distributed-executor-backend", "ray"], 1, 2, "10.0.0.1", 6379,
+                                 "10.0.0.2")
+        except NotImplementedError:
+            assert not adapter.multinode, adapter.kind
+        else:
+            assert adapter.multinode, adapter.kind
+
+
+@pytest.mark.parametrize("command", ["up", "render"])
+def test_a_pair_recipe_without_hosts_says_it_needs_them_before_any_other_check(
+        command: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 23: `up gb10-pair --dry-run` without hosts reported this machine's port and memory instead."""
+    import socket
+
+    from sparklab.cli.main import main
+
+    with socket.socket() as taken:  # this machine's port taken, its cache missing, its memory short: all beside
+        taken.bind(("127.0.0.1", 0))  # the point, since the server would run on two other hosts
+        taken.listen()
+        port = taken.getsockname()[1]
+        extra = ["--dry-run"] if command == "up" else ["--host-checks"]
+        code = main([command, "gb10-pair", *extra, "--port", str(port), "--hf-cache", str(tmp_path / "missing"),
+                     "--set", "gpu_memory_utilization=0.99"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "gb10-pair.yaml: engines.vllm: nodes: 2 needs 2 Docker hosts, 0 given" in err
+    assert "--host local --host ssh://me@spark-2" in err
+    assert "preflight" not in err and "port" not in err.split("needs 2")[0] and "MemFree" not in err
+
+
+def test_a_sweep_of_a_pair_recipe_without_hosts_says_so_before_planning_a_download(tmp_path: Path) -> None:
+    import yaml
+
+    from sparklab.sweep import runner
+
+    path = tmp_path / "pair.yaml"
+    path.write_text(yaml.safe_dump({"name": "pair", "recipe": str(PAIR), "methods": ["none"], "concurrency": [1]}))
+    with pytest.raises(RecipeError, match="nodes: 2 needs 2 Docker hosts, 0 given"):
+        runner.dry_run(runner.Request(path, tmp_path / "runs"))
+    with pytest.raises(RecipeError, match="nodes: 2 needs 2 Docker hosts, 0 given"):
+        runner.sweep(runner.Request(path, tmp_path / "runs", download=True), say=lambda m: None)
+    assert not (tmp_path / "runs").exists()  # no run directory, no store, no download

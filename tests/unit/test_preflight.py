@@ -140,6 +140,40 @@ def test_port_taken_is_detected_for_real(tmp_path: Path) -> None:
     assert not preflight.port_in_use("127.0.0.1", port)
 
 
+def _listening(host: str) -> tuple[socket.socket, int]:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.bind((host, 0))
+    sock.listen()
+    return sock, sock.getsockname()[1]
+
+
+def test_a_taken_ipv6_port_is_detected_on_the_ipv6_address() -> None:
+    sock, port = _listening("::1")
+    with sock:
+        assert preflight.port_in_use("::1", port)  # the probe binds ::1 itself, not 127.0.0.1
+        assert preflight.port_in_use("::", port)  # the IPv6 wildcard takes every IPv6 address
+    assert not preflight.port_in_use("::1", port)
+
+
+def test_the_probe_binds_the_address_the_server_will_bind() -> None:
+    """A listener on 127.0.0.2 takes that address's port, not 127.0.0.1's; the wildcard conflicts with both."""
+    sock, port = _listening("127.0.0.2")
+    with sock:
+        assert preflight.port_in_use("127.0.0.2", port)
+        assert not preflight.port_in_use("127.0.0.1", port)
+        assert preflight.port_in_use("0.0.0.0", port)
+    sock, port = _listening("127.0.0.1")
+    with sock:
+        assert not preflight.port_in_use("127.0.0.2", port)  # a server on 127.0.0.2 binds fine
+
+
+def test_one_port_probe_for_every_runtime() -> None:
+    from sparklab.runtimes import processes
+
+    assert processes.port_in_use is preflight.port_in_use
+
+
 def test_missing_hf_cache(tmp_path: Path) -> None:
     spec, recipe = _spec("gb10", hf_cache=tmp_path / "nope")
     findings = _host(spec, recipe, _meminfo(tmp_path, 120))
@@ -149,7 +183,11 @@ def test_missing_hf_cache(tmp_path: Path) -> None:
 
 def test_unified_memory_needs_the_fraction_available(tmp_path: Path) -> None:
     spec, recipe = _spec("gb10", hf_cache=tmp_path)
-    assert _host(spec, recipe, _meminfo(tmp_path, 112.0)) == []  # 0.91 x 121.7 = 110.7 GiB
+    assert _host(spec, recipe, _meminfo(tmp_path, 117.7)) == []  # 0.91 x 121.7 = 110.7 GiB, an idle host's 4 GiB
+    # Issue 23: 112 GiB available covers the 110.7 GiB, but leaves 1.3 GiB at ready: under the memory floor
+    (tight,) = _host(spec, recipe, _meminfo(tmp_path, 112.0))
+    assert tight.level == "error" and "1.3 GiB stay available at ready" in tight.message
+    assert "Lower --gpu-memory-utilization to 0.87 or less" in (tight.hint or "")  # (121.7-9.7-3-2)/121.7
     findings = _host(spec, recipe, _meminfo(tmp_path, 100.0))
     assert len(findings) == 1
     assert "only 100.0 GiB of memory is available (MemAvailable)" in findings[0].message

@@ -11,7 +11,7 @@ import pytest
 
 from sparklab.recipes.plan import build_plan
 from sparklab.recipes.schema import recipes_dir
-from sparklab.sweep import runner
+from sparklab.sweep import runner, serverrun
 from sparklab.sweep.provenance import DriftError
 from sparklab.sweep.store import Store
 
@@ -66,10 +66,10 @@ def test_a_server_on_another_image_digest_stops_the_resume(tmp_path: Path) -> No
         cell = server.cells[0]
         store.start_cell(cell.id)
         store.finish_cell(cell.id, {}, {}, image_digest="sha256:old")
-        runner._check_image(store, server, "sha256:old", False, print)  # the same image: fine
+        serverrun._check_image(store, server, "sha256:old", False, print)  # the same image: fine
         with pytest.raises(DriftError, match=re.escape("image is now sha256:new, its earlier cells ran on sha256:old")):
-            runner._check_image(store, server, "sha256:new", False, print)
-        runner._check_image(store, server, "sha256:new", True, print)
+            serverrun._check_image(store, server, "sha256:new", False, print)
+        serverrun._check_image(store, server, "sha256:new", True, print)
         assert [f.kind for f in store.failures()] == ["drift"]
 
 

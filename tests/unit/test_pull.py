@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,7 +11,7 @@ import pytest
 import yaml
 
 from sparklab.cli import pull as cli_pull
-from sparklab.cli.args import build_parser
+from sparklab.cli.main import build_parser
 from sparklab.errors import ImageUnavailableError, SparklabError
 from sparklab.runtimes import pull
 from tests.fake_hub import FakeHub, FakeRepo
@@ -65,8 +64,8 @@ def sweep_file(recipe_file: Path, tmp_path: Path) -> Path:
     return path
 
 
-def _args(*argv: str) -> argparse.Namespace:
-    return build_parser().parse_args(["pull", *argv])
+def _args(*argv: str) -> cli_pull.PullArgs:
+    return cli_pull.PullArgs.from_cli_args(build_parser().parse_args(["pull", *argv]))
 
 
 class FakeImages:

@@ -32,6 +32,35 @@ def test_wrong_type_names_the_key_and_the_value(gb10_doc, write_recipe) -> None:
         load_recipe(path)
 
 
+@pytest.mark.parametrize("kind", ["vlm", 3, ["vllm"]])
+def test_an_unknown_engine_kind_names_the_file_the_key_and_the_known_kinds(gb10_doc, write_recipe, kind) -> None:
+    gb10_doc["engines"]["vllm"]["kind"] = kind
+    path = write_recipe(gb10_doc)
+    with pytest.raises(RecipeError) as exc:
+        load_recipe(path)
+    assert exc.value.message == (f"{path}: engines.vllm.kind: Input should be 'vllm', 'sglang', 'trtedge' or "
+                                 f"'llamacpp', got {kind!r}")
+    assert exc.value.hint == "See recipes/README.md for the recipe format."
+
+
+def test_the_engine_kinds_are_the_registered_adapters(gb10_doc, write_recipe, monkeypatch) -> None:
+    """A new engine is its adapter, registered in sparklab.engines: the recipe schema lists no kinds of its own."""
+    from sparklab import engines
+    from sparklab.engines.base import Engine
+
+    class Newcomer(Engine):
+        kind = "newcomer"
+
+    gb10_doc["engines"]["vllm"]["kind"] = "newcomer"
+    path = write_recipe(gb10_doc)
+    monkeypatch.setitem(engines.ENGINES, "newcomer", Newcomer())
+    assert load_recipe(path).engines["vllm"].kind == "newcomer"
+    gb10_doc["engines"]["vllm"]["kind"] = "newcomers"
+    with pytest.raises(RecipeError, match=r"engines\.vllm\.kind: Input should be 'vllm', 'sglang', 'trtedge', "
+                                          r"'llamacpp' or 'newcomer', got 'newcomers'"):
+        load_recipe(write_recipe(gb10_doc))
+
+
 def test_list_items_are_located_by_index(gb10_doc, write_recipe) -> None:
     gb10_doc["engines"]["vllm"]["args"][3] = {"oops": 1}
     with pytest.raises(RecipeError, match=r"engines\.vllm\.args\[3\]"):

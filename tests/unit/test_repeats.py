@@ -4,12 +4,13 @@ can cost; a bad value names the key and the fix."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from sparklab.cli.main import main
 from sparklab.recipes.plan import build_plan
-from sparklab.sweep import repeats, runner
+from sparklab.sweep import repeats, runner, serverrun
 from sparklab.sweep.store import Store
 
 
@@ -44,8 +45,8 @@ def test_the_sweep_skips_the_repeats_a_quiet_load_does_not_need(tmp_path: Path) 
                 store.start_cell(cell.id)
                 store.finish_cell(cell.id, summary, {"summary": summary})
         fourth = {c.concurrency: c for c in server.cells if c.repeat == 3}
-        assert runner._measured_enough(plan, store, server, fourth[1], said.append) is True
-        assert runner._measured_enough(plan, store, server, fourth[4], said.append) is False
+        assert serverrun._measured_enough(plan, store, server, fourth[1], said.append) is True
+        assert serverrun._measured_enough(plan, store, server, fourth[4], said.append) is False
         assert store.cell(fourth[1].id).status == "skipped" and store.cell(fourth[4].id).status == "pending"
     assert said == ["cell vllm-cpu/none c=1 seed #3: skipped, 3 runs pin the mean to ±1.2% (repeats: auto, target 3%)"]
 
@@ -83,18 +84,25 @@ def test_plots_draw_no_interval_for_single_runs_and_labels_that_do_not_collide(
                                                                       original_errorbar(self, x, *a, **k))[1])
     monkeypatch.setattr(Axes, "set_xticks", lambda self, ticks, names=None, **k: (
         labels.append(list(names or [])), original_ticks(self, ticks, names, **k))[1])
-    for n in (1, 3):
-        path = _run(tmp_path / f"n{n}", _equal_cells(), methods="[none, mtp, dspark]", repeats=n)
+    equal = _equal_cells()
+
+    def varied(method: str, k: int | None, c: int, repeat: int) -> tuple[dict[str, Any], dict[str, Any]]:
+        summary, result = equal(method, k, c, repeat)  # repeats that differ: a measured interval to draw
+        value = summary["aggregate_tps"] * (1 + 0.01 * repeat)
+        return {**summary, "aggregate_tps": value, "per_request_tps": {"mean": value}}, result
+
+    # one run, and (issue 23) identical repeats: no interval was measured, so no whisker; varied repeats: whiskers
+    for n, make, drawn in ((1, equal, []), (3, equal, []), (3, varied, [2, 1, 1])):
+        path = _run(tmp_path / f"n{n}-{len(drawn)}", make, methods="[none, mtp, dspark]", repeats=n)
         with Store.open(path, readonly=True) as store:
             built = report.build(store, "r")
         whiskers.clear()
         assert speedup_bars(built, "seed", tmp_path / f"plots{n}") and throughput_vs_k(built, "seed", tmp_path)
-        assert whiskers == ([] if n == 1 else [2, 1, 1])  # bars (mtp, dspark), then one point per K line
+        assert whiskers == drawn  # bars (mtp, dspark), then one point per K line
     assert labels[0] == ["MTP K=3", "DSpark K=3"] and all("\n" not in name for name in labels[0])
 
 
 def test_the_best_pick_says_when_the_runner_up_is_not_significantly_different(tmp_path: Path) -> None:
-    from typing import Any
 
     from sparklab import report
     from tests.unit.test_checks import _run

@@ -50,7 +50,7 @@ class NoDocker:
 
 
 def _sweep(request: runner.Request) -> None:
-    runner.sweep(request, say=lambda line: None, docker=NoDocker())  # type: ignore[arg-type]
+    runner.sweep(request, say=lambda line: None, runtime=NoDocker())  # type: ignore[arg-type]
 
 
 def _state(path: Path) -> tuple[str, int, int]:

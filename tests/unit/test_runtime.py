@@ -1,4 +1,4 @@
-"""runtime.Runtime: a launch goes to the runtime its recipe names; listings and cleanup see both, and host
+"""runtimes.local.Runtime: a launch goes to the runtime its recipe names; listings and cleanup see both, and host
 processes work on a machine whose Docker daemon cannot be reached."""
 
 from __future__ import annotations
@@ -11,8 +11,9 @@ import pytest
 
 import sparklab.runtimes.containers
 from sparklab.errors import ContainerError
-from sparklab.runtimes.local import Runtime, pick
+from sparklab.runtimes.local import Runtime
 from sparklab.runtimes.processes import Processes
+from tests.fakes import FakeRuntime
 
 
 class _Spec:
@@ -27,9 +28,10 @@ def _no_docker() -> Any:
 def test_a_launch_goes_to_the_runtime_the_recipe_names(monkeypatch: pytest.MonkeyPatch) -> None:
     sentinel = object()
     runtime = Runtime(docker=sentinel)  # type: ignore[arg-type]
-    assert isinstance(pick(runtime, _Spec("process")), Processes)
-    assert pick(runtime, _Spec("container")) is sentinel
-    assert pick(sentinel, _Spec("process")) is sentinel  # a single runtime (or a test's fake) is used as it is
+    assert isinstance(runtime.for_spec(_Spec("process")), Processes)  # type: ignore[arg-type]
+    assert runtime.for_spec(_Spec("container")) is sentinel  # type: ignore[arg-type]
+    single = FakeRuntime()
+    assert single.for_spec(_Spec("process")) is single  # type: ignore[arg-type]  # a single runtime runs every spec
 
 
 def test_without_docker_host_processes_are_still_listed_and_collected(monkeypatch: pytest.MonkeyPatch,

@@ -19,6 +19,7 @@ from sparklab.recipes.render import render
 from sparklab.recipes.schema import load_recipe, recipes_dir
 from sparklab.redaction import redact, redacted_lines
 from sparklab.sweep.store import Store
+from tests.fakes import FakeRuntime
 from tests.reportkit import cpu_run
 
 # -- templates run in a sandbox ----------------------------------------------------------------------------------
@@ -184,7 +185,7 @@ def test_redaction_leaves_ordinary_text_and_flushes_a_held_tail() -> None:
 
 
 def test_up_does_not_print_a_key_it_was_given(capsys, monkeypatch) -> None:
-    from sparklab.cli import main
+    from sparklab.cli import up
 
     ready = SimpleNamespace(
         seconds_to_ready=1.0, api_key="my-own-key-123",
@@ -193,10 +194,10 @@ def test_up_does_not_print_a_key_it_was_given(capsys, monkeypatch) -> None:
         image=SimpleNamespace(ref="img", digest=None),
         facts=SimpleNamespace(kv_cache_tokens=None, max_concurrency=None, kv_cache_memory_gib=None,
                               model_load_seconds=None, engine_init_seconds=None, advice=[], source="log"))
-    main._print_ready(ready, key_given=True)  # type: ignore[arg-type]
+    up._print_ready(ready, key_given=True)  # type: ignore[arg-type]
     printed = capsys.readouterr().out
     assert "my-own-key-123" not in printed and "api key     the one you gave" in printed
-    main._print_ready(ready, key_given=False)  # type: ignore[arg-type]
+    up._print_ready(ready, key_given=False)  # type: ignore[arg-type]
     assert "my-own-key-123" in capsys.readouterr().out  # a generated key is shown once
 
 
@@ -221,25 +222,13 @@ def test_up_says_an_sglang_key_is_visible_in_ps(capsys, tmp_path: Path) -> None:
 # -- down --all is the caller's ----------------------------------------------------------------------------------
 
 
-class FakeDocker:
-    def __init__(self, infos: list[Any]) -> None:
-        self.infos = infos
-        self.removed: list[str] = []
-
-    def containers(self, include_stopped: bool = True) -> list[Any]:
-        return self.infos
-
-    def remove(self, name: str, grace_s: float = 10) -> None:
-        self.removed.append(name)
-
-
 def _info(name: str, uid: str | None, mode: str = "up") -> Any:
-    from sparklab.runtimes.containers import ContainerInfo
+    from sparklab.runtimes.base import ServerInfo
 
     labels = {"sparklab": "1", "sparklab.mode": mode}
     if uid is not None:
         labels["sparklab.uid"] = uid
-    return ContainerInfo(id=name, name=name, status="running", exit_code=None, labels=labels, created="")
+    return ServerInfo(id=name, name=name, status="running", exit_code=None, labels=labels, created="")
 
 
 @pytest.mark.parametrize(("flags", "removed"), [
@@ -254,8 +243,8 @@ def test_down_all_removes_only_the_callers_containers(flags: list[str], removed:
     import sparklab.runtimes.containers
 
     me, other = str(os.getuid()), str(os.getuid() + 1)
-    fake = FakeDocker([_info("mine-1", me), _info("theirs", other), _info("mine-2", me, mode="sweep"),
-                       _info("unlabelled", None)])
+    fake = FakeRuntime(servers=[_info("mine-1", me), _info("theirs", other), _info("mine-2", me, mode="sweep"),
+                                _info("unlabelled", None)])
     monkeypatch.setattr(sparklab.runtimes.containers, "Docker", lambda: fake)
     assert main(["down", *flags]) == 0
     assert fake.removed == removed

@@ -75,7 +75,7 @@ class ScriptedAPI:
     def __init__(self, pages: dict[str, tuple[int, Any]]) -> None:
         self.pages = pages
 
-    def get(self, path: str) -> Any:
+    def get(self, path: str, timeout_s: float = 10.0) -> Any:
         status, body = self.pages.get(path, (404, {"detail": "Not Found"}))
         text = body if isinstance(body, str) else ""
         return SimpleNamespace(status=status, text=text, json=lambda: body)
@@ -84,7 +84,7 @@ class ScriptedAPI:
 def snap(gen: float, verify: float, cumulative: float) -> dict[str, Any]:
     api = ScriptedAPI({"/metrics": (200, METRICS.format(gen=gen, verify=verify)),
                        "/server_info": (200, {"internal_states": [{"avg_spec_accept_length": cumulative}]})})
-    return engine("sglang").snapshot(api)  # type: ignore[arg-type]
+    return engines.snapshot(api, "sglang")  # type: ignore[arg-type]
 
 
 def test_metrics_differences_give_the_window_not_the_server_life() -> None:
@@ -100,7 +100,7 @@ def test_metrics_differences_give_the_window_not_the_server_life() -> None:
 
 def test_without_enable_metrics_there_is_no_metrics_window() -> None:
     api = ScriptedAPI({"/server_info": (200, {"internal_states": [{"avg_spec_accept_length": 2.5}]})})
-    before = after = engine("sglang").snapshot(api)  # type: ignore[arg-type]
+    before = after = engines.snapshot(api, "sglang")  # type: ignore[arg-type]
     assert "sglang_metrics" not in after and metrics_window(before, after) is None
     assert engines.window(before, after, "sglang")["speculative"] is None
 

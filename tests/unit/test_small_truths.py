@@ -48,14 +48,16 @@ EXITED = NotReadyError("the server container exited with code 1 before it was re
 
 
 def test_the_sweeps_server_failure_line_ends_with_the_engines_last_line(tmp_path: Path, monkeypatch) -> None:
-    from sparklab.sweep import runner as sweep_mod
+    from sparklab.recipes.hosts import LOCAL
+    from sparklab.sweep import serverrun as sweep_mod
+    from sparklab.sweep.hoststore import HostStore
 
     plan = build_plan(_sweep_file(tmp_path), run_id="truths-1")
     (server,) = plan.servers
     store = Store.create(tmp_path / "run" / "results.sqlite", plan.sweep.model_dump(), "test")
     runner.register(plan, store)
     monkeypatch.setattr(sweep_mod, "_wait_port_free", lambda *a: None)
-    monkeypatch.setattr(sweep_mod.launch, "checked", lambda *a: None)
+    monkeypatch.setattr(sweep_mod.launch, "checked", lambda *a, **k: None)
 
     def start(*args: object, **kwargs: object) -> None:
         raise EXITED
@@ -63,8 +65,9 @@ def test_the_sweeps_server_failure_line_ends_with_the_engines_last_line(tmp_path
     monkeypatch.setattr(sweep_mod.launch, "start", start)
     said: list[str] = []
     with store:
-        sweep_mod._run_server(plan, store, object(), tmp_path / "run", sweep_mod.Options(), server,
-                              list(server.cells), said.append, set(), local=False)
+        sweep_mod._run_server(sweep_mod.ServerRun(plan, HostStore(store), object(),  # type: ignore[arg-type]
+                                                  tmp_path / "run", sweep_mod.Options(), said.append, LOCAL,
+                                                  server, list(server.cells)))
     (line,) = [s for s in said if "failed" in s]
     assert not line.rstrip().endswith("log lines:"), line
     assert line.rstrip().endswith("ImportError: libcudart.so.13: cannot open shared object file"), line

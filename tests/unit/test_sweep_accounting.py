@@ -82,26 +82,32 @@ def test_a_cell_that_never_ran_is_charged_one_attempt_when_its_server_dies_with_
     """Before: "exited" charged each unrun cell, then the fault while removing the dead container ("error")
     charged it again: with max_attempts 2 the cells ended failed for good after one server start."""
     from sparklab.engines.scrape import StartupFacts
-    from sparklab.runtimes.containers import ImageInfo
+    from sparklab.recipes.hosts import Host
+    from sparklab.runtimes.base import ImageInfo
     from sparklab.runtimes.launch import Ready
-    from sparklab.sweep import runner as sweep_mod
+    from sparklab.sweep import serverrun as sweep_mod
+    from sparklab.sweep.hoststore import HostStore
 
     plan = build_plan(_write(tmp_path, max_attempts=2), run_id="acct-1")
     (server,) = plan.servers
     store = Store.create(tmp_path / "run" / "results.sqlite", plan.sweep.model_dump(), "test")
-    sweep_mod.register(plan, store)
+    runner.register(plan, store)
     dead = DeadServer(server.spec)
     ready = Ready(dead, ImageInfo("img", "id", None, "amd64"), 1.0, None, StartupFacts())
     monkeypatch.setattr(sweep_mod, "_wait_port_free", lambda *a: None)
-    monkeypatch.setattr(sweep_mod.launch, "checked", lambda *a: None)
+    monkeypatch.setattr(sweep_mod.launch, "checked", lambda *a, **k: None)
     monkeypatch.setattr(sweep_mod.launch, "start", lambda *a, **k: ready)
+    monkeypatch.setattr(sweep_mod.launch, "read_served_version", lambda *a: None)
+    monkeypatch.setattr(sweep_mod.launch, "image_version", lambda *a: None)
     monkeypatch.setattr(sweep_mod, "EngineAPI", lambda *a: None)
     monkeypatch.setattr(sweep_mod, "engine", lambda kind: type("E", (), {"served_facts": lambda self, api: {},
                                                                            "version": lambda self, api: None})())
     said: list[str] = []
+    other_host = Host("spark-2", "ssh://root@127.0.0.1:22022", "127.0.0.1")  # not this machine: no memory waits
     with store:
-        sweep_mod._serve(plan, store, RestartingDocker(), tmp_path / "run", sweep_mod.Options(min_free_mib=0),
-                         server, list(server.cells), said.append, 0.0, local=False)
+        sweep_mod.serve(sweep_mod.ServerRun(plan, HostStore(store), RestartingDocker(),  # type: ignore[arg-type]
+                                            tmp_path / "run", sweep_mod.Options(min_free_mib=0), said.append,
+                                            other_host, server, list(server.cells)))
         cells = store.cells()
         kinds = [f.kind for f in store.failures()]
     assert kinds == ["exited", "error"]  # both faults are on record
@@ -127,7 +133,7 @@ def test_a_second_sweep_of_the_same_name_is_refused_before_it_makes_a_run(tmp_pa
     request = runner.Request(_write(tmp_path), runs, download=False)
     busy = r"sweep acct is in use by pid \d+ \(another `sparklab sweep` of it"
     with rundir.SweepLock(runs, "acct"), pytest.raises(SparklabError, match=busy):
-        runner.sweep(request, say=lambda line: None, docker=NoDocker())  # type: ignore[arg-type]
+        runner.sweep(request, say=lambda line: None, runtime=NoDocker())  # type: ignore[arg-type]
     assert not runs.exists() or not list(runs.iterdir()), "the refused sweep made a run (or anything) under runs/"
 
 

@@ -9,7 +9,7 @@ from sparklab.errors import NotReadyError
 
 
 def test_sweep_failure_kinds() -> None:
-    from sparklab.sweep.runner import _failure_kind
+    from sparklab.sweep.serverrun import _failure_kind
 
     assert _failure_kind(NotReadyError("x", kind="fatal")) == "fatal"
     assert _failure_kind(NotReadyError("x", kind="stalled")) == "stalled"
@@ -32,47 +32,11 @@ def test_sweep_files_stall_detector_is_on_by_default_and_can_be_turned_off(tmp_p
 
 
 def test_up_has_a_stall_timeout_flag_off_by_default() -> None:
-    from sparklab.cli.args import build_parser
+    from sparklab.cli.main import build_parser
 
     parser = build_parser()
     assert parser.parse_args(["up", "cpu:none"]).stall_timeout is None
     assert parser.parse_args(["up", "cpu:none", "--stall-timeout", "300"]).stall_timeout == 300
-
-
-class FakeServer:
-    """A ready server whose engine dies while a cell runs: killed by the sweep's watcher, not by itself."""
-
-    def __init__(self, spec) -> None:
-        import threading
-
-        self.spec, self.name, self.log_path = spec, "fake", None
-        self.lines: list[str] = []
-        self.killed = threading.Event()
-
-    def state(self) -> tuple[bool, int | None]:
-        return (False, 137) if self.killed.is_set() else (True, None)
-
-    def oom_killed(self) -> bool:
-        return False
-
-    def log_tail(self, lines: int = 50) -> str:
-        return "\n".join(self.lines[-lines:])
-
-    def log_since(self, since: float) -> str:
-        return ""
-
-    def kill(self) -> None:
-        self.killed.set()
-
-    def stop(self, grace_s: float = 10) -> float:
-        self.killed.set()
-        return 0.0
-
-    def __enter__(self) -> FakeServer:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
 
 def test_a_fatal_line_while_a_cell_runs_fails_the_server_at_once_and_requeues_its_cells(tmp_path,
@@ -86,11 +50,15 @@ def test_a_fatal_line_while_a_cell_runs_fails_the_server_at_once_and_requeues_it
 
     from sparklab.engines.scrape import StartupFacts
     from sparklab.errors import EngineUnreachable
+    from sparklab.recipes.hosts import LOCAL
     from sparklab.recipes.plan import build_plan
-    from sparklab.runtimes.containers import ImageInfo
+    from sparklab.runtimes.base import ImageInfo
     from sparklab.runtimes.launch import Ready
-    from sparklab.sweep import runner as sweep_mod
+    from sparklab.sweep import runner
+    from sparklab.sweep import serverrun as sweep_mod
+    from sparklab.sweep.hoststore import HostStore
     from sparklab.sweep.store import Store
+    from tests.fakes import FakeRuntime, FakeServer
 
     path = tmp_path / "sweep.yaml"
     path.write_text(yaml.safe_dump({"name": "t", "recipe": "cpu", "methods": ["none"], "concurrency": [1, 2],
@@ -98,12 +66,12 @@ def test_a_fatal_line_while_a_cell_runs_fails_the_server_at_once_and_requeues_it
     plan = build_plan(path, run_id="t-1")
     (server,) = plan.servers
     store = Store.create(tmp_path / "results.sqlite", plan.sweep.model_dump(), "test")
-    sweep_mod.register(plan, store)
-    fake = FakeServer(server.spec)
+    runner.register(plan, store)
+    fake = FakeServer(server.spec)  # killed by the sweep's watcher, not by itself
     watch = LogWatch(engine("vllm"))
     ready = Ready(fake, ImageInfo("img", "id", None, "amd64"), 1.0, None, StartupFacts(), watch=watch)
     monkeypatch.setattr(sweep_mod, "_wait_port_free", lambda *a: None)
-    monkeypatch.setattr(sweep_mod.launch, "checked", lambda recipe, spec: None)
+    monkeypatch.setattr(sweep_mod.launch, "checked", lambda recipe, spec, **kwargs: None)  # kwargs: floor_gib
     monkeypatch.setattr(sweep_mod.launch, "start", lambda *a, **k: ready)
 
     class NoAPI:
@@ -121,8 +89,9 @@ def test_a_fatal_line_while_a_cell_runs_fails_the_server_at_once_and_requeues_it
 
     def bench_run(*args: object, **kwargs: object) -> None:
         started = time.monotonic()
-        fake.lines.extend([fatal, "(EngineCore pid=229) RuntimeError: CUDA error: an illegal memory access"])
-        for line in fake.lines:
+        lines = [fatal, "(EngineCore pid=229) RuntimeError: CUDA error: an illegal memory access"]
+        fake.lines.extend(lines)
+        for line in lines:
             watch.feed(line + "\n")
         assert fake.killed.wait(10), "the dead engine's container was never killed: requests would hang"
         hung_for.append(time.monotonic() - started)
@@ -132,8 +101,8 @@ def test_a_fatal_line_while_a_cell_runs_fails_the_server_at_once_and_requeues_it
     said: list[str] = []
     cells = list(server.cells)
     with store:
-        sweep_mod._run_server(plan, store, object(), tmp_path, sweep_mod.Options(), server, cells, said.append,
-                              set())
+        sweep_mod._run_server(sweep_mod.ServerRun(plan, HostStore(store), FakeRuntime(), tmp_path, sweep_mod.Options(),
+                                                  said.append, LOCAL, server, cells))
         (failure,) = store.failures()
         rows = {c.id: c for c in store.cells()}
     assert len(hung_for) == 1 and hung_for[0] < 5

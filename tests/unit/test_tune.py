@@ -8,10 +8,13 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from sparklab.cli.args import build_parser, k_values
+from sparklab.cli.args import k_values
+from sparklab.cli.main import build_parser
+from sparklab.cli.sweep import TuneArgs
 from sparklab.engines import engine
 from sparklab.errors import RecipeError
 from sparklab.tune import search
+from sparklab.tune.driver import request_for
 from sparklab.tune.search import CellObs, Done, Measure, Settings, Space
 
 KS = (1, 2, 3, 4, 5, 6)
@@ -296,21 +299,17 @@ def test_k_ranges_parse_and_bad_ones_are_usage_errors() -> None:
 
 
 def test_tune_on_a_recipe_needs_methods_and_concurrency() -> None:
-    from sparklab.tune.driver import request_from_args
-
     args = build_parser().parse_args(["tune", "cpu", "--k", "1-3"])
     with pytest.raises(RecipeError, match="--methods and --concurrency"):
-        request_from_args(args)
+        request_for(TuneArgs.from_cli_args(args).choices)
     args = build_parser().parse_args(["tune", "cpu-demo", "--repeats", "3", "--max-repeats", "2"])
     with pytest.raises(RecipeError, match="--max-repeats 2 is below --repeats 3"):
-        request_from_args(args)
+        request_for(TuneArgs.from_cli_args(args).choices)
 
 
 def test_tune_on_a_sweep_file_takes_its_space_and_lays_flags_over_it() -> None:
-    from sparklab.tune.driver import request_from_args
-
     args = build_parser().parse_args(["tune", "cpu-demo", "--k", "1-2", "--repeats", "2", "--max-repeats", "2"])
-    request = request_from_args(args)
+    request = request_for(TuneArgs.from_cli_args(args).choices)
     assert request.space["methods"] == ["none", "ngram", "draft_model"]
     assert request.space["num_speculative_tokens"] == [1, 2] and request.space["concurrency"] == [1, 4]
     assert request.settings == Settings(2, 2, 0.15, None)

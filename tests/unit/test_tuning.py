@@ -112,11 +112,12 @@ def test_the_report_and_the_closing_lines_show_picks_predictions_and_up_commands
 
 
 def test_request_from_a_recipe_builds_the_space_from_flags() -> None:
-    from sparklab.cli.args import build_parser
+    from sparklab.cli.main import build_parser
+    from sparklab.cli.sweep import TuneArgs
 
     args = build_parser().parse_args(["tune", "cpu", "--methods", "none", "ngram", "--k", "1-4",
                                       "--concurrency", "1", "8", "--ttft-max", "500", "--objective", "decode"])
-    request = driver.request_from_args(args)
+    request = driver.request_for(TuneArgs.from_cli_args(args).choices)
     assert request.space["recipe"] == "cpu" and request.space["num_speculative_tokens"] == [1, 2, 3, 4]
     assert request.settings == search.Settings(2, 4, 0.15, 500.0) and request.objective == "decode"
 

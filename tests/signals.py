@@ -1,0 +1,43 @@
+"""The Ctrl-C state a test needs, set by the test itself rather than inherited from whoever started the run.
+
+A background job of a script (`nohup bash scripts/test.sh &`, a CI runner's shell) starts with SIGINT ignored,
+and Python keeps an ignored SIGINT ignored: a test that sends itself Ctrl-C would see nothing, and every CLI
+it starts would inherit the ignored signal and shrug off the Ctrl-C the test sends it. tests/conftest.py puts
+every test in `ctrl_c_raises()`; the CLI helpers (tests/dockerkit.py, tests/process/conftest.py) start their
+processes inside it too, so a process started by a module- or session-scoped fixture gets the same state.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from types import FrameType
+
+Handler = Callable[[int, FrameType | None], object] | int | signal.Handlers | None
+
+
+@contextmanager
+def _sigint(handler: Handler) -> Iterator[None]:
+    if threading.current_thread() is not threading.main_thread():  # only the main thread may set handlers
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def ctrl_c_raises() -> AbstractContextManager[None]:
+    """Inside the block Ctrl-C raises KeyboardInterrupt, as in a terminal. A process started inside it gets
+    SIGINT's default action: exec() resets a caught signal to SIG_DFL (POSIX execve), while an ignored one
+    would stay ignored; a Python child then turns it into KeyboardInterrupt."""
+    return _sigint(signal.default_int_handler)
+
+
+def ctrl_c_ignored() -> AbstractContextManager[None]:
+    """Inside the block SIGINT is ignored, and so it is in a process started there: how a script's background
+    job starts (for a test of sparklab run that way)."""
+    return _sigint(signal.SIG_IGN)
