@@ -80,6 +80,7 @@ def free_port() -> int:
 # and cleans up only its own orphans, so a test never touches a container a night (or another user) started.
 SESSION = f"tests-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
 OURS = {"label": ["sparklab", f"sparklab.session={SESSION}"]}  # docker-py ANDs a list of label filters
+OUR_PROBES = {"label": ["sparklab.mode=probe", f"sparklab.session={SESSION}"]}  # the image parser's throwaways
 
 
 def sparklab_containers(client) -> set[str]:

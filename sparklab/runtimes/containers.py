@@ -41,7 +41,7 @@ from sparklab.runtimes.base import (
     user_name,
 )
 from sparklab.runtimes.owners import owner_alive, owner_token
-from sparklab.spec import API_KEY_PLACEHOLDER, LaunchSpec, in_session, is_secret_name
+from sparklab.spec import API_KEY_PLACEHOLDER, SESSION_LABEL, LaunchSpec, in_session, is_secret_name, session
 
 log = logging.getLogger(__name__)
 
@@ -252,7 +252,8 @@ class Docker:
         no network, no GPU, no mounts, at most timeout_s, always removed. It carries sparklab's labels and owner, so
         one a crash leaves behind is removed by the next start or `sparklab gc`."""
         labels = {LABEL: "1", "sparklab.mode": "probe", OWNER: owner_token(), DETACHED: "0",
-                  USER_ID: str(os.getuid()), USER_NAME: user_name()}
+                  USER_ID: str(os.getuid()), USER_NAME: user_name(),
+                  **({SESSION_LABEL: current} if (current := session()) else {})}  # a session's gc takes its own
         started = time.monotonic()
         container: Container | None = None
         try:

@@ -7,7 +7,10 @@ import pytest
 
 from sparklab.recipes.render import render
 from sparklab.recipes.schema import load_recipe, recipes_dir
+from sparklab.runtimes.containers import Docker
 from sparklab.spec import SESSION_LABEL, in_session
+
+_REAL_PROBE = Docker.probe  # taken before the unit tier's guard replaces it (tests/unit/conftest.py)
 
 
 def test_a_session_labels_every_server_it_renders(monkeypatch) -> None:
@@ -29,3 +32,38 @@ def test_a_session_cleans_up_its_own_servers_only(monkeypatch, session: str | No
     else:
         monkeypatch.setenv("SPARKLAB_SESSION", session)
     assert in_session(labels) is ours
+
+
+def test_a_sessions_parser_probe_container_carries_the_session(monkeypatch) -> None:
+    """The image's parser runs in a throwaway container at preflight: a crash leaves it behind, and a session's
+    cleanup (and the tests' leftover check) sees only its own session's containers; an unlabelled probe was
+    nobody's to remove."""
+    from sparklab.engines.parsers import Probe
+
+    created: list[dict[str, str]] = []
+
+    class Container:
+        def start(self) -> None:
+            pass
+
+        def wait(self, timeout: float) -> dict[str, int]:
+            return {"StatusCode": 0}
+
+        def logs(self, stdout: bool, stderr: bool) -> bytes:
+            return b""
+
+        def remove(self, force: bool = False) -> None:
+            pass
+
+    class Containers:
+        def create(self, image: str, **kwargs: object) -> Container:
+            created.append(dict(kwargs["labels"]))  # type: ignore[call-overload]
+            return Container()
+
+    client = type("Client", (), {"containers": Containers()})()
+    monkeypatch.setenv("SPARKLAB_SESSION", "night-3")
+    _REAL_PROBE(Docker(client), "img", Probe("vllm", ("--help",)), timeout_s=5)  # type: ignore[arg-type]
+    monkeypatch.delenv("SPARKLAB_SESSION")
+    _REAL_PROBE(Docker(client), "img", Probe("vllm", ("--help",)), timeout_s=5)  # type: ignore[arg-type]
+    assert created[0][SESSION_LABEL] == "night-3" and created[0]["sparklab.mode"] == "probe"
+    assert SESSION_LABEL not in created[1]
