@@ -48,7 +48,7 @@ DRAFTING = "(SELECT id FROM server_configs WHERE method != 'none' ORDER BY seq L
 LONG = "m" * 5000
 
 # Each variant: how the base run's file is changed. The base is a real CPU-engine run (tests/fixtures/report),
-# migrated to schema 4, with one stored answer in `outputs`.
+# migrated to the current schema, with one stored answer in `outputs`.
 CORPUS: dict[str, Mutation] = {
     "meta sweep bad JSON": _sql("UPDATE meta SET value = '{not json' WHERE key = 'sweep'"),
     "meta sweep missing": _sql("DELETE FROM meta WHERE key = 'sweep'"),
@@ -84,6 +84,12 @@ CORPUS: dict[str, Mutation] = {
     "host table missing": _sql("DROP TABLE host"),
     "v4 without outputs": _sql("DROP TABLE outputs"),
     "cells without summary column": _sql("ALTER TABLE cells DROP COLUMN summary_json"),
+    # schema 5 (issue 24): the image's own parser verdict per server
+    "image check bad JSON": _sql(f"UPDATE server_configs SET image_check_json = '{{bad' "
+                                 f"WHERE id = {_first('server_configs')}"),
+    "image check a number": _sql("UPDATE server_configs SET image_check_json = '5'"),
+    "image check wrong shape": _sql("UPDATE server_configs SET image_check_json = "
+                                    "'{\"verdict\": 5, \"engine_version\": {\"x\": 1}, \"messages\": 7}'"),
     "5000-character method": _sql(f"UPDATE server_configs SET method = '{LONG}' WHERE id = {DRAFTING}"),
     "5000-character engine": _sql(f"UPDATE server_configs SET engine = '{'e' * 5000}'"),
     "5000-character workload": _sql(f"UPDATE cells SET workload = '{'w' * 5000}'"),
@@ -99,7 +105,7 @@ CORPUS: dict[str, Mutation] = {
 
 def _base(tmp_path: Path) -> Path:
     path = cpu_run(tmp_path / "runs")
-    Store.open(path).close()  # migrated to schema 4 (outputs, image digests, hosts), as a resumed run would be
+    Store.open(path).close()  # migrated to the current schema (outputs, digests, hosts, image checks), as on resume
     conn = sqlite3.connect(path)
     try:
         cell = conn.execute("SELECT id FROM cells ORDER BY seq LIMIT 1").fetchone()[0]
