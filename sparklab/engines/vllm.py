@@ -13,20 +13,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from sparklab.engines import parsers, scrape
-from sparklab.engines.base import (
-    Acceptance,
-    Engine,
-    FatalLine,
-    Finding,
-    KnownFailure,
-    RecipeView,
-    as_int,
-    check_k,
-    flag_value,
-    json_or_text,
-    norm_flag,
-    where,
-)
+from sparklab.engines.argv import as_int, flag_value, json_or_text, norm_flag
+from sparklab.engines.base import Acceptance, Engine, FatalLine, Finding, KnownFailure, RecipeView, check_k, where
 from sparklab.engines.counters import spec_delta
 from sparklab.engines.knowledge import Fact, Knowledge
 from sparklab.engines.scrape import StartupFacts, parse_metrics, to_int
