@@ -68,6 +68,7 @@ def lone_surrogate(text: str) -> int | None:
     return None
 
 
+# Any: a parsed YAML or JSON document, whatever its shape (walked, never trusted)
 def check_text(value: Any, where: str, key: str = "") -> None:
     """Every string in a parsed document (keys too) can be sent as UTF-8; else a RecipeError naming the key."""
     if isinstance(value, str):

@@ -36,6 +36,7 @@ def flag_value(argv: Sequence[str], flag: str) -> str | None:
     return values[-1] if values else None
 
 
+# Any: whatever JSON an engine printed, else its text
 def json_or_text(value: str) -> Any:
     try:
         return json.loads(value)
@@ -43,6 +44,7 @@ def json_or_text(value: str) -> Any:
         return value
 
 
+# Any: a value from an engine's JSON or text, of whatever type it came
 def as_int(value: Any) -> int | None:
     if isinstance(value, bool):
         return None
@@ -54,6 +56,7 @@ def as_int(value: Any) -> int | None:
         return None
 
 
+# Any: a value from an engine's JSON or text, of whatever type it came
 def as_float(value: Any) -> float | None:
     if isinstance(value, bool) or value is None:
         return None

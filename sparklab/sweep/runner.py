@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import platform
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -71,6 +72,7 @@ class Outcome:
         return not self.interrupted and self.counts.get("failed", 0) == 0 and self.counts.get("pending", 0) == 0
 
 
+# Any: a JSON document, stored with the run as it is
 def host_facts() -> dict[str, Any]:
     available, total = preflight.mem_available_gib()
     return {"hostname": platform.node(), "machine": platform.machine(), "python": platform.python_version(),
@@ -201,6 +203,7 @@ def _sweep_locked(request: Request, name: str, say: Say, runtime: HostRuntime | 
     hosts = _hosts(request, plan)
     rundir.make(run_dir)
     with rundir.RunLock(run_dir), rundir.fault_log(run_dir):
+        say = _logged(say, run_dir / rundir.LOG_NAME)
         rundir.check_free_space(run_dir, request.options.min_free_mib)
         if runtime is None and (hosts is None or any(h.local for h in hosts)):
             runtime = LocalRuntime()
@@ -218,8 +221,9 @@ def _sweep_locked(request: Request, name: str, say: Say, runtime: HostRuntime | 
             say(f"run {run_dir} ({'continued' if exists else 'new'}; {added} new cell(s)): {store.counts()}")
             try:
                 counts = run(plan, store, runtime, run_dir, request.options, say, hosts)
-            except KeyboardInterrupt:
+            except KeyboardInterrupt:  # Ctrl-C, SIGTERM, or a hangup whose terminal is gone: the log says it
                 store.reset_interrupted(plan.sweep.max_attempts)
+                _log_line(run_dir / rundir.LOG_NAME, f"interrupted; the servers are down, {store.counts()}")
                 return Outcome(run_dir, store.counts(), interrupted=True)
             except DiskFullError as exc:
                 with contextlib.suppress(SparklabError):
@@ -230,6 +234,28 @@ def _sweep_locked(request: Request, name: str, say: Say, runtime: HostRuntime | 
     return Outcome(run_dir, counts)
 
 
+def _logged(say: Say, path: Path) -> Say:
+    """say, and the same line in the run's log: a console that goes away (a closed terminal or pipe) loses none of
+    the run's events, and the log has them beside the faults' tracebacks."""
+    lock = threading.Lock()
+
+    def both(message: str) -> None:
+        with lock:
+            _log_line(path, message)
+        say(message)
+
+    return both
+
+
+def _log_line(path: Path, message: str) -> None:
+    try:
+        with path.open("a", encoding="utf-8") as log_file:
+            log_file.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {message}\n")
+    except OSError as exc:  # the run's disk: its own check stops the sweep before the next server
+        log.debug("run log %s: %s", path, exc)
+
+
+# Any: JSON stored with the run, which a resumed run must still match
 def fingerprint(plan: Plan) -> dict[str, Any]:
     return provenance.fingerprint(recipe_file(plan.sweep, Path(plan.source)), plan.sweep.sampling.model_dump())
 
