@@ -34,7 +34,7 @@ from typing import Any
 from sparklab.bench import suites
 from sparklab.bench.prompts import Prompt, Workload, approx_tokens
 from sparklab.errors import RecipeError
-from sparklab.inputs import read_utf8
+from sparklab.inputs import MAX_PROMPTS_BYTES, SURROGATE_HINT, lone_surrogate, read_utf8
 
 SEED_PROMPTS = (
     "Write a Python function that parses an nginx access log file and returns the top 10 IP addresses by "
@@ -242,7 +242,7 @@ def _humaneval() -> Workload:
 def load_jsonl(path: Path) -> Workload:
     """The prompts of a JSONL file; every problem is a RecipeError naming the file and line."""
     try:
-        text = read_utf8(path, allow_bom=True)
+        text = read_utf8(path, allow_bom=True, limit=MAX_PROMPTS_BYTES)
     except FileNotFoundError:
         raise RecipeError(f"{path}: no such prompts file", hint=_JSONL_HINT) from None
     except OSError as exc:
@@ -321,6 +321,10 @@ def _text(value: Any, where: str, what: str) -> str:
     if not isinstance(value, str) or not value.strip():
         got = "an empty string" if isinstance(value, str) else _json_type(value)
         raise RecipeError(f"{where}: {what} must be a non-empty string, got {got}", hint=_JSONL_HINT)
+    at = lone_surrogate(value)
+    if at is not None:  # json.loads accepts "\ud800"; the request body cannot carry it
+        raise RecipeError(f"{where}: {what} holds a lone surrogate \\u{ord(value[at]):04x} at character {at}",
+                          hint=SURROGATE_HINT)
     return value
 
 

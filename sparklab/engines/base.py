@@ -117,6 +117,8 @@ class Engine:
     failures: tuple[KnownFailure, ...] = ()
     fatal_lines: tuple[FatalLine, ...] = ()  # taken from the engine's source; each cites its file and line
     reads_log_acceptance: bool = False  # acceptance must be read from the log of the window
+    # why a drafting run of this engine may have no acceptance at all (the report says it; "": none known)
+    no_acceptance_reason: str = ""
     # False: the server closes its connection after every streamed response whatever its headers say, so the
     # client opens one per request instead of sending the next request into a closing socket and resending it.
     keeps_streamed_connections: bool = True

@@ -83,6 +83,17 @@ def _later(callback: Callable[[], None], after_s: float) -> None:
     timer.start()
 
 
+_TAIL_HEADER = re.compile(r"\s*Last \d+ log lines:\s*$")
+
+
+def headline(message: str, tail: str | None = None) -> str:
+    """A failure as one console line: its first line without a dangling "Last N log lines:" (the tail follows it
+    only in the full message), ending with the engine's last log line instead."""
+    first = _TAIL_HEADER.sub("", (message.strip().splitlines() or [""])[0]).rstrip()
+    last = next((line.strip() for line in reversed((tail or "").splitlines()) if line.strip()), "")
+    return f"{first} Last log line: {last}" if last and last not in first else first
+
+
 def indent(text: str) -> str:
     return "\n".join("    " + line for line in text.rstrip().splitlines())
 

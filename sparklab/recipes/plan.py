@@ -26,6 +26,7 @@ from sparklab.recipes.multinode import ClusterSpec
 from sparklab.recipes.render import LaunchOptions, render
 from sparklab.recipes.schema import (
     MAX_REPEATS,
+    MAX_TEMPERATURE,
     MAX_WARMUP,
     ONE_VALUE,
     VALUES,
@@ -48,8 +49,8 @@ from sparklab.spec import LaunchSpec
 _SAMPLING = Sampling()  # the one place sampling defaults are written (sparklab.records.Sampling)
 
 
-Temperature = Annotated[float, Field(ge=0, le=100, allow_inf_nan=False)]
-TopP = Annotated[float, Field(gt=0, le=1)]
+Temperature = Annotated[float, Field(ge=0, le=MAX_TEMPERATURE, allow_inf_nan=False)]
+TopP = Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)]
 AXES = ("temperature", "top_p", "max_tokens")  # sampling keys that may list values: load axes, like concurrency
 MaxTokensAxis = Annotated[Annotated[TokenCount, Tag(ONE_VALUE)] | Annotated[list[TokenCount], Tag(VALUES)],
                           Discriminator(one_or_list)]
@@ -138,7 +139,8 @@ class Override(Strict):
 
 
 class SweepFile(Strict):
-    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
+    # a path component of every run (runs/tune-<name>-<id>/): short enough for any filesystem's 255 bytes
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$", max_length=100)
     description: str = ""
     recipe: str
     engines: list[str] | None = None
@@ -199,6 +201,19 @@ class SweepFile(Strict):
         """`- ssh://me@spark-2` is short for `- {docker: ssh://me@spark-2}`."""
         return [{"docker": v} if isinstance(v, str) else v for v in value] if isinstance(value, list) else value
 
+
+    @field_validator("engines", "methods", "num_speculative_tokens", "concurrency", "workloads")
+    @classmethod
+    def _each_once(cls, value: list[Any] | None) -> list[Any] | None:
+        """A value listed twice planned its cells twice (`concurrency: [1, 1, 2, 1]` ran C=1 six times, past
+        max_attempts). Refused, not deduplicated: it is a typo more often than a wish, and more runs of a load
+        is what `repeats:` says."""
+        for item in value or ():
+            times = value.count(item) if value else 0
+            if times > 1:
+                raise ValueError(f"{item!r} is listed {times} times; list each value once (`repeats: N` runs "
+                                 "each load N times)")
+        return value
 
     @field_validator("repeats", mode="before")
     @classmethod

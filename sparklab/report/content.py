@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from sparklab import engines
 from sparklab.bench.metrics import CONFIDENCE, IDENTICAL, IDENTICAL_SHORT, SPREAD_WARN, Ratio
 from sparklab.report import latency, losses, provenance, verdicts
 from sparklab.report.checks import run_checks
@@ -71,8 +72,13 @@ def _k(server: Server) -> str:
 def _overview(report: Report) -> Section:
     sweep, meta, host, counts = report.sweep, report.meta, report.host, report.counts
     engines = sorted({f"{s.engine} {s.engine_version}" for s in report.servers if s.engine_version})
-    digests = sorted({f"`{s.image}` {s.image_digest}" for s in report.servers if s.image_digest}) or sorted(
-        {f"`{s.image}` (no server started)" for s in report.servers})
+
+    def identity(s: Server) -> str:
+        started = s.ready_s is not None or bool(s.startup)
+        return f"`{s.image}` " + (s.image_digest or ("(no digest recorded)" if started else "(never started)"))
+
+    images = sorted({identity(s) for s in report.servers if not s.is_process})
+    programs = sorted({identity(s) for s in report.servers if s.is_process})
     items = [
         f"run `{report.run_id}` of sweep `{sweep.get('name', '?')}` (recipe `{sweep.get('recipe', '?')}`), "
         f"created {meta.get('created_at', '?')} by sparklab {meta.get('sparklab_version', '?')}",
@@ -86,7 +92,10 @@ def _overview(report: Report) -> Section:
         items.append("platform: " + platform_line(platform))
     if engines:
         items.append("engine versions (GET /version): " + ", ".join(engines))
-    items.append("images: " + "; ".join(digests))
+    if images:
+        items.append("images: " + "; ".join(images))
+    if programs:
+        items.append("programs (host processes; the digest is the program file's sha256): " + "; ".join(programs))
     blocks: list[Block] = []
     if sweep.get("description"):
         blocks.append(Para(str(sweep["description"])))
@@ -112,8 +121,7 @@ def _method(report: Report) -> Section:
         "median request's first token - start, averaged over repeats.",
         "acceptance length (1 + accepted / drafts) and rate (accepted / draft tokens): the server's own figures "
         "over each window, not client guesses; here from " + ("; ".join(accept) if accept else (
-            "nowhere: no engine of this run reports it (TensorRT Edge-LLM has no such counter)"
-            if any(not g.is_baseline for g in report.groups) else "no drafting")) + ".",
+            _no_acceptance(report) if any(not g.is_baseline for g in report.groups) else "no drafting")) + ".",
         f"repeats: `a ± b` is the mean over repeats and the half-width of its {pct} Student-t interval; a "
         f"single run has no interval; `({IDENTICAL_SHORT})` marks repeats that all gave one value (the interval "
         f"is not measured: a spread of zero is not certainty). `(spread)` marks a coefficient of variation over "
@@ -122,6 +130,17 @@ def _method(report: Report) -> Section:
         f"is its {pct} interval (delta method on the log ratio, Welch degrees of freedom); `n.s.` = the "
         "interval includes 100%, not a significant difference.",
     ))])
+
+
+def _no_acceptance(report: Report) -> str:
+    """Which engines drafted and reported no acceptance, and why when its adapter knows."""
+    reasons = []
+    silent = {g.server.id: g.server for g in report.groups if not g.is_baseline and not g.acceptance_sources}
+    for server in silent.values():
+        adapter = engines.ENGINES.get(server.kind or "")
+        reason = adapter.no_acceptance_reason if adapter is not None else ""
+        reasons.append(f"{server.engine}: {reason or 'it reported none in this run'}")
+    return f"nowhere: no engine of this run reports it ({'; '.join(dict.fromkeys(reasons))})"
 
 
 def _seed_tables(report: Report) -> list[Section]:

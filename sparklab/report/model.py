@@ -108,6 +108,13 @@ class Server:
     def lossy_settings(self) -> list[str]:
         """Settings of its serve command that make drafting lossy by design (the engine adapter says which)."""
         return engines.ENGINES[self.kind].lossy_settings(self.argv) if self.kind in engines.ENGINES else []
+    runtime: str | None = None  # "container" or "process"; None in runs that did not store it
+
+    @property
+    def is_process(self) -> bool:
+        """A host-process engine: its image is the program it runs (older runs: a path is a program, never an
+        image reference)."""
+        return self.runtime == "process" or (self.runtime is None and self.image.startswith("/"))
 
     @property
     def streams_one_chunk_per_step(self) -> bool:
@@ -306,7 +313,7 @@ def _servers(store: Store, overrides: Overrides, notes: list[str]) -> list[Serve
                               tuple(config.get("overrides", ())), tuple(config.get("serve_args", ())), row.image,
                               row.image_digest, row.engine_version, row.ready_s, row.startup_facts or {}, model,
                               device, kind, row.image_check, synthetic, tuple(str(a) for a in row.argv or ()),
-                              row.downloads, row.started_at))
+                              row.downloads, row.started_at, config.get("runtime")))
     return servers
 
 

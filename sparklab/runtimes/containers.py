@@ -49,7 +49,7 @@ from sparklab.runtimes.base import (
     user_name,
 )
 from sparklab.runtimes.owners import owner_alive, owner_token
-from sparklab.spec import API_KEY_PLACEHOLDER, LaunchSpec, is_secret_name
+from sparklab.spec import API_KEY_PLACEHOLDER, SESSION_LABEL, LaunchSpec, in_session, is_secret_name, session
 
 log = logging.getLogger(__name__)
 
@@ -272,7 +272,8 @@ class Docker:
         no network, no GPU, no mounts, at most timeout_s, always removed. It carries sparklab's labels and owner, so
         one a crash leaves behind is removed by the next start or `sparklab gc`."""
         labels = {LABEL: "1", "sparklab.mode": "probe", OWNER: owner_token(), DETACHED: "0",
-                  USER_ID: str(os.getuid()), USER_NAME: user_name()}
+                  USER_ID: str(os.getuid()), USER_NAME: user_name(),
+                  **({SESSION_LABEL: current} if (current := session()) else {})}  # a session's gc takes its own
         started = time.monotonic()
         container: Container | None = None
         try:
@@ -443,7 +444,7 @@ class Docker:
     def orphans(self) -> list[ServerInfo]:
         """Containers left behind by a sparklab process that no longer runs (never detached ones)."""
         return [c for c in self.containers()
-                if not c.detached and not owner_alive(c.labels.get(OWNER, ""))]
+                if not c.detached and not owner_alive(c.labels.get(OWNER, "")) and in_session(c.labels)]
 
     def gc(self) -> list[ServerInfo]:
         removed = []

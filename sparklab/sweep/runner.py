@@ -93,7 +93,7 @@ def timing_model(plan: Plan, history: list[Path]) -> TimingModel:
     ready, tps, by_server = [], [], {}
     for path in history:
         try:
-            with Store.open(path) as old:
+            with Store.open(path, readonly=True) as old:  # another run's file: read, never migrated
                 configs = [s for s in old.server_configs() if s.config.get("recipe") == recipe.name]
                 ready += [s.ready_s for s in configs if s.ready_s and not engine(s.config.get("kind", "")
                                                                                 ).builds_on_first_start]
@@ -122,6 +122,7 @@ def register(plan: Plan, store: Store, only: Callable[[ServerConfig, Cell], bool
         store.add_server_config(server.id, engine=server.engine, method=server.method, k=server.num_speculative_tokens,
                                 config={"recipe": server.recipe.name, "overrides": list(server.overrides),
                                         "serve_args": list(server.serve_args), "kind": server.spec.kind,
+                                        "runtime": server.spec.runtime,
                                         "label": server.label, **stored_facts(server.recipe, devices, server.engine)},
                                 argv=argv, image=server.spec.image)
     settings = {"warmup": plan.sweep.warmup, "stream": plan.sweep.stream, "duration_s": plan.sweep.duration_s}
@@ -157,7 +158,7 @@ def run(plan: Plan, store: Store, runtime: HostRuntime | None, run_dir: Path, op
         members = [fleet.this_machine(runtime or LocalRuntime(), options.pull_policy)]
     for member in members:
         for info in member.runtime.gc():
-            member.tell(say)(f"removed leftover container {info.name} (its sparklab process is gone)")
+            member.tell(say)(f"removed leftover {info.noun} {info.name} (its sparklab process is gone)")
     if len(members) == 1 and members[0].alone:  # several hosts: each start checks on the host that runs it
         parsecheck.check_pending(plan, store, members[0].runtime, options.pull_policy, say)
     baseline, _ = preflight.mem_available_gib()
@@ -193,8 +194,10 @@ def _score_the_rest(plan: Plan, store: Store, member: fleet.Member, run_dir: Pat
 def dry_run(request: Request) -> tuple[Plan, float, TimingModel, list[Host] | None]:
     """The plan, its ETA, the timing model behind it and the Docker hosts: the same code path as a run, up to
     the first start (the ETA is one host's: several hosts share the servers out)."""
-    run_dir, _ = rundir.resolve(request.runs_dir, load_sweep(request.file).name, request.resume, request.new)
+    run_dir, exists = rundir.resolve(request.runs_dir, load_sweep(request.file).name, request.resume, request.new)
     plan = build_plan(request.file, run_id=run_dir.name, ulimits=request.ulimits)
+    if exists:
+        provenance.check_owner(run_dir / "results.sqlite", plan.sweep.name, request.file)
     hosts = _hosts(request, plan)
     model = timing_model(plan, sorted(request.runs_dir.glob("*/results.sqlite")))
     return plan, estimate_seconds(plan, model), model, hosts
@@ -206,11 +209,18 @@ def sweep(request: Request, say: Say, runtime: HostRuntime | None = None) -> Out
     Ctrl-C and SIGTERM (as KeyboardInterrupt) tear the current server down and return an interrupted outcome
     that can be resumed; the cell in flight goes back to pending.
     """
-    run_dir, exists = rundir.resolve(request.runs_dir, load_sweep(request.file).name, request.resume,
-                                     request.new)
+    name = load_sweep(request.file).name
+    with rundir.SweepLock(request.runs_dir, name):  # before a run is chosen or made: one process per sweep
+        return _sweep_locked(request, name, say, runtime)
+
+
+def _sweep_locked(request: Request, name: str, say: Say, runtime: HostRuntime | None) -> Outcome:
+    run_dir, exists = rundir.resolve(request.runs_dir, name, request.resume, request.new)
     plan = build_plan(request.file, run_id=run_dir.name, ulimits=request.ulimits)
+    if exists:  # before the file is opened for writing (which would migrate it)
+        provenance.check_owner(run_dir / "results.sqlite", plan.sweep.name, request.file)
     hosts = _hosts(request, plan)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    rundir.make(run_dir)
     with rundir.RunLock(run_dir), rundir.fault_log(run_dir):
         say = _logged(say, run_dir / rundir.LOG_NAME)
         rundir.check_free_space(run_dir, request.options.min_free_mib)
@@ -280,6 +290,13 @@ def _check_drift(plan: Plan, store: Store, exists: bool, allow: bool, say: Say) 
     """Before anything is added to a resumed run: the recipe and sampling its cells measured, unchanged."""
     current = fingerprint(plan)
     changes = provenance.drift(provenance.from_meta(store.meta()), current) if exists else []
+    counts = store.counts()
+    tried = exists and (bool(store.failures()) or any(c.attempts for c in store.cells()))
+    if changes and tried and not counts["done"] + counts["partial"]:  # its attempts measured nothing: a fix
+        say(f"{'; '.join(changes)} since the run's last attempt; no cell had finished, so the run goes on with "
+            "the new setup")
+        store.set_meta(provenance.META_KEY, current)
+        return
     if changes and not allow:
         raise provenance.refuse(store.path.parent.name, changes)
     if changes:

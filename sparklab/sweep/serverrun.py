@@ -22,7 +22,7 @@ from sparklab.bench.metrics import IDENTICAL
 from sparklab.bench.workloads import load_workload
 from sparklab.engines import engine
 from sparklab.engines.api import EngineAPI
-from sparklab.engines.logwatch import CAUSE_LINES, fatal_error
+from sparklab.engines.logwatch import CAUSE_LINES, fatal_error, headline
 from sparklab.engines.scrape import exit_code_meaning
 from sparklab.errors import DiskFullError, MemoryFloorError, NotReadyError, PreflightError, ServerError, SparklabError
 from sparklab.host import memory, preflight, watchdog
@@ -176,7 +176,7 @@ def _run_server(run: ServerRun) -> None:
                                  exit_code=code, log_tail=getattr(exc, "log_tail", None),
                                  max_attempts=run.max_attempts)
         cause = f" — {why.strip().splitlines()[0]}" if why else ""
-        say(f"server {server.label}: failed ({kind}): {exc.message.splitlines()[0]}{cause}")
+        say(f"server {server.label}: failed ({kind}): {headline(exc.message, getattr(exc, 'log_tail', None))}{cause}")
         return
     api = EngineAPI(spec.endpoint, ready.api_key)
     facts = {**ready.facts.as_dict(), **engine(spec.kind).served_facts(api)}
@@ -220,21 +220,27 @@ def _run_cells(run: ServerRun, ready: launch.Ready) -> bool:
     """The server's cells in order, while it serves; a server that ends fails the cells it did not reach (False)."""
     server, cells = run.server, run.cells
     for i, cell in enumerate(cells):
+        # A failure below charges these cells this server start's attempt; a fault after it (removing a container
+        # the restarting daemon has lost) must not charge them a second one: they count as attempted.
+        rest = [c.id for c in cells[i:]]
         if _engine_died(ready):
-            _fail_fatal(run, ready, [c.id for c in cells[i:]])
+            run.attempted.update(rest)
+            _fail_fatal(run, ready, rest)
             return False
         running, code = ready.server.state()
         if not running and run.watch is not None and run.watch.tripped:
-            _fail_at_floor(run, [c.id for c in cells[i:]])
+            run.attempted.update(rest)
+            _fail_at_floor(run, rest)
             return False
         if not running:
             tail = ready.server.log_tail(50)
             oom = ready.server.oom_killed()
             meaning = exit_code_meaning(code, oom, tail) + watchdog.kill_evidence(code, tail, oom)
+            run.attempted.update(rest)
             run.store.fail_server_config(server.id, _exit_kind(code, oom),
                                          f"the server exited with code {code}{meaning} during the sweep",
                                          exit_code=code, log_tail=tail, max_attempts=run.max_attempts,
-                                         cell_ids=[c.id for c in cells[i:]])
+                                         cell_ids=rest)
             run.say(f"server {server.label}: exited with code {code}; its remaining cells failed")
             return False
         if _measured_enough(run.plan, run.store, server, cell, run.say):
@@ -243,7 +249,8 @@ def _run_cells(run: ServerRun, ready: launch.Ready) -> bool:
         try:
             _run_cell(run, ready, cell)
         except MemoryFloorError:
-            _fail_at_floor(run, [c.id for c in cells[i:]])
+            run.attempted.update(rest)
+            _fail_at_floor(run, rest)
             return False
     if _engine_died(ready):  # during the last cell
         _fail_fatal(run, ready, [])

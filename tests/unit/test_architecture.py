@@ -40,7 +40,7 @@ def test_the_parser_probes_are_run_in_images_never_imported() -> None:
     ("requests", {"engines/api.py", "runtimes/containers.py"}),  # engine HTTP; docker-py's own transport errors
     ("sparklab.bench.sse", {"bench/client.py", "bench/sse_pool.py"}),  # the parser; the pool holds its connections
     ("sparklab.bench.sse_pool", {"bench/client.py"}),
-    ("jinja2", {"recipes/render.py", "report/document.py"}),  # recipes' templates; the report's HTML page
+    ("jinja2", {"recipes/sandbox.py", "report/document.py"}),  # recipes' templates; the report's HTML page
     # the consoles, the error boundary, the renderables and progress bars; up's warnings, bench's request bar
     ("rich", {"cli/terminal.py", "cli/main.py", "cli/console.py", "cli/progress.py", "cli/up.py",
               "cli/bench.py"}),
