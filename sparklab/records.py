@@ -205,3 +205,5 @@ class BenchResult(TypedDict, total=False):
     memory: dict[str, Any]  # host memory over the window (host.watchdog.MemoryStats.as_dict)
     gpu_clocks: dict[str, Any]  # the GPU's clocks under load, where nvidia-smi answers (host.clocks)
     outputs: list[dict[str, Any]]  # each request's answer, bounded (sparklab.outputs.kept); a sweep stores them apart
+    server_load: dict[str, Any]  # a sweep's: which start of its server the cell ran on ({"id": ...}, bench.noise)
+    host_load: dict[str, Any]  # a sweep's: the bench machine's load average at the cell's start and end

@@ -284,6 +284,12 @@ class Engine:
         """Why k_schedule_args gives nothing at this version ("" when it gives the arguments)."""
         return f"sparklab knows no per-batch-size K setting of {self.kind}"
 
+    def synthetic_acceptance(self, argv: Sequence[str]) -> tuple[float, ...] | None:
+        """The per-position acceptance a server was told to fake instead of verifying its drafts (synthetic
+        rejection sampling: a benchmark of the engine's step cost, not a drafter), () when it fakes one sparklab
+        cannot read; None for a server that verifies its drafts."""
+        return None
+
     # -- its own parser, its version, and which versions this adapter's knowledge was read from ----------------
     knowledge: Knowledge = Knowledge(())
     name: str = ""  # the engine's name without a version: "vLLM"

@@ -96,6 +96,15 @@ class ModelFacts(Strict):
     total_params_b: float | None = Field(default=None, gt=0)
     active_params_b: float | None = Field(default=None, gt=0, description="parameters read per decode step")
     weight_bits: float | None = Field(default=None, gt=0, description="stored width of those weights")
+    weight_format: Literal["nvfp4", "mxfp4", "fp8", "bf16", "fp16", "fp32"] | None = Field(
+        default=None, description="the weights' format, counted at its real bits with its block scales (NVFP4: 4.5) "
+                                  "when weight_bits is not given")
+    # A mixture-of-experts target, from its config.json: a verify step through T tokens reads, per MoE layer, the
+    # union of the experts they route to, experts x (1 - (1 - experts_per_token / experts)^T) (report roofline).
+    moe_layers: int | None = Field(default=None, ge=1)
+    experts: int | None = Field(default=None, ge=1, description="routed experts per MoE layer (n_routed_experts)")
+    experts_per_token: int | None = Field(default=None, ge=1, description="num_experts_per_tok")
+    expert_params_m: float | None = Field(default=None, gt=0, description="parameters of one routed expert, millions")
     layers: int | None = Field(default=None, ge=1)
     attention_layers: int | None = Field(default=None, ge=0)
     kv_bytes_per_token: float | None = Field(
@@ -109,7 +118,10 @@ class Hardware(Strict):
 
     description: str = ""
     memory_gib: float | None = Field(default=None, gt=0)
-    bandwidth_gbps: float = Field(gt=0, description="memory bandwidth, GB/s (10^9 bytes per second)")
+    bandwidth_gbps: float = Field(gt=0, description="memory bandwidth, GB/s (10^9 bytes per second), nominal")
+    usable_bandwidth_gbps: float | None = Field(
+        default=None, gt=0, description="what a saturating read reaches (the roofline uses it, the nominal beside it)")
+    usable_source: str | None = None
     arch: str | None = None
     # Unified memory as the kernel counts it (MemTotal, GiB), and what an idle host of this kind uses before
     # any server (MemTotal - MemAvailable): the model of the host where nothing can be measured (a plan made

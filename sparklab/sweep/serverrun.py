@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -34,6 +35,7 @@ from sparklab.sweep import provenance, repeats, rundir
 from sparklab.sweep.fleet import HostLost
 from sparklab.sweep.hoststore import HostStore
 from sparklab.sweep.store import Store
+from sparklab.sweep.store import utc_now as store_now
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +73,7 @@ class ServerRun:
     lost: Callable[[], bool] = lambda: False  # whether the host went away (then HostLost, not a fault)
     watch: watchdog.Sampler | None = None  # this machine's memory while the server runs
     attempted: set[str] = field(default_factory=set)  # cells this server start ran (they counted their attempt)
+    load_id: str = ""  # this start of the server ("<UTC start>#<server id>"): each of its cells keeps it
 
     @property
     def max_attempts(self) -> int:
@@ -186,6 +189,10 @@ def _run_server(run: ServerRun) -> None:
     if ready.check is not None:
         store.record_image_check(server.id, ready.check.as_dict())
     say(f"server {server.label}: ready in {ready.seconds_to_ready:.1f} s")
+    # Which start of the server each cell ran on: repeats of one load share its state (its memory layout, the
+    # machine's quiet or busy minute), so noise between loads is told apart from noise within one (bench.noise).
+    # UTC first: ids sort in the order the loads happened.
+    run.load_id = f"{store_now()}#{server.id}"
     if ready.watch is not None:  # a dead engine's API server may run on: kill it, so in-flight requests fail now
         ready.watch.on_fatal(ready.server.kill)
     with ready.server:
@@ -318,11 +325,17 @@ def _run_cell(run: ServerRun, ready: launch.Ready, cell: Cell) -> None:
     def stop() -> HostLost | None:
         return HostLost(f"the Docker host stopped answering during cell {name}") if host_gone.is_set() else None
 
+    loadavg = _loadavg()
     try:
         result = bench.run(endpoint, load_workload(cell.workload), sampling, load,
                            request_timeout_s=sweep.request_timeout_s, stall_timeout_s=sweep.stall_timeout_s,
                            alive=alive, stop=stop)
         since = result["measurement"]["window_started_at"]
+        result["server_load"] = {"id": run.load_id}
+        result["host_load"] = {
+            "loadavg_start": loadavg, "loadavg_end": _loadavg(), "cpus": os.cpu_count(),
+            "source": "os.getloadavg() (1, 5, 15 min) on the machine running the bench client, at the cell's "
+                      "start and end"}
         bench.add_log_acceptance(result, spec.kind, lambda: ready.server.log_since(since), launch.image_version(ready))
         result["engine"] = {"version": launch.image_version(ready), "served_version": ready.served_version,
                             "image_digest": ready.image.digest}
@@ -369,6 +382,13 @@ def _run_cell(run: ServerRun, ready: launch.Ready, cell: Cell) -> None:
     adapter.reset_prefix_cache(endpoint.api)
     say(f"cell {name}: {summary['aggregate_tps']:.2f} tok/s aggregate, "
         f"{summary['requests']['ok']}/{summary['requests']['measured']} ok")
+
+
+def _loadavg() -> list[float] | None:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:  # not every platform has it
+        return None
 
 
 def _engine_died(ready: launch.Ready) -> bool:
