@@ -1,6 +1,6 @@
 """The only module that talks HTTP to an engine outside the chat stream: readiness probes, /v1/models,
 /metrics, /server_info, /version, prefix-cache resets. Engine adapters say which paths mean what; this
-module only sends them (tests/unit/test_architecture.py pins `requests` here and in containers.py).
+module only sends them (tests/unit/test_architecture.py pins `requests` here and in the Docker runtime).
 
 A snapshot of the server's counters asks each path once for every adapter that reads it (`fetch`), and all the
 snapshots of one bench cell share one `Budget`, so an engine that stopped answering costs the cell seconds.

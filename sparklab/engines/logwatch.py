@@ -3,7 +3,7 @@
 An engine can die while its container runs on: vLLM's API server keeps answering /v1/models after its engine
 core failed, SGLang's HTTP server after its scheduler died. Docker then says "running" and readiness never
 comes, or chat requests hang. The engine's own log says so at once; each adapter lists the lines that mean it
-(`Engine.fatal_lines`). A `LogWatch` is fed the container's log stream (containers.Server's log thread) and
+(`Engine.fatal_lines`). A `LogWatch` is fed the container's log stream (container_server.Server's log thread) and
 remembers the first such line; readiness waits, `up` in the foreground and the sweep read it.
 """
 

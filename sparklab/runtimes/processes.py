@@ -66,7 +66,7 @@ def _terminal_signals_ignored() -> None:
 
 def start_helper(argv: list[str], env: dict[str, str], stderr: IO[bytes]) -> subprocess.Popen[bytes]:
     """A program sparklab talks to through its stdin and stdout, not an engine: the ssh that carries another Docker
-    host's API (containers.py). It stays in the terminal's session (ssh may ask there, e.g. to accept a host key)
+    host's API (docker_transport.py). It stays in the terminal's session (ssh may ask there, e.g. to accept a host key)
     but ignores its Ctrl-C and hangup, as docker-py's own shell-out ignores Ctrl-C."""
     return subprocess.Popen(argv, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr,
                             preexec_fn=_terminal_signals_ignored)

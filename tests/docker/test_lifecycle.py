@@ -118,7 +118,7 @@ def test_foreground_up_stops_on_signal_within_15_s(cli: Cli, docker_client, sig:
 _INTERRUPT_AT = """
 import os, signal, sys
 import docker.models.containers as dm
-import sparklab.runtimes.containers as sc
+import sparklab.runtimes.container_server as sc
 where = sys.argv.pop(1)
 def interrupt():
     os.kill(os.getpid(), signal.SIGINT)
