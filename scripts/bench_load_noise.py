@@ -36,7 +36,7 @@ import yaml
 from sparklab import report
 from sparklab.bench import noise
 from sparklab.recipes.schema import recipes_dir
-from sparklab.report.model import by_load
+from sparklab.report.grouping import by_load
 from sparklab.sweep.store import Store
 
 LOCK = Path("/tmp/sparklab-docker-tests.lock")

@@ -1,6 +1,6 @@
 """`sparklab report`: a sweep's stored results → tables, plots, roofline and a recommendation, offline.
 
-    store ─model.build→ Report ─content.document→ Document ─document.markdown / to_html→ text
+    store ─from_store.build→ Report ─content.document→ Document ─document.markdown / to_html→ text
                                ─exports.to_csv / to_json→ text      ─plots.all_plots→ PNG files
 
 Pure over stored results: it may import `sweep.store` (to read a run), `bench.metrics`, `recipes.schema` (the
@@ -17,7 +17,8 @@ from sparklab.report.content import document
 from sparklab.report.document import json_visible, markdown, to_html, visible
 from sparklab.report.exports import to_csv, to_json
 from sparklab.report.files import check_out, load, locate, malformed, publish, staged
-from sparklab.report.model import Overrides, Report, build
+from sparklab.report.from_store import build
+from sparklab.report.model import Overrides, Report
 
 FORMATS = ("md", "csv", "json", "html")
 

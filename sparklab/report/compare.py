@@ -18,10 +18,12 @@ from typing import Any
 
 from sparklab.bench.metrics import Estimate, Ratio, ratio
 from sparklab.errors import SparklabError
-from sparklab.report.content import fmt, fmt_ratio, platform_line
 from sparklab.report.document import Block, Bullets, Document, Para, Section, Table
+from sparklab.report.formats import fmt
 from sparklab.report.model import Group, Report, headline_name, variant_label
 from sparklab.report.quality import fmt_rate, pass_rates
+from sparklab.report.server_sections import platform_line
+from sparklab.report.throughput_tables import fmt_ratio
 
 # Any: a comparison's rows are JSON-like report data (the report model's stored results)
 

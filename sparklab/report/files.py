@@ -17,7 +17,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from sparklab.errors import SparklabError
-from sparklab.report.model import Overrides, Report, build
+from sparklab.report.from_store import build
+from sparklab.report.model import Overrides, Report
 from sparklab.sweep import rundir
 from sparklab.sweep.store import Store
 

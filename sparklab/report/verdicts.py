@@ -12,7 +12,8 @@
 from __future__ import annotations
 
 from sparklab.report.document import Bullets, Para, Section
-from sparklab.report.model import Report, load_components
+from sparklab.report.grouping import load_components
+from sparklab.report.model import Report
 
 
 def synthetic_section(report: Report) -> Section | None:

@@ -155,7 +155,7 @@ def test_auto_repeats_does_not_call_identical_runs_a_pinned_mean(tmp_path: Path)
 
 
 def test_equal_values_up_to_float_rounding_are_identical_and_a_tiny_spread_is_not_printed_as_zero() -> None:
-    from sparklab.report.content import fmt
+    from sparklab.report.formats import fmt
 
     rounding = estimate([0.1 + 0.2, 0.3, 0.3])  # 0.30000000000000004 and 0.3: one value, two float spellings
     assert rounding is not None and rounding.identical

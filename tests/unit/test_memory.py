@@ -392,7 +392,7 @@ def _memory_facts(peak_used: float, available: float, container: float | None = 
 def test_the_report_shows_peak_memory_and_headroom_per_config_and_flags_fallen_clocks(tmp_path: Path) -> None:
     import sqlite3
 
-    from sparklab.report import content, model
+    from sparklab.report import content, from_store
     from sparklab.report.document import markdown
     from sparklab.sweep.store import Store
     from tests.reportkit import seed000_run
@@ -418,7 +418,7 @@ def test_the_report_shows_peak_memory_and_headroom_per_config_and_flags_fallen_c
     conn.commit()
     conn.close()
     with Store.open(path, readonly=True) as store:
-        report = model.build(store, "seed000-published")
+        report = from_store.build(store, "seed000-published")
     text = markdown(content.document(report))
     section = text[text.index("## Memory"):]
     first = report.servers[0]
@@ -430,13 +430,13 @@ def test_the_report_shows_peak_memory_and_headroom_per_config_and_flags_fallen_c
 
 
 def test_a_report_without_memory_samples_has_no_memory_section(tmp_path: Path) -> None:
-    from sparklab.report import content, model
+    from sparklab.report import content, from_store
     from sparklab.report.document import markdown
     from sparklab.sweep.store import Store
     from tests.reportkit import seed000_run
 
     with Store.open(seed000_run(tmp_path), readonly=True) as store:
-        text = markdown(content.document(model.build(store, "x")))
+        text = markdown(content.document(from_store.build(store, "x")))
     assert "## Memory" not in text
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from sparklab.host import platform as host_platform
-from sparklab.report.content import platform_line
+from sparklab.report.server_sections import platform_line
 
 SMI_HEADER = """+-----------------------------------------------------------------------------------------+
 | NVIDIA-SMI 580.95.05              Driver Version: 580.95.05      CUDA Version: 13.0     |

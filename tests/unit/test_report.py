@@ -409,10 +409,10 @@ def test_llama_cpp_prompt_cache_counters_feed_the_prefix_cache_check(tmp_path: P
 def test_one_formatter_writes_every_estimate_of_the_report() -> None:
     """report/formats.fmt, used by the main tables and seed 004's (which had a copy without `scale`)."""
     from sparklab.bench.metrics import Estimate
-    from sparklab.report import content, generation
+    from sparklab.report import generation, throughput_tables
     from sparklab.report.formats import DASH, fmt
 
-    assert content.fmt is generation.fmt is fmt
+    assert throughput_tables.fmt is generation.fmt is fmt
     spread = Estimate(values=(0.4, 0.5, 0.6), mean=0.5, low=0.4, high=0.625, median=0.5, mad=0.1, sd=0.1, cv=0.2)
     single = Estimate(values=(1234.5,), mean=1234.5, low=None, high=None, median=1234.5, mad=0.0, sd=0.0, cv=None)
     assert fmt(spread, 1, scale=100) == "50.0 ± 12.5"

@@ -124,7 +124,7 @@ def test_a_crafted_store_cannot_make_report_write_outside_its_directory(tmp_path
 
 
 def test_a_recipe_name_from_a_store_is_never_a_path(tmp_path: Path, monkeypatch) -> None:
-    from sparklab.report.model import _recipe_facts
+    from sparklab.report.from_store import _recipe_facts
 
     (tmp_path / "recipes").mkdir()
     (tmp_path / "outside.yaml").write_bytes((recipes_dir() / "cpu.yaml").read_bytes())
