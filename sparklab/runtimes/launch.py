@@ -181,7 +181,7 @@ def facts_after_ready(server: Server, spec: LaunchSpec, settle_s: float = 2.0) -
 
 
 # A server that prints nothing and answers no health check this long while serving looks hung: the same default
-# as a sweep's stall_timeout_s (recipes/plan.py), whose requests fail after it while the health check fails.
+# as a sweep's stall_timeout_s (recipes/sweep_file.py), whose requests fail after it while the health check fails.
 SERVING_STALL_S = 60.0
 HEALTH_TIMEOUT_S = 5.0
 

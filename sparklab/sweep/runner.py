@@ -31,10 +31,10 @@ from sparklab.recipes.plan import (
     TimingModel,
     build_plan,
     estimate_seconds,
-    load_sweep,
     recipe_file,
 )
 from sparklab.recipes.schema import load_hardware, stored_facts
+from sparklab.recipes.sweep_file import load_sweep
 from sparklab.runtimes.base import HostRuntime
 from sparklab.runtimes.local import Runtime as LocalRuntime
 from sparklab.sweep import downloads, fleet, grading, lossless, parsecheck, provenance, rundir

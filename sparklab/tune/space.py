@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from sparklab.errors import RecipeError
-from sparklab.recipes.plan import load_sweep
+from sparklab.recipes.sweep_file import load_sweep
 
 
 def load_space(text: str) -> dict[str, Any] | None:

@@ -50,7 +50,8 @@ DOCKER_RUNTIME = {DOCKER_DOOR, *DOCKER_PARTS.values()}
     ("requests", {"engines/api.py", *DOCKER_RUNTIME}),  # engine HTTP; docker-py's own transport errors
     ("sparklab.bench.sse", {"bench/client.py", "bench/sse_pool.py"}),  # the parser; the pool holds its connections
     ("sparklab.bench.sse_pool", {"bench/client.py"}),
-    ("jinja2", {"recipes/sandbox.py", "report/document.py"}),  # recipes' templates; the report's HTML page
+    ("jinja2", {"recipes/sandbox.py", "recipes/template_bounds.py", "report/document.py"}),  # recipes' templates
+    # (the sandbox, and its bounds' TemplateBudgetError, a SecurityError); the report's HTML page
     # the consoles, the error boundary, the renderables and progress bars; up's warnings, bench's request bar
     ("rich", {"cli/terminal.py", "cli/main.py", "cli/console.py", "cli/progress.py", "cli/up.py",
               "cli/bench.py"}),

@@ -12,7 +12,8 @@ import yaml
 
 from sparklab.errors import PreflightError, RecipeError
 from sparklab.recipes.hosts import LOCAL, HostEntry, parse_hosts, redact_url
-from sparklab.recipes.plan import build_plan, load_sweep
+from sparklab.recipes.plan import build_plan
+from sparklab.recipes.sweep_file import load_sweep
 from sparklab.sweep import fleet
 from sparklab.sweep.store import PlannedCell, Store
 from tests.fakes import FakeRuntime

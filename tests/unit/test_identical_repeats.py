@@ -14,7 +14,8 @@ from typing import Any
 
 from sparklab import report
 from sparklab.bench.metrics import IDENTICAL, estimate, ratio
-from sparklab.cli.console import sweep_table, tune_summary
+from sparklab.cli.console import sweep_table
+from sparklab.cli.tune_text import tune_summary
 from sparklab.recipes.plan import build_plan
 from sparklab.report import exports, plots
 from sparklab.sweep import runner, serverrun

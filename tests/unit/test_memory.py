@@ -371,7 +371,7 @@ def test_the_floor_flag_and_the_sweep_file_field(tmp_path: Path) -> None:
     import yaml
 
     from sparklab.cli.main import build_parser
-    from sparklab.recipes.plan import load_sweep
+    from sparklab.recipes.sweep_file import load_sweep
 
     assert build_parser().parse_args(["sweep", "s.yaml", "--memory-floor-gib", "2.5"]).memory_floor_gib == 2.5
     path = tmp_path / "s.yaml"

@@ -106,7 +106,7 @@ def test_every_bundled_sweep_plans() -> None:
 
 
 def test_request_and_stall_timeouts_are_sweep_settings(tmp_path: Path) -> None:
-    from sparklab.recipes.plan import SweepFile
+    from sparklab.recipes.sweep_file import SweepFile
 
     defaults = SweepFile.model_validate({k: v for k, v in BASE.items()})
     assert defaults.request_timeout_s == 1800 and defaults.stall_timeout_s == 60

@@ -11,7 +11,8 @@ import pytest
 import yaml
 
 from sparklab.errors import RecipeError, SparklabError
-from sparklab.recipes.plan import build_plan, load_sweep
+from sparklab.recipes.plan import build_plan
+from sparklab.recipes.sweep_file import load_sweep
 from sparklab.sweep import rundir, runner
 from sparklab.sweep.store import Store
 

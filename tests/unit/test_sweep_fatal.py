@@ -19,7 +19,7 @@ def test_sweep_failure_kinds() -> None:
 def test_sweep_files_stall_detector_is_on_by_default_and_can_be_turned_off(tmp_path) -> None:
     import yaml
 
-    from sparklab.recipes.plan import load_sweep
+    from sparklab.recipes.sweep_file import load_sweep
 
     doc = {"name": "t", "recipe": "cpu", "methods": ["none"], "concurrency": [1]}
     path = tmp_path / "sweep.yaml"

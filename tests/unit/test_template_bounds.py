@@ -18,7 +18,7 @@ import yaml
 
 from sparklab.cli.main import main
 from sparklab.errors import RecipeError
-from sparklab.recipes import sandbox
+from sparklab.recipes import template_bounds
 from sparklab.recipes.render import render
 from sparklab.recipes.schema import load_recipe, recipes_dir
 
@@ -100,7 +100,7 @@ def test_a_costly_template_is_a_one_paragraph_error_in_bounded_time_and_memory(p
     assert message is not None, f"rendered {len(rendered or '')} characters"
     assert str(tmp_path / "hostile.yaml") in message and KEY in message, message
     assert "\n" not in message and len(message) < 600, message
-    assert seconds < sandbox.MAX_SECONDS + 1.0, f"{seconds:.2f} s"
+    assert seconds < template_bounds.MAX_SECONDS + 1.0, f"{seconds:.2f} s"
     assert peak < MEMORY_CEILING, f"{peak / 2**20:.0f} MiB allocated"
 
 
@@ -109,7 +109,7 @@ def test_the_cli_dry_run_of_a_hanging_template_is_an_error_not_a_hang(tmp_path: 
     started = time.monotonic()
     assert main(["up", str(path), "--dry-run", "--no-download"]) == 2
     err = capsys.readouterr().err
-    assert time.monotonic() - started < sandbox.MAX_SECONDS + 2.0
+    assert time.monotonic() - started < template_bounds.MAX_SECONDS + 2.0
     assert KEY in err and "loops ran more than 100,000 iterations" in err and "Traceback" not in err
 
 
@@ -117,7 +117,7 @@ def test_the_cli_dry_run_of_a_hanging_template_is_an_error_not_a_hang(tmp_path: 
 
 
 def test_a_template_may_write_exactly_its_bound_in_bytes(tmp_path: Path) -> None:
-    n = sandbox.MAX_WRITTEN_BYTES
+    n = template_bounds.MAX_WRITTEN_BYTES
     rendered, message, _, _ = _render(f"{{{{ 'x' * {n} }}}}", tmp_path)
     assert message is None and rendered is not None and len(rendered.encode()) == n == 131_072
     _, message, _, _ = _render(f"{{{{ 'x' * {n} }}}}y", tmp_path)
@@ -127,7 +127,7 @@ def test_a_template_may_write_exactly_its_bound_in_bytes(tmp_path: Path) -> None
 
 
 def test_loops_may_run_exactly_their_bound_in_iterations(tmp_path: Path) -> None:
-    n = sandbox.MAX_ITERATIONS
+    n = template_bounds.MAX_ITERATIONS
     rendered, message, _, _ = _render(f"{{% for i in range({n}) %}}{{% endfor %}}done", tmp_path)
     assert message is None and rendered == "done" and n == 100_000
     split = f"{{% for i in range({n // 2}) %}}{{% endfor %}}{{% for i in range({n // 2 + 1}) %}}{{% endfor %}}"
@@ -136,7 +136,7 @@ def test_loops_may_run_exactly_their_bound_in_iterations(tmp_path: Path) -> None
 
 
 def test_calls_may_nest_exactly_their_bound(tmp_path: Path) -> None:
-    depth = sandbox.MAX_DEPTH
+    depth = template_bounds.MAX_DEPTH
     macro = "{% macro f(n) %}{% if n > 0 %}{{ f(n - 1) }}{% else %}bottom{% endif %}{% endmacro %}"
     rendered, message, _, _ = _render(macro + f"{{{{ f({depth - 1}) }}}}", tmp_path)  # f(0) .. f(31): 32 calls
     assert message is None and rendered == "bottom" and depth == 32
@@ -145,7 +145,7 @@ def test_calls_may_nest_exactly_their_bound(tmp_path: Path) -> None:
 
 
 def test_values_may_be_exactly_their_bound(tmp_path: Path) -> None:
-    n = sandbox.MAX_VALUE
+    n = template_bounds.MAX_VALUE
     rendered, message, _, _ = _render(f"{{{{ ('x' * {n})|length }}}}", tmp_path)
     assert message is None and rendered == "1000000"
     _, message, _, _ = _render(f"{{{{ ('x' * {n} ~ 'y')|length }}}}", tmp_path)
@@ -158,7 +158,7 @@ def test_a_template_may_run_its_bound_in_seconds_and_no_longer(tmp_path: Path) -
     _, message, seconds, _ = _render(slow, tmp_path)
     MEASURED["time bound"] = seconds
     assert message is not None and "ran longer than 2 s" in message
-    assert sandbox.MAX_SECONDS <= seconds < sandbox.MAX_SECONDS + 1.0
+    assert template_bounds.MAX_SECONDS <= seconds < template_bounds.MAX_SECONDS + 1.0
 
 
 def test_what_recipes_use_still_renders(tmp_path: Path) -> None:
@@ -179,6 +179,6 @@ def test_the_readme_states_the_bounds() -> None:
     for figure in ("131,072 bytes", "1,000,000 characters or items", "100,000 loop iterations", "32 deep",
                    "2 s", "65,536 characters"):
         assert figure in text, figure
-    assert (sandbox.MAX_SOURCE_CHARS, sandbox.MAX_WRITTEN_BYTES, sandbox.MAX_VALUE, sandbox.MAX_INT_BITS,
-            sandbox.MAX_ITERATIONS, sandbox.MAX_DEPTH, sandbox.MAX_SECONDS) == (65_536, 131_072, 1_000_000, 100_000,
+    assert (template_bounds.MAX_SOURCE_CHARS, template_bounds.MAX_WRITTEN_BYTES, template_bounds.MAX_VALUE, template_bounds.MAX_INT_BITS,
+            template_bounds.MAX_ITERATIONS, template_bounds.MAX_DEPTH, template_bounds.MAX_SECONDS) == (65_536, 131_072, 1_000_000, 100_000,
                                                                                 100_000, 32, 2.0)

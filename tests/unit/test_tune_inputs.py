@@ -12,8 +12,9 @@ import yaml
 
 from sparklab.cli.main import build_parser, main
 from sparklab.cli.sweep import TuneArgs
-from sparklab.recipes.plan import build_plan, load_sweep
+from sparklab.recipes.plan import build_plan
 from sparklab.recipes.schema import list_recipes, load_recipe, recipes_dir
+from sparklab.recipes.sweep_file import load_sweep
 from sparklab.runtimes import containers
 from sparklab.tune import driver
 from tests.fakes import FakeRuntime

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from sparklab import report
-from sparklab.cli.console import tune_summary
+from sparklab.cli.tune_text import tune_summary
 from sparklab.recipes.plan import ServerConfig
 from sparklab.sweep import downloads, runner
 from sparklab.sweep.store import Store

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from sparklab import report
-from sparklab.cli.console import tune_summary
+from sparklab.cli.tune_text import tune_summary
 from sparklab.recipes.plan import build_plan
 from sparklab.sweep import runner
 from sparklab.sweep.store import Store

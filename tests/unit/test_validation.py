@@ -11,9 +11,10 @@ import yaml
 from sparklab.bench.workloads import load_workload
 from sparklab.cli.main import main
 from sparklab.errors import RecipeError
-from sparklab.recipes.plan import build_plan, load_sweep
+from sparklab.recipes.plan import build_plan
 from sparklab.recipes.render import LaunchOptions, render
 from sparklab.recipes.schema import load_recipe, recipes_dir
+from sparklab.recipes.sweep_file import load_sweep
 
 BASE: dict[str, Any] = {"name": "t", "recipe": "cpu", "methods": ["none"], "concurrency": [1, 4], "requests": 4}
 
