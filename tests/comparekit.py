@@ -14,7 +14,8 @@ from typing import Any
 
 import yaml
 
-from sparklab.sweep.store import PlannedCell, Store
+from sparklab.sweep.store import Store
+from sparklab.sweep.store_rows import PlannedCell
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "compare"
 

@@ -11,7 +11,8 @@ import yaml
 from sparklab.recipes.plan import build_plan
 from sparklab.recipes.schema import recipes_dir
 from sparklab.sweep import runner
-from sparklab.sweep.store import SCHEMA_VERSION, Store
+from sparklab.sweep.store import Store
+from sparklab.sweep.store_schema import SCHEMA_VERSION
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "report"
 GOLDEN = Path(__file__).resolve().parent / "golden" / "report"

@@ -3,9 +3,10 @@
     store ─from_store.build→ Report ─content.document→ Document ─document.markdown / to_html→ text
                                ─exports.to_csv / to_json→ text      ─plots.all_plots→ PNG files
 
-Pure over stored results: it may import `sweep.store` (to read a run), `bench.metrics`, `recipes.schema` (the
-hardware table), `engines` (what an engine's numbers mean), `outputs`, `records` and `errors`; never the runtimes,
-the chat client or anything that talks to a network (a test imports it with those blocked).
+Pure over stored results: it may import `sweep.store` and its row types `sweep.store_rows` (to read a run),
+`bench.metrics`, `recipes.schema` (the hardware table), `engines` (what an engine's numbers mean), `outputs`,
+`records` and `errors`; never the runtimes, the chat client or anything that talks to a network (a test imports it
+with those blocked).
 """
 
 from __future__ import annotations

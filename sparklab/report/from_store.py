@@ -29,7 +29,8 @@ from sparklab.report.model import (
     variant_label,
 )
 from sparklab.report.roofline import Device
-from sparklab.sweep.store import CellRow, Store
+from sparklab.sweep.store import Store
+from sparklab.sweep.store_rows import CellRow
 
 
 def _float(value: Any) -> float | None:

@@ -23,7 +23,7 @@ from sparklab.report.model import (
     headline_metric,
 )
 from sparklab.report.roofline import bound, model_inputs
-from sparklab.sweep.store import CellRow
+from sparklab.sweep.store_rows import CellRow
 
 
 def note(notes: list[str], text: str) -> None:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sparklab.report.model import Group, Report, Server
-from sparklab.sweep.store import CellRow
+from sparklab.sweep.store_rows import CellRow
 
 CLOCK_DROP_FLAG = 0.10  # a cell whose SM clock fell by more than this from its start to its end is flagged
 

@@ -17,7 +17,7 @@ from sparklab import engines
 from sparklab.bench.metrics import Estimate, Ratio
 from sparklab.outputs import Equality, ToolCalls
 from sparklab.report.roofline import Device, RooflinePoint
-from sparklab.sweep.store import CellRow, FailureRow
+from sparklab.sweep.store_rows import CellRow, FailureRow
 
 METHOD_NAMES = {"none": "none", "mtp": "MTP", "dflash": "DFlash", "dspark": "DSpark", "eagle": "EAGLE",
                 "ngram": "ngram", "draft_model": "draft model"}

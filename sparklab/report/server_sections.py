@@ -12,7 +12,7 @@ from sparklab.report.formats import DASH
 from sparklab.report.host_samples import CLOCK_DROP_FLAG, clock_drops, memory_rows
 from sparklab.report.model import Report, Server
 from sparklab.report.roofline import assumptions, model_inputs
-from sparklab.sweep.store import HOST_LOST
+from sparklab.sweep.store_rows import HOST_LOST
 
 
 def facts_section(report: Report) -> Section:

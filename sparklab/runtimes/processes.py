@@ -2,16 +2,15 @@
 contract (base.Runtime, base.Server).
 
 A process engine (`runtime: process` in a recipe) runs its rendered argv (never a shell string) in a process group
-of its own, led by keeper.py, which copies its output, secrets replaced, into the same log files a
-container's log goes to. A run file per server (pid, the pid's start time from /proc/<pid>/stat, the owner token,
-the labels a container would carry) lets `ps`, `down`, `gc` and a resumed sweep find and remove host processes;
-a pid whose start time differs is another process and is never signalled. Teardown sends SIGTERM to the group,
-waits a grace period, then SIGKILL, until no process of the group is left.
+of its own, led by keeper.py, which copies its output, secrets replaced, into the same log files a container's log
+goes to (read back by process_logs.py). A run file per server (pid, the pid's start time from /proc/<pid>/stat, the
+owner token, the labels a container would carry) lets `ps`, `down`, `gc` and a resumed sweep find and remove host
+processes; a pid whose start time differs is another process and is never signalled. Teardown sends SIGTERM to the
+group, waits a grace period, then SIGKILL, until no process of the group is left.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import logging
@@ -23,17 +22,16 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import IO
 
 from sparklab import interrupts
-from sparklab.engines import ENGINES, candidates
+from sparklab.engines import ENGINES
 from sparklab.engines.parsers import Probe, ProbeRun
 from sparklab.errors import ServerError
 from sparklab.host.preflight import port_answers, port_in_use
-from sparklab.redaction import redact
 from sparklab.runtimes import keeper
 from sparklab.runtimes.base import (
     DETACHED,
@@ -50,6 +48,7 @@ from sparklab.runtimes.base import (
     user_name,
 )
 from sparklab.runtimes.owners import owner_alive, owner_token
+from sparklab.runtimes.process_logs import follow_log, live_secrets, read_log
 from sparklab.runtimes.runfiles import RunRecord, runs_dir, start_time, terminate
 from sparklab.spec import API_KEY_PLACEHOLDER, LaunchSpec, in_session, is_secret_name
 
@@ -258,7 +257,7 @@ class Processes:
             raise ServerError(f"{record.name} is not running (exited {record.exit_code()})",
                               "Start it again: sparklab up …")
         kind = record.labels.get("sparklab.kind")
-        key = record.api_key or _live_secrets(record, kind)[0]  # run files of older sparklab versions held it
+        key = record.api_key or live_secrets(record, kind)[0]  # run files of older sparklab versions held it
         return Target(record.labels.get("sparklab.endpoint", ""), key, record.name,
                       kind if kind in ENGINES else None)
 
@@ -273,85 +272,16 @@ class Processes:
     def logs(self, name: str, follow: bool = False, tail: int | str = "all",
              since: float | None = None) -> Iterator[bytes]:
         record = self.get(name)
-        text = _read_log(record, since)
+        text = read_log(record, since)
         if tail != "all":
             text = b"".join(text.splitlines(keepends=True)[-int(tail):])
         yield text
         if follow:
-            yield from _follow(Path(record.log_path), record.log_offset + len(_read_log(record, None)),
-                               record.alive)
+            yield from follow_log(Path(record.log_path), record.log_offset + len(read_log(record, None)),
+                                  record.alive)
 
     def log_text(self, name: str, since: float | None = None) -> str:
         return b"".join(self.logs(name, since=since)).decode("utf-8", "replace")
-
-
-def _read_log(record: RunRecord, since: float | None = None) -> bytes:
-    """The server's part of its log file (from `since`, by the keeper's index of times and offsets), redacted
-    again (the keeper did it already; a log file may be older than the redaction)."""
-    start = record.log_offset
-    if since is not None:
-        start = _offset_at(record.index_path, since, start)
-    try:
-        with open(record.log_path, "rb") as f:
-            f.seek(start)
-            data = f.read()
-    except OSError:
-        return b""
-    key, secrets = _live_secrets(record, record.labels.get("sparklab.kind"))
-    hidden = [*(record.secrets or []), *secrets, *([key] if key else [])]
-    return redact(data, [s.encode() for s in hidden if len(s) >= 4], starts_mid_log=False)
-
-
-def _live_secrets(record: RunRecord, kind: str | None) -> tuple[str | None, list[str]]:
-    """(the API key, secret-named environment values) of the running group, read from /proc as `docker inspect`
-    reads a container's config: readable by its user only, and gone with the server."""
-    key, secrets = None, []
-    for pid in record.members():
-        try:
-            environ = Path(f"/proc/{pid}/environ").read_bytes().decode("utf-8", "replace")
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode("utf-8", "replace")
-        except OSError:
-            continue
-        env = dict(item.partition("=")[::2] for item in environ.split("\0") if item)
-        argv = [a for a in cmdline.split("\0") if a]
-        secrets += [value for name, value in env.items() if is_secret_name(name) and value]
-        key = key or next((k for a in candidates(kind if kind in ENGINES else None)
-                           if (k := a.api_key_from(env, argv))), None)
-    return key, secrets
-
-
-def _offset_at(index: Path, since: float, default: int) -> int:
-    """The log offset of the first output noted at or after `since` (the end when none came since)."""
-    last = default
-    try:
-        lines = index.read_text().splitlines()
-    except OSError:
-        return default
-    for line in lines:
-        stamp, _, offset = line.partition(" ")
-        with contextlib.suppress(ValueError):
-            if float(stamp) >= since:
-                return int(offset)
-            last = int(offset)
-    return max(last, default) if lines else default
-
-
-def _follow(path: Path, offset: int, alive: Callable[[], bool], poll_s: float = 0.2,
-            stop: threading.Event | None = None) -> Iterator[bytes]:
-    """New bytes of a log file as they arrive, until the writer's group is gone and the file is read out."""
-    with open(path, "rb") as f:
-        f.seek(offset)
-        while True:
-            data = f.read(65536)
-            if data:
-                yield data
-                continue
-            if (stop is not None and stop.is_set()) or not alive():
-                rest = f.read()
-                if rest:
-                    yield rest
-                return
-            time.sleep(poll_s)
 
 
 class ProcessServer(Lifecycle):
@@ -381,7 +311,7 @@ class ProcessServer(Lifecycle):
 
     def _pump(self) -> None:
         try:
-            for data in _follow(self.log_path, self.record.log_offset, self.record.alive, 0.1, self._stop):
+            for data in follow_log(self.log_path, self.record.log_offset, self.record.alive, 0.1, self._stop):
                 self._tell(data)
         except OSError as exc:
             log.debug("log tail of %s ended: %s", self.name, exc)
@@ -402,13 +332,13 @@ class ProcessServer(Lifecycle):
         return None  # no cgroup of its own to ask; memwatch and the kernel log say more
 
     def full_log(self) -> str:
-        return _read_log(self.record).decode("utf-8", "replace")
+        return read_log(self.record).decode("utf-8", "replace")
 
     def log_tail(self, lines: int = 50) -> str:
         return "\n".join(self.full_log().splitlines()[-lines:])
 
     def log_since(self, since: float) -> str:
-        return _read_log(self.record, since).decode("utf-8", "replace")
+        return read_log(self.record, since).decode("utf-8", "replace")
 
     def port_open(self, address: str, port: int, timeout_s: int = 5) -> bool:
         """Whether address:port accepts a connection from this machine, whose network the process shares."""

@@ -9,7 +9,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from sparklab.sweep.store import CellRow, Score, ServerConfigRow, Store
+from sparklab.sweep.store import Store
+from sparklab.sweep.store_rows import CellRow, Score, ServerConfigRow
 
 
 class HostStore:

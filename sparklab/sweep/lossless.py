@@ -23,7 +23,7 @@ from sparklab.engines import engine
 from sparklab.engines.api import EngineAPI
 from sparklab.engines.base import ScoringError
 from sparklab.recipes.plan import Plan, ServerConfig
-from sparklab.sweep.store import CellRow, Score
+from sparklab.sweep.store_rows import CellRow, Score
 
 BASELINE = "none"
 BATCH = 20  # scores written per transaction

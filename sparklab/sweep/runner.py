@@ -40,7 +40,8 @@ from sparklab.runtimes.local import Runtime as LocalRuntime
 from sparklab.sweep import downloads, fleet, grading, lossless, parsecheck, provenance, rundir
 from sparklab.sweep.hoststore import HostStore
 from sparklab.sweep.serverrun import Options, Say, ServerRun, serve
-from sparklab.sweep.store import PlannedCell, Store
+from sparklab.sweep.store import Store
+from sparklab.sweep.store_rows import PlannedCell
 
 log = logging.getLogger(__name__)
 

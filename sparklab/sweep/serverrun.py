@@ -36,7 +36,7 @@ from sparklab.sweep import downloads, grading, lossless, provenance, repeats, ru
 from sparklab.sweep.fleet import HostLost
 from sparklab.sweep.hoststore import HostStore
 from sparklab.sweep.store import Store
-from sparklab.sweep.store import utc_now as store_now
+from sparklab.sweep.store_rows import utc_now as store_now
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,8 @@ from sparklab import report
 from sparklab.cli.main import main
 from sparklab.errors import SparklabError
 from sparklab.report import compare
-from sparklab.sweep.store import PlannedCell, Store
+from sparklab.sweep.store import Store
+from sparklab.sweep.store_rows import PlannedCell
 from tests.comparekit import published_runs
 
 

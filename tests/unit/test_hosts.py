@@ -15,7 +15,8 @@ from sparklab.recipes.hosts import LOCAL, HostEntry, parse_hosts, redact_url
 from sparklab.recipes.plan import build_plan
 from sparklab.recipes.sweep_file import load_sweep
 from sparklab.sweep import fleet
-from sparklab.sweep.store import PlannedCell, Store
+from sparklab.sweep.store import Store
+from sparklab.sweep.store_rows import PlannedCell
 from tests.fakes import FakeRuntime
 
 

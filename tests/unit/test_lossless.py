@@ -14,7 +14,8 @@ from sparklab.engines import engine
 from sparklab.engines.api import EngineAPI
 from sparklab.engines.base import ScoringError
 from sparklab.report import lossless
-from sparklab.sweep.store import PlannedCell, Score, Store
+from sparklab.sweep.store import Store
+from sparklab.sweep.store_rows import PlannedCell, Score
 from tests.scripted_server import Scripted
 
 

@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 
 from sparklab.errors import SparklabError
-from sparklab.sweep.store import SCHEMA_VERSION, PlannedCell, Store
+from sparklab.sweep.store import Store
+from sparklab.sweep.store_rows import PlannedCell
+from sparklab.sweep.store_schema import SCHEMA_VERSION
 from tests.tmpfs import tmpfs
 
 SWEEP = {"name": "seed000", "matrix": {"method": ["none", "dspark"], "concurrency": [1, 8]}}
@@ -203,7 +205,8 @@ def test_a_cell_that_keeps_killing_sparklab_is_marked_failed(store: Store) -> No
 
 CRASHING_SWEEP = """
     import os, signal, sys
-    from sparklab.sweep.store import PlannedCell, Store
+    from sparklab.sweep.store import Store
+    from sparklab.sweep.store_rows import PlannedCell
     store = Store.create(sys.argv[1], {"name": "crash"}, "0.1.0")
     store.add_server_config("sc", engine="vllm", method="none", k=None, config={}, argv=["vllm"], image="img")
     store.add_cells([PlannedCell("c1", "sc", 1, "w", 0, {}), PlannedCell("c2", "sc", 8, "w", 0, {})])
@@ -396,7 +399,7 @@ def test_a_version_4_file_is_read_as_it_is_and_gains_the_engine_versions(path: P
 def test_a_version_5_file_is_read_as_it_is_and_gains_grades_scores_and_downloads(path: Path) -> None:
     """A run made at schema 5 (engine versions, no grades): read-only it has no grades, scores or downloads and keeps
     its engine versions; opened to resume it is migrated (5 -> 6) and stores all three."""
-    from sparklab.sweep.store import Score
+    from sparklab.sweep.store_rows import Score
 
     with Store.create(path, SWEEP, "0.1.0") as s:
         add_plan(s)
@@ -532,7 +535,7 @@ def test_a_version_2_file_gains_per_cell_digests_and_outputs_when_opened_for_wri
 def test_a_version_4_run_reads_as_before_and_gains_grades_scores_and_downloads(tmp_path: Path) -> None:
     """A real run stored at schema 4 (the llama.cpp report fixture): read-only it has no grades, scores or
     downloads and reports as before; opened for writing it is migrated (4 -> 5 -> 6) and keeps every cell."""
-    from sparklab.sweep.store import Score
+    from sparklab.sweep.store_rows import Score
     from tests.reportkit import FIXTURES, load_dump
 
     path = load_dump(FIXTURES / "llamacpp-cpu-sweep.sql", tmp_path / "llamacpp-run")
