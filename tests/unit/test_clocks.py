@@ -175,10 +175,9 @@ def test_a_window_shorter_than_the_sampling_interval_still_has_a_reading(tmp_pat
     check blind); the window's close takes one reading of its own."""
     sampler = watchdog.Sampler(meminfo=_meminfo(tmp_path / "meminfo"), cgroup_root=tmp_path / "cg", interval_s=1.0,
                                gpu=False)
-    with sampler:
-        sampler.tick()  # the thread's first reading, before the cell
-        mark = sampler.mark()
-        result: dict[str, Any] = {}
-        watchdog.add_cell_facts(result, sampler, mark)
+    sampler.tick()  # the sampling thread's last reading before the cell (driven by hand: no thread races the window)
+    mark = sampler.mark()
+    result: dict[str, Any] = {}
+    watchdog.add_cell_facts(result, sampler, mark)
     assert result["memory"]["samples"] == 1
     assert result["memory"]["min_available_gib"] == 90 and result["memory"]["total_gib"] == 100
