@@ -1,4 +1,4 @@
-"""Typed recipes: loading, strict validation, command-line overrides and name resolution (pure).
+"""Typed recipes: loading, strict validation and name resolution (pure; `--set` is recipes.overrides).
 
 A recipe file describes one target (a model on some hardware) and, per engine, the image, the launch
 argv template and the speculative methods. Every error names the file, the key path and the fix.
@@ -6,7 +6,6 @@ argv template and the speculative methods. Every error names the file, the key p
 
 from __future__ import annotations
 
-import copy
 import os
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -29,6 +28,8 @@ from pydantic_core import PydanticCustomError
 from sparklab.engines import ENGINES
 from sparklab.errors import RecipeError
 from sparklab.inputs import check_text, read_utf8
+from sparklab.recipes.overrides import apply_overrides
+from sparklab.recipes.validation import ONE_COUNT, ONE_VALUE, PER_CONCURRENCY, VALUES, explain_validation
 
 METHOD_ARGS_MARKER = "$method_args"
 Scalar = str | int | float | bool
@@ -52,9 +53,7 @@ TokenCount = Annotated[int, Field(strict=True, ge=1, le=MAX_TOKENS)]
 SpeculativeTokens = Annotated[int, Field(strict=True, ge=1, le=MAX_SPECULATIVE_TOKENS)]
 Seconds = Annotated[float, Field(gt=0, le=MAX_DURATION_S, allow_inf_nan=False)]
 
-# Union members are told apart by shape, and their tags are left out of error locations.
-_ONE, _PER_CONCURRENCY = "one count", "per concurrency"
-ONE_VALUE, VALUES = "one value", "values"  # a sweep axis given as one value or as a list (sweep_file.SamplingSpec)
+# Union members are told apart by shape (their tags, validation.UNION_TAGS, are left out of error locations).
 
 
 # Any: YAML before pydantic validates it
@@ -62,8 +61,8 @@ def one_or_list(value: Any) -> str:
     """The tag of a value that may be given alone or as a list of values (a sweep axis)."""
     return VALUES if isinstance(value, list) else ONE_VALUE
 RequestsSpec = Annotated[
-    Annotated[RequestCount, Tag(_ONE)] | Annotated[dict[Concurrency, RequestCount], Tag(_PER_CONCURRENCY)],
-    Discriminator(lambda v: _PER_CONCURRENCY if isinstance(v, dict) else _ONE),
+    Annotated[RequestCount, Tag(ONE_COUNT)] | Annotated[dict[Concurrency, RequestCount], Tag(PER_CONCURRENCY)],
+    Discriminator(lambda v: PER_CONCURRENCY if isinstance(v, dict) else ONE_COUNT),
 ]
 
 
@@ -239,44 +238,6 @@ class Recipe(Strict):
 # Loading and validation
 
 
-def _location(loc: tuple[Any, ...]) -> str:
-    path = ""
-    for part in loc:
-        if part in (_ONE, _PER_CONCURRENCY, ONE_VALUE, VALUES):
-            continue
-        if part == "[key]":
-            path += " (the key)"
-            continue
-        path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
-    return path or "(top level)"
-
-
-_WHOLE_NUMBER = "write a whole number, without quotes or a decimal point"
-_FIXES = {
-    "extra_forbidden": "remove it or fix its spelling (unknown keys are errors)",
-    "missing": "add it",
-    "int_type": _WHOLE_NUMBER,
-    "int_from_float": _WHOLE_NUMBER,
-    "int_parsing": _WHOLE_NUMBER,
-    "int_parsing_size": _WHOLE_NUMBER,
-    "finite_number": "write a finite number",
-}
-
-
-def explain_validation(exc: ValidationError, source: str) -> RecipeError:
-    lines = []
-    for err in exc.errors():
-        where = _location(err["loc"])
-        got = err.get("input")
-        what = err["msg"]
-        if err["type"] == "extra_forbidden":
-            what = "unknown key"
-        fix = _FIXES.get(err["type"], "")
-        shown = "" if err["type"] == "missing" or isinstance(got, dict) else f", got {got!r}"
-        lines.append(f"{source}: {where}: {what}{shown}" + (f"; {fix}" if fix else ""))
-    return RecipeError("\n".join(lines), "See recipes/README.md for the recipe format.")
-
-
 # Any: YAML as loaded, before pydantic validates it
 def parse_recipe(data: Any, source: str) -> Recipe:
     if not isinstance(data, dict):
@@ -343,65 +304,8 @@ def load_recipe(path: Path, overrides: list[str] | None = None) -> Recipe:
     path = display_path(path)
     data = read_yaml(path)
     if overrides:
-        data = apply_overrides(data, overrides, str(path))
+        data = apply_overrides(data, overrides, str(path), Recipe.model_fields)
     return parse_recipe(data, str(path))
-
-
-# ---------------------------------------------------------------------------------------------------
-# --set key=value
-
-
-# Any: a --set value is YAML: any YAML type
-def parse_override(text: str) -> tuple[list[str], Any]:
-    key, sep, raw = text.partition("=")
-    if not sep or not key.strip():
-        raise RecipeError(f"--set {text!r}: expected KEY=VALUE",
-                          "Example: --set max_model_len=32768 or --set engines.vllm.image=repo/name:tag")
-    try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError:
-        value = raw
-    check_text({key.strip(): value}, "--set")  # bytes that are not UTF-8 reach argv as lone surrogates
-    return key.strip().split("."), value
-
-
-# Any: YAML as loaded, before pydantic validates it
-def apply_overrides(data: Any, overrides: list[str], source: str) -> dict[str, Any]:
-    """Apply `--set` overrides to the raw recipe document.
-
-    A key naming a template variable sets it (vars.<key>); `model` sets model.id; any other key is a
-    dotted path into the recipe and is validated like the file itself.
-    """
-    doc: dict[str, Any] = copy.deepcopy(data) if isinstance(data, dict) else {}
-    variables = doc.setdefault("vars", {}) or {}
-    doc["vars"] = variables
-    for text in overrides:
-        path, value = parse_override(text)
-        if path == ["model"]:
-            path = ["model", "id"]
-        elif path[0] in variables:
-            path = ["vars", *path]
-        elif path[0] not in Recipe.model_fields or path[0] == "source":
-            known = ", ".join(sorted(variables)) or "(none)"
-            raise RecipeError(
-                f"--set {text}: {path[0]!r} is neither a variable of {source} nor a recipe key",
-                f"Variables: {known}; model; or a dotted recipe path such as engines.vllm.image.")
-        _set_path(doc, path, value, text)
-    return doc
-
-
-def _set_path(doc: dict[str, Any], path: list[str], value: Any, text: str) -> None:
-    node: Any = doc
-    for i, part in enumerate(path[:-1]):
-        nxt = node.get(part) if isinstance(node, dict) else None
-        if nxt is None:
-            nxt = {}
-            node[part] = nxt
-        if not isinstance(nxt, dict):
-            where = ".".join(path[: i + 1])
-            raise RecipeError(f"--set {text}: {where} is not a mapping, so it has no key {path[i + 1]!r}")
-        node = nxt
-    node[path[-1]] = value
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -18,18 +18,16 @@ from sparklab.recipes.schema import (
     MAX_REPEATS,
     MAX_TEMPERATURE,
     MAX_WARMUP,
-    ONE_VALUE,
-    VALUES,
     Concurrency,
     RequestsSpec,
     Seconds,
     SpeculativeTokens,
     Strict,
     TokenCount,
-    explain_validation,
     one_or_list,
     read_yaml,
 )
+from sparklab.recipes.validation import ONE_VALUE, VALUES, explain_validation
 from sparklab.records import Sampling
 
 _SAMPLING = Sampling()  # the one place sampling defaults are written (sparklab.records.Sampling)
