@@ -15,6 +15,7 @@ from sparklab.engines.logwatch import CAUSE_LINES, DEAD_STOP_GRACE_S, FATAL_GRAC
 from sparklab.engines.scrape import StartupFacts
 from sparklab.errors import ImageUnavailableError, NotReadyError
 from sparklab.host import downloads, preflight
+from sparklab.host.facts import HostFacts
 from sparklab.recipes import multinode
 from sparklab.recipes.render import LaunchOptions, render
 from sparklab.recipes.schema import Recipe, load_recipe, resolve
@@ -46,12 +47,16 @@ def prepare(spec_text: str, *, target: str | None, engine_name: str | None, over
     return checked(recipe, render(recipe, engine_name, method, options), check_host)
 
 
-def checked(recipe: Recipe, spec: LaunchSpec, check_host: bool = True, floor_gib: float | None = None) -> Launch:
+def checked(recipe: Recipe, spec: LaunchSpec, check_host: bool = True, floor_gib: float | None = None,
+            facts: HostFacts | None = None) -> Launch:
     """The engine's own checks of the rendered launch, then the host's; errors raise, warnings are kept.
-    floor_gib: the memory floor a sweep configured for it (None: the default; 0: off)."""
+    floor_gib: the memory floor a sweep configured for it (None: the default; 0: off). facts: the host it starts
+    on (default this machine); on another host (check_host False) only its memory is checked, through them."""
     findings = engine(spec.kind).check_spec(spec, recipe)
     if check_host:
-        findings += preflight.check_host(spec, recipe, floor_gib=floor_gib)
+        findings += preflight.check_host(spec, recipe, floor_gib=floor_gib, facts=facts)
+    elif facts is not None:
+        findings += preflight.check_memory(spec, recipe, facts.meminfo(), floor_gib)
     return Launch(recipe, spec, preflight.raise_errors(findings))
 
 
@@ -72,11 +77,12 @@ def start(p: Launch, runtime: Runtime, *, pull_policy: str = "missing",
           allow_foreign_platform: bool = False, on_pull: PullCallback | None = None,
           api_key: str | None = None, detach: bool = False,
           on_wait: Callable[[float], None] | None = None, log_path: Path | None = None,
-          stall_s: float | None = None) -> Ready:
+          stall_s: float | None = None, poll_s: float = 1.0) -> Ready:
     """Pull, run and wait. The returned server is already torn down if anything here fails.
 
     A fatal line in the engine's log fails the wait at once; with stall_s, so does a log silent that long.
-    The server runs where its recipe says (`runtime.for_spec`: a container or a host process)."""
+    The server runs where its recipe says (`runtime.for_spec`: a container or a host process). poll_s: the
+    readiness poll's longest interval (a rehearsal's compressed night polls as often, in its own time)."""
     runtime = runtime.for_spec(p.spec)
     host_arch = runtime.host_arch()
     p.warnings += preflight.check_platform_tag(p.spec, host_arch, allow_foreign_platform)
@@ -102,7 +108,7 @@ def start(p: Launch, runtime: Runtime, *, pull_policy: str = "missing",
         headers = {"Authorization": f"Bearer {key}"} if key and adapter.ready_needs_key else None
         seconds = wait_ready(server, spec.endpoint + spec.ready_path, kind=spec.kind,
                              timeout_s=spec.ready_timeout_s, headers=headers, on_try=on_wait, watch=log_watch,
-                             stall_s=stall_s)
+                             stall_s=stall_s, max_interval_s=poll_s)
         facts = facts_after_ready(server, spec)
     except NotReadyError as exc:
         server.stop(DEAD_STOP_GRACE_S if exc.kind else 10)  # a dead or hung engine has nothing to finish

@@ -119,18 +119,27 @@ class Member:
         return self._arch[ref]
 
 
-def this_machine(runtime: HostRuntime, pull_policy: str = "missing") -> Member:
-    """This machine alone: the fleet of one of a sweep without hosts: (see Member.alone)."""
-    return Member(LOCAL, runtime, pull_policy=pull_policy, alone=True)
+def this_machine(runtime: HostRuntime, pull_policy: str = "missing", host: Host | None = None) -> Member:
+    """This machine alone: the fleet of one of a sweep without hosts: (see Member.alone); host: its one `local`
+    entry when the sweep names it (its port_offset moves its servers' ports)."""
+    return Member(host or LOCAL, runtime, pull_policy=pull_policy, alone=True)
+
+
+Connect = Callable[[Host], HostRuntime]  # a Docker host named in a sweep → its runtime (a rehearsal: a twin)
+
+
+def docker_host(host: Host) -> HostRuntime:
+    return Docker.connect(host.docker, host.tls_dir)
 
 
 def connect(hosts: list[Host], say: Say, local: HostRuntime | None = None,
-            pull_policy: str = "missing") -> list[Member]:
-    """Reach every host (preflight: reachable, its platform and memory); unreachable hosts are left out."""
+            pull_policy: str = "missing", reach: Connect = docker_host) -> list[Member]:
+    """Reach every host (preflight: reachable, its platform and memory); unreachable hosts are left out.
+    reach: how a host is reached (Docker's remote API; a rehearsal reaches its twins)."""
     members: list[Member] = []
     for host in hosts:
         try:
-            runtime = local if host.local and local is not None else Docker.connect(host.docker, host.tls_dir)
+            runtime = local if host.local and local is not None else reach(host)
             member = Member(with_address(host, runtime.url), runtime, runtime.facts(), pull_policy=pull_policy)
         except SparklabError as exc:
             say(f"host {host.name}: left out of this run: {exc.message}")

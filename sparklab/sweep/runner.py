@@ -20,7 +20,7 @@ from typing import Any
 from sparklab import __version__
 from sparklab.engines import engine
 from sparklab.errors import DiskFullError, PreflightError, SparklabError
-from sparklab.host import preflight
+from sparklab.host.facts import HostFacts, ThisMachine
 from sparklab.recipes import multinode
 from sparklab.recipes.hosts import Host, parse_hosts, redact_url
 from sparklab.recipes.plan import (
@@ -71,11 +71,17 @@ class Outcome:
         return not self.interrupted and self.counts.get("failed", 0) == 0 and self.counts.get("pending", 0) == 0
 
 
-def host_facts() -> dict[str, Any]:
-    available, total = preflight.mem_available_gib()
+def host_facts(facts: HostFacts | None = None) -> dict[str, Any]:
+    """This machine as the run records it (facts: its readings; a rehearsal's twin stands in for it)."""
+    memory = (facts or ThisMachine(gpu=False)).meminfo()
     return {"hostname": platform.node(), "machine": platform.machine(), "python": platform.python_version(),
-            "kernel": platform.release(), "mem_total_gib": round(total, 1),
-            "mem_available_gib_at_start": round(available, 1), "sparklab": __version__}
+            "kernel": platform.release(), "mem_total_gib": round(memory.total_gib, 1),
+            "mem_available_gib_at_start": round(memory.available_gib, 1), "sparklab": __version__}
+
+
+def controller_of(runtime: HostRuntime | None) -> HostFacts:
+    """The readings of the machine the run directory is on: this machine's runtime's (a twin's in a rehearsal)."""
+    return (runtime.probe(None) if runtime is not None else None) or ThisMachine(gpu=False)
 
 
 def timing_model(plan: Plan, history: list[Path]) -> TimingModel:
@@ -127,9 +133,10 @@ def register(plan: Plan, store: Store, only: Callable[[ServerConfig, Cell], bool
 
 
 def run(plan: Plan, store: Store, runtime: HostRuntime | None, run_dir: Path, options: Options, say: Say,
-        hosts: list[Host] | None = None) -> dict[str, int]:
+        hosts: list[Host] | None = None, reach: fleet.Connect = fleet.docker_host) -> dict[str, int]:
     """Run what is pending on the sweep's hosts (sparklab.sweep.fleet), each one server at a time: this machine
-    alone when there are none (runtime: this machine's, local.Runtime by default)."""
+    alone when there are none (runtime: this machine's, local.Runtime by default; reach: how the other hosts are
+    reached, Docker's remote API unless a rehearsal reaches its twins)."""
     need = max((fleet.nodes_of(s) for s in plan.servers), default=1)
     if need > len(hosts or [None]):
         raise PreflightError(f"{plan.source}: a server of this sweep runs across {need} hosts; the sweep has "
@@ -144,16 +151,20 @@ def run(plan: Plan, store: Store, runtime: HostRuntime | None, run_dir: Path, op
         say(f"{message} {_progress(store, started, done_at_start)}")
 
     if hosts and (len(hosts) > 1 or not hosts[0].local):
-        members = fleet.connect(hosts, say, local=runtime, pull_policy=options.pull_policy)
+        members = fleet.connect(hosts, say, local=runtime, pull_policy=options.pull_policy, reach=reach)
         store.set_host_facts({"docker_hosts": {m.name: {"docker": redact_url(m.host.docker), "address": m.host.address,
                                                         "port_offset": m.host.port_offset, **m.facts}
                                                for m in members}, "bench_client": "controller"})
     else:
-        members = [fleet.this_machine(runtime or LocalRuntime(), options.pull_policy)]
+        # this machine alone: a single local host may still move its ports (a rehearsal's twin: port_offset)
+        members = [fleet.this_machine(runtime or LocalRuntime(), options.pull_policy, hosts[0] if hosts else None)]
     for member in members:
         for info in member.runtime.gc():
             member.tell(say)(f"removed leftover container {info.name} (its sparklab process is gone)")
-    baseline, _ = preflight.mem_available_gib()
+    controller = controller_of(runtime)
+    # MemAvailable before any server, per host: this machine's now, another host's before its first server
+    baselines = {m.name: facts.meminfo().available_gib for m in members if m.host.local
+                 and (facts := m.runtime.probe(None)) is not None}
 
     def serve_pending(member: fleet.Member, server: ServerConfig, hstore: HostStore, host_say: Say,
                       partners: list[fleet.Member] | None = None) -> None:
@@ -161,7 +172,8 @@ def run(plan: Plan, store: Store, runtime: HostRuntime | None, run_dir: Path, op
         cells = [c for c in server.cells if c.id in pending]
         if cells:
             serve(ServerRun(plan, hstore, member.runtime, run_dir, options, host_say, member.host, server, cells,
-                            baseline, [p.runtime for p in partners or []], lost=member.gone))
+                            baselines, [p.runtime for p in partners or []], [p.name for p in partners or []],
+                            lost=member.gone, controller=controller))
 
     fleet.run(plan, store, members, serve_pending, say_progress, run_dir.name)
     return store.counts()
@@ -177,7 +189,8 @@ def dry_run(request: Request) -> tuple[Plan, float, TimingModel, list[Host] | No
     return plan, estimate_seconds(plan, model), model, hosts
 
 
-def sweep(request: Request, say: Say, runtime: HostRuntime | None = None) -> Outcome:
+def sweep(request: Request, say: Say, runtime: HostRuntime | None = None,
+          reach: fleet.Connect = fleet.docker_host) -> Outcome:
     """Run (or continue) a sweep: plan, open or create its run, run what is pending, record everything.
 
     Ctrl-C and SIGTERM (as KeyboardInterrupt) tear the current server down and return an interrupted outcome
@@ -189,23 +202,23 @@ def sweep(request: Request, say: Say, runtime: HostRuntime | None = None) -> Out
     hosts = _hosts(request, plan)
     run_dir.mkdir(parents=True, exist_ok=True)
     with rundir.RunLock(run_dir), rundir.fault_log(run_dir):
-        rundir.check_free_space(run_dir, request.options.min_free_mib)
         if runtime is None and (hosts is None or any(h.local for h in hosts)):
             runtime = LocalRuntime()
+        rundir.check_free_space(run_dir, request.options.min_free_mib, controller_of(runtime))
         path = run_dir / "results.sqlite"
         store = Store.open(path) if exists else Store.create(path, plan.sweep.model_dump(), __version__)
         with store:
             _check_drift(plan, store, exists, request.options.allow_drift, say)
             added = register(plan, store)
             if not exists:
-                store.set_host_facts(host_facts())
+                store.set_host_facts(host_facts(controller_of(runtime)))
             if request.retry_failed:
                 say(f"{store.retry_failed()} failed or partial cell(s) will run again")
             if request.download and store.pending_cells():
                 download(plan, store, say)
             say(f"run {run_dir} ({'continued' if exists else 'new'}; {added} new cell(s)): {store.counts()}")
             try:
-                counts = run(plan, store, runtime, run_dir, request.options, say, hosts)
+                counts = run(plan, store, runtime, run_dir, request.options, say, hosts, reach)
             except KeyboardInterrupt:
                 store.reset_interrupted(plan.sweep.max_attempts)
                 return Outcome(run_dir, store.counts(), interrupted=True)

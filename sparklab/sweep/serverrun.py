@@ -1,17 +1,27 @@
 """One server config's work on one host: wait for the host to be ready for it, start the server, run its pending
 cells on it, tear it down, and record every outcome; a fault ends this server's work, never the sweep.
 
-What a server's work needs travels in one `ServerRun`. The policy of this machine (the memory wait between
-servers, the page cache, the memory floor) applies where `run.host.local`: another host's memory is not ours.
+What a server's work needs travels in one `ServerRun`. The memory policy (the wait between servers, the page cache,
+the floor) applies on every host the server runs on, read through that host's facts (sweep/watch.py); a host whose
+facts cannot be read runs unwatched, and says so.
+
+`Options.time_scale` is how many wall seconds one second of the night takes: 1 for a real sweep, less for a
+rehearsal (sparklab.rehearse), which runs the night compressed against a twin. Every deadline and timeout the
+sweep sets (readiness, the stall detector, a request's timeout and stall, the memory and port waits, the
+cluster port) and the sampler's interval are multiplied by it, so the compressed night decides what the real one
+would: a server that would miss its deadline by a minute misses it by a second at 60x.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, cast
 
 from sparklab.bench import cell as bench
 from sparklab.bench.metrics import IDENTICAL
@@ -21,14 +31,15 @@ from sparklab.engines.api import EngineAPI
 from sparklab.engines.logwatch import CAUSE_LINES, fatal_error
 from sparklab.engines.scrape import exit_code_meaning
 from sparklab.errors import DiskFullError, MemoryFloorError, NotReadyError, PreflightError, ServerError, SparklabError
-from sparklab.host import memory, preflight, watchdog
-from sparklab.host.headroom import headroom
+from sparklab.host import preflight, watchdog
+from sparklab.host.facts import HostFacts, ThisMachine
 from sparklab.recipes.hosts import LOOPBACK, Host
 from sparklab.recipes.plan import Cell, Plan, ServerConfig
 from sparklab.records import BenchResult, Sampling
 from sparklab.runtimes import cluster, launch
 from sparklab.runtimes.base import HostRuntime
 from sparklab.sweep import provenance, repeats, rundir
+from sparklab.sweep import watch as watching
 from sparklab.sweep.fleet import HostLost
 from sparklab.sweep.hoststore import HostStore
 from sparklab.sweep.store import Store
@@ -49,6 +60,7 @@ class Options:
     min_free_mib: float = 256.0  # free space the runs directory needs before each server
     memory_floor_gib: float | None = None  # --memory-floor-gib; None: the sweep file's, else memwatch.floor_for
     allow_drift: bool = False  # --allow-drift: resume even if the recipe, sampling or an image digest changed
+    time_scale: float = 1.0  # wall seconds per second of the night (a rehearsal's compression; see the docstring)
 
 
 @dataclass
@@ -64,41 +76,50 @@ class ServerRun:
     host: Host
     server: ServerConfig
     cells: list[Cell]  # its pending cells, in order
-    baseline_gib: float = 0.0  # memory available before the first server (this machine's)
+    # MemAvailable on each host before its first server (by host name; a host not in it is measured now)
+    baselines: dict[str, float] = field(default_factory=dict)
     partners: list[HostRuntime] = field(default_factory=list)  # the other hosts of a server across hosts
+    partner_names: list[str] = field(default_factory=list)
     lost: Callable[[], bool] = lambda: False  # whether the host went away (then HostLost, not a fault)
-    watch: watchdog.Sampler | None = None  # this machine's memory while the server runs
+    controller: HostFacts = field(default_factory=lambda: ThisMachine(gpu=False))  # where the run directory is
+    watched: list[watching.Watched] = field(default_factory=list)  # the server's hosts, its own first
     attempted: set[str] = field(default_factory=set)  # cells this server start ran (they counted their attempt)
 
     @property
     def max_attempts(self) -> int:
         return self.plan.sweep.max_attempts
 
+    @property
+    def watch(self) -> watchdog.Sampler | None:
+        """The sampler of the server's own host (its start window and each cell's memory and clocks)."""
+        return self.watched[0].sampler if self.watched else None
+
+    @property
+    def tripped(self) -> watching.Watched | None:
+        return watching.tripped(self.watched)
+
+    @property
+    def scale(self) -> float:
+        return self.options.time_scale
+
 
 def serve(run: ServerRun) -> None:
-    """Wait until the host can take the server (this machine: memory back, page cache freed), then run it; any
-    fault but Ctrl-C, a full disk and drift is contained here (HostLost when the host itself went away)."""
+    """Wait until every host of the server can take it (memory back, page cache freed), then run it; any fault but
+    Ctrl-C, a full disk and drift is contained here (HostLost when the host itself went away)."""
     server, options = run.server, run.options
-    rundir.check_free_space(run.run_dir, options.min_free_mib)
-    if run.host.local:
-        _wait_memory(run.baseline_gib, options.memory_wait_s, run.say, server)
-        if options.drop_caches is not False:
-            memory.free_page_cache(server.recipe, server.spec, run.say, every_recipe=bool(options.drop_caches))
-    configured = options.memory_floor_gib if options.memory_floor_gib is not None else run.plan.sweep.memory_floor_gib
-    room = (headroom(server.spec, server.recipe, memory.read_meminfo(), available_at_start=run.baseline_gib)
-            if run.host.local else None)
-    floor = watchdog.floor_for(server.recipe, configured, room) if run.host.local else 0.0
-    if room is not None and floor:  # not "server X: ...", the prefix of a server's start, ready and failure lines
-        run.say(f"memory floor for {server.label}: {floor:.2f} GiB ({room.explain()})"
-                + ("" if configured is None or room.room_gib >= floor else
-                   "; the configured floor is above that, so the watchdog will likely stop this server"))
-    name = server.spec.name
+    rundir.check_free_space(run.run_dir, options.min_free_mib, run.controller)
+    readers: list[HostFacts] = []
     try:
-        if not run.host.local:
+        _watch_hosts(run, readers)
+        name = server.spec.name
+        if not run.watched:
             _run_server(run)
             return
-        with watchdog.Sampler(floor_gib=floor, locate=lambda: run.runtime.container_id(name),
-                              on_floor=lambda: run.runtime.kill(name)) as run.watch:
+        stop = (lambda: run.runtime.kill(name)) if server.cluster is None else (lambda: _kill_nodes(run))
+        samplers = watching.samplers(run.watched, 1.0 * run.scale, stop, lambda: run.runtime.container_id(name))
+        with contextlib.ExitStack() as stack:
+            for sampler in samplers:
+                stack.enter_context(sampler)
             _run_server(run)
     except (KeyboardInterrupt, DiskFullError, provenance.DriftError):
         raise
@@ -108,6 +129,44 @@ def serve(run: ServerRun) -> None:
                 run.say(f"cell {cell_id} was running when the host was lost; it runs again")
             raise HostLost(_one_line(exc)) from exc
         _contain(run, exc, [c.id for c in run.cells if c.id not in run.attempted])
+    finally:
+        for facts in readers:
+            with contextlib.suppress(Exception):
+                facts.close()
+
+
+def _watch_hosts(run: ServerRun, readers: list[HostFacts]) -> None:
+    """Every host the server runs on, prepared and with its floor (run.watched); a host whose facts cannot be
+    read runs unwatched, and the sweep says so."""
+    server, options = run.server, run.options
+    configured = options.memory_floor_gib if options.memory_floor_gib is not None else run.plan.sweep.memory_floor_gib
+    hosts = [(run.host.name, run.runtime), *zip(run.partner_names, run.partners, strict=True)]
+    for i, (name, runtime) in enumerate(hosts):
+        label = None if i == 0 else name  # the server's own host: its lines already say where
+        facts = runtime.probe(server.spec)
+        if facts is None:
+            if server.recipe.unified_memory:
+                run.say(f"memory on {name}: not watched (its memory cannot be read from here)")
+            continue
+        readers.append(facts)
+        baseline = run.baselines.get(name)
+        if baseline is None:  # its first server: what the host holds without one
+            baseline = run.baselines.setdefault(name, facts.meminfo().available_gib)
+        run.watched.append(watching.prepare(server, name, facts, baseline, configured=configured,
+                                         drop_caches=options.drop_caches,
+                                         memory_wait_s=options.memory_wait_s * run.scale, time_scale=run.scale,
+                                         say=run.say, label=label))
+
+
+def _kill_nodes(run: ServerRun) -> None:
+    """A server across hosts at a floor: every node now (the head's host, then the others)."""
+    name = run.server.spec.name
+    for runtime, node in zip([run.runtime, *run.partners], run.server.cluster.nodes if run.server.cluster else (),
+                             strict=False):
+        with contextlib.suppress(Exception):
+            runtime.kill(node.name)
+    with contextlib.suppress(Exception):
+        run.runtime.kill(name)
 
 
 def _contain(run: ServerRun, exc: Exception, not_reached: list[str]) -> None:
@@ -130,20 +189,27 @@ def _contain(run: ServerRun, exc: Exception, not_reached: list[str]) -> None:
 
 def _start(run: ServerRun) -> launch.Ready:
     """Start the server where the run says: one server, or one across the run's host and its partners."""
-    server, spec, options = run.server, run.server.spec, run.options
+    server, spec, options, scale = run.server, run.server.spec, run.options, run.scale
     local = run.host.local
     remote = None if local or not spec.address or spec.address in LOOPBACK else spec.address
-    _wait_port_free(spec.host, spec.port, options.port_wait_s, remote)
-    # another host's memory, port and cache are not this machine's: fleet.unfit and the start check them
+    _wait_port_free(spec.host, spec.port, options.port_wait_s * scale, remote, scale)
+    # another host's port and cache are not this machine's: fleet.unfit and the start check them; its memory is
+    # read through its facts (run.watched), as this machine's is
     configured = options.memory_floor_gib if options.memory_floor_gib is not None else run.plan.sweep.memory_floor_gib
-    prepared = (launch.checked(server.recipe, spec, floor_gib=configured) if local
-                else launch.checked(server.recipe, spec, False))
+    facts = run.watched[0].facts if run.watched else None
+    if scale != 1:
+        spec = dataclasses.replace(spec, ready_timeout_s=spec.ready_timeout_s * scale)
+    prepared = launch.checked(server.recipe, spec, check_host=local, floor_gib=configured, facts=facts)
+    stall = run.plan.sweep.load_stall_s * scale if run.plan.sweep.load_stall_s else None
     if server.cluster is not None:  # one server across hosts: every node in order, readiness on the head
-        return cluster.start(prepared, server.cluster, [run.runtime, *run.partners], pull_policy=options.pull_policy,
-                             log_dir=run.run_dir / "logs", stall_s=run.plan.sweep.load_stall_s, say=run.say)
+        nodes = tuple(dataclasses.replace(n, ready_timeout_s=n.ready_timeout_s * scale) for n in server.cluster.nodes)
+        return cluster.start(prepared, dataclasses.replace(server.cluster, nodes=nodes), [run.runtime, *run.partners],
+                             pull_policy=options.pull_policy, log_dir=run.run_dir / "logs", stall_s=stall,
+                             say=run.say, port_timeout_s=cluster.CLUSTER_PORT_TIMEOUT_S * scale,
+                             poll_s=min(1.0, 1.0 * scale))
     return launch.start(prepared, run.runtime, pull_policy=options.pull_policy,
                         log_path=run.run_dir / "logs" / f"{server.id}-{server.engine}-{server.method}.log",
-                        stall_s=run.plan.sweep.load_stall_s)
+                        stall_s=stall, poll_s=min(1.0, 1.0 * scale))
 
 
 def _run_server(run: ServerRun) -> None:
@@ -154,13 +220,14 @@ def _run_server(run: ServerRun) -> None:
     try:
         ready = _start(run)
     except (ServerError, PreflightError) as exc:
-        if watch is not None and watch.tripped:
+        if run.tripped is not None:
             _fail_at_floor(run, None)
             return
         kind = _failure_kind(exc)
         code = getattr(exc, "container_exit_code", None)
         why = f"\n{exc.hint}" if kind in ("fatal", "stalled") and exc.hint else ""  # what died, or what to raise
-        store.fail_server_config(server.id, kind, exc.message + why + watchdog.kill_evidence(code, exc),
+        evidence = watchdog.kill_evidence(code, exc, facts=run.watched[0].facts if run.watched else None)
+        store.fail_server_config(server.id, kind, exc.message + why + evidence,
                                  exit_code=code, log_tail=getattr(exc, "log_tail", None),
                                  max_attempts=run.max_attempts)
         cause = f" — {why.strip().splitlines()[0]}" if why else ""
@@ -170,6 +237,8 @@ def _run_server(run: ServerRun) -> None:
     facts = {**ready.facts.as_dict(), **engine(spec.kind).served_facts(api)}
     if watch is not None:
         facts["memory"] = watch.stats(start_mark).as_dict()
+        if len(run.watched) > 1:  # a server across hosts: each node's host
+            facts["memory_hosts"] = {h.name: h.sampler.stats(0).as_dict() for h in run.watched if h.sampler}
     store.record_server_start(server.id, image_digest=ready.image.digest, startup_facts=facts,
                               ready_s=ready.seconds_to_ready, log_path=str(ready.server.log_path),
                               engine_version=engine(spec.kind).version(api))
@@ -189,13 +258,14 @@ def _run_cells(run: ServerRun, ready: launch.Ready) -> None:
             _fail_fatal(run, ready, [c.id for c in cells[i:]])
             return
         running, code = ready.server.state()
-        if not running and run.watch is not None and run.watch.tripped:
+        if not running and run.tripped is not None:
             _fail_at_floor(run, [c.id for c in cells[i:]])
             return
         if not running:
             tail = ready.server.log_tail(50)
             oom = ready.server.oom_killed()
-            meaning = exit_code_meaning(code, oom, tail) + watchdog.kill_evidence(code, tail, oom)
+            meaning = exit_code_meaning(code, oom, tail) + watchdog.kill_evidence(
+                code, tail, oom, facts=run.watched[0].facts if run.watched else None)
             run.store.fail_server_config(server.id, _exit_kind(code, oom),
                                          f"the server exited with code {code}{meaning} during the sweep",
                                          exit_code=code, log_tail=tail, max_attempts=run.max_attempts,
@@ -261,9 +331,11 @@ def _fail_fatal(run: ServerRun, ready: launch.Ready, not_reached: list[str]) -> 
 
 def _fail_at_floor(run: ServerRun, cell_ids: list[str] | None) -> None:
     """The floor watchdog stopped this server: a `memory-floor` failure with the samples; the sweep goes on."""
-    watch = run.watch
-    assert watch is not None and watch.floor_gib is not None
-    message, samples = watchdog.floor_failure(watch, watch.floor_gib)
+    hit = run.tripped
+    assert hit is not None and hit.sampler is not None and hit.sampler.floor_gib is not None
+    message, samples = watchdog.floor_failure(hit.sampler, hit.sampler.floor_gib)
+    if len(run.watched) > 1:
+        message = f"on {hit.name}: {message}"
     run.store.fail_server_config(run.server.id, "memory-floor", message, log_tail=samples,
                                  max_attempts=run.max_attempts, cell_ids=cell_ids)
     run.say(f"server {run.server.label}: failed (memory-floor): {message}")
@@ -273,8 +345,10 @@ def _run_cell(run: ServerRun, ready: launch.Ready, cell: Cell) -> None:
     sweep, store, say, watch, server = run.plan.sweep, run.store, run.say, run.watch, run.server
     store.start_cell(cell.id)
     mark = watch.mark() if watch is not None else 0  # its window: memory and clocks under load
+    marks = [h.sampler.mark() if h.sampler else 0 for h in run.watched]
     sampling = Sampling(**sweep.sampling.model_dump())
-    load = bench.Load(concurrency=cell.concurrency, requests=cell.requests, duration_s=sweep.duration_s,
+    duration = sweep.duration_s * run.scale if sweep.duration_s else None
+    load = bench.Load(concurrency=cell.concurrency, requests=cell.requests, duration_s=duration,
                       warmup=sweep.warmup, stream=sweep.stream)
     spec = ready.server.spec
     adapter = engine(spec.kind)
@@ -282,17 +356,21 @@ def _run_cell(run: ServerRun, ready: launch.Ready, cell: Cell) -> None:
     name = f"{server.label} c={cell.concurrency} {cell.workload} #{cell.repeat}"
     result: BenchResult | None
     try:
+        stall = sweep.stall_timeout_s * run.scale if sweep.stall_timeout_s else None
         result = bench.run(endpoint, load_workload(cell.workload), sampling, load,
-                           request_timeout_s=sweep.request_timeout_s, stall_timeout_s=sweep.stall_timeout_s,
+                           request_timeout_s=sweep.request_timeout_s * run.scale, stall_timeout_s=stall,
                            alive=lambda: ready.server.state()[0] and endpoint.api.alive())
         since = result["measurement"]["window_started_at"]
         bench.add_log_acceptance(result, spec.kind, lambda: ready.server.log_since(since))
         if watch is not None:
             watchdog.add_cell_facts(result, watch, mark)
+            if len(run.watched) > 1:
+                cast(dict[str, Any], result)["memory_hosts"] = {h.name: h.sampler.stats(marks[i]).as_dict()
+                                                                for i, h in enumerate(run.watched) if h.sampler}
     except (KeyboardInterrupt, DiskFullError):
         raise
     except Exception as exc:  # a dead engine mid-warmup, a broken server: this cell fails, the sweep goes on
-        stopped = (watch is not None and watch.tripped) or _engine_died(ready)
+        stopped = run.tripped is not None or _engine_died(ready)
         if not stopped:
             if not isinstance(exc, SparklabError):
                 rundir.faults.error("cell %s (%s): %s", name, cell.id, _one_line(exc), exc_info=exc)
@@ -300,7 +378,7 @@ def _run_cell(run: ServerRun, ready: launch.Ready, cell: Cell) -> None:
             say(f"cell {name}: failed: {_one_line(exc)}")
             return
         result = None  # the server was stopped under the cell: the server's failure says why
-    if watch is not None and watch.tripped:  # its requests failed because the server was stopped
+    if run.tripped is not None:  # its requests failed because the server was stopped
         raise MemoryFloorError("the memory floor stopped the server")
     if _engine_died(ready) or result is None:
         return
@@ -331,32 +409,14 @@ def _engine_died(ready: launch.Ready) -> bool:
     return ready.watch is not None and ready.watch.fatal is not None
 
 
-def _wait_port_free(host: str, port: int, timeout_s: float, address: str | None = None) -> None:
+def _wait_port_free(host: str, port: int, timeout_s: float, address: str | None = None, scale: float = 1.0) -> None:
     """address: another machine's, where a listener is found by connecting (a bind here says nothing)."""
     deadline = time.monotonic() + timeout_s
     while preflight.port_answers(address, port) if address else preflight.port_in_use(host, port):
         if time.monotonic() > deadline:
-            raise PreflightError(f"port {port} is still in use {timeout_s:.0f} s after the previous server",
+            raise PreflightError(f"port {port} is still in use {timeout_s / scale:.0f} s after the previous server",
                                  "Something else listens there: stop it or change the recipe's port.")
-        time.sleep(0.5)
-
-
-def _wait_memory(baseline_gib: float, timeout_s: float, say: Say, server: ServerConfig | None = None) -> None:
-    """GB10 memory is unified: wait until what the previous server held is available again, or, judged as
-    the next engine will, until MemFree covers its share."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        host = memory.read_meminfo()
-        available = host.available_gib
-        need = memory.unified_need(server.spec, server.recipe, host) if server is not None else None
-        if need is not None and host.free_gib >= need.gib:
-            return
-        if available >= baseline_gib - 1.0 or time.monotonic() > deadline:
-            if available < baseline_gib - 1.0:
-                say(f"memory: {available:.1f} GiB available, {baseline_gib:.1f} GiB before the last server; "
-                    f"going on after {timeout_s:.0f} s")
-            return
-        time.sleep(1.0)
+        time.sleep(0.5 * scale)
 
 
 def _one_line(exc: BaseException) -> str:
