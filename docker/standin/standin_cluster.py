@@ -22,7 +22,9 @@ import sys
 import threading
 import time
 
-ADDRESS_FILE = "/tmp/ray/ray_current_cluster"  # the stand-in's own record of the head it started
+# The stand-in's own record of the head it started; STANDIN_RAY_DIR moves it (twin hosts on one machine each keep
+# their own, as each container has its own /tmp).
+ADDRESS_FILE = os.path.join(os.environ.get("STANDIN_RAY_DIR") or "/tmp/ray", "ray_current_cluster")
 
 
 def read_address() -> str:

@@ -111,6 +111,11 @@ class Hardware(Strict):
     # elsewhere, the tests); a sweep measures its own baseline at its start.
     mem_total_gib: float | None = Field(default=None, gt=0)
     os_baseline_gib: float | None = Field(default=None, ge=0)
+    usable_bandwidth_gbps: float | None = Field(default=None, gt=0)  # what a read kernel reaches (twin's check)
+    twin: dict[str, Any] | None = None  # the rehearsal's host model; recipes/twin.py validates it
+
+
+TWIN_ONLY = {"usable_bandwidth_gbps", "twin"}  # kept out of the facts a run stores (the report does not read them)
 
 
 class ModelSpec(Strict):
@@ -406,7 +411,8 @@ def stored_facts(recipe: Recipe, devices: dict[str, Hardware], engine: str | Non
     device = devices.get(recipe.hardware) if recipe.hardware else None
     model = recipe.model_of(engine)
     return {"model": {"id": model.id, "facts": model.facts.model_dump(exclude_none=True)},
-            "hardware": {"name": recipe.hardware, **device.model_dump(exclude_none=True)} if device else None}
+            "hardware": {"name": recipe.hardware, **device.model_dump(exclude_none=True, exclude=TWIN_ONLY)}
+            if device else None}
 
 
 def list_recipes(directory: Path | None = None) -> list[Path]:
