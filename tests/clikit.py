@@ -61,4 +61,6 @@ EVERY_FLAG: dict[str, list[str]] = {
     "logs": ["logs", "n2", "-f", "--tail", "10", "--host", "local"],
     "gc": ["gc", "--caches", "--keep", "2", "--max-gib", "3", "--host", "local"],
     "recipes": ["recipes"],
+    "check": ["check", "cpu", "-t", "gb10", "--engine", "vllm-cpu", "--set", "a=1", "--pull", "never", "--no-cache",
+              "--timeout", "30"],
 }

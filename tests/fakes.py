@@ -15,6 +15,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from sparklab.engines.parsers import Probe, ProbeRun
 from sparklab.errors import ContainerError, ImageUnavailableError, ServerError
 from sparklab.host.facts import HostFacts, ThisMachine
 from sparklab.runtimes.base import ImageInfo, Lifecycle, LogListener, PullCallback, ServerInfo, Target
@@ -95,7 +96,9 @@ class FakeRuntime:
     """A host's runtime. images: ref -> architecture of the images it has (others it can pull, unless their
     name starts with gone/); servers: what it lists; leftovers: what gc removes; no_image: no image at all;
     refuse: every start is refused; up: whether it answers; on_launch: called with each spec it starts (a test's
-    engine endpoint comes up then, after the preflight found its port free)."""
+    engine endpoint comes up then, after the preflight found its port free); parser_says: what the image's own
+    parser prints when a probe runs (None: the probe cannot run here, as in the unit tier, and the check says
+    "not checked"); probed: the probes it was asked to run."""
 
     def __init__(self, host: str = "local", events: list[str] | None = None, *, arch: str = "x86_64",
                  images: dict[str, str] | None = None, servers: list[ServerInfo] | None = None,
@@ -110,14 +113,16 @@ class FakeRuntime:
         self.refuse, self.no_image, self.port_after = refuse, no_image, port_after
         self.mem_total_gib = mem_total_gib
         self.on_launch = on_launch
-        # what probe() gives: this machine's readings for the local host, nothing for another (a fake host's memory
+        # what host_facts() gives: this machine's readings for the local host, nothing for another (a fake host's memory
         # cannot be read) unless a test gives its own
-        self.facts = (ThisMachine(gpu=False) if host == "local" else None) if facts == "default" else facts
-        self.probed: list[LaunchSpec | None] = []
+        self.readings = (ThisMachine(gpu=False) if host == "local" else None) if facts == "default" else facts
+        self.facts_asked: list[LaunchSpec | None] = []
         self.up = True
         self.launched: list[FakeServer] = []
         self.removed: list[str] = []  # names given to remove()
         self.removed_runs: list[str] = []  # run ids given to remove_run_containers()
+        self.parser_says: str | None = None
+        self.probed: list[Probe] = []
 
     # -- base.Runtime ---------------------------------------------------------------------------------------------
 
@@ -148,6 +153,12 @@ class FakeRuntime:
         server = FakeServer(spec, self.events, self.port_after, detach=detach, on_log=on_log)
         self.launched.append(server)
         return server
+
+    def probe(self, image: str, probe: Probe, timeout_s: float) -> ProbeRun:
+        self.probed.append(probe)
+        if self.parser_says is None:
+            return ProbeRun(None, "", "", 0.0, error="the fake runtime runs no parser")
+        return ProbeRun(0, self.parser_says, "", 0.1)
 
     def containers(self, include_stopped: bool = True) -> list[ServerInfo]:
         return [s for s in self.servers if include_stopped or s.status == "running"]
@@ -201,9 +212,13 @@ class FakeRuntime:
         arch = self.images.get(ref)
         return None if arch is None else ImageInfo(ref, IMAGE_ID, DIGEST, arch)
 
-    def probe(self, spec: LaunchSpec | None = None) -> HostFacts | None:
-        self.probed.append(spec)
-        return self.facts if not isinstance(self.facts, str) else None
+    def host_facts(self, spec: LaunchSpec | None = None) -> HostFacts | None:
+        self.facts_asked.append(spec)
+        return self.readings if not isinstance(self.readings, str) else None
+
+    def registry_platforms(self, ref: str) -> list[str] | None:
+        """As containers.Docker's: the registry cannot be asked here (a parser check then pulls as a start would)."""
+        return None
 
     def image_problem(self, ref: str, policy: str = "missing") -> str | None:
         if ref in self.images or (policy != "never" and not ref.startswith("gone/")):

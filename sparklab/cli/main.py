@@ -18,7 +18,7 @@ from typing import Any, Generic, Protocol, TypeVar
 from rich.markup import escape
 
 from sparklab import __version__
-from sparklab.cli import bench, hosts, pull, recipes, report, sweep, up
+from sparklab.cli import bench, check, hosts, pull, recipes, report, sweep, up
 from sparklab.cli.terminal import err, out
 from sparklab.errors import SparklabError
 
@@ -58,6 +58,8 @@ COMMANDS: dict[str, Command[Any]] = {  # in the order `sparklab --help` lists th
                       report.ReportArgs, report.cmd_report),
     "pull": Command("fetch the images and every model and draft a recipe, method or sweep needs",
                     pull.PullArgs, pull.cmd_pull),
+    "check": Command("run each server's command through its image's own parser and read the engine versions",
+                     check.CheckArgs, check.cmd_check),
     "down": Command("stop and remove sparklab servers", hosts.DownArgs, _printing(hosts.cmd_down)),
     "ps": Command("list sparklab containers", hosts.PsArgs, _printing(hosts.cmd_ps)),
     "logs": Command("print a server's log", hosts.LogsArgs, _printing(hosts.cmd_logs)),

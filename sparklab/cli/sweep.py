@@ -73,7 +73,11 @@ def cmd_sweep(args: SweepArgs) -> int:
 
     request = args.request
     if args.dry_run:
-        out.print(plan_table(*runner.dry_run(request)))
+        from sparklab.cli.up import dry_parser_check
+
+        planned = runner.dry_run(request)
+        out.print(plan_table(*planned))
+        dry_parser_check([s.spec for s in planned[0].servers if s.cluster is None], (request.file,))
         return 0
     status = err.status("starting the sweep…") if err.is_terminal else None
 

@@ -191,7 +191,11 @@ def cmd_up(args: UpArgs) -> int:
         err.print("[yellow]warning:[/] " + escape(key_warning), markup=True)
     nodes = cluster.across(args, p, options) if args.hosts or multinode.nodes_of(p.recipe, spec.engine) > 1 else None
     if args.dry_run:
-        out.print(launch_command(spec) if nodes is None else "\n\n".join(cluster.commands(nodes)), markup=False)
+        if nodes is None:
+            out.print(launch_command(spec), markup=False)
+            dry_parser_check([p.spec])
+        else:
+            out.print("\n\n".join(cluster.commands(nodes)), markup=False)
         out.print("dry run: preflight passed, nothing started.")
         return 0
     if nodes is not None and args.detach:
@@ -227,7 +231,12 @@ def cmd_up(args: UpArgs) -> int:
                                            api_key=given_key, on_wait=on_wait, stall_s=args.stall_timeout,
                                            say=lambda message: err.print(message, markup=False))
     _print_warnings(p.warnings[shown:])
+    from sparklab.engines.api import EngineAPI
+
     with ready.server:
+        disagree = launch.read_served_version(ready, EngineAPI(spec.endpoint, ready.api_key))
+        if disagree:
+            err.print("[yellow]warning:[/] " + escape(disagree), markup=True)
         _print_ready(ready, key_given=bool(given_key))
         if args.detach:
             ready.server.keep()
@@ -244,6 +253,23 @@ def cmd_up(args: UpArgs) -> int:
             err.print(f"stopped and removed {ready.server.name}{others} in {seconds:.1f} s")
             return 0
     return 0
+
+
+def dry_parser_check(specs: list[Any], sources: tuple[Path, ...] = ()) -> None:
+    """--dry-run: each command through its image's own parser, where the image is already here (a dry run pulls
+    nothing; the verdict is kept for the start). A refusal is the dry run's error; what could not run, a warning."""
+    from sparklab.cli.console import check_table
+    from sparklab.runtimes import imagecheck
+    from sparklab.runtimes.local import Runtime
+
+    checks = imagecheck.gather(specs, Runtime(), pull_policy=None)
+    out.print(check_table(checks))
+    _print_warnings([preflight.Finding("warning", w) for w in imagecheck.summarize(checks)])
+    refused = [c for c in checks if c.verdict.status == imagecheck.REJECTED]
+    if refused:
+        error = imagecheck.refusal(refused[0], sources)
+        error.message = "\n".join(imagecheck.refusal(c, sources).message for c in refused)
+        raise error
 
 
 def _print_ready(ready: launch.Ready, key_given: bool = False) -> None:

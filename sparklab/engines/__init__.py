@@ -1,7 +1,8 @@
 """engines: everything sparklab knows about each engine, one adapter module per kind, and the doors to a running one.
 
-`base` is the adapter protocol (launch flags, preflight, startup log, readiness, counters, known deaths); `vllm`,
-`sglang`, `llamacpp` and `trtedge` each cite the engine version and source line a fact was read from. `api` is
+`base` is the adapter protocol (launch flags, preflight, startup log, readiness, counters, known deaths, the
+engine's own parser: `parsers`, `probes/`); `vllm`, `sglang`, `llamacpp` and `trtedge` each cite the engine
+version and source line a fact was read from, in their `KNOWLEDGE` tables (`knowledge`). `api` is
 the only module that talks HTTP to an engine outside the chat stream; `logwatch` follows a log for fatal lines;
 `caches` mounts the engines' compile caches per image digest; `scrape` and `counters` parse what engines print
 and export. It may import only `spec`, `records`, `outputs`, `inputs` and `errors`: adapters are the lowest

@@ -17,6 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from sparklab.engines import knowledge, parsers
+from sparklab.engines.knowledge import Fact, Knowledge, VersionKey
+from sparklab.engines.parsers import Probe, ProbeRun, Verdict
 from sparklab.engines.scrape import StartupFacts, collect_warnings
 from sparklab.spec import LaunchSpec, Speculative
 
@@ -248,8 +251,8 @@ class Engine:
         """What the counters say about the window between two snapshots: `speculative`, `server_latency`."""
         return {}
 
-    def log_acceptance(self, text: str) -> dict[str, Any] | None:
-        """Acceptance stated by the log lines of the window, for engines that print it."""
+    def log_acceptance(self, text: str, version: str | None = None) -> dict[str, Any] | None:
+        """Acceptance stated by the log lines of the window, for engines that print it (as this version prints it)."""
         return None
 
     def acceptance(self, result: dict[str, Any]) -> Acceptance | None:
@@ -280,6 +283,42 @@ class Engine:
     def k_schedule_why_not(self, version: str | None) -> str:
         """Why k_schedule_args gives nothing at this version ("" when it gives the arguments)."""
         return f"sparklab knows no per-batch-size K setting of {self.kind}"
+
+    # -- its own parser, its version, and which versions this adapter's knowledge was read from ----------------
+    knowledge: Knowledge = Knowledge(())
+    name: str = ""  # the engine's name without a version: "vLLM"
+
+    def parser_probe(self, specs: Sequence[LaunchSpec]) -> Probe | str:
+        """How to run the engine's own argument parser on these servers' commands (one image or program), reading
+        its version in the same run; a string says why it cannot be run."""
+        return f"sparklab knows no way to run {self.name or self.kind}'s own argument parser"
+
+    def parser_verdicts(self, specs: Sequence[LaunchSpec], run: ProbeRun) -> list[Verdict]:
+        """One verdict per server from the probe's run."""
+        return [parsers.not_checked(f"{self.name or self.kind}'s parser did not run", run) for _ in specs]
+
+    def version_key(self, version: str | None) -> VersionKey | None:
+        return knowledge.dotted_key(version)
+
+    def same_version(self, a: str | None, b: str | None) -> bool:
+        """Two readings of the version (the image's metadata, the server's endpoint) name one release."""
+        return a is None or b is None or self.version_key(a) == self.version_key(b)
+
+    def version_warning(self, version: str | None, where: str, why_unknown: str = "") -> str | None:
+        """One warning naming the checks that may not hold for this version (None: every fact was read for it)."""
+        return knowledge.version_warning(self.name or self.kind, self.knowledge, version, where, self.version_key,
+                                         why_unknown)
+
+    def acceptance_fact(self, result: dict[str, Any]) -> Fact | None:
+        """The fact a result's acceptance figure rests on (the counter or log line it was read from)."""
+        return None
+
+    def unverified_acceptance(self, result: dict[str, Any], version: str | None) -> Fact | None:
+        """The acceptance fact, when nobody read its format for this version: the report marks the figure."""
+        fact = self.acceptance_fact(result)
+        if fact is None or version is None:
+            return None
+        return None if self.knowledge.holds(fact, version, self.version_key) else fact
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -1,4 +1,7 @@
-"""SGLang: speculative flags, preflight, startup log, acceptance (log lines, /server_info), known deaths."""
+"""SGLang: speculative flags, preflight, its own parser, startup log, acceptance (log lines, /server_info), deaths.
+
+Read from SGLang 0.5.23 (the wheel), the decode line also from 0.5.9, 0.5.12 and 0.5.16: KNOWLEDGE below.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +10,7 @@ import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from sparklab.engines import parsers
 from sparklab.engines.base import (
     Acceptance,
     Engine,
@@ -19,6 +23,7 @@ from sparklab.engines.base import (
     flag_value,
     where,
 )
+from sparklab.engines.knowledge import Fact, Knowledge
 from sparklab.engines.scrape import StartupFacts, parse_metrics, to_int
 from sparklab.errors import EngineUnreachable as Unreachable
 from sparklab.spec import Speculative
@@ -30,6 +35,41 @@ if TYPE_CHECKING:
 # server_args.py's built-in speculative algorithms.
 METHODS = frozenset({"EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM", "DFLASH", "DSPARK"})
 NEEDS_DRAFT = frozenset({"EAGLE3", "STANDALONE", "DFLASH", "DSPARK"})
+
+# -- which versions this adapter's knowledge was read from (sparklab/engines/knowledge.py): each fact with its
+# versions and its file:line in each. `sparklab check` and every start warn for an image outside them.
+_S23 = ("0.5.23",)
+KNOWLEDGE = Knowledge((
+    Fact("command", "python3 -m sglang.launch_server / sglang serve", _S23,
+         "srt/server_args.py:668-679 (prepare_server_args, prog 'sglang serve')"),
+    Fact("flags", "every recipe flag (speculative, MoE runner, Mamba dtype, parsers)", _S23,
+         "srt/arg_groups/fields/*.py (scripts/sglang-parser/README.md lists each file:line)"),
+    Fact("flags", "--api-key only (no environment variable)", _S23, "srt/arg_groups/fields/serving.py:160"),
+    Fact("readiness path", "GET /health (503 while starting)", _S23, "srt/entrypoints/http_server.py:721"),
+    Fact("endpoints", "GET /server_info (version, internal_states), /flush_cache", _S23,
+         "srt/entrypoints/http_server.py:863-890, :1025"),
+    Fact("startup lines", "KV Cache is allocated, max_total_num_tokens, Load weight end, fired up and ready", _S23,
+         "srt/mem_cache/memory_pool.py:2087-2090, managers/scheduler.py:1268-1275, "
+         "model_executor/model_runner.py:1372-1378, entrypoints/http_server.py:2600"),
+    Fact("fatal lines", "… hit an exception; sigquit from a child; subprocess crashed; watchdog timeout", _S23,
+         "srt/managers/scheduler.py:6372, entrypoints/engine.py:1978, managers/tokenizer_manager.py:4074, "
+         "utils/watchdog.py:154,217"),
+    # accept len is (accepted + bonus) / verify steps in all four; accept rate counted the bonus token up to 0.5.9
+    # (accepted incl. bonus / (steps x draft tokens)) and is drafts only from 0.5.12 (correct drafts / (steps x
+    # (draft tokens - 1))): sglang.log_acceptance drops the rate outside 0.5.12-0.5.23.
+    Fact("acceptance lines", "Decode batch … accept len: X (bonus token included)", ("0.5.9", "0.5.12", "0.5.16",
+         "0.5.23"), "srt/managers/scheduler_metrics_mixin.py:366-390 (0.5.9), observability/scheduler_metrics_mixin"
+         ".py:675-694 (0.5.12), managers/scheduler_components/metrics_reporter.py:753-796 (0.5.16), :963-1005 "
+         "(0.5.23)"),
+    Fact("acceptance lines", "Decode batch … accept rate: Y (share of draft tokens accepted)", ("0.5.12", "0.5.16",
+         "0.5.23"), "observability/scheduler_metrics_mixin.py:684-694 (0.5.12), scheduler_components/"
+         "metrics_reporter.py:766-796 (0.5.16), :976-1005 (0.5.23); 0.5.9 counted the bonus token "
+         "(managers/scheduler_metrics_mixin.py:377-390)"),
+    Fact("acceptance counters", "sglang:generation_tokens_total / sglang:spec_verify_calls_total", _S23,
+         "srt/observability/metrics_collector.py:1861, 1866, 2112"),
+    Fact("cache variables", "SGLANG_CACHE_DIR, SGLANG_JIT_CACHE_DIR", _S23, "srt/environ.py:1373-1387"),
+))
+
 
 
 def speculative(argv: Sequence[str]) -> Speculative | None:
@@ -141,11 +181,23 @@ def _weighted(pairs: list[tuple[float, float]]) -> float:
     return sum(v * w for v, w in pairs) / total if total else sum(v for v, _ in pairs) / len(pairs)
 
 
-def log_acceptance(text: str) -> dict[str, Any] | None:
+_LEN_FACT, _RATE_FACT = KNOWLEDGE.in_area("acceptance lines")
+_COUNTERS_FACT = KNOWLEDGE.in_area("acceptance counters")[0]
+_INFO_FACT = KNOWLEDGE.in_area("endpoints")[0]
+
+
+def _rate_holds(version: str | None) -> bool:
+    """Whether `accept rate` is the share of draft tokens accepted in this version (0.5.12-0.5.23 as read; 0.5.9
+    counted the bonus token). An unknown version keeps the rate: the report marks it by the run's version."""
+    return version is None or bool(KNOWLEDGE.holds(_RATE_FACT, version))
+
+
+def log_acceptance(text: str, version: str | None = None) -> dict[str, Any] | None:
     """SGLang's decode log lines of the window: acceptance length (incl. the bonus token) and rate.
 
     Each line states its own stretch of decode iterations; their verify-step counts are not printed, so the
-    lines are pooled weighted by #running-req (the batch size when the line was written)."""
+    lines are pooled weighted by #running-req (the batch size when the line was written). The rate is left out
+    for a version whose `accept rate` means something else, or nobody read (KNOWLEDGE)."""
     lengths: list[tuple[float, float]] = []
     rates: list[tuple[float, float]] = []
     for line in text.splitlines():
@@ -159,10 +211,15 @@ def log_acceptance(text: str) -> dict[str, Any] | None:
     ordered = sorted(v for v, _ in lengths)
     mid = len(ordered) // 2
     median = ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
-    return {"samples": len(lengths), "median": median, "mean": _weighted(lengths), "max": ordered[-1],
-            "rate": _weighted(rates) if rates else None,
-            "source": "SGLang decode log lines in the window ('accept len' / 'accept rate', "
-                      "weighted by #running-req)"}
+    found: dict[str, Any] = {
+        "samples": len(lengths), "median": median, "mean": _weighted(lengths), "max": ordered[-1],
+        "rate": _weighted(rates) if rates else None,
+        "source": "SGLang decode log lines in the window ('accept len' / 'accept rate', weighted by #running-req)"}
+    if rates and not _rate_holds(version):
+        found["rate"] = None
+        found["rate_left_out"] = (f"SGLang {version}'s `accept rate` is not known to be the share of draft tokens "
+                                  f"accepted (read so in 0.5.12-0.5.23; 0.5.9 counted the bonus token)")
+    return found
 
 
 def metrics_window(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any] | None:
@@ -186,6 +243,8 @@ class SGLang(Engine):
     ready_needs_key = False
     ready_line = re.compile(r"The server is fired up and ready to roll!")
     label = "SGLang"
+    name = "SGLang"
+    knowledge = KNOWLEDGE
     memory_fraction_flag = "--mem-fraction-static"
     # sglang 0.5.23 leaves pre_model_load_memory x (1 - mem_fraction_static) free, i.e. the fraction is of the
     # memory free before its model load (srt/model_executor/model_runner_components/kv_pool_runtime.py:75-77);
@@ -280,8 +339,8 @@ class SGLang(Engine):
         found = metrics_window(before, after)
         return {"speculative": found} if found else {}
 
-    def log_acceptance(self, text: str) -> dict[str, Any] | None:
-        return log_acceptance(text)
+    def log_acceptance(self, text: str, version: str | None = None) -> dict[str, Any] | None:
+        return log_acceptance(text, version)
 
     def acceptance(self, result: dict[str, Any]) -> Acceptance | None:
         """Per window first: /metrics differences (exact for the requests finished in the window), then the
@@ -306,9 +365,48 @@ class SGLang(Engine):
         log = result.get("speculative_log") or {}
         return None if log.get("rate") is None else float(log["rate"])
 
+    def acceptance_fact(self, result: dict[str, Any]) -> Fact | None:
+        spec = result.get("speculative") or {}
+        if spec.get("verify_steps") and spec.get("acceptance_length") is not None:
+            return _COUNTERS_FACT
+        if (result.get("speculative_log") or {}).get("mean") is not None:
+            return _LEN_FACT
+        return _INFO_FACT if self.acceptance(result) is not None else None
+
+    def version(self, api: EngineAPI) -> str | None:
+        """GET /server_info's `version` (sglang.version.__version__, http_server.py:888 in 0.5.23)."""
+        try:
+            answer = api.get("/server_info")
+            value = answer.json().get("version") if answer.status == 200 else None
+            return str(value) if value else None
+        except (Unreachable, ValueError, AttributeError):
+            return None
+
+    def parser_probe(self, specs: Sequence[LaunchSpec]) -> parsers.Probe | str:
+        """SGLang's own prepare_server_args (what launch_server calls) in the image (probes/sglang_args.py: the
+        parser contract test's code), plus the algorithm name and DSpark block-size rules it leaves to start-up."""
+        cases = []
+        for i, spec in enumerate(specs):
+            argv = parsers.key_free(parsers.command_of(spec))
+            if argv[:2] == ["-m", "sglang.launch_server"]:
+                argv = argv[2:]
+            elif spec.entrypoint[0].rsplit("/", 1)[-1] == "sglang" and argv[:1] == ["serve"]:
+                argv = argv[1:]
+            else:
+                return (f"the command runs {' '.join([*spec.entrypoint, *argv[:2]])} …, not `python3 -m "
+                        f"sglang.launch_server` or `sglang serve`: sparklab knows only SGLang's server parser")
+            cases.append({"id": str(i), "argv": argv})
+        return parsers.python_probe("sglang", specs[0].entrypoint[0], "sglang_args.py", cases)
+
+    def parser_verdicts(self, specs: Sequence[LaunchSpec], run: parsers.ProbeRun) -> list[parsers.Verdict]:
+        return parsers.case_verdicts(run, len(specs), _PARSER, "sglang_version")
+
     def reset_prefix_cache(self, api: EngineAPI) -> None:
         with contextlib.suppress(Unreachable):
             api.post("/flush_cache")  # also resets /server_info's cumulative acceptance (while idle)
 
+
+_PARSER = ("SGLang's prepare_server_args (launch_server's parser), SpeculativeAlgorithm.from_string and the DSpark "
+           "block-size rule (no device, no model)")
 
 ENGINE = SGLang()

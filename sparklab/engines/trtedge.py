@@ -40,12 +40,16 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from sparklab.engines import knowledge, parsers
 from sparklab.engines.base import Engine, Finding, KnownFailure, RecipeView, as_int, check_k, flag_value, where
+from sparklab.engines.knowledge import Fact, Knowledge
 from sparklab.engines.scrape import StartupFacts
 from sparklab.errors import SparklabError
 from sparklab.spec import Speculative
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from sparklab.records import Sampling
     from sparklab.spec import LaunchSpec
 
@@ -91,9 +95,50 @@ def speculative(argv: Sequence[str]) -> Speculative | None:
                        draft_model=config.get("model"), options=extra)
 
 
+# The server command by version, as each was read: 0.11.0's wheel installs only `tensorrt-edgellm-serve`
+# (entry_points.txt); seed 004 and the 0.11.1 documentation run `trtedge serve` (docs 0.11.1/user_guide/
+# getting_started/cli.html); the latest documentation runs `edgellm serve` (docs latest/user_guide/examples/
+# integration/aiperf.html, a version after 0.11.1 whose number it does not state). The readiness path is
+# /health/ready in all three (routes.py:77 in 0.11.0; the latest docs wait on the same path).
+COMMANDS = ((("0.11.0",), ("tensorrt-edgellm-serve",)), (("0.11.1",), ("trtedge", "serve")),
+            (("0.11.2",), ("edgellm", "serve")))
+
+
+def command_for(version: str | None) -> tuple[str, ...] | None:
+    """The server command this Edge-LLM version installs (None: unknown version). Releases after 0.11.1 are taken
+    to run the latest documentation's `edgellm serve`."""
+    key = knowledge.dotted_key(version)
+    if key is None:
+        return None
+    found: tuple[str, ...] | None = None
+    for (first,), command in COMMANDS:
+        if key >= (knowledge.dotted_key(first) or ()):
+            found = command
+    return found
+
+
+# -- which versions this adapter's knowledge was read from (sparklab/engines/knowledge.py): each fact with its
+# versions and its file:line in each. `sparklab check` and every start warn for an image outside them.
+_E110 = ("0.11.0",)
+KNOWLEDGE = Knowledge((
+    Fact("command", "tensorrt-edgellm-serve MODEL (0.11.0's only server command)", _E110,
+         "entry_points.txt of the 0.11.0 wheel; 0.11.1's documentation runs `trtedge serve` (docs "
+         "0.11.1/user_guide/getting_started/cli.html) and the latest `edgellm serve` (docs latest/user_guide/"
+         "examples/integration/aiperf.html): documentation only, no wheel on the index"),
+    Fact("flags", "the server's flags and --speculative-config keys", _E110,
+         "experimental/server/config.py:66-97, 279-373, 376-430"),
+    Fact("readiness path", "GET /health/ready", _E110,
+         "experimental/server/api/routes.py:77 (0.11.0; the latest documentation waits on the same path)"),
+    Fact("startup lines", "Loaded model=… max_model_len=… kv_cache_dtype=… speculative_decoding=…", _E110,
+         "experimental/server/cli.py:43-51"),
+))
+
+
 class TrtEdge(Engine):
     kind = "trtedge"
     label = "TensorRT Edge-LLM 0.11"
+    name = "TensorRT Edge-LLM"
+    knowledge = KNOWLEDGE
     ready_path = "/health/ready"  # routes.py:77; served only once load_model returned (cli.py:39-52)
     ready_needs_key = False  # the key guards /v1/ only (api/app.py:128)
     ready_line = re.compile(r"Application startup complete|Uvicorn running on")
@@ -155,5 +200,43 @@ class TrtEdge(Engine):
     def acceptance(self, result: dict[str, Any]) -> None:
         return None  # the server reports none (see the module docstring)
 
+    def parser_probe(self, specs: Sequence[LaunchSpec]) -> parsers.Probe | str:
+        """Edge-LLM's own parse_server_config with the Python of the venv the server runs from
+        (probes/edgellm_args.py: the code of tests/unit/test_edgellm_contract.py's check). `trtedge serve` and
+        `edgellm serve` take the same flags after `serve`."""
+        cases = []
+        for i, spec in enumerate(specs):
+            argv = parsers.key_free(parsers.command_of(spec))
+            if spec.entrypoint[0].rsplit("/", 1)[-1] in ("trtedge", "edgellm") and argv[:1] == ["serve"]:
+                argv = argv[1:]
+            cases.append({"id": str(i), "argv": argv})
+        program = specs[0].entrypoint[0]
+        python = f"{program.rsplit('/', 1)[0]}/python" if "/" in program else program  # the venv's own Python
+        return parsers.python_probe("experimental", python, "edgellm_args.py", cases)
+
+    def parser_verdicts(self, specs: Sequence[LaunchSpec], run: parsers.ProbeRun) -> list[parsers.Verdict]:
+        """The parser's verdicts, then the command against the version: a command this version does not install
+        is refused with the one it does (the version follows COMMANDS)."""
+        verdicts = parsers.case_verdicts(run, len(specs), _PARSER, "version")
+        out = []
+        for spec, verdict in zip(specs, verdicts, strict=True):
+            wrong = self._wrong_command(spec, verdict)
+            out.append(dataclasses.replace(verdict, status=parsers.REJECTED, rejections=(*verdict.rejections, wrong))
+                       if wrong else verdict)
+        return out
+
+    @staticmethod
+    def _wrong_command(spec: LaunchSpec, verdict: parsers.Verdict) -> parsers.Rejection | None:
+        program = spec.entrypoint[0].rsplit("/", 1)[-1]
+        installed = [str(s) for s in verdict.facts.get("console_scripts") or ()]
+        expected = command_for(verdict.version)
+        if verdict.status == parsers.NOT_CHECKED or not installed or program in installed:
+            return None
+        runs = f"; its server command is `{' '.join(expected)}`" if expected else ""
+        return parsers.Rejection(None, f"TensorRT Edge-LLM {verdict.version} installs no `{program}` (its commands: "
+                                       f"{', '.join(installed)}){runs}")
+
+
+_PARSER = "TensorRT Edge-LLM's parse_server_config (its server CLI's argparse parser and config checks)"
 
 ENGINE = TrtEdge()

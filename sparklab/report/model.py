@@ -95,6 +95,7 @@ class Server:
     model: dict[str, Any]
     device: Device | None
     kind: str | None = None  # the engine adapter's kind (vllm, llamacpp, ...); None in runs that did not store it
+    image_check: dict[str, Any] | None = None  # its image's own parser on its command (None: runs before schema 5)
 
     @property
     def streams_one_chunk_per_step(self) -> bool:
@@ -251,7 +252,7 @@ def _servers(store: Store, overrides: Overrides, notes: list[str]) -> list[Serve
         servers.append(Server(row.id, seq, row.engine, row.method, row.k, str(config.get("recipe", "?")),
                               tuple(config.get("overrides", ())), tuple(config.get("serve_args", ())), row.image,
                               row.image_digest, row.engine_version, row.ready_s, row.startup_facts or {}, model,
-                              device, config.get("kind")))
+                              device, config.get("kind"), row.image_check))
     return servers
 
 

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from sparklab import interrupts
+from sparklab.engines.parsers import Probe, ProbeRun
 from sparklab.errors import ServerError
 from sparklab.host.facts import HostFacts
 from sparklab.spec import LaunchSpec
@@ -190,6 +191,12 @@ class Runtime(Protocol):
         """Start a server; on any failure it is removed before raising."""
         ...
 
+    def probe(self, image: str, probe: Probe, timeout_s: float) -> ProbeRun:
+        """Run a short check where a launch of `image` would run (the engine's own argument parser on the exact
+        command, sparklab.runtimes.imagecheck): bounded by timeout_s, no server left behind, never raises for the
+        check's own failure (ProbeRun.error says why it could not run)."""
+        ...
+
     def containers(self, include_stopped: bool = True) -> list[ServerInfo]:
         """Its sparklab servers (the name is Docker's word: host processes are listed too)."""
         ...
@@ -246,7 +253,7 @@ class HostRuntime(Runtime, Protocol):
         """Why this host cannot have the image (None: it has it, or can pull it)."""
         ...
 
-    def probe(self, spec: LaunchSpec | None = None) -> HostFacts | None:
+    def host_facts(self, spec: LaunchSpec | None = None) -> HostFacts | None:
         """The host's live readings (host/facts.py: memory, page cache, clocks, disk) for watching a server there;
         spec: the launch about to start, whose image a reader on another host may run from. None: this host's
         memory cannot be read from here (its servers then run unwatched). The caller closes what it gets."""

@@ -29,7 +29,7 @@ from sparklab.host import preflight
 from sparklab.recipes.multinode import ClusterSpec
 from sparklab.runtimes.base import Lifecycle, PullCallback, Runtime, Server
 from sparklab.runtimes.health import exited_error, wait_ready
-from sparklab.runtimes.launch import Launch, Ready, facts_after_ready
+from sparklab.runtimes.launch import Launch, Ready, facts_after_ready, parser_preflight
 from sparklab.runtimes.state import state_dir
 
 log = logging.getLogger(__name__)
@@ -173,9 +173,12 @@ def start(p: Launch, cluster: ClusterSpec, runtimes: Sequence[Runtime], *, pull_
           on_pull: PullCallback | None = None, api_key: str | None = None,
           on_wait: Callable[[float], None] | None = None, log_dir: Path | None = None, stall_s: float | None = None,
           say: Say | None = None, port_timeout_s: float = CLUSTER_PORT_TIMEOUT_S,
-          ready: Callable[..., float] = wait_ready, poll_s: float = 1.0) -> Ready:
+          ready: Callable[..., float] = wait_ready, poll_s: float = 1.0,
+          sources: tuple[Path, ...] = ()) -> Ready:
     """Start the nodes in order and wait for the head; the returned server is torn down already if anything here
-    fails (runtimes[i] is the host of cluster.nodes[i]; each node runs where its spec says, a container)."""
+    fails (runtimes[i] is the host of cluster.nodes[i]; each node runs where its spec says, a container).
+    sources: files besides the recipe that may write a flag the image's parser refuses (a sweep file)."""
+    p.sources = p.sources or sources
     tell = say or (lambda message: log.info("%s", message))
     head = cluster.head
     runtimes = [runtime.for_spec(spec) for spec, runtime in zip(cluster.nodes, runtimes, strict=True)]
@@ -187,6 +190,7 @@ def start(p: Launch, cluster: ClusterSpec, runtimes: Sequence[Runtime], *, pull_
                                                                                                     strict=True))
                                             + "); the engines' versions may not match",
                                             "Pull the same digest on every host (pin it in the recipe)."))
+    p.check = parser_preflight(p, runtimes[0], images[0])  # the head's command through its image's own parser
     nodes = [caches.bind(spec, spec.image, image.digest, image.id) for spec, image in zip(cluster.nodes, images,
                                                                                               strict=True)]
     key = (api_key or secrets.token_urlsafe(24)) if head.needs_api_key else None
@@ -222,5 +226,5 @@ def start(p: Launch, cluster: ClusterSpec, runtimes: Sequence[Runtime], *, pull_
         server.stop()
         raise
     p.spec = nodes[0]
-    return Ready(server, images[0], time.monotonic() - started, key, facts, log_watch)
+    return Ready(server, images[0], time.monotonic() - started, key, facts, log_watch, p.check)
 

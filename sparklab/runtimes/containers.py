@@ -9,6 +9,7 @@ import contextlib
 import logging
 import os
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from docker.types import DeviceRequest, Ulimit
 
 from sparklab import interrupts
 from sparklab.engines import ENGINES, candidates
+from sparklab.engines.parsers import Probe, ProbeRun
 from sparklab.errors import ContainerError, ImageUnavailableError
 from sparklab.host.facts import HostFacts, ThisMachine
 from sparklab.recipes.hosts import redact_url
@@ -156,7 +158,7 @@ class Docker:
                 "mem_total_gib": round(int(info.get("MemTotal") or 0) / 2**30, 1), "cpus": info.get("NCPU"),
                 "docker_version": info.get("ServerVersion"), "os": info.get("OperatingSystem")}
 
-    def probe(self, spec: LaunchSpec | None = None) -> HostFacts | None:
+    def host_facts(self, spec: LaunchSpec | None = None) -> HostFacts | None:
         """This machine's daemon shares its memory: read directly. Another host's memory is read by a helper
         container there (runtimes/hostwatch.py), from the launch's image, which that host needs anyway."""
         if self.url == "local" or self.url.startswith("unix://"):
@@ -241,6 +243,56 @@ class Docker:
         if "@" in ref and info.digest and not ref.endswith(info.digest):
             raise ContainerError(f"image {ref} resolved to digest {info.digest}, not the pinned one")
         return info
+
+    def image_labels(self, ref: str) -> dict[str, str]:
+        """The labels of a local image ({} when it is not here): what an image says of itself (its CUDA targets)."""
+        try:
+            return dict(self.client.images.get(ref).attrs.get("Config", {}).get("Labels") or {})
+        except (docker.errors.DockerException, requests.RequestException):
+            return {}
+
+    def registry_platforms(self, ref: str) -> list[str] | None:
+        """The platforms the registry's manifest lists for a ref (`linux/arm64`, …); None when it cannot be asked."""
+        try:
+            data = self.client.images.get_registry_data(ref)
+        except (docker.errors.DockerException, requests.RequestException):
+            return None
+        return [f"{p.get('os', '?')}/{p.get('architecture', '?')}" + (f"/{p['variant']}" if p.get("variant") else "")
+                for p in data.attrs.get("Platforms") or []]
+
+    def probe(self, image: str, probe: Probe, timeout_s: float) -> ProbeRun:
+        """Run a short check in a throwaway container of `image` (the engine's own parser, sparklab.imagecheck):
+        no network, no GPU, no mounts, at most timeout_s, always removed. It carries sparklab's labels and owner, so
+        one a crash leaves behind is removed by the next start or `sparklab gc`."""
+        labels = {LABEL: "1", "sparklab.mode": "probe", OWNER: owner_token(), DETACHED: "0",
+                  USER_ID: str(os.getuid()), USER_NAME: user_name()}
+        started = time.monotonic()
+        container: Container | None = None
+        try:
+            with interrupts.deferred():
+                container = self.client.containers.create(
+                    image, entrypoint=[probe.program], command=list(probe.args), environment=dict(probe.env),
+                    labels=labels, name=f"sparklab-probe-{os.getpid()}-{time.monotonic_ns()}", network_mode="none",
+                    detach=True)
+                container.start()
+            try:
+                code: int | None = int(container.wait(timeout=timeout_s).get("StatusCode", -1))
+                timed_out = False
+            except requests.RequestException:  # the wait's read timed out: the check hangs
+                container.kill()
+                code, timed_out = None, True
+            out = container.logs(stdout=True, stderr=False).decode("utf-8", "replace")
+            err = container.logs(stdout=False, stderr=True).decode("utf-8", "replace")
+            return ProbeRun(code, out, err, time.monotonic() - started, timed_out)
+        except docker.errors.APIError as exc:  # no such program in the image, exec format error, no image
+            return ProbeRun(None, "", "", time.monotonic() - started,
+                            error=str(exc.explanation or exc).strip().splitlines()[-1][:400])
+        except requests.RequestException as exc:
+            return ProbeRun(None, "", "", time.monotonic() - started, error=f"Docker did not answer: {exc}")
+        finally:
+            if container is not None:
+                with interrupts.shielded():
+                    self._force_remove(container)
 
     # -- containers --------------------------------------------------------------------------------
 

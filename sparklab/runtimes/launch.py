@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sparklab.engines import caches, engine
+from sparklab.engines.api import EngineAPI
 from sparklab.engines.logwatch import CAUSE_LINES, DEAD_STOP_GRACE_S, FATAL_GRACE_S, LogWatch, fatal_error
 from sparklab.engines.scrape import StartupFacts
 from sparklab.errors import ImageUnavailableError, NotReadyError
@@ -19,6 +20,7 @@ from sparklab.host.facts import HostFacts
 from sparklab.recipes import multinode
 from sparklab.recipes.render import LaunchOptions, render
 from sparklab.recipes.schema import Recipe, load_recipe, resolve
+from sparklab.runtimes import imagecheck
 from sparklab.runtimes.base import ImageInfo, PullCallback, Runtime, Server
 from sparklab.runtimes.health import exited_error, wait_ready
 from sparklab.runtimes.state import state_dir
@@ -34,6 +36,8 @@ class Launch:
     recipe: Recipe
     spec: LaunchSpec
     warnings: list[preflight.Finding] = field(default_factory=list)
+    sources: tuple[Path, ...] = ()  # files besides the recipe that may write its flags (a sweep file)
+    check: imagecheck.Checked | None = None  # the image's own parser on the command, once the image is here
 
 
 def prepare(spec_text: str, *, target: str | None, engine_name: str | None, overrides: list[str],
@@ -71,19 +75,23 @@ class Ready:
     api_key: str | None
     facts: StartupFacts
     watch: LogWatch | None = None  # the engine's log as it arrives: its first fatal line
+    check: imagecheck.Checked | None = None  # the image's parser verdict and the engine version it read
+    served_version: str | None = None  # what the ready server's version endpoint answered (read_served_version)
 
 
 def start(p: Launch, runtime: Runtime, *, pull_policy: str = "missing",
           allow_foreign_platform: bool = False, on_pull: PullCallback | None = None,
           api_key: str | None = None, detach: bool = False,
           on_wait: Callable[[float], None] | None = None, log_path: Path | None = None,
-          stall_s: float | None = None, poll_s: float = 1.0) -> Ready:
+          stall_s: float | None = None, poll_s: float = 1.0, sources: tuple[Path, ...] = ()) -> Ready:
     """Pull, run and wait. The returned server is already torn down if anything here fails.
 
     A fatal line in the engine's log fails the wait at once; with stall_s, so does a log silent that long.
+    sources: files besides the recipe that may write a flag the image's parser refuses (a sweep file).
     The server runs where its recipe says (`runtime.for_spec`: a container or a host process). poll_s: the
     readiness poll's longest interval (a rehearsal's compressed night polls as often, in its own time)."""
     runtime = runtime.for_spec(p.spec)
+    p.sources = p.sources or sources
     host_arch = runtime.host_arch()
     p.warnings += preflight.check_platform_tag(p.spec, host_arch, allow_foreign_platform)
     platform = p.spec.platform if allow_foreign_platform else None
@@ -92,6 +100,7 @@ def start(p: Launch, runtime: Runtime, *, pull_policy: str = "missing",
     spec = p.spec
     preflight.raise_errors(preflight.check_image_platform(spec.image, image.architecture, host_arch,
                                                           allow_foreign_platform))
+    p.check = parser_preflight(p, runtime, image)
     key = (api_key or secrets.token_urlsafe(24)) if spec.needs_api_key else None
     provided = {"api_key": key} if key else {}
     adapter = engine(spec.kind)
@@ -116,7 +125,33 @@ def start(p: Launch, runtime: Runtime, *, pull_policy: str = "missing",
     except BaseException:
         server.stop()
         raise
-    return Ready(server, image, seconds, key, facts, log_watch)
+    return Ready(server, image, seconds, key, facts, log_watch, p.check)
+
+
+def image_version(ready: Ready) -> str | None:
+    """The engine version the image's package metadata states (read by the parser check before the start)."""
+    return ready.check.version if ready.check is not None else None
+
+
+def read_served_version(ready: Ready, api: EngineAPI) -> str | None:
+    """Ask the ready server its version (where it has an endpoint for it); says when it disagrees with the image's
+    package metadata, else None."""
+    adapter = engine(ready.server.spec.kind)
+    ready.served_version = adapter.version(api)
+    image = image_version(ready)
+    if adapter.same_version(image, ready.served_version):
+        return None
+    return (f"the image's package metadata says {adapter.name} {image}, the server answers {ready.served_version}: "
+            f"sparklab reads the server as {image} (the version its parser check ran)")
+
+
+def parser_preflight(p: Launch, runtime: Runtime, image: ImageInfo | None) -> imagecheck.Checked:
+    """The image's own parser on the exact command, before anything starts (cached per image digest and command):
+    a refusal raises a PreflightError; its warnings (the parser could not run, the engine's version is outside what
+    sparklab's knowledge was read from) join the launch's."""
+    checked = imagecheck.preflight_one(p.spec, runtime.for_spec(p.spec), image, sources=p.sources)
+    p.warnings += [preflight.Finding("warning", w) for w in checked.warnings]
+    return checked
 
 
 def _ensure_image(p: Launch, runtime: Runtime, policy: str, on_pull: PullCallback | None,

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from sparklab.engines.parsers import Probe, ProbeRun
 from sparklab.errors import ServerError
 from sparklab.host.facts import HostFacts, ThisMachine
 from sparklab.runtimes import base, containers
@@ -68,6 +69,10 @@ class Runtime:
                      platform: str | None = None) -> ImageInfo:
         return self.docker.ensure_image(ref, policy, on_event, platform)
 
+    def probe(self, image: str, probe: Probe, timeout_s: float) -> ProbeRun:
+        """In a container of `image` (a parser check goes through `for_spec` first; without a spec, Docker)."""
+        return self.docker.probe(image, probe, timeout_s)
+
     def alive(self) -> bool:
         """This machine answers; its Docker engine, once connected, must too."""
         return self._docker is None or self._docker.alive()
@@ -87,7 +92,7 @@ class Runtime:
     def image_problem(self, ref: str, policy: str = "missing") -> str | None:
         return self.docker.image_problem(ref, policy)
 
-    def probe(self, spec: LaunchSpec | None = None) -> HostFacts | None:
+    def host_facts(self, spec: LaunchSpec | None = None) -> HostFacts | None:
         return ThisMachine()  # its containers and host processes share this machine's memory
 
     # -- listing and cleanup, over both runtimes --------------------------------------------------------------------

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from sparklab import interrupts
 from sparklab.engines import ENGINES
+from sparklab.engines.parsers import Probe, ProbeRun
 from sparklab.errors import ServerError
 from sparklab.host.preflight import port_answers, port_in_use
 from sparklab.redaction import redact
@@ -55,6 +56,10 @@ log = logging.getLogger(__name__)
 KEEPER = Path(keeper.__file__)
 
 
+def _text(data: bytes | str | None) -> str:
+    return data.decode("utf-8", "replace") if isinstance(data, bytes) else data or ""
+
+
 # ---------------------------------------------------------------------------------------------------
 
 
@@ -80,6 +85,21 @@ class Processes:
                 "Install the engine where the recipe says (e.g. `python3 -m venv --system-site-packages VENV && "
                 "VENV/bin/pip install PACKAGE`), or fix the recipe's venv/entrypoint.")
         return ImageInfo(ref=ref, id="", digest=None, architecture=self.host_arch())
+
+    def probe(self, image: str, probe: Probe, timeout_s: float) -> ProbeRun:
+        """Run a short check on this host (a process engine's own parser, sparklab.imagecheck; `image` is the
+        engine's program, as ensure_image names it): at most timeout_s, killed after; the environment without
+        secrets. Unlike a container's, the network is not cut off."""
+        env = {k: v for k, v in os.environ.items() if not is_secret_name(k)} | dict(probe.env)
+        started = time.monotonic()
+        try:
+            done = subprocess.run([probe.program, *probe.args], env=env, capture_output=True, text=True,
+                                  stdin=subprocess.DEVNULL, timeout=timeout_s, check=False)
+        except subprocess.TimeoutExpired as exc:
+            return ProbeRun(None, _text(exc.stdout), _text(exc.stderr), time.monotonic() - started, timed_out=True)
+        except OSError as exc:
+            return ProbeRun(None, "", "", time.monotonic() - started, error=str(exc))
+        return ProbeRun(done.returncode, done.stdout, done.stderr, time.monotonic() - started)
 
     # -- servers -----------------------------------------------------------------------------------------
 

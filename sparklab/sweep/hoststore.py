@@ -72,14 +72,20 @@ class HostStore:
             store.record_server_start(server_config_id, image_digest=image_digest, startup_facts=startup_facts,
                                       ready_s=ready_s, log_path=log_path, engine_version=engine_version)
 
+    def record_image_check(self, server_config_id: str, check: dict[str, Any]) -> None:
+        with self._writing() as store:
+            store.record_image_check(server_config_id, check)
+
     def start_cell(self, cell_id: str) -> None:
         with self._writing() as store:
             store.start_cell(cell_id, host=self.host)
 
     def finish_cell(self, cell_id: str, summary: dict[str, Any], result: dict[str, Any],
-                    image_digest: str | None = None) -> None:
+                    image_digest: str | None = None, engine_version: str | None = None,
+                    served_version: str | None = None) -> None:
         with self._writing() as store:
-            store.finish_cell(cell_id, summary, result, image_digest=image_digest)
+            store.finish_cell(cell_id, summary, result, image_digest=image_digest, engine_version=engine_version,
+                              served_version=served_version)
 
     def skip_cell(self, cell_id: str) -> None:
         with self._writing() as store:
@@ -91,9 +97,11 @@ class HostStore:
             return store.fail_cell(cell_id, kind, message, exit_code, log_tail, max_attempts, host=self.host)
 
     def partial_cell(self, cell_id: str, summary: dict[str, Any], result: dict[str, Any], message: str,
-                     max_attempts: int = 3, image_digest: str | None = None) -> str:
+                     max_attempts: int = 3, image_digest: str | None = None, engine_version: str | None = None,
+                     served_version: str | None = None) -> str:
         with self._writing() as store:
-            return store.partial_cell(cell_id, summary, result, message, max_attempts, image_digest, host=self.host)
+            return store.partial_cell(cell_id, summary, result, message, max_attempts, image_digest, host=self.host,
+                                      engine_version=engine_version, served_version=served_version)
 
     def fail_server_config(self, server_config_id: str, kind: str, message: str, exit_code: int | None = None,
                            log_tail: str | None = None, max_attempts: int = 3,

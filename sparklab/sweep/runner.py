@@ -36,7 +36,7 @@ from sparklab.recipes.plan import (
 from sparklab.recipes.schema import load_hardware, stored_facts
 from sparklab.runtimes.base import HostRuntime
 from sparklab.runtimes.local import Runtime as LocalRuntime
-from sparklab.sweep import fleet, provenance, rundir
+from sparklab.sweep import fleet, parsecheck, provenance, rundir
 from sparklab.sweep.hoststore import HostStore
 from sparklab.sweep.serverrun import Options, Say, ServerRun, serve
 from sparklab.sweep.store import PlannedCell, Store
@@ -81,7 +81,7 @@ def host_facts(facts: HostFacts | None = None) -> dict[str, Any]:
 
 def controller_of(runtime: HostRuntime | None) -> HostFacts:
     """The readings of the machine the run directory is on: this machine's runtime's (a twin's in a rehearsal)."""
-    return (runtime.probe(None) if runtime is not None else None) or ThisMachine(gpu=False)
+    return (runtime.host_facts(None) if runtime is not None else None) or ThisMachine(gpu=False)
 
 
 def timing_model(plan: Plan, history: list[Path]) -> TimingModel:
@@ -164,7 +164,9 @@ def run(plan: Plan, store: Store, runtime: HostRuntime | None, run_dir: Path, op
     controller = controller_of(runtime)
     # MemAvailable before any server, per host: this machine's now, another host's before its first server
     baselines = {m.name: facts.meminfo().available_gib for m in members if m.host.local
-                 and (facts := m.runtime.probe(None)) is not None}
+                 and (facts := m.runtime.host_facts(None)) is not None}
+    if len(members) == 1 and members[0].alone:  # several hosts: each start checks on the host that runs it
+        parsecheck.check_pending(plan, store, members[0].runtime, options.pull_policy, say)
 
     def serve_pending(member: fleet.Member, server: ServerConfig, hstore: HostStore, host_say: Say,
                       partners: list[fleet.Member] | None = None) -> None:

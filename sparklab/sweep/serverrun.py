@@ -45,6 +45,9 @@ from sparklab.sweep.hoststore import HostStore
 from sparklab.sweep.store import Store
 
 log = logging.getLogger(__name__)
+# a rehearsal's compressed night samples memory no faster than this (wall seconds): the twin's host has no more to
+# say between two samples, and two cores have other work
+MIN_SAMPLE_S = 0.05
 
 Say = Callable[[str], None]
 
@@ -116,7 +119,8 @@ def serve(run: ServerRun) -> None:
             _run_server(run)
             return
         stop = (lambda: run.runtime.kill(name)) if server.cluster is None else (lambda: _kill_nodes(run))
-        samplers = watching.samplers(run.watched, 1.0 * run.scale, stop, lambda: run.runtime.container_id(name))
+        samplers = watching.samplers(run.watched, max(MIN_SAMPLE_S, 1.0 * run.scale), stop,
+                                     lambda: run.runtime.container_id(name))
         with contextlib.ExitStack() as stack:
             for sampler in samplers:
                 stack.enter_context(sampler)
@@ -143,7 +147,7 @@ def _watch_hosts(run: ServerRun, readers: list[HostFacts]) -> None:
     hosts = [(run.host.name, run.runtime), *zip(run.partner_names, run.partners, strict=True)]
     for i, (name, runtime) in enumerate(hosts):
         label = None if i == 0 else name  # the server's own host: its lines already say where
-        facts = runtime.probe(server.spec)
+        facts = runtime.host_facts(server.spec)
         if facts is None:
             if server.recipe.unified_memory:
                 run.say(f"memory on {name}: not watched (its memory cannot be read from here)")
@@ -200,16 +204,17 @@ def _start(run: ServerRun) -> launch.Ready:
     if scale != 1:
         spec = dataclasses.replace(spec, ready_timeout_s=spec.ready_timeout_s * scale)
     prepared = launch.checked(server.recipe, spec, check_host=local, floor_gib=configured, facts=facts)
+    sources = (Path(run.plan.source),)  # a flag the image's parser refuses may come from the sweep file
     stall = run.plan.sweep.load_stall_s * scale if run.plan.sweep.load_stall_s else None
     if server.cluster is not None:  # one server across hosts: every node in order, readiness on the head
         nodes = tuple(dataclasses.replace(n, ready_timeout_s=n.ready_timeout_s * scale) for n in server.cluster.nodes)
         return cluster.start(prepared, dataclasses.replace(server.cluster, nodes=nodes), [run.runtime, *run.partners],
                              pull_policy=options.pull_policy, log_dir=run.run_dir / "logs", stall_s=stall,
                              say=run.say, port_timeout_s=cluster.CLUSTER_PORT_TIMEOUT_S * scale,
-                             poll_s=min(1.0, 1.0 * scale))
+                             poll_s=min(1.0, 1.0 * scale), sources=sources)
     return launch.start(prepared, run.runtime, pull_policy=options.pull_policy,
                         log_path=run.run_dir / "logs" / f"{server.id}-{server.engine}-{server.method}.log",
-                        stall_s=stall, poll_s=min(1.0, 1.0 * scale))
+                        stall_s=stall, poll_s=min(1.0, 1.0 * scale), sources=sources)
 
 
 def _run_server(run: ServerRun) -> None:
@@ -239,10 +244,16 @@ def _run_server(run: ServerRun) -> None:
         facts["memory"] = watch.stats(start_mark).as_dict()
         if len(run.watched) > 1:  # a server across hosts: each node's host
             facts["memory_hosts"] = {h.name: h.sampler.stats(0).as_dict() for h in run.watched if h.sampler}
+    disagree = launch.read_served_version(ready, api)
+    if disagree:
+        facts["version_disagreement"] = disagree
+        say(f"server {server.label}: warning: {disagree}")
     store.record_server_start(server.id, image_digest=ready.image.digest, startup_facts=facts,
-                              ready_s=ready.seconds_to_ready, log_path=str(ready.server.log_path),
-                              engine_version=engine(spec.kind).version(api))
-    say(f"server {server.label}: ready in {ready.seconds_to_ready:.1f} s")
+                              ready_s=ready.seconds_to_ready / run.scale, log_path=str(ready.server.log_path),
+                              engine_version=ready.served_version or launch.image_version(ready))
+    if ready.check is not None:
+        store.record_image_check(server.id, ready.check.as_dict())
+    say(f"server {server.label}: ready in {ready.seconds_to_ready / run.scale:.1f} s")  # the night's seconds
     if ready.watch is not None:  # a dead engine's API server may run on: kill it, so in-flight requests fail now
         ready.watch.on_fatal(ready.server.kill)
     with ready.server:
@@ -359,9 +370,12 @@ def _run_cell(run: ServerRun, ready: launch.Ready, cell: Cell) -> None:
         stall = sweep.stall_timeout_s * run.scale if sweep.stall_timeout_s else None
         result = bench.run(endpoint, load_workload(cell.workload), sampling, load,
                            request_timeout_s=sweep.request_timeout_s * run.scale, stall_timeout_s=stall,
+                           time_scale=run.scale,
                            alive=lambda: ready.server.state()[0] and endpoint.api.alive())
         since = result["measurement"]["window_started_at"]
-        bench.add_log_acceptance(result, spec.kind, lambda: ready.server.log_since(since))
+        bench.add_log_acceptance(result, spec.kind, lambda: ready.server.log_since(since), launch.image_version(ready))
+        result["engine"] = {"version": launch.image_version(ready), "served_version": ready.served_version,
+                            "image_digest": ready.image.digest}
         if watch is not None:
             watchdog.add_cell_facts(result, watch, mark)
             if len(run.watched) > 1:
@@ -394,11 +408,13 @@ def _run_cell(run: ServerRun, ready: launch.Ready, cell: Cell) -> None:
         message = (f"{counts['failed']} of {counts['measured']} requests failed (require_ok {sweep.require_ok:g}): "
                    f"{errors}")
         status = store.partial_cell(cell.id, dict(summary), dict(result), message, max_attempts=sweep.max_attempts,
-                                    image_digest=ready.image.digest)
+                                    image_digest=ready.image.digest, engine_version=launch.image_version(ready),
+                                    served_version=ready.served_version)
         say(f"cell {name}: partial, {message}; " + ("it runs again" if status == "pending" else
                                                      "kept as partial (flagged in the report)"))
         return
-    store.finish_cell(cell.id, dict(summary), dict(result), image_digest=ready.image.digest)
+    store.finish_cell(cell.id, dict(summary), dict(result), image_digest=ready.image.digest,
+                      engine_version=launch.image_version(ready), served_version=ready.served_version)
     adapter.reset_prefix_cache(endpoint.api)
     say(f"cell {name}: {summary['aggregate_tps']:.2f} tok/s aggregate, "
         f"{summary['requests']['ok']}/{summary['requests']['measured']} ok")

@@ -21,7 +21,7 @@ from typing import Any
 from sparklab.errors import DiskFullError, SparklabError
 from sparklab.host.disk import free_bytes
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 # partial: every attempt ended with failed requests; the last attempt's numbers are kept, and flagged.
 STATUSES = ("pending", "running", "done", "failed", "skipped", "partial")
 HOST_LOST = "host_lost"  # the failure kind of a Docker host that went away under its server (sparklab.fleet)
@@ -45,7 +45,8 @@ CREATE TABLE server_configs (
     startup_facts_json TEXT,
     started_at TEXT,
     ready_s REAL,
-    log_path TEXT
+    log_path TEXT,
+    image_check_json TEXT
 );
 CREATE TABLE cells (
     id TEXT PRIMARY KEY,
@@ -62,7 +63,9 @@ CREATE TABLE cells (
     summary_json TEXT,
     result_json TEXT,
     image_digest TEXT,
-    host TEXT
+    host TEXT,
+    engine_version TEXT,
+    served_version TEXT
 );
 CREATE INDEX cells_status ON cells(status, seq);
 CREATE INDEX cells_server_config ON cells(server_config_id);
@@ -118,6 +121,7 @@ class ServerConfigRow:
     started_at: str | None
     ready_s: float | None
     log_path: str | None
+    image_check: dict[str, Any] | None = None  # its image's parser verdict and version (sparklab.imagecheck)
 
 
 @dataclass(frozen=True)
@@ -132,6 +136,10 @@ class CellRow(PlannedCell):
     result: dict[str, Any] | None
     image_digest: str | None = None  # the image this cell ran on (a resumed run may have pulled another)
     host: str | None = None  # the Docker host its last attempt ran on (None: before schema 4, or never started)
+    # The engine version its image's package metadata states, and the one its server's version endpoint answered
+    # (None: before schema 5, or not read)
+    engine_version: str | None = None
+    served_version: str | None = None
 
 
 @dataclass(frozen=True)
@@ -291,6 +299,12 @@ class Store:
                 (image_digest, engine_version, _dumps(startup_facts) if startup_facts is not None else None,
                  utc_now(), ready_s, log_path, server_config_id)), "server config", server_config_id)
 
+    def record_image_check(self, server_config_id: str, check: dict[str, Any]) -> None:
+        """The image's own parser on this server config's command, and the version it read (the latest check)."""
+        with self._transaction() as conn:
+            _require(conn.execute("UPDATE server_configs SET image_check_json = ? WHERE id = ?",
+                                  (_dumps(check), server_config_id)), "server config", server_config_id)
+
     def start_cell(self, cell_id: str, host: str | None = None) -> None:
         """host: the Docker host the cell runs on (sparklab.hosts names it), kept with the cell."""
         with self._transaction() as conn:
@@ -299,15 +313,18 @@ class Store:
                 " host = COALESCE(?, host) WHERE id = ?", (utc_now(), host, cell_id)), "cell", cell_id)
 
     def finish_cell(self, cell_id: str, summary: dict[str, Any], result: dict[str, Any],
-                    image_digest: str | None = None) -> None:
+                    image_digest: str | None = None, engine_version: str | None = None,
+                    served_version: str | None = None) -> None:
         """The cell is done exactly when its summary and full result (per-request records too) are stored.
-        The result's `outputs` (each request's bounded answer) go to the outputs table, the rest to the cell."""
+        The result's `outputs` (each request's bounded answer) go to the outputs table, the rest to the cell.
+        engine_version: what the image's package metadata states; served_version: what the server answered."""
         with self._transaction() as conn:
             result = _keep_outputs(conn, cell_id, result)
             _require(conn.execute(
                 "UPDATE cells SET status = 'done', finished_at = ?, summary_json = ?, result_json = ?,"
-                " image_digest = ? WHERE id = ?",
-                (utc_now(), _dumps(summary), _dumps(result), image_digest, cell_id)), "cell", cell_id)
+                " image_digest = ?, engine_version = ?, served_version = ? WHERE id = ?",
+                (utc_now(), _dumps(summary), _dumps(result), image_digest, engine_version, served_version, cell_id)),
+                "cell", cell_id)
 
     def fail_cell(self, cell_id: str, kind: str, message: str, exit_code: int | None = None,
                   log_tail: str | None = None, max_attempts: int = 3, host: str | None = None) -> str:
@@ -334,7 +351,8 @@ class Store:
             _insert_failure(conn, None, None, kind, message, None, None)
 
     def partial_cell(self, cell_id: str, summary: dict[str, Any], result: dict[str, Any], message: str,
-                     max_attempts: int = 3, image_digest: str | None = None, host: str | None = None) -> str:
+                     max_attempts: int = 3, image_digest: str | None = None, host: str | None = None,
+                     engine_version: str | None = None, served_version: str | None = None) -> str:
         """Some requests failed: a 'partial' failure row; the cell runs again (pending), or after max_attempts
         stays 'partial' with this attempt's numbers, which reports show flagged. Returns the new status."""
         with self._transaction() as conn:
@@ -346,8 +364,9 @@ class Store:
             status = "partial" if attempts >= max_attempts else "pending"
             result = _keep_outputs(conn, cell_id, result)
             conn.execute("UPDATE cells SET status = ?, finished_at = ?, summary_json = ?, result_json = ?,"
-                         " image_digest = ? WHERE id = ?",
-                         (status, utc_now(), _dumps(summary), _dumps(result), image_digest, cell_id))
+                         " image_digest = ?, engine_version = ?, served_version = ? WHERE id = ?",
+                         (status, utc_now(), _dumps(summary), _dumps(result), image_digest, engine_version,
+                          served_version, cell_id))
         return status
 
     def fail_server_config(self, server_config_id: str, kind: str, message: str, exit_code: int | None = None,
@@ -430,11 +449,12 @@ class Store:
         rows = self._conn.execute(
             "SELECT c.id, c.server_config_id, c.concurrency, c.workload, c.repeat, c.settings_json, c.status,"
             " c.attempts, c.started_at, c.finished_at, c.summary_json, c.result_json,"
-            f" {self._column('cells', 'image_digest', 'c.')}, {self._column('cells', 'host', 'c.')}"
+            f" {self._column('cells', 'image_digest', 'c.')}, {self._column('cells', 'host', 'c.')},"
+            f" {self._column('cells', 'engine_version', 'c.')}, {self._column('cells', 'served_version', 'c.')}"
             f" FROM cells c JOIN server_configs s ON s.id = c.server_config_id {where} ORDER BY s.seq, c.seq",
             params).fetchall()
         return [CellRow(r[0], r[1], r[2], r[3], r[4], _loads(r[5]), r[6], r[7], r[8], r[9], _loads(r[10]),
-                        _loads(r[11]), r[12], r[13]) for r in rows]
+                        _loads(r[11]), r[12], r[13], r[14], r[15]) for r in rows]
 
     def kept_summaries(self, server_config_id: str) -> list[tuple[str, int, dict[str, Any] | None, str | None]]:
         """(workload, concurrency, summary, image digest) of a server config's done and partial cells, without
@@ -461,9 +481,10 @@ class Store:
     def server_configs(self) -> list[ServerConfigRow]:
         rows = self._conn.execute(
             "SELECT id, engine, method, k, config_json, argv_json, image, image_digest, engine_version,"
-            " startup_facts_json, started_at, ready_s, log_path FROM server_configs ORDER BY seq").fetchall()
+            " startup_facts_json, started_at, ready_s, log_path,"
+            f" {self._column('server_configs', 'image_check_json')} FROM server_configs ORDER BY seq").fetchall()
         return [ServerConfigRow(r[0], r[1], r[2], r[3], _loads(r[4]), _loads(r[5]), r[6], r[7], r[8], _loads(r[9]),
-                                r[10], r[11], r[12]) for r in rows]
+                                r[10], r[11], r[12], _loads(r[13])) for r in rows]
 
     def failures(self) -> list[FailureRow]:
         rows = self._conn.execute("SELECT id, cell_id, server_config_id, at, kind, message, exit_code, log_tail,"
@@ -472,7 +493,7 @@ class Store:
 
     def _column(self, table: str, column: str, prefix: str = "") -> str:
         """The column, or NULL in an older file opened read-only (never migrated): image_digest came with schema
-        3, host with 4."""
+        3, host with 4, the engine versions and image checks with 5."""
         columns = {r[1] for r in self._conn.execute(f"PRAGMA table_info({table})")}
         return f"{prefix}{column}" if column in columns else "NULL"
 
@@ -546,7 +567,8 @@ def _migrate_1_to_2(conn: sqlite3.Connection) -> None:
     """Cells may be 'partial': SQLite cannot alter a CHECK constraint, so the table is rebuilt (the documented
     create-copy-drop-rename procedure, foreign keys off meanwhile)."""
     new = _SCHEMA[_SCHEMA.index("CREATE TABLE cells ("):_SCHEMA.index("CREATE INDEX cells_status")]
-    new = new.replace(",\n    host TEXT\n", "\n")  # version 2's table: the host column comes with version 4
+    # version 2's table: host comes with version 4, the engine versions with 5
+    new = new.replace(",\n    host TEXT,\n    engine_version TEXT,\n    served_version TEXT\n", "\n")
     conn.execute(new.replace("CREATE TABLE cells (", "CREATE TABLE cells_v2 (").rstrip().rstrip(";"))
     conn.execute(f"INSERT INTO cells_v2 ({_CELL_COLUMNS_V1}) SELECT {_CELL_COLUMNS_V1} FROM cells")
     conn.execute("DROP TABLE cells")
@@ -571,8 +593,17 @@ def _migrate_3_to_4(conn: sqlite3.Connection) -> None:
             conn.execute(f"ALTER TABLE {table} ADD COLUMN host TEXT")
 
 
+def _migrate_4_to_5(conn: sqlite3.Connection) -> None:
+    """Each cell keeps the engine version its image states and its server answered; each server config the verdict of
+    its image's own parser (NULL for the runs before)."""
+    for table, column in (("cells", "engine_version"), ("cells", "served_version"),
+                          ("server_configs", "image_check_json")):
+        if column not in {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}:
+            conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} TEXT")
+
+
 # MIGRATIONS[v] takes a file from schema version v + 1 to v + 2 (simonw/llm's list-of-functions style).
-MIGRATIONS = [_migrate_1_to_2, _migrate_2_to_3, _migrate_3_to_4]
+MIGRATIONS = [_migrate_1_to_2, _migrate_2_to_3, _migrate_3_to_4, _migrate_4_to_5]
 
 
 def _keep_outputs(conn: sqlite3.Connection, cell_id: str, result: dict[str, Any]) -> dict[str, Any]:

@@ -1,6 +1,7 @@
 """Every SGLang command sparklab renders is parsed by SGLang's own parser (the `sglang` wheel, CPU torch).
 
-scripts/sglang-parser/check_args.py runs in the venv scripts/sglang-parser/install.sh builds (scripts/test.sh
+sparklab/engines/probes/sglang_args.py (the code `sparklab check` and every start's preflight run inside an SGLang
+image) runs in the venv scripts/sglang-parser/install.sh builds (scripts/test.sh
 runs it as a cached phase and exports SPARKLAB_TEST_SGLANG_PARSER): prepare_server_args, the function
 `python3 -m sglang.launch_server` calls, plus the speculative-algorithm name and the DSpark block-size rule.
 Cases: every method of every `kind: sglang` engine of every recipe at its default K, and every SGLang server
@@ -27,7 +28,7 @@ from sparklab.spec import LaunchSpec
 pytestmark = pytest.mark.contract
 
 ROOT = Path(__file__).resolve().parents[2]
-CHECK = ROOT / "scripts" / "sglang-parser" / "check_args.py"
+CHECK = ROOT / "sparklab" / "engines" / "probes" / "sglang_args.py"
 PAIR_HOSTS = parse_hosts(["local,cluster_address=10.0.0.1,interface=eth1,ib_hca=hca1",
                           "ssh://me@spark-2,cluster_address=10.0.0.2,interface=eth1,ib_hca=hca1"], "contract")
 SGLANG_VERSION = "0.5.23"

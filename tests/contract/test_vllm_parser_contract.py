@@ -1,20 +1,22 @@
 """Every vLLM recipe, rendered, is parsed by vLLM 0.27.1's own `vllm serve` parser and validators.
 
-check_args.py runs inside the real vLLM CPU image (no server, no network): the serve subparser of
-FlexibleArgumentParser, validate_parsed_serve_args, the tool/reasoning parser registries,
-AsyncEngineArgs.from_cli_args, MambaBackendEnum and SpeculativeConfig without a checkpoint.
+sparklab/engines/probes/vllm_args.py runs inside the real vLLM CPU image, the way `sparklab check` and every
+start's preflight run it (sparklab.engines.parsers.python_probe through containers.Docker.probe: no server, no
+network): the serve subparser of FlexibleArgumentParser, validate_parsed_serve_args, the tool/reasoning parser
+registries, AsyncEngineArgs.from_cli_args, MambaBackendEnum and SpeculativeConfig without a checkpoint.
 """
 
 from __future__ import annotations
 
 import json
-import subprocess
 from typing import Any
 
 import pytest
 
+from sparklab.engines.parsers import python_probe
 from sparklab.recipes.render import LaunchOptions, render
 from sparklab.recipes.schema import list_recipes, load_recipe
+from sparklab.runtimes.containers import Docker
 
 pytestmark = pytest.mark.contract
 
@@ -84,12 +86,9 @@ def verdicts(vllm_cpu_image: str) -> dict[str, dict[str, Any]]:
     cases = _recipe_cases()
     base = next(c for c in cases if c["id"] == "gb10:vllm:dspark")["argv"]
     cases += [{"id": f"bad:{name}", "argv": _mutate(base, flag, value)} for name, flag, value, _ in BAD]
-    done = subprocess.run(
-        ["docker", "run", "--rm", "-i", "--network", "none", "--entrypoint", "/opt/vllm/bin/python",
-         vllm_cpu_image, "/opt/check_args.py"],
-        input=json.dumps({"cases": cases}), capture_output=True, text=True, timeout=300)
-    assert done.stdout, done.stderr[-3000:]
-    result = json.loads(done.stdout)
+    run = Docker().probe(vllm_cpu_image, python_probe("vllm", "vllm", "vllm_args.py", cases), timeout_s=300)
+    assert run.stdout, (run.error, run.stderr[-3000:])
+    result = json.loads(run.stdout)
     assert result["vllm_version"].startswith("0.27.1")
     return {case["id"]: case for case in result["cases"]}
 

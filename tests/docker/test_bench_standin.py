@@ -47,7 +47,7 @@ def test_bench_sglang_acceptance_is_the_windows_own_with_a_rate(cli: Cli, tmp_pa
     average is cumulative, but bench's cache reset after warmup (/flush_cache) restarts it, as SGLang does."""
     extra = ["--serve-arg=--enable-metrics"] if metrics else []
     up = cli.run("up", "dspark", "--engine", "sglang", "--detach", *cli.launch_args(
-        free_port(), "-e", "STANDIN_TOKENS_PER_CHUNK=1,3,2", "-e", "STANDIN_TOKEN_DELAY=0.002", *extra))
+        free_port(), "-e", "STANDIN_TOKENS_PER_CHUNK=1,3,2", "-e", "STANDIN_TOKEN_DELAY=0.002", "--set", "mem_fraction_static=0.01", *extra))
     assert up.returncode == 0, up.stderr
     name = field(up.stdout, "container")
     try:

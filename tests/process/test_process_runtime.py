@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from sparklab.errors import ContainerError
+from sparklab.errors import ServerError
 from sparklab.recipes.render import LaunchOptions, render
 from sparklab.recipes.schema import load_recipe
 from sparklab.runtimes.processes import Processes
@@ -113,6 +113,6 @@ def test_a_taken_port_is_refused_before_anything_starts(state: Path, tmp_path: P
         sock.listen()
         port = sock.getsockname()[1]
         spec = dataclasses.replace(_spec(), host=host, port=port)
-        with pytest.raises(ContainerError, match=f"port {port} on {re.escape(host)} is in use"):
+        with pytest.raises(ServerError, match=f"port {port} on {re.escape(host)} is in use"):
             Processes().launch(spec, {}, tmp_path / "engine.log")
     assert not list(state.glob("processes/*.json")) and not (tmp_path / "engine.log").exists()

@@ -15,11 +15,23 @@ import pytest
 from tests.clikit import EVERY_FLAG, namespace_reads
 
 PACKAGE = Path(__file__).resolve().parents[2] / "sparklab"
+# sparklab/engines/probes/*.py are not sparklab modules: each runs inside an engine's image, with the engine's own
+# Python, importing the engine (sparklab.engines.parsers ships them as text). The house rules are for the package.
+PROBES = PACKAGE / "engines" / "probes"
+MODULES = [p for p in PACKAGE.rglob("*.py") if PROBES not in p.parents]
 
 
 def _importers(module: str) -> set[str]:
     pattern = re.compile(rf"^\s*(import {module}\b|from {module}[. ])", re.MULTILINE)
-    return {p.relative_to(PACKAGE).as_posix() for p in PACKAGE.rglob("*.py") if pattern.search(p.read_text())}
+    return {p.relative_to(PACKAGE).as_posix() for p in MODULES if pattern.search(p.read_text())}
+
+
+def test_the_parser_probes_are_run_in_images_never_imported() -> None:
+    """The probe scripts import vLLM, SGLang or Edge-LLM, which sparklab never has: nothing imports them, and no
+    __init__.py makes them a package that import-linter or a stray import could load."""
+    assert sorted(p.name for p in PROBES.glob("*.py")) == ["edgellm_args.py", "sglang_args.py", "vllm_args.py"]
+    assert not (PROBES / "__init__.py").exists()
+    assert _importers("sparklab.engines.probes") == set()
 
 
 @pytest.mark.parametrize(("module", "only"), [
@@ -40,7 +52,7 @@ def test_one_module_per_external_system(module: str, only: set[str]) -> None:
 
 
 def test_library_code_never_prints() -> None:
-    printing = {p.name for p in PACKAGE.rglob("*.py") if re.search(r"^\s*print\(", p.read_text(), re.MULTILINE)}
+    printing = {p.name for p in MODULES if re.search(r"^\s*print\(", p.read_text(), re.MULTILINE)}
     assert printing == set()
 
 
@@ -101,7 +113,7 @@ def test_engine_knowledge_lives_in_the_adapters() -> None:
     protocol, the HTTP door, the shared counter arithmetic) are held to the same rule; the registry
     (engines/__init__.py) may import the adapter modules by name."""
     pattern = re.compile(r"""kind\s*[!=]=\s*["']|["'](vllm|sglang)["']\s*(==|!=|in\b|:)|VLLM_[A-Z_]+|SGLANG_[A-Z_]+""")
-    offenders = {p.relative_to(PACKAGE).as_posix() for p in PACKAGE.rglob("*.py")
+    offenders = {p.relative_to(PACKAGE).as_posix() for p in MODULES
                  if "engines" not in p.parts and pattern.search(p.read_text())}
     assert offenders == {"spec.py"}  # its comment lists VLLM_API_KEY among the names treated as secrets
 
@@ -110,7 +122,7 @@ def test_engine_knowledge_lives_in_the_adapters() -> None:
     adapters = {Path(sys.modules[type(e).__module__].__file__ or "").resolve() for e in ENGINES.values()}
     kinds = sorted(ENGINES)
     knowledge = {}
-    for path in sorted(PACKAGE.rglob("*.py")):
+    for path in sorted(MODULES):
         if path.resolve() in adapters:
             found = [f for f in _engine_knowledge(path, kinds) if "source begins" in f]
         else:
@@ -153,7 +165,7 @@ def test_host_processes_are_started_and_signalled_in_one_place() -> None:
     """The process runtime is the one door to host processes, as containers.py is to Docker: only processes.py
     (with runfiles.py, and its keeper keeper.py) starts an engine or signals a process group."""
     pattern = re.compile(r"\b(os\.killpg|subprocess\.Popen|os\.kill)\(")
-    users = {p.relative_to(PACKAGE).as_posix() for p in PACKAGE.rglob("*.py") if pattern.search(p.read_text())}
+    users = {p.relative_to(PACKAGE).as_posix() for p in MODULES if pattern.search(p.read_text())}
     assert users == {"runtimes/processes.py", "runtimes/runfiles.py", "runtimes/keeper.py"}
 
 
@@ -179,7 +191,7 @@ def test_library_code_never_takes_a_namespace(tmp_path: Path, capsys: pytest.Cap
     command's from_cli_args and by whole commands run offline, must come from sparklab/cli/."""
     from sparklab.cli.main import COMMANDS, build_parser, main
 
-    named = {p.relative_to(PACKAGE).as_posix() for p in PACKAGE.rglob("*.py")
+    named = {p.relative_to(PACKAGE).as_posix() for p in MODULES
              if "cli" not in p.relative_to(PACKAGE).parts and re.search(r"\bNamespace\b", p.read_text())}
     assert named == set()
     parses = {name: build_parser().parse_args(argv) for name, argv in EVERY_FLAG.items()}

@@ -11,6 +11,7 @@ import pytest
 
 from sparklab.bench.cell import Load
 from sparklab.cli.bench import BenchArgs
+from sparklab.cli.check import CheckArgs
 from sparklab.cli.hosts import DownArgs, GcArgs, LogsArgs, PsArgs
 from sparklab.cli.main import COMMANDS, build_parser
 from sparklab.cli.pull import PullArgs
@@ -172,6 +173,13 @@ def test_pull_defaults_and_every_flag() -> None:
     assert PullArgs.from_cli_args(parse(*EVERY_FLAG["pull"])) == PullArgs(
         spec="gb10", target="gb10", engine="vllm", overrides=["a=1"], all_methods=True, hf_cache=Path("/tmp/h"),
         pull="always", images=False, models=False)
+
+
+def test_check_defaults_and_every_flag() -> None:
+    assert CheckArgs.from_cli_args(parse("check", "cpu-demo")) == CheckArgs(
+        spec="cpu-demo", target=None, engine=None, overrides=[], pull="missing", cache=True, timeout_s=180.0)
+    assert CheckArgs.from_cli_args(parse(*EVERY_FLAG["check"])) == CheckArgs(
+        spec="cpu", target="gb10", engine="vllm-cpu", overrides=["a=1"], pull="never", cache=False, timeout_s=30.0)
 
 
 def test_the_hf_cache_default_follows_hf_home(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -4,13 +4,14 @@ dies while serving, a host that does not answer)."""
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from sparklab.errors import ContainerError, ImageUnavailableError, NotReadyError
+from sparklab.errors import ContainerError, ImageUnavailableError, NotReadyError, PreflightError
 from sparklab.recipes.hosts import parse_hosts
 from sparklab.recipes.multinode import ClusterSpec, render_cluster
 from sparklab.recipes.render import LaunchOptions
@@ -153,3 +154,19 @@ def test_a_host_that_does_not_answer_does_not_keep_the_other_nodes_up() -> None:
     with pytest.raises(ContainerError, match="cannot reach the host of worker"):
         server.stop()
     assert events == ["stop worker", "stop head"]
+
+
+def test_the_heads_serve_command_goes_through_its_images_parser_before_any_node_starts() -> None:
+    """The head runs `vllm serve` after `ray start`: that serve command is what vLLM's own parser judges, on the
+    head's host, before any node starts; a refusal starts nothing."""
+    events: list[str] = []
+    dockers = [FakeRuntime("local", events), FakeRuntime("spark-2", events)]
+    dockers[0].parser_says = json.dumps({"vllm_version": "0.27.1", "cases": [{"id": "0", "ok": False, "errors": [
+        {"flag": None, "message": "unrecognized arguments: --speculative-confg"}]}]})
+    with pytest.raises(PreflightError, match="unrecognized arguments: --speculative-confg"):
+        _start(dockers, lambda *a, **k: 0.1)
+    assert not [e for e in events if e.startswith("launch")], events
+    (probe,) = dockers[0].probed
+    (case,) = json.loads(probe.args[-1])["cases"]
+    assert case["argv"][0] == "serve" and "--distributed-executor-backend" in case["argv"]
+    assert probe.args[4] == "vllm" and dockers[1].probed == []  # the program whose Python runs it; on the head only

@@ -92,7 +92,7 @@ def test_a_server_on_another_docker_host_is_watched_there(tmp_path: Path, starte
     assert any(line.startswith("memory floor for vllm/none: 3.50 GiB") for line in said), said
     assert failure.kind == "memory-floor" and failure.host == "spark-2"
     assert "MemAvailable fell to 2.5 GiB, under the floor of 3.5 GiB" in failure.message
-    assert runtime.probed == [server.spec] and facts.closed
+    assert runtime.facts_asked == [server.spec] and facts.closed
 
 
 def test_every_node_of_a_pair_is_watched_and_either_stops_the_server(tmp_path: Path, started: dict[str, Any]) -> None:

@@ -376,3 +376,31 @@ def test_one_formatter_writes_every_estimate_of_the_report() -> None:
     assert fmt(spread) == "0.50 ± 0.12"
     assert fmt(single, 1) == "1,234.5"
     assert fmt(None) == DASH == "-"
+
+
+def test_provenance_names_each_cells_engine_version_and_marks_acceptance_read_from_an_unread_format(
+        tmp_path: Path) -> None:
+    """The stored CPU run, its ngram K=3 cells re-labelled as run on a vLLM 0.33.0 image (a version sparklab's vLLM
+    knowledge was not read from): its acceptance figure is marked and the provenance says why; the others not."""
+    path = cpu_run(tmp_path)
+    with Store.open(path) as store:  # migrated to the current schema: the cells gain their version columns
+        k3 = next(s.id for s in store.server_configs() if s.method == "ngram" and s.k == 3)
+        store.record_image_check(k3, {"image": "img", "digest": "sha256:0", "verdict": {
+            "status": "accepted", "version": "0.33.0"}, "seconds": 12.34, "cached": False})
+    import sqlite3
+
+    conn = sqlite3.connect(path)
+    conn.execute("UPDATE cells SET engine_version = '0.33.0', served_version = '0.33.0' WHERE server_config_id = ?",
+                 (k3,))
+    conn.commit()
+    conn.close()
+    text = report.render(_build(path), "md")
+    provenance = text.split("## Provenance: images and engine versions", 1)[1]
+    assert "| vllm-cpu ngram K=3 | 127.0.0.1:5000/sparklab/vllm-cpu:0.27.1 | sha256:c4e012f357d1 | 0.33.0 | 0.33.0 | " \
+           "accepted (12.3 s) | 6 |" in provenance
+    assert "vLLM 0.33.0 is outside the versions sparklab's vLLM knowledge was read from (0.27.1, 0.32.0)" in provenance
+    assert ("vllm-cpu ngram K=3 at C=1 (seed): its acceptance comes from vllm:spec_decode_num_drafts/_draft_tokens/"
+            "_accepted_tokens(_per_pos)_total, read in vLLM 0.27.1, 0.32.0, not in 0.33.0") in provenance
+    rows = [line for line in text.splitlines() if line.startswith("| vllm-cpu ngram |")]  # the all-metrics rows
+    assert {line.startswith("| vllm-cpu ngram | 3 |") for line in rows if " ‡" in line} == {True}
+    assert [line for line in rows if line.startswith("| vllm-cpu ngram | 1 |") and " ‡" not in line]

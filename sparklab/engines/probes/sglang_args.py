@@ -1,9 +1,13 @@
 """Check `python3 -m sglang.launch_server` argv against SGLang's own parser, without a GPU or model files.
 
-Runs with the interpreter of the venv scripts/sglang-parser/install.sh builds (the real `sglang` wheel):
+Runs with the Python of an SGLang image (`sparklab check` and every start's preflight, in a throwaway container with
+no network and no GPU: sparklab/engines/parsers.py) or of the venv scripts/sglang-parser/install.sh builds (the
+real `sglang` wheel, for the contract test):
 
-    echo '{"cases": [{"id": "gb10:sglang:dspark", "argv": ["--model-path", "x", ...]}]}' \\
-      | ~/.cache/sparklab/sglang-parser-0.5.23/bin/python scripts/sglang-parser/check_args.py
+    ~/.cache/sparklab/sglang-parser-0.5.23/bin/python sparklab/engines/probes/sglang_args.py \\
+      '{"cases": [{"id": "gb10:sglang:dspark", "argv": ["--model-path", "x", ...]}]}'
+
+Input: one JSON document, the first argument (else stdin).
 
 argv is what follows `-m sglang.launch_server`. Output (stdout, one JSON document):
 
@@ -84,11 +88,13 @@ def check(argv: list[str]) -> dict[str, Any]:
 
 def main() -> None:
     logging.disable(logging.WARNING)
-    request = json.load(sys.stdin)
+    request = json.loads(sys.argv[1] if len(sys.argv) > 1 else sys.stdin.read())
     cases = []
     for case in request["cases"]:
         cases.append({"id": case["id"], **check(case["argv"])})
-    _OUT.write(json.dumps({"sglang_version": importlib.metadata.version("sglang"), "cases": cases}))
+    _OUT.write(json.dumps({"sglang_version": importlib.metadata.version("sglang"),
+                           "version_source": "package metadata of the distribution 'sglang' in the image",
+                           "cases": cases}))
     _OUT.flush()
 
 
