@@ -494,7 +494,7 @@ class App:
         h.wfile.write(b"data: [DONE]\n\n")
         h.wfile.flush()
 
-    def pacer(self, body: dict[str, Any], words: int) -> Any:
+    def pacer(self, body: dict[str, Any], words: int, limit: int = 1 << 30) -> Any:
         """With STANDIN_MODEL: a function that waits for the next step's deadline and returns its tokens (the first
         call waits out the prefill); None without it. At temperature 0 a prompt's acceptances repeat exactly."""
         if MODEL is None:
@@ -511,15 +511,21 @@ class App:
         first = [True]
 
         def step() -> int:
-            """Wait for the next token(s): the prefill's one token first, then each decode step's 1 + accepted."""
+            """Wait for the next token(s): the prefill's one token first, then each decode step's 1 + accepted.
+            Steps whose deadline has passed already (a compressed night's steps can be shorter than the stand-in's
+            own work per chunk) come in one chunk, so the tokens keep the model's time however short a step is."""
             wait = clock[0] - time.monotonic()
             if wait > 0:
                 time.sleep(wait)
-            clock[0] += Model.step_ms(steps, max(1, self.metrics.running)) / 1000 * MODEL.scale
-            if first[0]:
-                first[0] = False
-                return 1
-            return 1 + Model.accepted(rng, accept)
+            tokens = 0
+            while True:
+                clock[0] += Model.step_ms(steps, max(1, self.metrics.running)) / 1000 * MODEL.scale
+                if first[0]:
+                    first[0] = False
+                    return 1
+                tokens += 1 + Model.accepted(rng, accept)
+                if clock[0] > time.monotonic() or tokens >= limit:
+                    return tokens
 
         return step
 
@@ -571,7 +577,7 @@ class App:
                 h.close_connection = True
                 if chat:
                     self.sse(h, base, {"role": "assistant", "content": ""}, None, chat)
-            pace = self.pacer(body, prompt)
+            pace = self.pacer(body, prompt, len(words))
             pos, c = 0, 0
             while pos < len(words):
                 if pace is not None:
@@ -889,6 +895,12 @@ class App:
         cfg, log, spec = self.cfg, self.log, self.cfg.spec
         log.edge("experimental.server.runtime.engine", f"Loading runtime bundle from ~/.cache/edgellm/{cfg.model}")
         self.faults_at_start()
+        build = env_float("STANDIN_BUILD_S", 0.0)
+        if build:  # a first start builds the TensorRT engines, silent between these two lines (builder.py:485-499)
+            log.edge("experimental.builder.core.builder", "Building serialized engine (this may take several "
+                                                          "minutes)...")
+            time.sleep(build * time_scale())
+            log.edge("experimental.builder.core.builder", f"Engine written to ~/.cache/edgellm/{cfg.model}/llm.engine")
         time.sleep(env_float("STANDIN_START_DELAY", 1.0) * time_scale())
         log.edge("experimental.server.runtime.engine", "Engine loaded and ready.")
         log.edge("edgellm.server", f"Loaded model={cfg.served_names[0]} max_model_len={cfg.max_len} "

@@ -113,10 +113,10 @@ def _document(request: RehearsalRequest, scratch: Path) -> tuple[dict[str, Any],
 
 
 def _free_offset(ports: list[int], hosts: int) -> int:
-    """A port offset (multiple of 100) under which every server port of every twin host is free here."""
+    """A port offset under which every server port of every twin host (100 apart) is free here."""
     rng = random.Random()
     for _ in range(200):
-        offset = 100 * rng.randrange(100, 300)
+        offset = rng.randrange(10000, 35000)  # concurrent rehearsals (CI) rarely pick the same
         if all(not port_in_use("127.0.0.1", p + offset + 100 * h) for p in ports for h in range(hosts)
                if p + offset + 100 * h < 65536):
             return offset
@@ -127,8 +127,10 @@ def _free_offset(ports: list[int], hosts: int) -> int:
 def _hosts_entries(need: int, offset: int) -> list[dict[str, Any]]:
     if need <= 1:
         return [{"docker": "local", "port_offset": offset}]
+    # the link between the twins is this machine's loopback (the stand-ins' Ray and NCCL names only)
     return [{"docker": f"ssh://twin@spark-{i + 1}", "name": f"spark-{i + 1}", "address": "127.0.0.1",
-             "port_offset": offset + 100 * i} for i in range(need)]
+             "port_offset": offset + 100 * i, "cluster_address": "127.0.0.1", "interface": "lo",
+             "ib_hca": f"twin{i}"} for i in range(need)]
 
 
 def prepare(request: RehearsalRequest, scratch: Path) -> tuple[Rehearsal, dict[str, TwinRuntime]]:
@@ -213,8 +215,8 @@ def _run(rehearsal: Rehearsal, runtimes: dict[str, TwinRuntime], scratch: Path, 
         choices = driver.TuneChoices(str(rehearsal.source), runs_dir=runs_dir, new=True, download=False)
         tune_request = driver.request_for(choices)
         tune_request = dataclasses.replace(tune_request, options=options)
-        outcome = driver.run_tune(tune_request, say, runtime=local, reach=reach)
-        rehearsal.run_dir, rehearsal.tune_state = outcome.run_dir, outcome.state
+        tuned = driver.run_tune(tune_request, say, runtime=local, reach=reach)
+        rehearsal.run_dir, rehearsal.tune_state = tuned.run_dir, tuned.state
         return
     sweep_request = runner.Request(rehearsal.source, runs_dir, new=True, options=options, download=False)
     outcome = runner.sweep(sweep_request, say, runtime=local, reach=reach)

@@ -46,7 +46,7 @@ def judge(rehearsal: Rehearsal) -> Verdict:
     floors: dict[tuple[str, str | None], float] = {}
     starts: dict[str, list[float]] = {}
     for wall, line in rehearsal.lines:
-        line = re.sub(r" \[\d+ done.*\]$", "", line)
+        line = re.sub(r" \[\d+ done.*\]$", "", re.sub(r"^\[[^\]]+\] ", "", line))
         if (m := FLOOR_LINE.match(line)) is not None:
             floors[(m["label"], m["host"])] = float(m["floor"])
         elif line.startswith("server ") and ": starting" in line:
@@ -61,7 +61,7 @@ def judge(rehearsal: Rehearsal) -> Verdict:
                 if f.kind in ("drift",):
                     continue
                 where = labels.get(f.server_config_id or "", "the sweep")
-                failures.append((where, f"{f.kind}: {f.message}"))
+                failures.append((where, f"{f.kind}: {f.message.splitlines()[0]}"))
                 verdict.floor_trips += f.kind == "memory_floor"
             counts = store.counts()
             verdict.lost_cells = counts.get("failed", 0) + counts.get("pending", 0) + counts.get("partial", 0) + \
@@ -69,9 +69,14 @@ def judge(rehearsal: Rehearsal) -> Verdict:
     for host_name, host in rehearsal.hosts.items():
         for server in host.history:
             verdict.servers.append(_server(rehearsal, server, host_name, floors, starts, ready, failures))
+    seen = {s.label for s in verdict.servers}
+    for where, why in failures:  # servers that never started on a twin (a start refused before the launch)
+        if where not in seen and where != "the sweep":
+            seen.add(where)
+            verdict.servers.append(ServerVerdict(where, "-", None, None, None, None, None, why))
     verdict.failures = [f"{where}: {why}" for where, why in failures]
-    if rehearsal.stopped:
-        verdict.failures.append(f"the night stopped: {rehearsal.stopped}")
+    if rehearsal.stopped and not any(rehearsal.stopped.splitlines()[0] in f for f in verdict.failures):
+        verdict.failures.append(f"the night stopped: {rehearsal.stopped.splitlines()[0]}")
     verdict.floor_trips = max(verdict.floor_trips, sum("memory floor" in f for f in verdict.failures))
     return verdict
 

@@ -16,6 +16,7 @@ import dataclasses
 import os
 import sys
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +33,7 @@ TWIN_ARCH = "aarch64"  # a DGX Spark's CPU (GB10: 20 Arm cores)
 FAULTS = ("dead-engine", "oom", "slow-download", "disk-full", "host-lost")
 DEAD_AFTER_S = 120.0  # dead-engine: the first server's engine dies this long after ready (night seconds)
 LEAK_GIB_PER_S = 0.05  # oom: the first server's engine keeps taking 3 GiB a minute under load
-HOST_LOST_AFTER_S = 300.0  # host-lost: the twin goes away this long after its first server is ready (night seconds)
+HOST_LOST_AFTER_S = 60.0  # host-lost: the twin goes away this long after its first server is ready (night seconds)
 
 
 def standin_dir() -> Path:
@@ -49,6 +50,7 @@ class TwinSetup:
     sweep: str | None
     scratch: Path
     fault: str | None = None
+    head: LaunchSpec | None = None  # the last head node started: a worker joining it holds what the head holds
 
 
 class TwinRuntime:
@@ -71,10 +73,11 @@ class TwinRuntime:
 
     @property
     def url(self) -> str:
-        return f"twin:{self.host.twin.name}/{self.name}"
+        return "local" if self.name == "local" else f"ssh://twin@{self.name}"  # as the sweep's hosts: name it
 
     def facts(self) -> dict[str, Any]:
-        return {"twin": self.host.twin.name, "arch": TWIN_ARCH, "mem_total_gib": self.host.twin.mem_total_gib}
+        return {"twin": self.host.twin.name, "architecture": TWIN_ARCH, "mem_total_gib": self.host.twin.mem_total_gib,
+                "docker_version": "none (a twin: its servers are stand-ins, host processes)"}
 
     def host_arch(self) -> str:
         return TWIN_ARCH
@@ -124,7 +127,11 @@ class TwinRuntime:
                "STANDIN_TIME_SCALE": repr(self.host.scale), "STANDIN_VERSION": model.version,
                "STANDIN_LOAD_FILE": str(load_file), "STANDIN_RAY_DIR": str(scratch / "ray"),
                "STANDIN_START_DELAY": f"{ready_after:.3f}", "STANDIN_KV_TOKENS": str(model.kv_tokens),
-               "PYTHONPATH": os.pathsep.join(p for p in (str(standin_dir()), os.environ.get("PYTHONPATH")) if p)}
+               "PYTHONPATH": os.pathsep.join(p for p in (str(standin_dir()), os.environ.get("PYTHONPATH")) if p),
+               "PATH": os.pathsep.join(p for p in (str(standin_dir() / "bin"), os.environ.get("PATH")) if p)}
+        if model.cold_per_server:  # its build, silent between the lines the engine's quiet phase names
+            env["STANDIN_BUILD_S"] = f"{model.cold_init_s:.3f}"
+            env["STANDIN_START_DELAY"] = f"{ready_after - model.cold_init_s:.3f}"
         if model.startup_check is not None:
             meminfo = scratch / f"{spec.name}.meminfo"
             _write_meminfo(meminfo, self.host)
@@ -132,7 +139,11 @@ class TwinRuntime:
         if fault == "dead-engine":
             env["STANDIN_FATAL_AFTER"] = f"{DEAD_AFTER_S * self.host.scale:.3f}"
         rewritten = dataclasses.replace(spec, runtime="process", entrypoint=_program(spec), env=env, gpus=False)
-        self.host.start(spec, load_file, leak_gib_per_s=LEAK_GIB_PER_S if fault == "oom" else 0.0)
+        worker = bool(spec.entrypoint) and os.path.basename(spec.entrypoint[0]) == "ray"
+        if not worker:
+            self.setup.head = spec
+        held = dataclasses.replace(self.setup.head, name=spec.name) if worker and self.setup.head else spec
+        self.host.start(held, load_file, leak_gib_per_s=LEAK_GIB_PER_S if fault == "oom" else 0.0)
         server = self.processes.launch(rewritten, secrets, log_path, detach, on_log)
         self.host.watch(spec.name, lambda: server.state()[0])
         self._servers.append(server)
@@ -171,8 +182,9 @@ class TwinRuntime:
     def endpoint_of(self, name: str | None) -> Target:
         return self.processes.endpoint_of(name)
 
-    def logs(self, name: str, follow: bool = False, tail: int | str = "all", timestamps: bool = False) -> Any:
-        return self.processes.logs(name, follow, tail, timestamps)
+    def logs(self, name: str, follow: bool = False, tail: int | str = "all",
+             since: float | None = None) -> Iterator[bytes]:
+        return self.processes.logs(name, follow, tail, since)
 
     def log_text(self, name: str, since: float | None = None) -> str:
         return self.processes.log_text(name, since)
@@ -188,6 +200,8 @@ def _program(spec: LaunchSpec) -> tuple[str, ...]:
     name = os.path.basename(spec.entrypoint[0]) if spec.entrypoint else ""
     if name.startswith("python"):
         return (sys.executable, "-u", *spec.entrypoint[1:])
+    if name in ("bash", "sh"):  # a node's script (vLLM's head: `ray start … && exec vllm …`): the stand-in's
+        return tuple(spec.entrypoint)  # ray and vllm come first on its PATH
     program = standin / "bin" / name
     if not program.is_file():
         raise ServerError(f"{spec.recipe_path}: engines.{spec.engine}: the stand-in has no {name!r} program, so this "
