@@ -14,6 +14,7 @@ from sparklab.rehearse.night import Rehearsal
 from sparklab.sweep.store import Store
 
 FLOOR_LINE = re.compile(r"^memory floor for (?P<label>.+?)(?: on (?P<host>\S+))?: (?P<floor>[\d.]+) GiB")
+FLOOR_FAILURE = "memory-floor"  # the store's failure kind when the memory floor stopped a server
 READY_LINE = re.compile(r"^server (?P<label>.+?): ready in (?P<s>[\d.]+) s")
 
 
@@ -62,7 +63,7 @@ def judge(rehearsal: Rehearsal) -> Verdict:
                     continue
                 where = labels.get(f.server_config_id or "", "the sweep")
                 failures.append((where, f"{f.kind}: {f.message.splitlines()[0]}"))
-                verdict.floor_trips += f.kind == "memory_floor"
+                verdict.floor_trips += f.kind == FLOOR_FAILURE
             counts = store.counts()
             verdict.lost_cells = counts.get("failed", 0) + counts.get("pending", 0) + counts.get("partial", 0) + \
                 counts.get("running", 0)
