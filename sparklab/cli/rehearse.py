@@ -70,6 +70,9 @@ def cmd_rehearse(args: RehearseArgs) -> int:
                   highlight=False)
 
     with rehearse(args.request, say) as rehearsal:
+        if rehearsal.interrupted:
+            say("interrupted; the rehearsal's servers are down (it says nothing of the night)")
+            return 130
         verdict = verdicts.judge(rehearsal)
         if rehearsal.run_dir is not None and rehearsal.counts.get("done"):
             report = built_report(rehearsal.run_dir / "results.sqlite")

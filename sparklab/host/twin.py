@@ -63,6 +63,7 @@ class TwinState:
     servers: dict[str, TwinServer] = field(default_factory=dict)
     cached: dict[str, float] = field(default_factory=dict)  # model file's page cache (GiB) by checkpoint id
     loaded_since_s: float | None = None  # under load since (night seconds), for the temperature and the throttle
+    idle_since_s: float | None = None  # no request in flight since (night seconds)
     oom: str | None = None
 
 
@@ -157,9 +158,13 @@ class TwinHost:
                     used += server.takes_gib + running * server.per_request_gib
                     if server.leak_gib_per_s and running:
                         used += server.leak_gib_per_s * (elapsed - server.ready_after_s)
-            if loaded and self.state.loaded_since_s is None:
-                self.state.loaded_since_s = now
-            elif not loaded:
+            if loaded:
+                self.state.idle_since_s = None
+                if self.state.loaded_since_s is None:
+                    self.state.loaded_since_s = now
+            elif self.state.idle_since_s is None:
+                self.state.idle_since_s = now
+            elif now - self.state.idle_since_s > host.heat_time_constant_s:  # cooled down: a pause, not a gap
                 self.state.loaded_since_s = None
             if used > total - host.reserve_gib / 2 and self.state.oom is None:
                 self.state.oom = (f"Out of memory: the twin of {self.twin.name} killed an engine ({used:.1f} GiB in "
@@ -199,7 +204,8 @@ class TwinHost:
         now = self.now_s()
         with self._lock:
             since = self.state.loaded_since_s
-        if since is None:
+            idle = self.state.idle_since_s is not None
+        if since is None or idle:
             return GpuClocks(host.idle.sm_clock_mhz, host.max_sm_clock_mhz, host.idle.power_w,
                              host.idle.temperature_c, IDLE_REASON)
         under = now - since

@@ -78,6 +78,7 @@ class Rehearsal:
     stopped: str | None = None  # the error that stopped the night, if one did
     wall_s: float = 0.0
     tune_state: dict[str, Any] | None = None
+    interrupted: bool = False  # Ctrl-C: the rehearsal stopped, not the night
 
     def night_s(self, wall: float) -> float:
         return wall / self.scale
@@ -216,11 +217,11 @@ def _run(rehearsal: Rehearsal, runtimes: dict[str, TwinRuntime], scratch: Path, 
         tune_request = driver.request_for(choices)
         tune_request = dataclasses.replace(tune_request, options=options)
         tuned = driver.run_tune(tune_request, say, runtime=local, reach=reach)
-        rehearsal.run_dir, rehearsal.tune_state = tuned.run_dir, tuned.state
+        rehearsal.run_dir, rehearsal.tune_state, rehearsal.interrupted = tuned.run_dir, tuned.state, tuned.interrupted
         return
     sweep_request = runner.Request(rehearsal.source, runs_dir, new=True, options=options, download=False)
     outcome = runner.sweep(sweep_request, say, runtime=local, reach=reach)
-    rehearsal.run_dir = outcome.run_dir
+    rehearsal.run_dir, rehearsal.interrupted = outcome.run_dir, outcome.interrupted
 
 
 def _run_dir(runs_dir: Path) -> Path | None:

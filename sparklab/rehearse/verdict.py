@@ -8,6 +8,7 @@ import math
 import re
 from dataclasses import dataclass, field
 
+from sparklab.host.clocks import describe
 from sparklab.host.twin import TwinServer
 from sparklab.rehearse.eta import clock
 from sparklab.rehearse.night import Rehearsal
@@ -36,6 +37,7 @@ class Verdict:
     failures: list[str] = field(default_factory=list)  # every lost cell or server, with why
     lost_cells: int = 0
     floor_trips: int = 0
+    clocks: list[str] = field(default_factory=list)  # cells whose clock fell or whose GPU throttled (not losses)
 
     @property
     def exit_code(self) -> int:
@@ -64,6 +66,11 @@ def judge(rehearsal: Rehearsal) -> Verdict:
                 where = labels.get(f.server_config_id or "", "the sweep")
                 failures.append((where, f"{f.kind}: {f.message.splitlines()[0]}"))
                 verdict.floor_trips += f.kind == FLOOR_FAILURE
+            for cell in store.cells("done"):
+                line = describe((cell.result or {}).get("gpu_clocks") or {})
+                if line:
+                    verdict.clocks.append(f"{labels.get(cell.server_config_id, '?')} c={cell.concurrency} "
+                                          f"{cell.workload} #{cell.repeat}: {line}")
             counts = store.counts()
             verdict.lost_cells = counts.get("failed", 0) + counts.get("pending", 0) + counts.get("partial", 0) + \
                 counts.get("running", 0)
@@ -106,7 +113,8 @@ def lines(rehearsal: Rehearsal, verdict: Verdict) -> list[str]:
            f"{rehearsal.twin.host.download_mbps:g} MB/s); then {clock(eta.night_s)} by the twin's model"
            + (f", up to {clock(eta.longest_s)} if repeats: auto runs every repeat" if eta.longest_s > eta.night_s
               else "")
-           + f"; as rehearsed {clock(rehearsal.night_s(rehearsal.wall_s))}", "",
+           + f"; at the rehearsal's own pace {clock(rehearsal.night_s(rehearsal.wall_s))} (with the stand-ins' own "
+             "work per request, which counts more the harder the night is compressed)", "",
            "timeline (night clock)  server                 ready    MemAvailable/MemFree at start  lowest under load"
            "   floor   verdict"]
     for s in verdict.servers:
@@ -119,6 +127,11 @@ def lines(rehearsal: Rehearsal, verdict: Verdict) -> list[str]:
         where = f"{s.host}: " if len(rehearsal.hosts) > 1 else ""
         out.append(f"  {start:>9}  {where + s.label:<28} {ready:>7}   {at:<28}  {low:<20} {floor:>6}   {verdict_text}")
     out.append("")
+    if verdict.clocks:
+        out.append(f"{len(verdict.clocks)} cell(s) ran with the clock down or the GPU throttling (their numbers are "
+                   "low, the report flags them):")
+        out += [f"  - {c}" for c in verdict.clocks[:10]] + ([f"  - and {len(verdict.clocks) - 10} more"]
+                                                           if len(verdict.clocks) > 10 else [])
     if verdict.failures or verdict.lost_cells:
         out.append(f"the real night would lose {verdict.lost_cells} cell(s):" if verdict.lost_cells else
                    "the real night would lose:")

@@ -149,7 +149,9 @@ class TwinRuntime:
         self._servers.append(server)
         if self.setup.fault == "host-lost" and first:
             delay = (ready_after + HOST_LOST_AFTER_S) * self.host.scale
-            threading.Timer(delay, self.lose).start()
+            timer = threading.Timer(delay, self.lose)
+            timer.daemon = True  # a rehearsal that ends first (or Ctrl-C) does not wait for it
+            timer.start()
         return server
 
     def lose(self) -> None:
