@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from sparklab.host.clocks import describe
 from sparklab.host.twin import TwinServer
+from sparklab.host.watchdog import floor_for
 from sparklab.rehearse.eta import clock
 from sparklab.rehearse.night import Rehearsal
 from sparklab.sweep.store import Store
@@ -94,6 +95,9 @@ def _server(rehearsal: Rehearsal, server: TwinServer, host: str, floors: dict[tu
             failures: list[tuple[str, str]]) -> ServerVerdict:
     name = None if len(rehearsal.hosts) == 1 else host
     floor = floors.get((server.label, name), floors.get((server.label, None)))
+    planned = next((p for p in rehearsal.plan.servers if p.label == server.label), None)
+    if floor is None and planned is not None:  # no fraction to derive it from: the watchdog's own default
+        floor = floor_for(planned.recipe, rehearsal.plan.sweep.memory_floor_gib)
     at_start = (server.at_start.available_gib, server.at_start.free_gib) if server.at_start else None
     lowest = None if math.isinf(server.lowest_available_gib) else (server.lowest_available_gib, server.lowest_free_gib)
     lost = next((why for where, why in failures if where == server.label), None)
