@@ -71,7 +71,8 @@ def _sweep(tmp_path: Path, image: str, second: str, cache: Path, floor: float, u
         "set": [f"engines.vllm.image={image}", "engines.vllm.gpus=none", "engines.vllm.engine_cache=false",
                 "engines.vllm.ulimits={stack: 67108864}", f"engines.vllm.port={port}",
                 f"gpu_memory_utilization={util:.4f}"],
-        "overrides": [grow],
+        # the none server's cell lasts a few samplers' seconds (2 x 12 tokens at 0.2 s), so its window has samples
+        "overrides": [grow, {"match": {"method": "none"}, "set": ["engines.vllm.env={STANDIN_TOKEN_DELAY: '0.2'}"]}],
         "hosts": [{"docker": second, "network": "host", "port_offset": abs(other - port) or 100,
                    "hf_cache": str(cache)}],
     }
