@@ -75,7 +75,7 @@ class TwinRuntime:
     def url(self) -> str:
         return "local" if self.name == "local" else f"ssh://twin@{self.name}"  # as the sweep's hosts: name it
 
-    def facts(self) -> dict[str, Any]:
+    def facts(self) -> dict[str, Any]:  # Any: a JSON document, stored with the run as it is (as base.HostRuntime's)
         return {"twin": self.host.twin.name, "architecture": TWIN_ARCH, "mem_total_gib": self.host.twin.mem_total_gib,
                 "docker_version": "none (a twin: its servers are stand-ins, host processes)"}
 
