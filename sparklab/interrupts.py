@@ -1,9 +1,10 @@
-"""Ctrl-C and SIGTERM around the few steps that must not be cut in half.
+"""Ctrl-C, SIGTERM and SIGHUP around the few steps that must not be cut in half.
 
-`up` and `sweep` turn both signals into KeyboardInterrupt. Two kinds of step need care: a start, where the
-daemon (or the kernel) has made the engine but sparklab does not hold its handle yet, and a teardown, which a
-second Ctrl-C must not cut short. Signal handlers can only be set from the main thread; elsewhere these are
-no-ops (the main thread gets the signal anyway).
+`up` and `sweep` turn all three into KeyboardInterrupt (a hangup: the terminal or ssh session that started them
+went away, and the engine must not be left holding the machine's memory). Two kinds of step need care: a start,
+where the daemon (or the kernel) has made the engine but sparklab does not hold its handle yet, and a teardown,
+which a second Ctrl-C must not cut short. Signal handlers can only be set from the main thread; elsewhere these
+are no-ops (the main thread gets the signal anyway).
 """
 
 from __future__ import annotations
@@ -14,15 +15,16 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from types import FrameType
 
-_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 @contextmanager
 def _handled_by(handler: signal.Handlers | Callable[[int, FrameType | None], None]) -> Iterator[None]:
-    """Both signals go to `handler` inside the block; the previous handlers come back after it.
+    """The signals go to `handler` inside the block; the previous handlers come back after it.
 
     A signal the process ignores stays ignored: a script's background job (an overnight sweep) starts with
-    SIGINT ignored so that the terminal's Ctrl-C is not for it, and is stopped with SIGTERM instead."""
+    SIGINT ignored so that the terminal's Ctrl-C is not for it, and is stopped with SIGTERM instead; one started
+    under `nohup` has SIGHUP ignored, so that a closing terminal is not for it."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -36,13 +38,13 @@ def _handled_by(handler: signal.Handlers | Callable[[int, FrameType | None], Non
 
 
 def shielded() -> AbstractContextManager[None]:
-    """Ignore Ctrl-C and SIGTERM inside the block: for a teardown that is itself the answer to one."""
+    """Ignore Ctrl-C, SIGTERM and SIGHUP inside the block: for a teardown that is itself the answer to one."""
     return _handled_by(signal.SIG_IGN)
 
 
 @contextmanager
 def deferred() -> Iterator[None]:
-    """Hold Ctrl-C and SIGTERM until the block has ended, then raise KeyboardInterrupt once.
+    """Hold Ctrl-C, SIGTERM and SIGHUP until the block has ended, then raise KeyboardInterrupt once.
 
     For a start: the caller wraps the block so that, when this raises, it tears down what the block made.
     An error raised inside the block wins over a held signal (the caller cleans up either way)."""

@@ -21,6 +21,7 @@ from typing import Any
 KEEP_TOKENS = 4096
 KEEP_CHARS = 16384  # when the answer has no token ids: the text is what gets compared
 KEEP_CHARS_WITH_IDS = 1024  # with token ids the text is only for a human to look at
+# Any: answers and sampling settings are JSON records as results keep them (records.RequestRecord.answer)
 
 
 def _digest(value: Any) -> str:

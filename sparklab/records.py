@@ -42,6 +42,7 @@ class Sampling:
     seed: int | None = None
     token_ids: bool = True  # ask vLLM for per-chunk token ids (exact tokens per chunk)
 
+    # Any: the OpenAI request body, JSON
     def body(self, model: str, messages: list[dict[str, str]], stream: bool) -> dict[str, Any]:
         body: dict[str, Any] = {"model": model, "messages": messages, "max_tokens": self.max_tokens}
         if self.temperature is not None:
@@ -98,6 +99,7 @@ class RequestRecord:
     def ok(self) -> bool:
         return self.error is None
 
+    # Any: the JSON a result stores
     def as_dict(self) -> dict[str, Any]:
         """Shallow copy (dataclasses.asdict deep-copies every chunk list, which is slow for long runs)."""
         out = {f.name: getattr(self, f.name) for f in fields(self)}
@@ -106,6 +108,7 @@ class RequestRecord:
         del out["output_parts"], out["output_ids"], out["tool_calls"]  # results keep answers apart: see answer()
         return out
 
+    # Any: the JSON a result stores
     def answer(self) -> dict[str, Any]:
         """The answer as results keep it (sparklab.outputs.kept: digests, bounded heads)."""
         ids = self.output_ids if self.streamed and self.output_ids else None
@@ -199,4 +202,8 @@ class BenchResult(TypedDict, total=False):
     server: dict[str, Any]  # the raw snapshots before and after the window
     engine: dict[str, Any]  # a sweep's cell: the engine version its image states and its server answered, the digest
     requests: list[dict[str, Any]]
+    memory: dict[str, Any]  # host memory over the window (host.watchdog.MemoryStats.as_dict)
+    gpu_clocks: dict[str, Any]  # the GPU's clocks under load, where nvidia-smi answers (host.clocks)
     outputs: list[dict[str, Any]]  # each request's answer, bounded (sparklab.outputs.kept); a sweep stores them apart
+    server_load: dict[str, Any]  # a sweep's: which start of its server the cell ran on ({"id": ...}, bench.noise)
+    host_load: dict[str, Any]  # a sweep's: the bench machine's load average at the cell's start and end

@@ -40,7 +40,7 @@ EVERY_FLAG: dict[str, list[str]] = {
            "2", "--serve-arg=--y", "-e", "B", "--hf-cache", "/tmp/hf2", "--ulimit", "stack=1", "--no-gpus",
            "--public", "--no-api-key", "--ready-timeout", "60", "--host", "ssh://a", "--host", "ssh://b", "-d",
            "--pull", "always", "--api-key", "k-1", "--allow-foreign-platform", "--dry-run", "--no-download",
-           "--stall-timeout", "5"],
+           "--stall-timeout", "5", "--memory-floor-gib", "3"],
     "bench": ["bench", "--url", "http://127.0.0.1:9/v1", "--api-key", "k", "--model", "m", "-w", "w.jsonl", "-c",
               "4", "--duration", "3", "--rate", "2", "--warmup", "0", "--max-tokens", "5", "--temperature", "0",
               "--top-p", "0.5", "--ignore-eos", "--min-tokens", "2", "--thinking", "on", "--seed", "7",

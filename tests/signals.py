@@ -19,15 +19,19 @@ Handler = Callable[[int, FrameType | None], object] | int | signal.Handlers | No
 
 
 @contextmanager
-def _sigint(handler: Handler) -> Iterator[None]:
+def _handled(signum: signal.Signals, handler: Handler) -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():  # only the main thread may set handlers
         yield
         return
-    previous = signal.signal(signal.SIGINT, handler)
+    previous = signal.signal(signum, handler)
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
+        signal.signal(signum, previous)
+
+
+def _sigint(handler: Handler) -> AbstractContextManager[None]:
+    return _handled(signal.SIGINT, handler)
 
 
 def ctrl_c_raises() -> AbstractContextManager[None]:
@@ -41,3 +45,14 @@ def ctrl_c_ignored() -> AbstractContextManager[None]:
     """Inside the block SIGINT is ignored, and so it is in a process started there: how a script's background
     job starts (for a test of sparklab run that way)."""
     return _sigint(signal.SIG_IGN)
+
+
+def hangup_ends() -> AbstractContextManager[None]:
+    """Inside the block SIGHUP has its default action, as in a terminal session, however this run was started (under
+    `nohup` it would be ignored, and so in every process started here)."""
+    return _handled(signal.SIGHUP, signal.SIG_DFL)
+
+
+def hangup_ignored() -> AbstractContextManager[None]:
+    """Inside the block SIGHUP is ignored, and so it is in a process started there: how `nohup` starts one."""
+    return _handled(signal.SIGHUP, signal.SIG_IGN)

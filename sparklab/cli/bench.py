@@ -95,23 +95,27 @@ def cmd_bench(args: BenchArgs) -> int:
     from sparklab.bench.workloads import load_workload
     from sparklab.cli.console import bench_result
 
-    runtime, target = None, None
+    runtime, target, watch = None, None, None
     if args.url:
         endpoint = cell.Endpoint.from_url(args.url, args.api_key or os.environ.get("SPARKLAB_API_KEY"), args.model)
     else:
+        from sparklab.runtimes.follow import ServerWatch
         from sparklab.runtimes.local import Runtime
 
         runtime = Runtime()
         target = runtime.endpoint_of(args.container)
         err.print(f"benchmarking {target.name} at {target.url}")
         endpoint = cell.Endpoint.from_url(target.url, target.api_key, args.model, target.kind)
+        # A sparklab server: its log says at once when its engine dies (its API may answer on), as in a sweep.
+        watch = ServerWatch(runtime, target, "bench")
     load, sampling = args.load, args.sampling
     workload = load_workload(args.workload)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=err, transient=True) as progress:
         task = progress.add_task(f"{workload.name} c={load.concurrency}", total=load.requests)
         result = cell.run(endpoint, workload, sampling, load, on_done=lambda r: progress.advance(task),
-                           request_timeout_s=args.request_timeout, stall_timeout_s=args.stall_timeout)
+                           request_timeout_s=args.request_timeout, stall_timeout_s=args.stall_timeout,
+                           stop=watch.problem if watch is not None else None)
     if runtime is not None and target is not None:  # a sparklab server: its log may say more (SGLang's lines)
         since = result["measurement"]["window_started_at"]
         cell.add_log_acceptance(result, endpoint.kind, lambda: runtime.log_text(target.name, since=since))

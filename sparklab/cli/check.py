@@ -80,5 +80,5 @@ def cmd_check(args: CheckArgs, runtime: Runtime | None = None) -> int:
 class _NoCache(imagecheck.Cache):
     """--no-cache: every parser runs again (its verdicts are still kept for the next check and start)."""
 
-    def get(self, digest: str | None, spec: object) -> None:  # type: ignore[override]
+    def get(self, digest: str | None, spec: object) -> None:
         return None

@@ -13,12 +13,13 @@ import os
 import re
 import sys
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Protocol
 
 from sparklab.cli.args import ON_HOSTS, host_option, positive, whole
-from sparklab.errors import ServerError, SparklabError
-from sparklab.recipes.hosts import LOCAL_NAME, Host, parse_hosts
-from sparklab.runtimes import containers
+from sparklab.errors import ContainerError, ServerError, SparklabError
+from sparklab.recipes.hosts import LOCAL_NAME, Host, parse_hosts, redact_url
+from sparklab.runtimes import containers, deadlines
 from sparklab.runtimes.base import Runtime, ServerInfo
 from sparklab.runtimes.local import Runtime as LocalRuntime
 
@@ -107,20 +108,47 @@ def chosen_hosts(values: tuple[str, ...]) -> list[Host]:
     return parse_hosts([LOCAL_NAME, *[v for v in extra if v != LOCAL_NAME]], "SPARKLAB_HOSTS")
 
 
-def reach(hosts: list[Host], err: Console) -> list[tuple[Host, Runtime]]:
-    """The hosts that answer; each one that does not is named on stderr (all silent: the first error)."""
+def reach(hosts: list[Host], err: Console, check_s: float = deadlines.HOST_CHECK_S) -> list[tuple[Host, Runtime]]:
+    """The hosts that answer within check_s (asked all at once); each one that does not is named on stderr (all
+    silent: the first error)."""
+
+    def connect(host: Host) -> Runtime:
+        # this machine: its containers and its host-process servers (runtimes.local); another: its Docker
+        return LocalRuntime() if host.local else containers.Docker.connect(host.docker, host.tls_dir, answer_s=check_s)
+
+    answers = deadlines.each_within(check_s, {host.name: partial(connect, host) for host in hosts})
     reached: list[tuple[Host, Runtime]] = []
     first: SparklabError | None = None
     for host in hosts:
-        try:
-            # this machine: its containers and its host-process servers (runtimes.local); another: its Docker
-            runtime: Runtime = LocalRuntime() if host.local else containers.Docker.connect(host.docker, host.tls_dir)
-            reached.append((host, runtime))
-        except SparklabError as exc:
-            first = first or exc
-            err.print(f"host {host.name}: unreachable ({exc.message})", markup=False)
+        answer = answers[host.name]
+        if isinstance(answer, deadlines.NoAnswer):
+            answer = ContainerError(deadlines.no_answer(redact_url(host.docker), check_s))
+        if isinstance(answer, SparklabError):
+            first = first or answer
+            err.print(f"host {host.name}: unreachable ({answer.message})", markup=False)
+        elif isinstance(answer, BaseException):
+            raise answer
+        else:
+            reached.append((host, answer))
     if not reached and first is not None:
         raise first
+    return reached
+
+
+def connect_every(hosts: list[Host], check_s: float = deadlines.HOST_CHECK_S) -> list[containers.Docker]:
+    """Every host's Docker, asked all at once within check_s (a server across hosts needs each one): the first
+    host that cannot be reached, or gives no answer in time, is the error."""
+    answers = deadlines.each_within(check_s, {h.name: partial(containers.Docker.connect, h.docker, h.tls_dir,
+                                                              answer_s=check_s) for h in hosts})
+    reached: list[containers.Docker] = []
+    for host in hosts:
+        answer = answers[host.name]
+        if isinstance(answer, deadlines.NoAnswer):
+            raise ContainerError(f"host {host.name}: {deadlines.no_answer(redact_url(host.docker), check_s)}",
+                                 "A server across hosts needs every one of them.")
+        if isinstance(answer, BaseException):
+            raise answer
+        reached.append(answer)
     return reached
 
 

@@ -82,7 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _sigterm_as_interrupt(signum: int, frame: object) -> None:
+def _as_interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
@@ -90,7 +90,10 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
-    signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
+    signal.signal(signal.SIGTERM, _as_interrupt)
+    # A hangup (the terminal or ssh session gone) tears down as SIGTERM does; under nohup it is not for this run.
+    if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:
+        signal.signal(signal.SIGHUP, _as_interrupt)
     command = COMMANDS[args.command]
     try:
         return int(command.run(command.args.from_cli_args(args)))

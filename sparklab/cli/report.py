@@ -20,6 +20,7 @@ class ReportArgs:
     hardware: str | None
     bandwidth_gbps: float | None
     facts: list[str]  # KEY=VALUE model facts for the roofline
+    slo: str | None = None  # a latency objective: the best config per concurrency among those meeting it
 
     @classmethod
     def add_cli_args(cls, p: argparse.ArgumentParser) -> None:
@@ -34,11 +35,15 @@ class ReportArgs:
         p.add_argument("--bandwidth-gbps", type=float, metavar="GBPS", help="roofline with this memory bandwidth")
         p.add_argument("--fact", dest="facts", action="append", default=[], metavar="KEY=VALUE",
                        help="override a model fact for the roofline, e.g. --fact active_params_b=3 (repeatable)")
+        p.add_argument("--slo", metavar="TERMS",
+                       help="judge configs by a latency objective, e.g. 'tpot_p90<=50ms,ttft_p90<=500ms': the best per "
+                            "concurrency among those whose interval meets it, and the highest concurrency any meets it "
+                            "at (default: the sweep file's slo:)")
 
     @classmethod
     def from_cli_args(cls, args: argparse.Namespace) -> ReportArgs:
         return cls(run=args.run, runs_dir=args.runs_dir, format=args.format, out=args.out, hardware=args.hardware,
-                   bandwidth_gbps=args.bandwidth_gbps, facts=list(args.facts))
+                   bandwidth_gbps=args.bandwidth_gbps, facts=list(args.facts), slo=args.slo)
 
 
 def built_report(path: Path, overrides: Any = None) -> Any:
@@ -58,7 +63,7 @@ def cmd_report(args: ReportArgs) -> int:
     path, note = report.locate(args.run, args.runs_dir)
     if note:
         err.print(note, markup=False)
-    built = built_report(path, report.overrides_from(args.hardware, args.bandwidth_gbps, args.facts))
+    built = built_report(path, report.overrides_from(args.hardware, args.bandwidth_gbps, args.facts, args.slo))
     if not built.groups:
         err.print(f"{path}: no finished cells yet; the report has no measurements", markup=False)
     if args.out:

@@ -129,12 +129,23 @@ class TuneArgs:
                             "(default: decode for a sweep file with headline: decode, else aggregate)")
         p.add_argument("--ttft-max", type=positive(MAX_DURATION_S * 1000), metavar="MS",
                        help="only configs whose median TTFT (mean over repeats) is at most MS count")
+        p.add_argument("--slo", metavar="TERMS",
+                       help="only configs whose 95%% interval meets this latency objective count, e.g. "
+                            "'tpot_p90<=50ms,ttft_p90<=500ms' (default: the sweep file's slo:); the output adds the "
+                            "highest concurrency at which any config meets it")
+        p.add_argument("--grid", action="store_true",
+                       help="load every config of the space first (the full grid), then the same verdict rules: "
+                            "reloads, tie-breaks, the K schedule measured (what scripts/bench_tune_vs_grid.py "
+                            "compares tune with)")
         p.add_argument("--repeats", type=whole(1, 20), metavar="N",
-                       help="repeats of every measured config (default: the sweep's; auto_repeats.min for "
+                       help="runs per load of every measured config (default: the sweep's; auto_repeats.min for "
                             "repeats: auto; else 2)")
-        p.add_argument("--max-repeats", type=whole(1, 20), metavar="N",
-                       help="repeats for configs whose 95%% interval overlaps the best's (default: auto_repeats.max "
-                            "for repeats: auto, else 2 x --repeats)")
+        p.add_argument("--max-repeats", type=whole(1, 60), metavar="N",
+                       help="the budget per config and concurrency, in runs over all its loads: the best and its "
+                            "runner-up are reloaded (ABBA) and a contender not told apart from the best is reloaded "
+                            "with it until they are told apart or this runs out, then the smaller K wins a "
+                            "tie-break (default: auto_repeats.max for repeats: auto, else 2 x --repeats, one reload "
+                            "each)")
         p.add_argument("-n", "--requests", type=whole(1, MAX_REQUESTS), help="measured requests per cell (default 10)")
         p.add_argument("--max-tokens", type=whole(1, MAX_TOKENS), help="max_tokens per request (default: sweep's)")
         p.add_argument("--tolerance", type=positive(1.0), default=0.15, metavar="FRACTION",
@@ -161,7 +172,8 @@ class TuneArgs:
         choices = TuneChoices(
             args.space, engine=args.engine, methods=tuple(args.methods or ()), k=tuple(args.k or ()),
             concurrency=tuple(args.concurrency or ()), workload=args.workload, objective=args.objective,
-            ttft_max_ms=args.ttft_max, repeats=args.repeats, max_repeats=args.max_repeats, requests=args.requests,
+            ttft_max_ms=args.ttft_max, slo=args.slo, grid=args.grid, repeats=args.repeats,
+            max_repeats=args.max_repeats, requests=args.requests,
             max_tokens=args.max_tokens, tolerance=args.tolerance, runs_dir=args.runs_dir, resume=args.resume,
             new=args.new, pull_policy=args.pull, ulimits=tuple(args.ulimits), download=args.download,
             hosts=tuple(args.hosts))

@@ -6,6 +6,7 @@ Both take the same launch flags (`LaunchArgs`); a recipe with nodes > 1 or `--ho
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,12 +18,14 @@ from sparklab.cli import cluster
 from sparklab.cli.args import default_hf_cache, host_option, positive, whole
 from sparklab.cli.terminal import err, out
 from sparklab.engines import engine as engine_adapter
-from sparklab.errors import SparklabError
-from sparklab.host import preflight
+from sparklab.engines.api import EngineAPI
+from sparklab.errors import ServerError, SparklabError
+from sparklab.host import preflight, watchdog
 from sparklab.recipes import multinode
 from sparklab.recipes.render import LaunchOptions, launch_command, serve_command
 from sparklab.recipes.schema import MAX_DURATION_S, MAX_SPECULATIVE_TOKENS
 from sparklab.runtimes import launch
+from sparklab.runtimes.base import Runtime
 from sparklab.sweep import rundir
 
 ACROSS = ("serve across these Docker hosts, the head first (a recipe with nodes: 2); each as "
@@ -115,6 +118,7 @@ class UpArgs(LaunchArgs):
     dry_run: bool
     download: bool
     stall_timeout: float | None
+    memory_floor_gib: float | None  # None: the default floor (8 GiB on unified-memory recipes); 0: off
 
     @classmethod
     def add_cli_args(cls, p: argparse.ArgumentParser) -> None:
@@ -130,13 +134,18 @@ class UpArgs(LaunchArgs):
         p.add_argument("--no-download", dest="download", action="store_false",
                        help="do not fetch the model and drafts into the Hugging Face cache first (`sparklab pull`)")
         p.add_argument("--stall-timeout", type=positive(MAX_DURATION_S), metavar="SECONDS",
-                       help="fail when the engine prints nothing for this long while loading (default: off)")
+                       help="fail when the engine prints nothing for this long while loading (default: off); "
+                            "in the foreground, also stop it when it prints nothing and answers no health check "
+                            f"for this long while serving (default {launch.SERVING_STALL_S:.0f})")
+        p.add_argument("--memory-floor-gib", type=float, metavar="GIB",
+                       help="stop the server when this machine's MemAvailable falls under this while it loads or "
+                            "serves in the foreground (default: 8 on unified-memory recipes; 0: off)")
 
     @classmethod
     def from_cli_args(cls, args: argparse.Namespace) -> UpArgs:
         return cls(**cls.launch_fields(args), detach=args.detach, pull=args.pull, api_key_value=args.api_key_value,
                    allow_foreign_platform=args.allow_foreign_platform, dry_run=args.dry_run, download=args.download,
-                   stall_timeout=args.stall_timeout)
+                   stall_timeout=args.stall_timeout, memory_floor_gib=args.memory_floor_gib)
 
 
 def launch_options(args: LaunchArgs, mode: str = "up") -> LaunchOptions:
@@ -174,12 +183,12 @@ def _print_warnings(findings: list[preflight.Finding]) -> None:
 def cmd_up(args: UpArgs) -> int:
     """One server here, or one across several Docker hosts (--host, or a recipe with nodes > 1): one path from the
     preflight to the Ctrl-C stop; only the start differs (launch.start or cluster.start, both a launch.Ready)."""
+    from sparklab.cli.hosts import connect_every
     from sparklab.cli.progress import PullProgress
     from sparklab.recipes.hosts import LOCAL
     from sparklab.runtimes import cluster as runtimes_cluster
     from sparklab.runtimes.base import HostRuntime
-    from sparklab.runtimes.containers import Docker
-    from sparklab.runtimes.local import Runtime
+    from sparklab.runtimes.local import Runtime as LocalRuntime
 
     options = launch_options(args)
     p = launch.prepare(args.spec, target=args.target, engine_name=args.engine, overrides=args.overrides,
@@ -202,7 +211,7 @@ def cmd_up(args: UpArgs) -> int:
         raise SparklabError("a server across hosts runs in the foreground (sparklab watches every node)",
                             "Leave out --detach; Ctrl-C stops it on every host.")
     hosts = [LOCAL] if nodes is None else nodes.hosts
-    runtimes: list[HostRuntime] = [Runtime()] if nodes is None else [Docker.connect(h.docker, h.tls_dir) for h in hosts]
+    runtimes: list[HostRuntime] = [LocalRuntime()] if nodes is None else list(connect_every(list(hosts)))
     for host, runtime in zip(hosts, runtimes, strict=True):
         where = "" if nodes is None else f" on {host.name}"
         for info in runtime.gc():
@@ -218,38 +227,65 @@ def cmd_up(args: UpArgs) -> int:
               markup=False)
     shown = len(p.warnings)
     given_key = args.api_key_value or os.environ.get("SPARKLAB_API_KEY")
-    with PullProgress(err) as pull_progress, err.status("waiting for the server…") as status:
-        def on_wait(elapsed: float) -> None:
-            status.update(f"waiting for {spec.endpoint}{spec.ready_path} ({elapsed:.0f} s)…")
+    memory = _memory_watch(args, p, runtimes[0]) if nodes is None else None  # this machine's memory: its own server
+    with memory or contextlib.nullcontext():
+        try:
+            with PullProgress(err) as pull_progress, err.status("waiting for the server…") as status:
+                def on_wait(elapsed: float) -> None:
+                    status.update(f"waiting for {spec.endpoint}{spec.ready_path} ({elapsed:.0f} s)…")
 
-        if nodes is None:
-            ready = launch.start(p, runtimes[0], pull_policy=args.pull,
-                                 allow_foreign_platform=args.allow_foreign_platform, on_pull=pull_progress.update,
-                                 api_key=given_key, detach=args.detach, on_wait=on_wait, stall_s=args.stall_timeout)
-        else:
-            ready = runtimes_cluster.start(p, nodes, runtimes, pull_policy=args.pull, on_pull=pull_progress.update,
-                                           api_key=given_key, on_wait=on_wait, stall_s=args.stall_timeout,
-                                           say=lambda message: err.print(message, markup=False))
-    _print_warnings(p.warnings[shown:])
-    from sparklab.engines.api import EngineAPI
+                if nodes is None:
+                    ready = launch.start(p, runtimes[0], pull_policy=args.pull,
+                                         allow_foreign_platform=args.allow_foreign_platform,
+                                         on_pull=pull_progress.update, api_key=given_key, detach=args.detach,
+                                         on_wait=on_wait, stall_s=args.stall_timeout)
+                else:
+                    ready = runtimes_cluster.start(p, nodes, runtimes, pull_policy=args.pull,
+                                                   on_pull=pull_progress.update, api_key=given_key, on_wait=on_wait,
+                                                   stall_s=args.stall_timeout,
+                                                   say=lambda message: err.print(message, markup=False))
+        except ServerError:
+            if memory is not None and memory.tripped is not None:  # the floor stopped it while it loaded
+                raise launch.floor_error(memory) from None
+            raise
+        _print_warnings(p.warnings[shown:])
+        return _serve(ready, args, len(hosts), memory, key_given=bool(given_key))
 
+
+def _memory_watch(args: UpArgs, p: launch.Launch, runtime: Runtime) -> watchdog.Sampler:
+    """This machine's memory while the server loads and serves, and its floor (as a sweep's: --memory-floor-gib,
+    else 8 GiB on unified-memory recipes): under it the server is killed before the machine wedges."""
+    name = p.spec.name
+    return watchdog.Sampler(floor_gib=watchdog.floor_for(p.recipe, args.memory_floor_gib),
+                            locate=lambda: runtime.container_id(name), on_floor=lambda: runtime.kill(name))
+
+
+def _serve(ready: launch.Ready, args: UpArgs, hosts: int, memory: watchdog.Sampler | None, key_given: bool) -> int:
+    """Report the ready server; then leave it (--detach) or serve in the foreground, watched as a sweep watches its
+    servers (it exits, its engine logs a fatal line or goes silent, the memory floor), until Ctrl-C, SIGTERM or a
+    hangup stops and removes it."""
     with ready.server:
-        disagree = launch.read_served_version(ready, EngineAPI(spec.endpoint, ready.api_key))
+        if memory is not None and memory.tripped is not None:  # before the server existed: nothing was killed yet
+            ready.server.stop(0)
+            raise launch.floor_error(memory)
+        disagree = launch.read_served_version(ready, EngineAPI(ready.server.spec.endpoint, ready.api_key))
         if disagree:
             err.print("[yellow]warning:[/] " + escape(disagree), markup=True)
-        _print_ready(ready, key_given=bool(given_key))
+        _print_ready(ready, key_given=key_given)
         if args.detach:
             ready.server.keep()
             out.print(f"left running (detached). Stop it with: sparklab down {ready.server.name}")
             return 0
         try:  # the line is inside: a signal that comes while it is printed still stops the server cleanly
-            out.print("serving in the foreground: Ctrl-C stops and removes it." if nodes is None else
-                      f"serving from {len(hosts)} hosts in the foreground: Ctrl-C stops and removes every node.")
-            launch.watch(ready.server, ready.watch)
+            out.print("serving in the foreground: Ctrl-C stops and removes it." if hosts == 1 else
+                      f"serving from {hosts} hosts in the foreground: Ctrl-C stops and removes every node.")
+            launch.watch(ready.server, ready.watch, memory=memory,
+                         stall_s=args.stall_timeout or launch.SERVING_STALL_S,
+                         api=EngineAPI(ready.server.spec.endpoint, ready.api_key))
         except KeyboardInterrupt:
             err.print("stopping…")
             seconds = ready.server.stop()
-            others = "" if nodes is None else " and its other nodes"
+            others = "" if hosts == 1 else " and its other nodes"
             err.print(f"stopped and removed {ready.server.name}{others} in {seconds:.1f} s")
             return 0
     return 0

@@ -21,6 +21,7 @@ from sparklab.errors import SparklabError
 if TYPE_CHECKING:
     from sparklab.engines.api import Budget, EngineAPI
 
+# Any: snapshots, windows and cell results are JSON as stored; each adapter defines its own keys
 ENGINES: dict[str, Engine] = {e.kind: e for e in (vllm.ENGINE, sglang.ENGINE, trtedge.ENGINE, llamacpp.ENGINE)}
 
 

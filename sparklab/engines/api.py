@@ -32,6 +32,7 @@ class Answer:
     status: int
     text: str
 
+    # Any: the engine's JSON reply, whatever shape it sent
     def json(self) -> Any:
         import json
 
@@ -78,6 +79,7 @@ class EngineAPI:
             raise Unreachable(str(exc)) from None
         return Answer(response.status_code, response.text)
 
+    # Any: the engine's JSON reply, whatever shape it sent
     def get_json(self, path: str, timeout_s: float = TIMEOUT_S) -> Any:
         """GET JSON for a user-facing command: every failure is a SparklabError that says what to do."""
         url = self.root + path

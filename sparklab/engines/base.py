@@ -9,8 +9,6 @@ subclassing `Engine`, registered in sparklab/engines/__init__.py, plus a recipe.
 
 from __future__ import annotations
 
-import contextlib
-import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -18,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from sparklab.engines import knowledge, parsers
+from sparklab.engines.argv import flag_value
 from sparklab.engines.knowledge import Fact, Knowledge, VersionKey
 from sparklab.engines.parsers import Probe, ProbeRun, Verdict
 from sparklab.engines.scrape import StartupFacts, collect_warnings
@@ -97,6 +96,7 @@ class Finding:
 Acceptance = tuple[float, str]  # (acceptance length incl. the bonus token, where it came from)
 
 
+# Any: counter snapshots, windows and cell results are JSON as stored; each adapter defines its keys
 class Engine:
     """Defaults shared by the engines; each adapter overrides what differs."""
 
@@ -284,6 +284,12 @@ class Engine:
         """Why k_schedule_args gives nothing at this version ("" when it gives the arguments)."""
         return f"sparklab knows no per-batch-size K setting of {self.kind}"
 
+    def synthetic_acceptance(self, argv: Sequence[str]) -> tuple[float, ...] | None:
+        """The per-position acceptance a server was told to fake instead of verifying its drafts (synthetic
+        rejection sampling: a benchmark of the engine's step cost, not a drafter), () when it fakes one sparklab
+        cannot read; None for a server that verifies its drafts."""
+        return None
+
     # -- its own parser, its version, and which versions this adapter's knowledge was read from ----------------
     knowledge: Knowledge = Knowledge(())
     name: str = ""  # the engine's name without a version: "vLLM"
@@ -319,62 +325,6 @@ class Engine:
         if fact is None or version is None:
             return None
         return None if self.knowledge.holds(fact, version, self.version_key) else fact
-
-
-# ---------------------------------------------------------------------------------------------------
-# argv helpers shared by the adapters
-
-
-def norm_flag(flag: str) -> str:
-    """`--speculative_config.model` → `--speculative-config.model` (vLLM normalises before the dot only)."""
-    head, dot, tail = flag.partition(".")
-    return head.replace("_", "-") + dot + tail
-
-
-def flag_values(argv: Sequence[str], flag: str) -> list[str]:
-    """Every value given to `flag` as `--flag value` or `--flag=value` (underscores and dashes alike)."""
-    want = norm_flag(flag)
-    values = []
-    for i, arg in enumerate(argv):
-        name, eq, value = arg.partition("=")
-        if norm_flag(name) != want:
-            continue
-        if eq:
-            values.append(value)
-        elif i + 1 < len(argv):
-            values.append(argv[i + 1])
-    return values
-
-
-def flag_value(argv: Sequence[str], flag: str) -> str | None:
-    values = flag_values(argv, flag)
-    return values[-1] if values else None
-
-
-def json_or_text(value: str) -> Any:
-    try:
-        return json.loads(value)
-    except ValueError:
-        return value
-
-
-def as_int(value: Any) -> int | None:
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return value
-    try:
-        return int(str(value))
-    except ValueError:
-        return None
-
-
-def as_float(value: Any) -> float | None:
-    if isinstance(value, bool) or value is None:
-        return None
-    with contextlib.suppress(TypeError, ValueError):
-        return float(value)
-    return None
 
 
 # ---------------------------------------------------------------------------------------------------

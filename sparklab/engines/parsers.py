@@ -53,6 +53,7 @@ class Rejection:
     message: str
 
 
+# Any: a verdict round-trips as JSON (the image-check cache, the store)
 @dataclass(frozen=True)
 class Verdict:
     """One server's command as its engine's parser judged it, and the engine version the image states."""
@@ -135,12 +136,14 @@ exit 127
 """
 
 
+# Any: each case is JSON handed to the probe inside the image
 def python_probe(module: str, program: str, script_name: str, cases: Sequence[dict[str, Any]]) -> Probe:
     """Run probes/<script_name> with the image's Python that imports `module`; the cases go as one JSON argument."""
     payload = json.dumps({"cases": list(cases)}, separators=(",", ":"))
     return Probe("sh", ("-c", FIND_PYTHON, "sparklab-probe", module, program, script(script_name), payload))
 
 
+# Any: the probe's JSON answer, as it printed it
 def read_json(run: ProbeRun) -> dict[str, Any] | None:
     """The probe's one JSON document on stdout (None when it wrote none)."""
     text = run.stdout.strip()

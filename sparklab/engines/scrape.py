@@ -32,6 +32,7 @@ class StartupFacts:
     advice: list[str] = field(default_factory=list)
     source: str = "container log"
 
+    # Any: JSON, stored with the run
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
@@ -61,6 +62,7 @@ def parse_metrics(text: str) -> dict[str, float]:
     return totals
 
 
+# Any: counters as JSON, stored with the cell's result
 def spec_counters(text: str, counters: dict[str, str], per_position: str) -> dict[str, Any]:
     """An engine's speculative-decoding counters from Prometheus text: each sample named in `counters` summed
     under its key (over engines and label sets), and the `per_position` sample by its position label. Matched

@@ -10,19 +10,9 @@ import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from sparklab.engines import parsers
-from sparklab.engines.base import (
-    Acceptance,
-    Engine,
-    FatalLine,
-    Finding,
-    KnownFailure,
-    RecipeView,
-    as_int,
-    check_k,
-    flag_value,
-    where,
-)
+from sparklab.engines import parsers, sglang_lines
+from sparklab.engines.argv import as_int, flag_value
+from sparklab.engines.base import Acceptance, Engine, FatalLine, Finding, KnownFailure, RecipeView, check_k, where
 from sparklab.engines.knowledge import Fact, Knowledge
 from sparklab.engines.scrape import StartupFacts, parse_metrics, to_int
 from sparklab.errors import EngineUnreachable as Unreachable
@@ -150,22 +140,6 @@ _CONTEXT = re.compile(r"context_len=(\d+)")
 _LOAD_TIME = re.compile(r"Load weight end\..*?elapsed=([\d.]+) s")
 _LOAD_MEM = re.compile(r"Load weight end\..*?mem usage=([\d.]+) GB")
 
-# The decode log line, SGLang 0.5.23 managers/scheduler_components/metrics_reporter.py:963-1042:
-#   f"Decode batch, #running-req: {n}, {token usage parts}, " + (speculative only)
-#   f"accept len: {spec_accept_length:.2f}, accept rate: {spec_accept_rate:.2f}, " + optional
-#   "cap len: …, " / "block accept len: …, " / DSpark estimate, then
-#   f"{'cuda graph'|'cpu graph'}: {bool}, gen throughput (token/s): {x:.2f}, #queue-req: {n}"
-# One line every --decode-log-interval decode iterations (default 40). Its counters cover only the iterations
-# since the previous line and are reset after it (:1000-1004), so the lines of a window are that window's own.
-#   accept len  = accepted tokens incl. the bonus token / verify steps, a verify step being one request in one
-#                 decode iteration (update_spec_metrics adds the batch size, :543-555)
-#   accept rate = correct drafts / (verify steps x drafts per step), drafts per step being
-#                 --speculative-num-draft-tokens - 1 (:975-982): the share of proposed draft tokens accepted
-# `block accept len` (printed with SGLANG_RAGGED_VERIFY_MODE=cap_accept) must not be read as `accept len`.
-_DECODE_LINE = re.compile(r"Decode batch\b.*?#running-req: (\d+),.*?(?<!block )accept len: ([\d.]+), "
-                          r"accept rate: ([\d.]+)")
-_ACCEPT_LEN_ONLY = re.compile(r"Decode batch\b.*?#running-req: (\d+),.*?(?<!block )accept len: ([\d.]+)")
-
 # /metrics (only with --enable-metrics), SGLang 0.5.23 observability/metrics_collector.py: both counters grow
 # when a request finishes (observe_one_finished_request, :2092-2112), so their difference over a window is the
 # window's own: generated tokens / verify steps = the acceptance length of the requests finished in it, the
@@ -174,11 +148,6 @@ _ACCEPT_LEN_ONLY = re.compile(r"Decode batch\b.*?#running-req: (\d+),.*?(?<!bloc
 _CUMULATIVE = "sglang_avg_spec_accept_length"
 GENERATION_TOKENS = "sglang:generation_tokens_total"  # metrics_collector.py:1860
 VERIFY_CALLS = "sglang:spec_verify_calls_total"  # metrics_collector.py:1865 (incremented by spec_verify_ct)
-
-
-def _weighted(pairs: list[tuple[float, float]]) -> float:
-    total = sum(w for _, w in pairs)
-    return sum(v * w for v, w in pairs) / total if total else sum(v for v, _ in pairs) / len(pairs)
 
 
 _LEN_FACT, _RATE_FACT = KNOWLEDGE.in_area("acceptance lines")
@@ -198,24 +167,10 @@ def log_acceptance(text: str, version: str | None = None) -> dict[str, Any] | No
     Each line states its own stretch of decode iterations; their verify-step counts are not printed, so the
     lines are pooled weighted by #running-req (the batch size when the line was written). The rate is left out
     for a version whose `accept rate` means something else, or nobody read (KNOWLEDGE)."""
-    lengths: list[tuple[float, float]] = []
-    rates: list[tuple[float, float]] = []
-    for line in text.splitlines():
-        if m := _DECODE_LINE.search(line):
-            lengths.append((float(m.group(2)), float(m.group(1))))
-            rates.append((float(m.group(3)), float(m.group(1))))
-        elif m := _ACCEPT_LEN_ONLY.search(line):  # releases before `accept rate` was printed
-            lengths.append((float(m.group(2)), float(m.group(1))))
-    if not lengths:
+    found = sglang_lines.pooled(text)
+    if found is None:
         return None
-    ordered = sorted(v for v, _ in lengths)
-    mid = len(ordered) // 2
-    median = ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
-    found: dict[str, Any] = {
-        "samples": len(lengths), "median": median, "mean": _weighted(lengths), "max": ordered[-1],
-        "rate": _weighted(rates) if rates else None,
-        "source": "SGLang decode log lines in the window ('accept len' / 'accept rate', weighted by #running-req)"}
-    if rates and not _rate_holds(version):
+    if found["rate"] is not None and not _rate_holds(version):
         found["rate"] = None
         found["rate_left_out"] = (f"SGLang {version}'s `accept rate` is not known to be the share of draft tokens "
                                   f"accepted (read so in 0.5.12-0.5.23; 0.5.9 counted the bonus token)")

@@ -41,7 +41,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sparklab.engines import knowledge, parsers
-from sparklab.engines.base import Engine, Finding, KnownFailure, RecipeView, as_int, check_k, flag_value, where
+from sparklab.engines.argv import as_int, flag_value
+from sparklab.engines.base import Engine, Finding, KnownFailure, RecipeView, check_k, where
 from sparklab.engines.knowledge import Fact, Knowledge
 from sparklab.engines.scrape import StartupFacts
 from sparklab.errors import SparklabError

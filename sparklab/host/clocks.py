@@ -154,6 +154,7 @@ class ClockWindow:
         for name in reading.reason_names:
             self.reasons[name] = self.reasons.get(name, 0) + 1
 
+    # Any: JSON stored with the cell (figures and the source's name)
     def stats(self, source: str) -> dict[str, Any] | None:
         if not self.samples:
             return None
@@ -184,6 +185,7 @@ def _point(reading: GpuClocks | None) -> dict[str, float | None] | None:
     return {"sm_clock_mhz": reading.sm_mhz, "temperature_c": reading.temperature_c, "power_w": reading.power_w}
 
 
+# Any: a cell's clock figures as stored (JSON)
 def describe(facts: dict[str, Any]) -> str | None:
     """One line for a flagged window (a clock that fell under load, or throttle reasons set); None if neither."""
     parts = []

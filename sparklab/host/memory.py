@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sparklab.engines import engine
-from sparklab.engines.base import flag_value
+from sparklab.engines.argv import flag_value
 from sparklab.recipes.schema import Recipe
 from sparklab.spec import LaunchSpec
 

@@ -25,6 +25,7 @@ from sparklab.host.facts import HostFacts, ThisMachine
 from sparklab.host.headroom import USERS_FLOOR_GIB, Headroom
 from sparklab.host.memory import HostMemory
 from sparklab.recipes.schema import Recipe
+from sparklab.records import BenchResult
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +87,7 @@ class MemoryStats:
         """The host's memory in use at its fullest: MemTotal - MemAvailable at the lowest MemAvailable."""
         return self.total_gib - self.min_available_gib
 
+    # Any: JSON stored with the cell
     def as_dict(self) -> dict[str, Any]:
         def r(value: float | None) -> float | None:
             return None if value is None else round(value, 3)
@@ -177,6 +179,7 @@ class Sampler:
         with self._lock:
             return self._windows[mark].stats(self.facts.sources, self.floor_gib)
 
+    # Any: JSON stored with the cell (host.clocks)
     def clock_stats(self, mark: int = 0) -> dict[str, Any] | None:
         """The window's clocks under load (host/clocks.py), None when no reading came (no nvidia-smi)."""
         source = self.facts.clock_source
@@ -260,6 +263,7 @@ def floor_failure(sampler: Sampler, floor_gib: float) -> tuple[str, str]:
     return message, "memory samples (GiB; the last ones before the stop):\n" + "\n".join(lines)
 
 
+# Any: JSON stored with the cell
 def cell_clocks(start: dict[str, float | None] | None, end: dict[str, float | None] | None) -> dict[str, Any] | None:
     """SM clock, temperature and power at a cell's start and end, and how far the clock fell (None: no GPU)."""
     if start is None and end is None:
@@ -272,9 +276,16 @@ def cell_clocks(start: dict[str, float | None] | None, end: dict[str, float | No
     return out
 
 
-def add_cell_facts(result: dict[str, Any], sampler: Sampler, mark: int) -> None:
+def add_cell_facts(result: BenchResult, sampler: Sampler, mark: int) -> None:
     """A cell's memory window and, where nvidia-smi answers, its clocks under load (sampled by the same thread
-    through the window, not read at two idle moments around it) into its result."""
+    through the window, not read at two idle moments around it) into its result. A window that ended before the
+    sampler's next tick (a cell shorter than its interval) takes one reading at its close, so no cell stores a
+    memory record without a reading."""
+    if sampler.count(mark) == 0:
+        try:
+            sampler.tick()
+        except OSError as exc:  # as the thread's own step: no reading, the record says 0 samples
+            log.debug("memory sample at a window's close failed: %s", exc)
     result["memory"] = sampler.stats(mark).as_dict()
     clocks = sampler.clock_stats(mark)
     if clocks is not None:

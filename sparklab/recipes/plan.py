@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field, ValidationError, field_validator
+from pydantic_core import PydanticCustomError
 
 from sparklab.bench.workloads import load_workload
 from sparklab.engines import engine as engine_adapter
@@ -63,6 +64,7 @@ class Match(Strict):
     concurrency: int | None = None
     workload: str | None = None
 
+    # Any: a server config's values as the sweep file gives them (YAML scalars)
     def matches(self, values: dict[str, Any]) -> bool:
         return all(values.get(k) == v for k, v in self.model_dump(exclude_none=True).items())
 
@@ -120,6 +122,21 @@ class SweepFile(Strict):
     load_stall_s: Seconds | None = 600.0
     # Docker hosts to spread the server configs over (sparklab.hosts); none: the local engine only.
     hosts: list[HostEntry] = Field(default_factory=list)
+    # A latency objective, e.g. "tpot_p90<=50ms,ttft_p90<=500ms" (sparklab.bench.slo): the report's best config per
+    # concurrency among those that meet it, and the highest concurrency any config meets it at; `tune` picks among
+    # those only.
+    slo: str | None = None
+
+    @field_validator("slo")
+    @classmethod
+    def _slo(cls, value: str | None) -> str | None:
+        from sparklab.bench import slo
+
+        try:
+            slo.parse(value)
+        except slo.SloError as exc:
+            raise PydanticCustomError("slo", "{reason}", {"reason": str(exc)}) from None
+        return value
 
     @field_validator("hosts", mode="before")
     @classmethod
@@ -253,11 +270,21 @@ def build_plan(path: Path, run_id: str = "plan", ulimits: tuple[str, ...] = ()) 
     return Plan(sweep, src, tuple(servers))
 
 
+def variant(plan: Plan, server: ServerConfig, extra_serve_args: tuple[str, ...], run_id: str = "plan",
+            ulimits: tuple[str, ...] = ()) -> ServerConfig:
+    """The server config with more serve arguments (its own id and cells), e.g. the K schedule `sparklab tune`
+    measures before it recommends it: the same sweep file, recipe, overrides and loads."""
+    axes = {"engine": server.engine, "method": server.method, "num_speculative_tokens": server.num_speculative_tokens}
+    return _server(plan.sweep, recipe_file(plan.sweep, Path(plan.source)), server.engine, server.method,
+                   server.num_speculative_tokens, axes, run_id, ulimits, extra_serve_args)
+
+
 def _server(sweep: SweepFile, recipe_path: Path, engine: str, method: str, k: int | None,
-            axes: dict[str, Any], run_id: str, ulimits: tuple[str, ...]) -> ServerConfig:
+            axes: dict[str, Any], run_id: str, ulimits: tuple[str, ...],
+            extra_serve_args: tuple[str, ...] = ()) -> ServerConfig:
     chosen = [o for o in sweep.overrides if o.match.matches(axes)]
     overrides = tuple(sweep.set) + tuple(s for o in chosen for s in o.set)
-    serve_args = tuple(a for o in chosen for a in o.serve_args)
+    serve_args = tuple(a for o in chosen for a in o.serve_args) + extra_serve_args
     recipe = load_recipe(recipe_path, list(overrides))
     env = engine_adapter(recipe.engines[engine].kind).sweep_env()
     options = LaunchOptions(num_speculative_tokens=k, extra_args=serve_args, run_id=run_id, mode="sweep", env=env,

@@ -54,6 +54,7 @@ class LaunchOptions:
     network: str | None = None
 
 
+# Any: Jinja's context: the recipe's values, of any YAML type
 def template_context(recipe: Recipe, engine: str, method: str, port: int) -> dict[str, Any]:
     model = recipe.model_of(engine)
     return {
@@ -67,6 +68,7 @@ def template_context(recipe: Recipe, engine: str, method: str, port: int) -> dic
     }
 
 
+# Any: Jinja's context for `node`/`head` (placeholders until the hosts are chosen)
 def placeholder_node(nodes: int, cluster_port: int | None) -> dict[str, Any]:
     """Template names of a multi-node recipe before its hosts are known."""
     head = {"rank": 0, "address": "<head cluster_address>", "interface": "<head interface>",
@@ -165,6 +167,7 @@ def _env(spec: EngineSpec, method_env: dict[str, str], options: LaunchOptions, c
     return env, list(dict.fromkeys(hidden)), secret_values
 
 
+# Any: `node` is Jinja's context for one node (recipes.multinode)
 def render(recipe: Recipe, engine: str | None = None, method: str | None = None,
            options: LaunchOptions | None = None, node: dict[str, Any] | None = None) -> LaunchSpec:
     """The engine's server as the recipe describes it. A recipe with `nodes: N` renders its head's serve command
@@ -206,7 +209,8 @@ def render(recipe: Recipe, engine: str | None = None, method: str | None = None,
 
     gpus = spec.gpus == "all" if options.gpus is None else options.gpus
     process = spec.runtime == "process"  # a host program sees the host's files: nothing to mount
-    mounts = (Mount(str(options.hf_cache), spec.hf_cache_target),) if spec.mount_hf_cache and not process else ()
+    mounts: tuple[Mount, ...] = ((Mount(str(options.hf_cache), spec.hf_cache_target),)
+                                 if spec.mount_hf_cache and not process else ())
     entrypoint = _program(spec, context, where) if process else tuple(spec.entrypoint)
     image = entrypoint[0] if process else _image(spec, options.image)
     if spec.engine_cache and not process:  # the recipe's own env and --env win over the cache variables

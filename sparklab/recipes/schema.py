@@ -71,6 +71,11 @@ def _registered_kind(kind: Any) -> Any:
 EngineKind = Annotated[str, BeforeValidator(_registered_kind)]
 
 
+def _default_ulimits() -> dict[str, int | tuple[int, int]]:
+    """A recipe's ulimits when it gives none (a fresh dict each time: a model's defaults are not shared)."""
+    return {"memlock": -1, "stack": 67108864}
+
+
 class Strict(BaseModel):
     """Frozen, and unknown keys are errors (recipes and sweep files alike)."""
 
@@ -91,6 +96,15 @@ class ModelFacts(Strict):
     total_params_b: float | None = Field(default=None, gt=0)
     active_params_b: float | None = Field(default=None, gt=0, description="parameters read per decode step")
     weight_bits: float | None = Field(default=None, gt=0, description="stored width of those weights")
+    weight_format: Literal["nvfp4", "mxfp4", "fp8", "bf16", "fp16", "fp32"] | None = Field(
+        default=None, description="the weights' format, counted at its real bits with its block scales (NVFP4: 4.5) "
+                                  "when weight_bits is not given")
+    # A mixture-of-experts target, from its config.json: a verify step through T tokens reads, per MoE layer, the
+    # union of the experts they route to, experts x (1 - (1 - experts_per_token / experts)^T) (report roofline).
+    moe_layers: int | None = Field(default=None, ge=1)
+    experts: int | None = Field(default=None, ge=1, description="routed experts per MoE layer (n_routed_experts)")
+    experts_per_token: int | None = Field(default=None, ge=1, description="num_experts_per_tok")
+    expert_params_m: float | None = Field(default=None, gt=0, description="parameters of one routed expert, millions")
     layers: int | None = Field(default=None, ge=1)
     attention_layers: int | None = Field(default=None, ge=0)
     kv_bytes_per_token: float | None = Field(
@@ -104,18 +118,20 @@ class Hardware(Strict):
 
     description: str = ""
     memory_gib: float | None = Field(default=None, gt=0)
-    bandwidth_gbps: float = Field(gt=0, description="memory bandwidth, GB/s (10^9 bytes per second)")
+    bandwidth_gbps: float = Field(gt=0, description="memory bandwidth, GB/s (10^9 bytes per second), nominal")
+    usable_bandwidth_gbps: float | None = Field(
+        default=None, gt=0, description="what a saturating read reaches (the roofline uses it, the nominal beside it)")
+    usable_source: str | None = None
     arch: str | None = None
     # Unified memory as the kernel counts it (MemTotal, GiB), and what an idle host of this kind uses before
     # any server (MemTotal - MemAvailable): the model of the host where nothing can be measured (a plan made
     # elsewhere, the tests); a sweep measures its own baseline at its start.
     mem_total_gib: float | None = Field(default=None, gt=0)
     os_baseline_gib: float | None = Field(default=None, ge=0)
-    usable_bandwidth_gbps: float | None = Field(default=None, gt=0)  # what a read kernel reaches (twin's check)
     twin: dict[str, Any] | None = None  # the rehearsal's host model; recipes/twin.py validates it
 
 
-TWIN_ONLY = {"usable_bandwidth_gbps", "twin"}  # kept out of the facts a run stores (the report does not read them)
+TWIN_ONLY = {"twin"}  # kept out of the facts a run stores (the report does not read it)
 
 
 class ModelSpec(Strict):
@@ -149,8 +165,7 @@ class EngineSpec(Strict):
     network: Literal["host", "bridge"] = "host"
     ipc: Literal["host", "private"] = "host"
     shm_size: str | None = None
-    ulimits: dict[str, int | tuple[int, int]] = Field(
-        default_factory=lambda: {"memlock": -1, "stack": 67108864})
+    ulimits: dict[str, int | tuple[int, int]] = Field(default_factory=_default_ulimits)
     hf_cache_target: str = "/root/.cache/huggingface"
     mount_hf_cache: bool = True
     # Mount sparklab's per-image cache for torch.compile, Triton, FlashInfer, … (sparklab/engine_cache.py).
@@ -258,6 +273,7 @@ def explain_validation(exc: ValidationError, source: str) -> RecipeError:
     return RecipeError("\n".join(lines), "See recipes/README.md for the recipe format.")
 
 
+# Any: YAML as loaded, before pydantic validates it
 def parse_recipe(data: Any, source: str) -> Recipe:
     if not isinstance(data, dict):
         raise RecipeError(f"{source}: expected a mapping at the top level, got {type(data).__name__}")
@@ -299,6 +315,7 @@ def _check_references(recipe: Recipe) -> None:
             f"{recipe.default_engine!r}", f"Use one of: {', '.join(default.methods)}.")
 
 
+# Any: YAML as loaded, before pydantic validates it
 def read_yaml(path: Path) -> Any:
     try:
         text = read_utf8(path)
@@ -328,6 +345,7 @@ def load_recipe(path: Path, overrides: list[str] | None = None) -> Recipe:
 # --set key=value
 
 
+# Any: a --set value is YAML: any YAML type
 def parse_override(text: str) -> tuple[list[str], Any]:
     key, sep, raw = text.partition("=")
     if not sep or not key.strip():
@@ -340,6 +358,7 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     return key.strip().split("."), value
 
 
+# Any: YAML as loaded, before pydantic validates it
 def apply_overrides(data: Any, overrides: list[str], source: str) -> dict[str, Any]:
     """Apply `--set` overrides to the raw recipe document.
 
@@ -405,6 +424,7 @@ def load_hardware(directory: Path | None = None) -> dict[str, Hardware]:
         raise explain_validation(exc, str(path)) from None
 
 
+# Any: JSON, stored with the run
 def stored_facts(recipe: Recipe, devices: dict[str, Hardware], engine: str | None = None) -> dict[str, Any]:
     """What a report needs years later without the recipe files: the facts of the model the engine serves, and
     the device."""

@@ -253,6 +253,7 @@ class Twin:
 def reshaped(accept: list[float], length: float, k: int = REF_K) -> tuple[float, ...]:
     """The positions raised to the power that makes AL(k) = length: each stays a probability, the shape its order."""
     low, high = 0.01, 20.0
+    power = 1.0
     for _ in range(60):  # bisection: the sum falls as the power grows
         power = (low + high) / 2
         if sum(a ** power for a in accept[:k]) > length - 1:

@@ -68,10 +68,10 @@ def judge(rehearsal: Rehearsal) -> Verdict:
                 failures.append((where, f"{f.kind}: {f.message.splitlines()[0]}"))
                 verdict.floor_trips += f.kind == FLOOR_FAILURE
             for cell in store.cells("done"):
-                line = describe((cell.result or {}).get("gpu_clocks") or {})
-                if line:
+                flagged = describe((cell.result or {}).get("gpu_clocks") or {})
+                if flagged:
                     verdict.clocks.append(f"{labels.get(cell.server_config_id, '?')} c={cell.concurrency} "
-                                          f"{cell.workload} #{cell.repeat}: {line}")
+                                          f"{cell.workload} #{cell.repeat}: {flagged}")
             counts = store.counts()
             verdict.lost_cells = counts.get("failed", 0) + counts.get("pending", 0) + counts.get("partial", 0) + \
                 counts.get("running", 0)

@@ -72,8 +72,9 @@ def locate(run: str, runs_dir: Path) -> tuple[Path, str | None]:
                         f"Runs under {runs_dir}: {', '.join(runs) or 'none'} (another place: --runs-dir DIR).")
 
 
-def overrides_from(hardware: str | None, bandwidth_gbps: float | None, facts: list[str]) -> Overrides:
-    """The report-time corrections `--hardware`, `--bandwidth-gbps` and `--fact KEY=VALUE`, checked."""
+def overrides_from(hardware: str | None, bandwidth_gbps: float | None, facts: list[str],
+                   slo: str | None = None) -> Overrides:
+    """The report-time corrections `--hardware`, `--bandwidth-gbps`, `--fact KEY=VALUE` and `--slo`, checked."""
     from sparklab.recipes.schema import ModelFacts, load_hardware
     from sparklab.report.roofline import Device
 
@@ -83,7 +84,8 @@ def overrides_from(hardware: str | None, bandwidth_gbps: float | None, facts: li
         if hardware not in devices:
             raise SparklabError(f"--hardware {hardware}: no such device in recipes/hardware.yaml",
                                 f"Known: {', '.join(devices) or 'none'}; add it there, or give --bandwidth-gbps.")
-        device = Device(hardware, devices[hardware].bandwidth_gbps)
+        known = devices[hardware]
+        device = Device(hardware, known.bandwidth_gbps, known.usable_bandwidth_gbps, known.usable_source)
     if bandwidth_gbps is not None:
         if not bandwidth_gbps > 0:
             raise SparklabError(f"--bandwidth-gbps must be positive, got {bandwidth_gbps:g}")
@@ -99,4 +101,11 @@ def overrides_from(hardware: str | None, bandwidth_gbps: float | None, facts: li
             raise SparklabError(f"--fact {text!r}: expected KEY=NUMBER (not negative), KEY one of "
                                 f"{', '.join(ModelFacts.model_fields)}", "Example: --fact active_params_b=3")
         values[key.strip()] = value
-    return Overrides(device, values)
+    if slo is not None:
+        from sparklab.bench import slo as slos
+
+        try:
+            slos.parse(slo)
+        except slos.SloError as exc:
+            raise SparklabError(f"--slo: {exc}", f"Example: --slo '{slos.EXAMPLE}'") from None
+    return Overrides(device, values, slo)

@@ -68,6 +68,12 @@ def equality(report: Report) -> Check:
     for g in drafting:
         e = g.equality
         assert e is not None
+        if g.server.is_synthetic:  # accepts drafts without the target's test: its answers must differ
+            if e.status == "checked" and e.compared and not e.differs:
+                findings.append(f"{_where(g)}: synthetic acceptance left every answer identical to `none` "
+                                f"({e.describe()}) - it accepts drafts the target would not, so it was not in "
+                                "effect; its speed is not the profile's")
+            continue
         if e.differs:
             findings.append(f"{_where(g)}: {e.describe()} identical to `none` - drafting changed the output "
                             "(a bug in the drafter or verifier, or numerics that differ with batch shape)")
@@ -87,7 +93,8 @@ def equality(report: Report) -> Check:
         why = ("no answers to compare: the run stored none (made before sparklab kept them) or has no baseline "
                "with the same sampling")
     return Check("identical to none", "at temperature 0, every drafting config's answers equal the same engine's "
-                 "`none` answers to the same prompts (token ids where the engine returns them, text otherwise)",
+                 "`none` answers to the same prompts (token ids where the engine returns them, text otherwise); "
+                 "synthetic acceptance, which keeps drafts the target would reject, must differ",
                  tuple(findings), why)
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from sparklab.bench.metrics import CONFIDENCE, IDENTICAL, IDENTICAL_SHORT, SPREAD_WARN, Ratio
-from sparklab.report import provenance
+from sparklab.report import latency, losses, provenance, verdicts
 from sparklab.report.checks import run_checks
 from sparklab.report.document import Block, Bullets, Code, Document, Image, Para, Section, Table
 from sparklab.report.formats import DASH, fmt
@@ -52,7 +52,10 @@ def _n(group: Group) -> str:
 def _identical(group: Group) -> str:
     if group.is_baseline:
         return "(baseline)"
-    return group.equality.describe() if group.equality else DASH
+    text = group.equality.describe() if group.equality else DASH
+    if group.server.is_synthetic and group.equality and group.equality.status == "checked":
+        text += " (synthetic: expected to differ)" if group.equality.differs else " (synthetic, yet identical!)"
+    return text
 
 
 def _k(server: Server) -> str:
@@ -235,13 +238,23 @@ def _best(report: Report) -> Section:
         why += _versus_runner_up(best)
         if g.speedup and g.speedup.significant is False:
             why += "; not significantly faster than the baseline"
+        if best.one_load:
+            why += "; rests on one load (a config it is compared with ran on one server start only)"
+        if best.synthetic_skipped:
+            why += ("; scored above it but synthetic acceptance, not a drafter, so never named best: "
+                    + ", ".join(s.server.label for s in best.synthetic_skipped))
         rows.append((best.workload, str(best.concurrency), f"{g.server.engine} {g.server.method_name}",
                      _k(g.server), f"{best.score:,.2f}{single}", fmt_ratio(g), why))
         commands.append(f"# {best.workload}, C={best.concurrency}\n{g.server.up_command}")
     return Section("Best configuration per concurrency", blocks=[
         Para("Score: the median of the headline tok/s over repeats minus their standard deviation (a "
              f"configuration that is fast only sometimes scores lower); within {100 * BEST_TIE:.0f}% of the top "
-             "score the smallest K wins (no drafting counts as K=0)."),
+             "score the smallest K wins (no drafting counts as K=0). Configs with synthetic acceptance are "
+             "benchmarks of the engine's step cost, not drafters, and are never named. "
+             + ("The comparison with the runner-up includes between-load noise (some config was reloaded)."
+                if any(g.load_noise for g in report.groups) else
+                "No config was reloaded: every comparison sees within-load noise only, so every verdict rests on "
+                "one load per config.")),
         Table(("workload", "C", "config", "K", "score tok/s", "vs baseline", "why"), tuple(rows),
               (False, True, False, False, True, True, False)),
         Para("To run it:"),
@@ -285,6 +298,21 @@ def _tune(report: Report) -> Section | None:
                         "prediction was made without its own numbers."),
                    Table(("config", "C", "predicted tok/s", "measured tok/s", "error", "step cost"),
                          rows, (False, True, True, True, True, False))]
+    if state.get("budget"):
+        blocks.append(Para(f"Budget for telling the best from a contender: {state['budget']}; picks marked "
+                           "TIE-BREAK spent it without telling them apart."))
+    verdict = (state.get("schedule") or {}).get("verdict")
+    if verdict:
+        rows_s = tuple((str(r["concurrency"]), str(r["k"]), r["winner"], f"{r['winner_mean']:,.2f}",
+                        DASH if r["schedule_mean"] is None else f"{r['schedule_mean']:,.2f}",
+                        DASH if not (r["versus"] or {}).get("low") else
+                        f"{100 * r['versus']['value']:.1f}% [{100 * r['versus']['low']:.1f}, "
+                        f"{100 * r['versus']['high']:.1f}]", "LOSES" if r["loses"] else "")
+                       for r in verdict["rows"])
+        blocks += [Para(f"The K schedule, measured on one server at every concurrency: {verdict['summary']}."
+                        + (f" {verdict['k0']}." if verdict.get("k0") else "")),
+                   Table(("C", "K there", "winner", "winner tok/s", "schedule tok/s", "schedule / winner", ""),
+                         rows_s, (True, True, False, True, True, True, False))]
     blocks += [Para(note) for note in state.get("notes", [])]
     return Section("sparklab tune: the best method and K per concurrency", blocks=blocks)
 
@@ -382,13 +410,16 @@ def _roofline(report: Report) -> Section:
         if r is None:
             continue
         rows.append((g.workload, str(g.concurrency), g.server.label, f"{r.acceptance_length:.2f}",
+                     DASH if r.verify_tokens is None else f"{r.verify_tokens:g}",
+                     DASH if r.experts_per_layer is None else f"{r.experts_per_layer:.1f}",
                      DASH if r.context_tokens is None else f"{r.context_tokens:,.0f}", f"{r.bytes_per_step / 1e6:,.1f}",
-                     f"{r.bound_tps:,.1f}", f"{r.measured_tps:,.2f}", r.measured_source, f"{r.percent:.1f}%",
-                     f"{r.effective_gbps:,.1f}"))
+                     f"{r.bound_tps:,.1f}", DASH if r.nominal_bound_tps is None else f"{r.nominal_bound_tps:,.1f}",
+                     f"{r.measured_tps:,.2f}", r.measured_source, f"{r.percent:.1f}%", f"{r.effective_gbps:,.1f}"))
     if rows:
-        blocks.append(Table(("workload", "C", "config", "tokens/step/seq", "context tokens", "MB/step",
-                             "bound tok/s", "measured tok/s", "measured as", "% of bound", "effective GB/s"),
-                            tuple(rows), (False, True, False, *([True] * 5), False, True, True)))
+        blocks.append(Table(("workload", "C", "config", "tokens/step/seq", "tokens through the target",
+                             "experts read per MoE layer", "context tokens", "MB/step", "bound tok/s",
+                             "bound at nominal BW", "measured tok/s", "measured as", "% of bound", "effective GB/s"),
+                            tuple(rows), (False, True, False, *([True] * 8), False, True, True)))
     if report.roofline_notes:
         blocks.append(Bullets(tuple(report.roofline_notes)))
     return Section("Roofline: measured decode speed against the memory-bandwidth bound", blocks=blocks)
@@ -491,8 +522,12 @@ def _failures(report: Report) -> Section | None:
 def document(report: Report, plots: list[tuple[str, Path]] | None = None) -> Document:
     lead = generation_sections(report) if report.lead == DECODE_LEAD else []  # seed 004's columns first
     tuned = [t] if (t := _tune(report)) else []  # sparklab tune's picks and predicted vs measured
+    synthetic = [s] if (s := verdicts.synthetic_section(report)) else []
+    synthetic += [s] if (s := latency.section(report, report.slo)) else []
+    synthetic += [s] if (s := losses.section(report)) else []
     sections = [_overview(report), *lead, _method(report), *_seed_tables(report), *tuned, *_k_pivot(report),
-                _best(report), _checks(report), _reliability(report), *_detail_tables(report)]
+                _best(report), *synthetic, verdicts.load_noise_section(report), _checks(report), _reliability(report),
+                *_detail_tables(report)]
     if acceptance := _acceptance(report):
         sections.append(acceptance)
     if tools := _tool_calls(report):

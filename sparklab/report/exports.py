@@ -9,6 +9,7 @@ from dataclasses import asdict
 from typing import Any
 
 from sparklab.bench.metrics import Estimate, Ratio
+from sparklab.report.losses import as_dict, losses
 from sparklab.report.model import METRICS, Group, Report, headline_name
 
 SCHEMA = "sparklab.report/1"
@@ -44,9 +45,9 @@ def _group_row(g: Group) -> dict[str, Any]:
                 "speedup_ci95_high": speedup_high,
                 "speedup_significant": s.significant if s else None, "failed_requests": g.failed_requests,
                 "rests_on_partial": g.rests_on_partial})
-    e = g.equality
-    row.update({"equality": e.status if e else None, "outputs_compared": e.compared if e else None,
-                "identical_to_none": e.share if e else None})
+    q = g.equality
+    row.update({"equality": q.status if q else None, "outputs_compared": q.compared if q else None,
+                "identical_to_none": q.share if q else None})
     r = g.roofline
     row.update({"roofline_bound_tps": r.bound_tps if r else None,
                 "roofline_measured_tps": r.measured_tps if r else None,
@@ -73,6 +74,7 @@ def to_json(report: Report) -> str:
                        "per_position_acceptance": list(g.per_position), "ttft_ms": list(g.ttft_ms),
                        "token_sources": list(g.token_sources), "acceptance_sources": list(g.acceptance_sources),
                        "roofline": asdict(g.roofline) if g.roofline else None,
+                       "loads": g.loads, "load_noise": g.load_noise,
                        "cells": [c.id for c in g.cells]})
     doc = {
         "schema": SCHEMA, "run_id": report.run_id, "sweep": report.sweep, "meta": report.meta, "host": report.host,
@@ -81,12 +83,16 @@ def to_json(report: Report) -> str:
                      "recipe": s.recipe, "overrides": list(s.overrides), "serve_args": list(s.serve_args),
                      "image": s.image, "image_digest": s.image_digest, "engine_version": s.engine_version,
                      "ready_s": s.ready_s, "startup": s.startup, "model": s.model,
-                     "device": asdict(s.device) if s.device else None, "up_command": s.up_command}
+                     "device": asdict(s.device) if s.device else None, "up_command": s.up_command,
+                     "synthetic_acceptance": list(s.synthetic) if s.synthetic is not None else None}
                     for s in report.servers],
         "groups": groups,
         "best": [{"workload": b.workload, "concurrency": b.concurrency, "server_config_id": b.group.server.id,
                   "label": b.group.server.label, "score": b.score, "top_score_label": b.best_score_group.server.label,
-                  "candidates": b.candidates, "up_command": b.group.server.up_command} for b in report.best],
+                  "candidates": b.candidates, "up_command": b.group.server.up_command, "one_load": b.one_load,
+                  "synthetic_skipped": [g.server.label for g in b.synthetic_skipped]} for b in report.best],
+        "losses": [as_dict(x) for x in losses(report)],
+        "slo": report.slo,
         "cells": [{"id": c.id, "server_config_id": c.server_config_id, "workload": c.workload,
                    "concurrency": c.concurrency, "repeat": c.repeat, "status": c.status, "host": c.host}
                   for g in report.groups for c in g.cells],

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from sparklab import engines
+from sparklab.bench import noise
 from sparklab.bench.metrics import Estimate, Ratio, estimate, ratio
 from sparklab.outputs import Equality, ToolCalls, equality, tool_calls
 from sparklab.report.roofline import Device, RooflinePoint, bound, model_inputs
@@ -96,6 +97,9 @@ class Server:
     device: Device | None
     kind: str | None = None  # the engine adapter's kind (vllm, llamacpp, ...); None in runs that did not store it
     image_check: dict[str, Any] | None = None  # its image's own parser on its command (None: runs before schema 5)
+    # per-position acceptance the server was told to fake (synthetic rejection sampling), () when unreadable;
+    # None: a real drafter (or none). Such a server benchmarks the engine's step cost, it is not a config to run.
+    synthetic: tuple[float, ...] | None = None
 
     @property
     def streams_one_chunk_per_step(self) -> bool:
@@ -104,12 +108,35 @@ class Server:
 
     @property
     def method_name(self) -> str:
-        return METHOD_NAMES.get(self.method, self.method)
+        name = METHOD_NAMES.get(self.method, self.method)
+        if self.synthetic is not None and "synthetic" not in name.lower():
+            name += " (synthetic)"
+        return name
+
+    @property
+    def is_synthetic(self) -> bool:
+        return self.synthetic is not None
+
+    @property
+    def schedule(self) -> str | None:
+        """The K per batch size of a K-schedule server (`sparklab tune` measures one), as `1-1: K=3, 2-1024: K=1`."""
+        import json
+
+        for arg in self.serve_args:
+            flag, _, value = arg.partition("=")
+            if flag.endswith("num_speculative_tokens_per_batch_size") and value:
+                try:
+                    ranges = json.loads(value)
+                    return ", ".join(f"{a}-{b}: K={k}" for a, b, k in ranges)
+                except (ValueError, TypeError):
+                    return value
+        return None
 
     @property
     def label(self) -> str:
         k = f" K={self.k}" if self.k is not None else ""
-        return f"{self.engine} {self.method_name}{k}"
+        schedule = f" (K per batch size {self.schedule})" if self.schedule else ""
+        return f"{self.engine} {self.method_name}{k}{schedule}"
 
     @property
     def up_command(self) -> str:
@@ -142,6 +169,8 @@ class Group:
     lead: str = "seed000"  # which figure heads the tables and drives speedups and the best pick (headline_key)
     equality: Equality | None = None  # its answers against the baseline's (drafting groups only)
     tool_calls: tuple[ToolCalls, ...] = ()  # tool calls per answer, per tool-call prompt (the runaway probe)
+    loads: int = 1  # server starts its cells ran on (stored per cell since issue 25; earlier runs: 1)
+    load_noise: bool = False  # its headline interval and speedup include between-load variance (report.verdicts)
 
     @property
     def n(self) -> int:
@@ -176,6 +205,8 @@ class Best:
     candidates: int
     runner_up: Group | None = None  # the next best config by score
     versus_runner_up: Ratio | None = None  # the chosen headline / the runner-up's, with its 95% interval
+    synthetic_skipped: tuple[Group, ...] = ()  # synthetic configs that scored above the pick: never named best
+    one_load: bool = False  # the pick or its runner-up ran on one server start only
 
 
 @dataclass
@@ -190,6 +221,7 @@ class Report:
     best: list[Best]
     failures: list[FailureRow]
     roofline_notes: list[str] = field(default_factory=list)
+    slo: str | None = None  # the latency objective the report judges configs by (report --slo, else the sweep's)
 
     @property
     def workloads(self) -> list[str]:
@@ -212,6 +244,11 @@ class Overrides:
 
     device: Device | None = None
     facts: dict[str, float] = field(default_factory=dict)
+    slo: str | None = None  # `report --slo`: a latency objective in place of the sweep file's
+
+
+def _float(value: Any) -> float | None:
+    return None if value is None else float(value)
 
 
 def _recipe_facts(name: str, notes: list[str], engine: str | None = None) -> dict[str, Any]:
@@ -243,16 +280,19 @@ def _servers(store: Store, overrides: Overrides, notes: list[str]) -> list[Serve
         if "model" not in config:
             config = {**config, **_recipe_facts(str(config.get("recipe", "")), notes, row.engine)}
         stored = config.get("hardware")
-        device = overrides.device or (Device(stored["name"], float(stored["bandwidth_gbps"]))
+        device = overrides.device or (Device(stored["name"], float(stored["bandwidth_gbps"]),
+                                             _float(stored.get("usable_bandwidth_gbps")), stored.get("usable_source"))
                                       if stored and stored.get("bandwidth_gbps") else None)
         model = dict(config.get("model") or {})
         facts = _engine_stated(dict(model.get("facts") or {}), row.engine, row.method, row.startup_facts or {},
                                overrides, notes)
         model["facts"] = {**facts, **overrides.facts}
+        kind = config.get("kind")
+        synthetic = engines.ENGINES[kind].synthetic_acceptance(row.argv) if kind in engines.ENGINES else None
         servers.append(Server(row.id, seq, row.engine, row.method, row.k, str(config.get("recipe", "?")),
                               tuple(config.get("overrides", ())), tuple(config.get("serve_args", ())), row.image,
                               row.image_digest, row.engine_version, row.ready_s, row.startup_facts or {}, model,
-                              device, config.get("kind"), row.image_check))
+                              device, kind, row.image_check, synthetic))
     return servers
 
 
@@ -303,8 +343,9 @@ def _group(server: Server, workload: str, concurrency: int, cells: list[CellRow]
     metrics = {name: estimate(v for r in results if (v := read(r)) is not None) for name, read in METRICS.items()}
     sources = sorted({s for cell in cells for s in ((cell.summary or {}).get("token_sources") or {})})
     accepted = sorted({source for r in results if (source := acceptance(r)[1])})
+    loads = len({_load_of(cell) for cell in cells}) or 1
     return Group(server, workload, concurrency, tuple(cells), metrics, _per_position(cells), _ttfts(cells),
-                 tuple(sources), tuple(accepted))
+                 tuple(sources), tuple(accepted), loads=loads)
 
 
 def _baseline_of(group: Group, groups: list[Group]) -> Group | None:
@@ -312,7 +353,7 @@ def _baseline_of(group: Group, groups: list[Group]) -> Group | None:
                   and g.workload == group.workload and g.concurrency == group.concurrency]
     # several baselines of one engine (different overrides): the one with the same overrides, else the first
     same = [g for g in candidates if g.server.overrides == group.server.overrides]
-    return (same or candidates or [None])[0]
+    return next(iter(same or candidates), None)
 
 
 def _sampling(group: Group) -> dict[str, Any] | None:
@@ -369,7 +410,10 @@ def _with_roofline(group: Group, notes: list[str]) -> Group:
         measured, source = group.headline.mean, headline_metric(group.concurrency, group.lead) + " (incl. prefill)"
     else:
         return group
-    return replace(group, roofline=bound(inputs, group.concurrency, accept or 1.0, context, measured, source))
+    # tokens through the target per step: K drafts and the bonus position per sequence, one without drafting
+    per_sequence = 1 + (server.k or 0) if not group.is_baseline else 1
+    return replace(group, roofline=bound(inputs, group.concurrency, accept or 1.0, context, measured, source,
+                                         verify_tokens=group.concurrency * per_sequence))
 
 
 CLOCK_DROP_FLAG = 0.10  # a cell whose SM clock fell by more than this from its start to its end is flagged
@@ -444,15 +488,65 @@ def clock_drops(report: Report, threshold: float = CLOCK_DROP_FLAG) -> list[Cloc
     return out
 
 
+def _load_of(cell: CellRow) -> str:
+    return str(((cell.result or {}).get("server_load") or {}).get("id") or "")
+
+
+def by_load(group: Group) -> list[list[float]]:
+    """The group's headline values grouped by the server start they ran on, in load order."""
+    read = METRICS[headline_key(group.concurrency, group.lead)]
+    loads: dict[str, list[float]] = {}
+    for cell in sorted(group.cells, key=_load_of):
+        value = read(cell.result or {"summary": cell.summary})
+        if value is not None:
+            loads.setdefault(_load_of(cell), []).append(value)
+    return list(loads.values())
+
+
+def load_components(groups: list[Group]) -> dict[tuple[str, int], noise.Components]:
+    """Within- and between-load noise of the headline per (workload, concurrency), pooled over its groups."""
+    keys = dict.fromkeys((g.workload, g.concurrency) for g in groups)
+    return {key: noise.components(by_load(g) for g in groups if (g.workload, g.concurrency) == key) for key in keys}
+
+
+def _with_load_noise(groups: list[Group]) -> list[Group]:
+    """Where some config was reloaded, every headline interval and speedup at that (workload, concurrency) carries
+    between-load variance too (sparklab.bench.noise): the mean of load means, within + between. A run without
+    reloads keeps its within-load intervals (its verdicts rest on one load, which the report says)."""
+    if not any(g.loads >= 2 for g in groups):
+        return groups
+    comps = load_components(groups)
+    out = []
+    for g in groups:
+        comp = comps[(g.workload, g.concurrency)]
+        head = g.headline
+        interval = noise.interval(by_load(g), comp)
+        if comp.between is None or head is None or interval is None:
+            out.append(g)
+            continue
+        metrics = dict(g.metrics)
+        metrics[headline_key(g.concurrency, g.lead)] = replace(head, mean=interval.mean, low=interval.low,
+                                                               high=interval.high)
+        g = replace(g, metrics=metrics, load_noise=True)
+        base = _baseline_of(g, groups)
+        if base is not None and base is not g and g.speedup is not None:
+            g = replace(g, speedup=noise.ratio(by_load(g), by_load(base), comp) or g.speedup)
+        out.append(g)
+    return out
+
+
 def _best(groups: list[Group]) -> list[Best]:
     """Per (workload, concurrency): the highest median - sd of the headline over repeats (a config that is fast
     only sometimes scores lower; sd, not MAD, so that one slow run in three counts); within 1% of it, the
-    smallest K (no drafting counts as 0)."""
+    smallest K (no drafting counts as 0). Synthetic acceptance is never named best (it is not a drafter); a
+    runner-up comparison carries between-load noise where the run reloaded some config."""
     out = []
+    comps = load_components(groups)
     keys = list(dict.fromkeys((g.workload, g.concurrency) for g in groups))
     for workload, concurrency in keys:
-        scored = [(g.headline.median - g.headline.sd, g) for g in groups
-                  if g.workload == workload and g.concurrency == concurrency and g.headline]
+        every = [(g.headline.median - g.headline.sd, g) for g in groups
+                 if g.workload == workload and g.concurrency == concurrency and g.headline]
+        scored = [s for s in every if not s[1].server.is_synthetic]
         if not scored:
             continue
         top_score, top = max(scored, key=lambda s: s[0])
@@ -460,8 +554,14 @@ def _best(groups: list[Group]) -> list[Best]:
         score, chosen = min(close, key=lambda s: (s[1].server.k or 0, -s[0]))
         others = sorted((s for s in scored if s[1] is not chosen), key=lambda s: -s[0])
         second = others[0][1] if others else None
-        versus = ratio(chosen.headline, second.headline) if second and chosen.headline and second.headline else None
-        out.append(Best(workload, concurrency, chosen, score, top, len(scored), second, versus))
+        skipped = tuple(g for s, g in sorted(every, key=lambda s: -s[0]) if g.server.is_synthetic and s > score)
+        versus = None
+        if second and chosen.headline and second.headline:
+            comp = comps[(workload, concurrency)]
+            versus = (noise.ratio(by_load(chosen), by_load(second), comp) if comp.between is not None
+                      else ratio(chosen.headline, second.headline))
+        one_load = any(g is not None and g.loads < 2 for g in (chosen, second))
+        out.append(Best(workload, concurrency, chosen, score, top, len(scored), second, versus, skipped, one_load))
     return out
 
 
@@ -478,10 +578,12 @@ def build(store: Store, run_id: str, overrides: Overrides | None = None) -> Repo
     groups = [replace(_group(by_id[sid], workload, c, sorted(cells[(sid, workload, c)], key=lambda x: x.repeat)),
                       lead=lead) for sid, workload, c in ordered]
     groups = [_with_roofline(_with_baseline(g, groups), notes) for g in groups]
+    groups = _with_load_noise(groups)
     outputs = store.outputs()
     groups = [_with_outputs(g, groups, outputs) for g in groups]
     if not any(s.device for s in servers):
         notes.append("no device bandwidth is known for this run (the recipe names no hardware in "
                      "recipes/hardware.yaml): no roofline. Give one with --hardware NAME or --bandwidth-gbps GBPS.")
-    return Report(run_id, store.sweep(), store.meta(), store.host_facts(), store.counts(), servers, groups,
-                  _best(groups), store.failures(), notes)
+    sweep = store.sweep()
+    return Report(run_id, sweep, store.meta(), store.host_facts(), store.counts(), servers, groups,
+                  _best(groups), store.failures(), notes, overrides.slo or sweep.get("slo"))

@@ -148,7 +148,7 @@ def speedup_bars(report: Report, workload: str, out: Path) -> list[Plot]:
                         fmt="none", capsize=4, ecolor="black")
         for i, is_single in enumerate(single):
             if is_single:
-                same = bars[i].speedup is not None and bars[i].speedup.identical  # type: ignore[union-attr]
+                same = (speedup := bars[i].speedup) is not None and speedup.identical
                 ax.annotate("identical repeats" if same else "1 run", (i, values[i]), ha="center", va="bottom",
                             fontsize=6, xytext=(0, 2), textcoords="offset points")
         ax.axhline(100, color="black", linewidth=1)
@@ -188,9 +188,37 @@ def ttft(report: Report, workload: str, out: Path) -> list[Plot]:
     return _per_panel(report, workload, out, "ttft", "TTFT distribution", draw)
 
 
+def loss_bars(report: Report, out: Path) -> list[Plot]:
+    """One stacked bar per drafting config (report.losses): the measured speed-up at the bottom, each part of the
+    gap above it, up to the ideal (its acceptance length, a black tick)."""
+    from sparklab.report.losses import COLORS, PARTS, losses
+
+    rows = losses(report)
+    if not rows:
+        return []
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(max(5.0, 0.7 * len(rows) + 2.5), 4.5))
+    labels = [_label(x.group) + f"\nC={x.group.concurrency}" for x in rows]
+    bottoms = [0.0] * len(rows)
+    for part in PARTS:
+        heights = [max(0.0, x.parts[part]) for x in rows]
+        ax.bar(range(len(rows)), heights, bottom=bottoms, color=COLORS[part], label=part)
+        bottoms = [b + h for b, h in zip(bottoms, heights, strict=True)]
+    ax.plot(range(len(rows)), [x.ideal for x in rows], "k_", markersize=18, label="ideal (acceptance length)")
+    ax.axhline(1.0, color="black", linewidth=0.6, linestyle=":")
+    ax.set_xticks(range(len(rows)))
+    ax.set_xticklabels(labels, fontsize=7)
+    ax.set_ylabel("speed-up over none (x)")
+    ax.set_title("Why acceptance does not become speed", fontsize=9)
+    ax.legend(fontsize=7)
+    path = _save(fig, out / "losses.png")
+    plt.close(fig)
+    return [("Why acceptance does not become speed: one stacked bar per drafting config", path)]
+
+
 def all_plots(report: Report, out: Path) -> list[Plot]:
     plots: list[Plot] = []
     for workload in report.workloads:
         for kind in (throughput_vs_k, speedup_bars, acceptance, ttft):
             plots += kind(report, workload, out)
-    return plots
+    return plots + loss_bars(report, out)

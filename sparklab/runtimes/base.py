@@ -176,7 +176,8 @@ class Runtime(Protocol):
         ...
 
     def alive(self) -> bool:
-        """Whether it answers now (a Docker daemon stopped, its ssh or network gone: no)."""
+        """Whether it answers now (a Docker daemon stopped or hung, its ssh or network gone: no), within seconds
+        (another machine's: deadlines.ALIVE_S), never waiting on a host that does not answer."""
         ...
 
     def host_arch(self) -> str: ...
@@ -243,7 +244,7 @@ class HostRuntime(Runtime, Protocol):
     @property
     def url(self) -> str: ...
 
-    def facts(self) -> dict[str, Any]:  # a JSON document, stored with the run as it is
+    def facts(self) -> dict[str, Any]:  # Any: a JSON document, stored with the run as it is
         """What the planner and the report need to know about the host (architecture, memory, versions)."""
         ...
 

@@ -5,19 +5,25 @@ This is the only module that imports docker.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import os
+import tempfile
 import threading
 import time
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import docker
+import docker.constants
 import docker.errors
 import requests
 from docker.models.containers import Container
+from docker.tls import TLSConfig
+from docker.transport import sshconn
 from docker.types import DeviceRequest, Ulimit
 
 from sparklab import interrupts
@@ -27,6 +33,7 @@ from sparklab.errors import ContainerError, ImageUnavailableError
 from sparklab.host.facts import HostFacts, ThisMachine
 from sparklab.recipes.hosts import redact_url
 from sparklab.redaction import redact, redacted_lines
+from sparklab.runtimes import deadlines, processes
 from sparklab.runtimes.base import (
     DETACHED,
     LABEL,
@@ -105,12 +112,14 @@ class Docker:
         self.client = client
 
     @classmethod
-    def connect(cls, url: str, tls_dir: str | None = None, timeout: int = 120) -> Docker:
+    def connect(cls, url: str, tls_dir: str | None = None, timeout: int = 120,
+                answer_s: float = deadlines.HOST_CHECK_S) -> Docker:
         """Another Docker host: `ssh://` through the ssh binary (so ~/.ssh/config applies, as for `docker -H`),
-        `tcp://` with TLS from tls_dir or DOCKER_CERT_PATH, `unix://`, or a Docker context name."""
+        `tcp://` with TLS from tls_dir or DOCKER_CERT_PATH, `unix://`, or a Docker context name. It must answer
+        within answer_s, or it is an error (and the ssh started for it is ended)."""
         if url == "local":
             return cls()
-        tls: Any = None  # docker.tls.TLSConfig: docker-py ships no type hints
+        tls: TLSConfig | None = None
         base_url = url
         if "://" not in url:
             from docker.context import ContextAPI
@@ -119,21 +128,28 @@ class Docker:
             if context is None:
                 raise ContainerError(f"no Docker context named {url!r}",
                                      "List them with `docker context ls`, or give the host as ssh:// or tcp://.")
-            base_url, tls = context.Host, context.TLSConfig
+            base_url, tls = context.Host or "", context.TLSConfig  # no Host: refused just below
             if not base_url:
                 raise ContainerError(f"Docker context {url!r} names no Docker endpoint",
                                      "See `docker context inspect`.")
         elif url.startswith("tcp://"):
             tls = _tls_config(tls_dir or os.environ.get("DOCKER_CERT_PATH"))
+        hint = ("Check that `docker -H " + url + " info` works from here (ssh key, ~/.ssh/config, TLS certificates, "
+                "the daemon running there).")
+        # The API version is asked under the deadline (docker-py would ask it unbounded while making the client).
+        probe = _client(base_url, tls, timeout, docker.constants.MINIMUM_DOCKER_API_VERSION)
         try:
-            client = docker.DockerClient(base_url=base_url, tls=tls, use_ssh_client=True, timeout=timeout)
-            client.ping()
-            client.sparklab_url = base_url  # type: ignore[attr-defined]  # a context's endpoint, for its address
-        except (docker.errors.DockerException, requests.RequestException, OSError) as exc:
-            raise ContainerError(
-                f"cannot reach the Docker host {url}: {str(exc).strip().splitlines()[-1] if str(exc) else exc!r}",
-                "Check that `docker -H " + url + " info` works from here (ssh key, ~/.ssh/config, TLS certificates, "
-                "the daemon running there).") from None
+            version = deadlines.within(answer_s, lambda: str(probe.version(api_version=False)["ApiVersion"]),
+                                       f"connect-{url}")
+        except deadlines.NoAnswer:
+            raise ContainerError(f"the Docker host {url} gave no answer within {answer_s:g} s", hint) from None
+        except (docker.errors.DockerException, requests.RequestException, OSError, KeyError) as exc:
+            text = _ssh_error(probe) or (str(exc).strip().splitlines()[-1] if str(exc).strip() else repr(exc))
+            raise ContainerError(f"cannot reach the Docker host {url}: {text}", hint) from None
+        finally:
+            probe.close()  # ends its ssh, answered or not
+        client = _client(base_url, tls, timeout, version)
+        client.sparklab_url = base_url  # type: ignore[attr-defined]  # a context's endpoint, for its address
         return cls(client)
 
     def for_spec(self, spec: LaunchSpec) -> Docker:
@@ -145,12 +161,14 @@ class Docker:
         return str(getattr(self.client, "sparklab_url", "local"))
 
     def alive(self) -> bool:
-        """Whether the daemon answers now (a lost host: daemon stopped, ssh or network gone)."""
+        """Whether the daemon answers within deadlines.ALIVE_S (a lost host: daemon stopped or hung, ssh or network
+        gone)."""
         try:
-            return bool(self.client.ping())
-        except (docker.errors.DockerException, requests.RequestException, OSError):
+            return bool(deadlines.within(deadlines.ALIVE_S, self.client.ping, "ping"))
+        except (deadlines.NoAnswer, docker.errors.DockerException, requests.RequestException, OSError):
             return False
 
+    # Any: a JSON document, stored with the run as it is
     def facts(self) -> dict[str, Any]:
         """What the planner and the report need to know about this Docker host."""
         info = self.client.info()
@@ -186,7 +204,7 @@ class Docker:
         digest = next((d.split("@", 1)[1] for d in digests if d.split("@")[0] == repo), None)
         if digest is None and digests:
             digest = digests[0].split("@", 1)[1]
-        return ImageInfo(ref=ref, id=image.id, digest=digest, architecture=str(image.attrs.get("Architecture")))
+        return ImageInfo(ref=ref, id=str(image.id), digest=digest, architecture=str(image.attrs.get("Architecture")))
 
     def image_problem(self, ref: str, policy: str = "missing") -> str | None:
         """Why this host cannot have the image (None: it has it, or its registry has it to pull)."""
@@ -380,7 +398,7 @@ class Docker:
     def _info(c: Container) -> ServerInfo:
         state = c.attrs.get("State", {})
         return ServerInfo(
-            id=c.id[:12], name=c.name, status=c.status,
+            id=c.short_id, name=str(c.name), status=c.status,
             exit_code=state.get("ExitCode") if c.status in ("exited", "dead") else None,
             labels=dict(c.labels), created=str(c.attrs.get("Created", "")))
 
@@ -450,12 +468,12 @@ class Docker:
              since: float | None = None) -> Iterator[bytes]:
         container = self.get(name)
         secrets = container_secrets(container)
-        extra = {"since": since} if since is not None else {}
+        lines: int | Literal["all"] = tail if isinstance(tail, int) else "all"  # as docker-py reads any other string
         if follow:
-            yield from redacted_lines(container.logs(stream=True, follow=True, tail=tail, **extra), secrets,
+            yield from redacted_lines(container.logs(stream=True, follow=True, tail=lines, since=since), secrets,
                                       starts_mid_log=tail != "all" or since is not None)
         else:
-            yield redact(container.logs(tail=tail, **extra), secrets)
+            yield redact(container.logs(tail=lines, since=since), secrets)
 
 
     def remove_run_containers(self, run_id: str, wait_s: float = 120.0) -> list[str]:
@@ -472,7 +490,7 @@ class Docker:
                 self.client.ping()
                 for container in self.client.containers.list(all=True, filters={"label": f"sparklab.run_id={run_id}"}):
                     teardown(container, grace_s=5)
-                    removed.append(container.name)
+                    removed.append(str(container.name))
         return removed
 
     def log_text(self, name: str, since: float | None = None) -> str:
@@ -480,14 +498,121 @@ class Docker:
         return b"".join(self.logs(name, since=since)).decode("utf-8", "replace")
 
 
-def _tls_config(cert_dir: str | None) -> Any:  # docker.tls.TLSConfig (docker-py ships no type hints)
+# ---------------------------------------------------------------------------------------------------
+# ssh:// hosts: docker-py's shell-out to the ssh binary, bounded (sparklab.runtimes.deadlines).
+
+
+class _SSHSocket(sshconn.SSHSocket):
+    """docker-py's ssh shell-out (docker 7.2.0, docker/transport/sshconn.py:34-61: `ssh [-l USER] [-p PORT] -- HOST
+    docker system dial-stdio`, SIGINT ignored in the child, no option of its own, so no connect timeout) with
+    deadlines.SSH_OPTIONS, the terminal's SIGHUP ignored as well, and ssh's own error kept for the message (in a
+    file: a pipe nobody reads could fill and stall it)."""
+
+    errors: Any = None  # a binary temporary file with ssh's stderr
+
+    def connect(self, **kwargs: Any) -> None:  # type: ignore[override]  # docker-py's own signature
+        args = ["ssh", *deadlines.SSH_OPTIONS]
+        if self.user:
+            args += ["-l", self.user]
+        if self.port:
+            args += ["-p", self.port]
+        env = {k: v for k, v in os.environ.items() if k not in ("LD_LIBRARY_PATH", "SSL_CERT_FILE")}  # as docker-py
+        self.errors = tempfile.TemporaryFile()  # noqa: SIM115 - it lives as long as the connection (end, GC)
+        self.proc = processes.start_helper([*args, "--", self.host, "docker system dial-stdio"], env, self.errors)
+        _STARTED.add(self)
+
+    def last_error(self) -> str:
+        """ssh's last line on stderr ("Connection timed out during banner exchange"), if it wrote one."""
+        if self.errors is None:
+            return ""
+        with contextlib.suppress(OSError, ValueError):
+            self.errors.seek(0)
+            lines = self.errors.read(65536).decode("utf-8", "replace").strip().splitlines()
+            return lines[-1].strip() if lines else ""
+        return ""
+
+    def end(self) -> None:
+        """End the ssh process now (a check that ran out of time)."""
+        if self.proc is not None and self.proc.poll() is None:
+            with contextlib.suppress(OSError):
+                self.proc.kill()
+
+
+_STARTED: weakref.WeakSet[_SSHSocket] = weakref.WeakSet()  # every ssh this process started that may still run
+
+
+@atexit.register
+def _end_every_ssh() -> None:
+    """At exit (Ctrl-C while a silent host was being reached, say), end the ssh processes still running: they
+    ignore the terminal's signals, and one waiting for a silent host's banner would outlive sparklab by up to
+    deadlines.SSH_CONNECT_S. The check's daemon thread is left behind; its ssh must not be."""
+    for sock in list(_STARTED):
+        sock.end()
+
+
+class _SSHConnection(sshconn.SSHConnection):
+    def __init__(self, adapter: _SSHAdapter, timeout: Any, host: str | None) -> None:  # as docker-py passes them
+        super().__init__(None, timeout, host)  # docker-py passes None for the socket path
+        self._adapter = adapter
+
+    def connect(self) -> None:
+        sock = _SSHSocket(str(self.ssh_host))
+        sock.settimeout(self.timeout)
+        self._adapter.opened(sock)
+        sock.connect()
+        self.sock = sock
+
+
+class _SSHPool(sshconn.SSHConnectionPool):
+    def __init__(self, adapter: _SSHAdapter) -> None:
+        super().__init__(None, adapter.timeout, adapter.max_pool_size, adapter.ssh_host)
+        self._adapter = adapter
+
+    def _new_conn(self) -> _SSHConnection:  # type: ignore[override]  # docker-py's SSHConnection too
+        return _SSHConnection(self._adapter, self.timeout, self.ssh_host)
+
+
+class _SSHAdapter(sshconn.SSHHTTPAdapter):
+    """The shell-out adapter with bounded ssh processes; closing it ends every ssh it started that still runs."""
+
+    def __init__(self, base_url: str, timeout: int) -> None:
+        super().__init__(base_url, timeout, shell_out=True)
+        self._sockets: weakref.WeakSet[_SSHSocket] = weakref.WeakSet()
+        self.last: _SSHSocket | None = None
+
+    def opened(self, sock: _SSHSocket) -> None:
+        self._sockets.add(sock)
+        self.last = sock
+
+    def get_connection(self, url: str | bytes, proxies: Any = None) -> _SSHPool:
+        return _SSHPool(self)  # a pool per request, as docker-py's shell-out has it (sshconn.py:220-226)
+
+    def close(self) -> None:
+        super().close()
+        for sock in list(self._sockets):
+            sock.end()
+
+
+def _client(base_url: str, tls: Any, timeout: int, version: str) -> docker.DockerClient:
+    """A client that has not talked to the daemon yet (the version is given); ssh:// goes through _SSHAdapter."""
+    client = docker.DockerClient(base_url=base_url, tls=tls, use_ssh_client=True, timeout=timeout, version=version)
+    if base_url.startswith("ssh://"):
+        client.api.mount("http+docker://ssh", _SSHAdapter(base_url, timeout))
+    return client
+
+
+def _ssh_error(client: docker.DockerClient) -> str:
+    adapter = client.api.adapters.get("http+docker://ssh")
+    last = adapter.last if isinstance(adapter, _SSHAdapter) else None
+    return last.last_error() if last is not None else ""
+
+
+def _tls_config(cert_dir: str | None) -> TLSConfig:
     """TLS with the client certificate and CA of a `docker --tlsverify` setup; none without a directory."""
     if not cert_dir:
         raise ContainerError("a tcp:// Docker host needs TLS certificates",
                              "Give the host `tls_dir:` (with ca.pem, cert.pem, key.pem) or set DOCKER_CERT_PATH; "
                              "an unencrypted tcp:// daemon gives root to anyone on the network.")
-    from docker.tls import TLSConfig
-
     base = Path(cert_dir).expanduser()
     missing = [n for n in ("ca.pem", "cert.pem", "key.pem") if not (base / n).is_file()]
     if missing:
@@ -537,7 +662,7 @@ class Server(Lifecycle):
 
     def _start_log_stream(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        container_id = self.container.id
+        container_id = str(self.container.id)
 
         def pump() -> None:
             try:

@@ -141,18 +141,19 @@ class HelperFacts:
                     self._arrived.set()
                     break
 
-    def _start(self) -> None:
+    def _start(self) -> Server:
         name = f"sparklab-meminfo-{uuid.uuid4().hex[:10]}"
         spec = helper_spec(self.image(), name, [_script(self.interval_s)], self.run_id, "meminfo")
         log_path = state_dir() / "logs" / f"{name}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self._server = self.runtime.launch(spec, {}, log_path, on_log=self._feed)
+        return self._server
 
     def meminfo(self) -> HostMemory:
         if self._server is None:
-            self._start()
+            server = self._start()
             if not self._arrived.wait(FIRST_READING_S):
-                tail = self._server.log_tail(10) if self._server is not None else ""
+                tail = server.log_tail(10)
                 raise ContainerError(f"the memory reader on {self.where} printed nothing in {FIRST_READING_S:.0f} s",
                                      f"Its log: {tail.strip() or '(empty)'}")
         with self._lock:

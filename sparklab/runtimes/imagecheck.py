@@ -67,6 +67,7 @@ class Checked:
     def version(self) -> str | None:
         return self.verdict.version
 
+    # Any: JSON, cached and stored with the run
     def as_dict(self) -> dict[str, Any]:
         """What a run stores with the server config."""
         return {"image": self.image, "digest": self.digest, "verdict": self.verdict.as_dict(),

@@ -12,17 +12,17 @@ from pathlib import Path
 
 from sparklab.engines import caches, engine
 from sparklab.engines.api import EngineAPI
-from sparklab.engines.logwatch import CAUSE_LINES, DEAD_STOP_GRACE_S, FATAL_GRACE_S, LogWatch, fatal_error
+from sparklab.engines.logwatch import CAUSE_LINES, DEAD_STOP_GRACE_S, FATAL_GRACE_S, LogWatch, fatal_error, indent
 from sparklab.engines.scrape import StartupFacts
-from sparklab.errors import ImageUnavailableError, NotReadyError
-from sparklab.host import downloads, preflight
+from sparklab.errors import ImageUnavailableError, MemoryFloorError, NotReadyError
+from sparklab.host import downloads, preflight, watchdog
 from sparklab.host.facts import HostFacts
 from sparklab.recipes import multinode
 from sparklab.recipes.render import LaunchOptions, render
 from sparklab.recipes.schema import Recipe, load_recipe, resolve
 from sparklab.runtimes import imagecheck
 from sparklab.runtimes.base import ImageInfo, PullCallback, Runtime, Server
-from sparklab.runtimes.health import exited_error, wait_ready
+from sparklab.runtimes.health import LOG_TAIL_LINES, exited_error, wait_ready
 from sparklab.runtimes.state import state_dir
 from sparklab.spec import LaunchSpec
 
@@ -183,18 +183,58 @@ def facts_after_ready(server: Server, spec: LaunchSpec, settle_s: float = 2.0) -
     return facts
 
 
-def watch(server: Server, log_watch: LogWatch | None = None, poll_s: float = 1.0) -> None:
-    """Block while the server runs (foreground `up`); raise if it dies or its engine logs a fatal line while
-    its container runs on (then stop it). Ctrl-C / SIGTERM end it."""
+# A server that prints nothing and answers no health check this long while serving looks hung: the same default
+# as a sweep's stall_timeout_s (recipes/plan.py), whose requests fail after it while the health check fails.
+SERVING_STALL_S = 60.0
+HEALTH_TIMEOUT_S = 5.0
+
+
+def watch(server: Server, log_watch: LogWatch | None = None, poll_s: float = 1.0, *,
+          memory: watchdog.Sampler | None = None, stall_s: float | None = None, api: EngineAPI | None = None,
+          clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> None:
+    """Block while the server runs (foreground `up`), and end it as a sweep would, raising why: it exited; its engine
+    logged a fatal line while its container runs on; `memory`'s floor stopped it; or (with stall_s and its `api`)
+    its log stayed silent and its health check unanswered that long. Ctrl-C / SIGTERM / SIGHUP end it too."""
     fatal_since: float | None = None
+    alive_at = clock()  # the last sign of life: the log grew, or the health check answered
+    output = log_watch.output if log_watch is not None else 0
     while True:
+        if memory is not None and memory.tripped is not None:
+            server.stop(DEAD_STOP_GRACE_S)  # the floor killed it already; what is left is removed
+            raise floor_error(memory)
         running, code = server.state()
         if not running:
             raise exited_error(server, server.spec.kind, code, "the server", "while serving")
         if log_watch is not None and log_watch.fatal is not None:
-            fatal_since = fatal_since or time.monotonic()
-            if time.monotonic() - fatal_since >= FATAL_GRACE_S:  # its traceback has come by now
+            fatal_since = fatal_since or clock()
+            if clock() - fatal_since >= FATAL_GRACE_S:  # its traceback has come by now
                 error = fatal_error(log_watch, server.log_tail(CAUSE_LINES), "while serving")
                 server.stop(DEAD_STOP_GRACE_S)
                 raise error
-        time.sleep(poll_s if fatal_since is None else 0.2)
+        elif stall_s and api is not None and log_watch is not None:
+            if log_watch.output != output:
+                output, alive_at = log_watch.output, clock()
+            elif clock() - alive_at >= stall_s / 2 and api.alive(min(HEALTH_TIMEOUT_S, stall_s)):
+                alive_at = clock()  # quiet but answering: an idle engine (asked every stall_s / 2 at most)
+            if clock() - alive_at >= stall_s:
+                error = hung_error(server, stall_s)
+                server.stop(DEAD_STOP_GRACE_S)
+                raise error
+        sleep(poll_s if fatal_since is None else 0.2)
+
+
+def hung_error(server: Server, stall_s: float) -> NotReadyError:
+    tail = server.log_tail(LOG_TAIL_LINES)
+    return NotReadyError(
+        f"the engine stopped answering: nothing in its log and no answer to its health check for {stall_s:.0f} s "
+        f"while serving; sparklab stopped it. Last {LOG_TAIL_LINES} log lines:\n{indent(tail)}",
+        "The last lines say what it was doing. If it is only busy and quiet, raise the limit: --stall-timeout "
+        "SECONDS.", log_tail=tail, kind="stalled")
+
+
+def floor_error(memory: watchdog.Sampler) -> MemoryFloorError:
+    """The floor stopped the server: why, with the last memory samples."""
+    message, samples = watchdog.floor_failure(memory, memory.floor_gib or 0.0)
+    return MemoryFloorError(f"{message}\n{samples}",
+                            "Free memory on this machine, or set --memory-floor-gib (0: off) if the floor is wrong "
+                            "for it.")

@@ -83,6 +83,7 @@ class Runtime:
     def url(self) -> str:
         return self.docker.url
 
+    # Any: a JSON document, stored with the run as it is
     def facts(self) -> dict[str, Any]:
         return self.docker.facts()
 

@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import IO
 
 from sparklab import interrupts
 from sparklab.engines import ENGINES
@@ -54,6 +55,20 @@ from sparklab.spec import API_KEY_PLACEHOLDER, LaunchSpec, is_secret_name
 log = logging.getLogger(__name__)
 
 KEEPER = Path(keeper.__file__)
+
+
+def _terminal_signals_ignored() -> None:
+    """In a helper: the terminal's Ctrl-C and hangup are sparklab's to answer, with a teardown that needs it."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+
+def start_helper(argv: list[str], env: dict[str, str], stderr: IO[bytes]) -> subprocess.Popen[bytes]:
+    """A program sparklab talks to through its stdin and stdout, not an engine: the ssh that carries another Docker
+    host's API (containers.py). It stays in the terminal's session (ssh may ask there, e.g. to accept a host key)
+    but ignores its Ctrl-C and hangup, as docker-py's own shell-out ignores Ctrl-C."""
+    return subprocess.Popen(argv, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr,
+                            preexec_fn=_terminal_signals_ignored)
 
 
 def _text(data: bytes | str | None) -> str:

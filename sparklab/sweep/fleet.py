@@ -27,15 +27,17 @@ import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
 
 from sparklab.errors import DiskFullError, PreflightError, SparklabError
 from sparklab.host import preflight
 from sparklab.recipes import multinode
-from sparklab.recipes.hosts import LOCAL, Host, with_address
+from sparklab.recipes.hosts import LOCAL, Host, redact_url, with_address
 from sparklab.recipes.plan import Plan, ServerConfig
 from sparklab.recipes.render import render
+from sparklab.runtimes import deadlines
 from sparklab.runtimes.base import HostRuntime
 from sparklab.runtimes.containers import Docker
 from sparklab.sweep.hoststore import HostStore
@@ -128,31 +130,55 @@ def this_machine(runtime: HostRuntime, pull_policy: str = "missing", host: Host 
 Connect = Callable[[Host], HostRuntime]  # a Docker host named in a sweep → its runtime (a rehearsal: a twin)
 
 
-def docker_host(host: Host) -> HostRuntime:
-    return Docker.connect(host.docker, host.tls_dir)
 
+def connect(hosts: list[Host], say: Say, local: HostRuntime | None = None, pull_policy: str = "missing",
+            check_s: float = deadlines.HOST_CHECK_S, reach: Connect | None = None) -> list[Member]:
+    """Reach every host (preflight: reachable, its platform and memory), all at once and within check_s; a host
+    that cannot be reached, or does not answer in time, is left out with one line. reach: how a host is reached
+    (None: Docker's remote API; a rehearsal reaches its twins)."""
 
-def connect(hosts: list[Host], say: Say, local: HostRuntime | None = None,
-            pull_policy: str = "missing", reach: Connect = docker_host) -> list[Member]:
-    """Reach every host (preflight: reachable, its platform and memory); unreachable hosts are left out.
-    reach: how a host is reached (Docker's remote API; a rehearsal reaches its twins)."""
+    told = threading.Lock()
+    decided = threading.Event()  # the deadline has passed: a late answer is not told (its host is left out)
+
+    def check(host: Host) -> Member:
+        if host.local and local is not None:
+            runtime = local
+        else:
+            runtime = reach(host) if reach is not None else Docker.connect(host.docker, host.tls_dir, answer_s=check_s)
+        member = Member(with_address(host, runtime.url), runtime, runtime.facts(), pull_policy=pull_policy)
+        with told:  # each host's line as soon as it answered, not after the slowest
+            if not decided.is_set():
+                facts = member.facts
+                say(f"host {member.host.name}: {facts['architecture']}, {facts['mem_total_gib']} GiB, Docker "
+                    f"{facts['docker_version']}, ports +{member.host.port_offset}")
+        return member
+
+    checked = deadlines.each_within(check_s, {host.name: partial(check, host) for host in hosts})
+    with told:
+        decided.set()
     members: list[Member] = []
     for host in hosts:
-        try:
-            runtime = local if host.local and local is not None else reach(host)
-            member = Member(with_address(host, runtime.url), runtime, runtime.facts(), pull_policy=pull_policy)
-        except SparklabError as exc:
-            say(f"host {host.name}: left out of this run: {exc.message}")
-            continue
-        facts = member.facts
-        host = member.host
-        say(f"host {host.name}: {facts['architecture']}, {facts['mem_total_gib']} GiB, Docker "
-            f"{facts['docker_version']}, ports +{host.port_offset}")
-        members.append(member)
+        member = checked[host.name]
+        if isinstance(member, Member):
+            members.append(member)
+        else:
+            say(f"host {host.name}: left out of this run: {_why(member, host, check_s)}")
     if not members:
         raise PreflightError("no Docker host of this sweep can be reached",
                              "Check each with `docker -H URL info`; the sweep's cells stay pending.")
     return members
+
+
+def _why(error: BaseException, host: Host, check_s: float) -> str:
+    """One line: why a host could not be checked."""
+    if isinstance(error, deadlines.NoAnswer):
+        return deadlines.no_answer(redact_url(host.docker), check_s)
+    if isinstance(error, SparklabError):
+        return error.message.splitlines()[0]
+    if isinstance(error, Exception):  # docker-py or the daemon's answer, unexpected: still one line, not a traceback
+        log.debug("checking host %s", host.name, exc_info=error)
+        return f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"
+    raise error  # Ctrl-C and the like
 
 
 def unfit(server: ServerConfig, member: Member) -> str | None:
@@ -322,11 +348,12 @@ def run(plan: Plan, store: Store, members: list[Member], serve: Serve, say: Say,
         stop.set()
         with cond:
             cond.notify_all()
-        for member in members:  # what a worker stuck in a request waits on goes away, so it unwinds now
-            try:
-                member.runtime.remove_run_containers(run_id, wait_s=10)
-            except Exception as exc:  # a lost host: the next run's gc removes it
-                log.debug("teardown on %s: %s", member.name, exc)
+        # What a worker stuck in a request waits on goes away, so it unwinds now: on every host at once, so a
+        # host that stopped answering costs its own bound, not the others' too.
+        removals = {m.name: partial(m.runtime.remove_run_containers, run_id, wait_s=10) for m in members}
+        for name, outcome in deadlines.each_within(2 * deadlines.HOST_CHECK_S, removals).items():
+            if isinstance(outcome, BaseException):  # a lost host: the next run's gc removes it
+                log.debug("teardown on %s: %s", name, outcome)
         for thread in threads:
             thread.join(30)
         raise

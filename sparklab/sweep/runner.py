@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import platform
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -71,6 +72,7 @@ class Outcome:
         return not self.interrupted and self.counts.get("failed", 0) == 0 and self.counts.get("pending", 0) == 0
 
 
+# Any: a JSON document, stored with the run as it is
 def host_facts(facts: HostFacts | None = None) -> dict[str, Any]:
     """This machine as the run records it (facts: its readings; a rehearsal's twin stands in for it)."""
     memory = (facts or ThisMachine(gpu=False)).meminfo()
@@ -133,7 +135,7 @@ def register(plan: Plan, store: Store, only: Callable[[ServerConfig, Cell], bool
 
 
 def run(plan: Plan, store: Store, runtime: HostRuntime | None, run_dir: Path, options: Options, say: Say,
-        hosts: list[Host] | None = None, reach: fleet.Connect = fleet.docker_host) -> dict[str, int]:
+        hosts: list[Host] | None = None, reach: fleet.Connect | None = None) -> dict[str, int]:
     """Run what is pending on the sweep's hosts (sparklab.sweep.fleet), each one server at a time: this machine
     alone when there are none (runtime: this machine's, local.Runtime by default; reach: how the other hosts are
     reached, Docker's remote API unless a rehearsal reaches its twins)."""
@@ -192,7 +194,7 @@ def dry_run(request: Request) -> tuple[Plan, float, TimingModel, list[Host] | No
 
 
 def sweep(request: Request, say: Say, runtime: HostRuntime | None = None,
-          reach: fleet.Connect = fleet.docker_host) -> Outcome:
+          reach: fleet.Connect | None = None) -> Outcome:
     """Run (or continue) a sweep: plan, open or create its run, run what is pending, record everything.
 
     Ctrl-C and SIGTERM (as KeyboardInterrupt) tear the current server down and return an interrupted outcome
@@ -204,6 +206,7 @@ def sweep(request: Request, say: Say, runtime: HostRuntime | None = None,
     hosts = _hosts(request, plan)
     run_dir.mkdir(parents=True, exist_ok=True)
     with rundir.RunLock(run_dir), rundir.fault_log(run_dir):
+        say = _logged(say, run_dir / rundir.LOG_NAME)
         if runtime is None and (hosts is None or any(h.local for h in hosts)):
             runtime = LocalRuntime()
         rundir.check_free_space(run_dir, request.options.min_free_mib, controller_of(runtime))
@@ -221,8 +224,9 @@ def sweep(request: Request, say: Say, runtime: HostRuntime | None = None,
             say(f"run {run_dir} ({'continued' if exists else 'new'}; {added} new cell(s)): {store.counts()}")
             try:
                 counts = run(plan, store, runtime, run_dir, request.options, say, hosts, reach)
-            except KeyboardInterrupt:
+            except KeyboardInterrupt:  # Ctrl-C, SIGTERM, or a hangup whose terminal is gone: the log says it
                 store.reset_interrupted(plan.sweep.max_attempts)
+                _log_line(run_dir / rundir.LOG_NAME, f"interrupted; the servers are down, {store.counts()}")
                 return Outcome(run_dir, store.counts(), interrupted=True)
             except DiskFullError as exc:
                 with contextlib.suppress(SparklabError):
@@ -233,6 +237,28 @@ def sweep(request: Request, say: Say, runtime: HostRuntime | None = None,
     return Outcome(run_dir, counts)
 
 
+def _logged(say: Say, path: Path) -> Say:
+    """say, and the same line in the run's log: a console that goes away (a closed terminal or pipe) loses none of
+    the run's events, and the log has them beside the faults' tracebacks."""
+    lock = threading.Lock()
+
+    def both(message: str) -> None:
+        with lock:
+            _log_line(path, message)
+        say(message)
+
+    return both
+
+
+def _log_line(path: Path, message: str) -> None:
+    try:
+        with path.open("a", encoding="utf-8") as log_file:
+            log_file.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {message}\n")
+    except OSError as exc:  # the run's disk: its own check stops the sweep before the next server
+        log.debug("run log %s: %s", path, exc)
+
+
+# Any: JSON stored with the run, which a resumed run must still match
 def fingerprint(plan: Plan) -> dict[str, Any]:
     return provenance.fingerprint(recipe_file(plan.sweep, Path(plan.source)), plan.sweep.sampling.model_dump())
 

@@ -17,6 +17,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import os
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -43,6 +45,7 @@ from sparklab.sweep import watch as watching
 from sparklab.sweep.fleet import HostLost
 from sparklab.sweep.hoststore import HostStore
 from sparklab.sweep.store import Store
+from sparklab.sweep.store import utc_now as store_now
 
 log = logging.getLogger(__name__)
 # a rehearsal's compressed night samples memory no faster than this (wall seconds): the twin's host has no more to
@@ -87,6 +90,7 @@ class ServerRun:
     controller: HostFacts = field(default_factory=lambda: ThisMachine(gpu=False))  # where the run directory is
     watched: list[watching.Watched] = field(default_factory=list)  # the server's hosts, its own first
     attempted: set[str] = field(default_factory=set)  # cells this server start ran (they counted their attempt)
+    load_id: str = ""  # this start of the server ("<UTC start>#<server id>"): each of its cells keeps it
 
     @property
     def max_attempts(self) -> int:
@@ -128,9 +132,11 @@ def serve(run: ServerRun) -> None:
     except (KeyboardInterrupt, DiskFullError, provenance.DriftError):
         raise
     except Exception as exc:  # one fault ends this server's work, never the sweep
-        if run.lost():
+        if isinstance(exc, HostLost) or run.lost():
             for cell_id in run.store.host_lost(server.id, run.store.host or "", _one_line(exc)):
                 run.say(f"cell {cell_id} was running when the host was lost; it runs again")
+            if isinstance(exc, HostLost):
+                raise
             raise HostLost(_one_line(exc)) from exc
         _contain(run, exc, [c.id for c in run.cells if c.id not in run.attempted])
     finally:
@@ -254,11 +260,24 @@ def _run_server(run: ServerRun) -> None:
     if ready.check is not None:
         store.record_image_check(server.id, ready.check.as_dict())
     say(f"server {server.label}: ready in {ready.seconds_to_ready / run.scale:.1f} s")  # the night's seconds
+    # Which start of the server each cell ran on: repeats of one load share its state (its memory layout, the
+    # machine's quiet or busy minute), so noise between loads is told apart from noise within one (bench.noise).
+    # UTC first: ids sort in the order the loads happened.
+    run.load_id = f"{store_now()}#{server.id}"
     if ready.watch is not None:  # a dead engine's API server may run on: kill it, so in-flight requests fail now
         ready.watch.on_fatal(ready.server.kill)
     with ready.server:
         _check_image(store, server, ready.image.digest, run.options.allow_drift, say)
-        _run_cells(run, ready)
+        try:
+            _run_cells(run, ready)
+        except HostLost:  # its host does not answer: a teardown would wait on it too; `sparklab gc --host` later
+            ready.server.keep()
+            raise
+        except Exception as exc:
+            if not run.lost():  # a fault of this server's: the teardown and serve() deal with it
+                raise
+            ready.server.keep()  # a state check failed because the host went away: as above
+            raise HostLost(_one_line(exc)) from exc
 
 
 def _run_cells(run: ServerRun, ready: launch.Ready) -> None:
@@ -366,13 +385,34 @@ def _run_cell(run: ServerRun, ready: launch.Ready, cell: Cell) -> None:
     endpoint = bench.Endpoint(spec.endpoint, ready.api_key, None, spec.kind)
     name = f"{server.label} c={cell.concurrency} {cell.workload} #{cell.repeat}"
     result: BenchResult | None
+    host_gone = threading.Event()
+
+    def alive() -> bool:
+        """The stall detector's question. The engine's own health first: a host gone silent fails it in seconds
+        without asking its daemon. When the answer is no, whether the host itself went away: then the whole cell
+        ends (`stop`), instead of each of its requests waiting out the stall timeout on a machine that is gone."""
+        with contextlib.suppress(Exception):
+            if endpoint.api.alive() and ready.server.state()[0]:
+                return True
+        if run.lost():
+            host_gone.set()
+        return False
+
+    def stop() -> HostLost | None:
+        return HostLost(f"the Docker host stopped answering during cell {name}") if host_gone.is_set() else None
+
+    loadavg = _loadavg()
     try:
         stall = sweep.stall_timeout_s * run.scale if sweep.stall_timeout_s else None
         result = bench.run(endpoint, load_workload(cell.workload), sampling, load,
                            request_timeout_s=sweep.request_timeout_s * run.scale, stall_timeout_s=stall,
-                           time_scale=run.scale,
-                           alive=lambda: ready.server.state()[0] and endpoint.api.alive())
+                           time_scale=run.scale, alive=alive, stop=stop)
         since = result["measurement"]["window_started_at"]
+        result["server_load"] = {"id": run.load_id}
+        result["host_load"] = {
+            "loadavg_start": loadavg, "loadavg_end": _loadavg(), "cpus": os.cpu_count(),
+            "source": "os.getloadavg() (1, 5, 15 min) on the machine running the bench client, at the cell's "
+                      "start and end"}
         bench.add_log_acceptance(result, spec.kind, lambda: ready.server.log_since(since), launch.image_version(ready))
         result["engine"] = {"version": launch.image_version(ready), "served_version": ready.served_version,
                             "image_digest": ready.image.digest}
@@ -381,10 +421,12 @@ def _run_cell(run: ServerRun, ready: launch.Ready, cell: Cell) -> None:
             if len(run.watched) > 1:
                 cast(dict[str, Any], result)["memory_hosts"] = {h.name: h.sampler.stats(marks[i]).as_dict()
                                                                 for i, h in enumerate(run.watched) if h.sampler}
-    except (KeyboardInterrupt, DiskFullError):
+    except (KeyboardInterrupt, DiskFullError, HostLost):
         raise
     except Exception as exc:  # a dead engine mid-warmup, a broken server: this cell fails, the sweep goes on
         stopped = run.tripped is not None or _engine_died(ready)
+        if not stopped and run.lost():  # its host went away under it: the cell runs again elsewhere, uncharged
+            raise HostLost(f"the Docker host stopped answering during cell {name}") from exc
         if not stopped:
             if not isinstance(exc, SparklabError):
                 rundir.faults.error("cell %s (%s): %s", name, cell.id, _one_line(exc), exc_info=exc)
@@ -398,6 +440,8 @@ def _run_cell(run: ServerRun, ready: launch.Ready, cell: Cell) -> None:
         return
     summary = result["summary"]
     counts = summary["requests"]
+    if not counts["ok"] and run.lost():  # every request failed because the host went away
+        raise HostLost(f"the Docker host stopped answering during cell {name}")
     if not counts["ok"]:
         errors = "; ".join(counts["first_errors"]) or "no request succeeded"
         store.fail_cell(cell.id, "bench_error", errors, max_attempts=sweep.max_attempts)
@@ -418,6 +462,13 @@ def _run_cell(run: ServerRun, ready: launch.Ready, cell: Cell) -> None:
     adapter.reset_prefix_cache(endpoint.api)
     say(f"cell {name}: {summary['aggregate_tps']:.2f} tok/s aggregate, "
         f"{summary['requests']['ok']}/{summary['requests']['measured']} ok")
+
+
+def _loadavg() -> list[float] | None:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:  # not every platform has it
+        return None
 
 
 def _engine_died(ready: launch.Ready) -> bool:

@@ -167,6 +167,7 @@ def _loads(text: str | None) -> Any:
     return None if text is None else json.loads(text)
 
 
+# Any: the store keeps JSON documents (sweep, configs, results, facts) and gives them back as such
 class Store:
     """A sweep run's results file. Use `Store.create` for a new run, `Store.open` to resume or report."""
 

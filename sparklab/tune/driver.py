@@ -12,43 +12,31 @@ import contextlib
 import dataclasses
 import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from sparklab import __version__
+from sparklab.bench import slo as slos
 from sparklab.engines import acceptance, engine
 from sparklab.errors import DiskFullError, RecipeError, SparklabError
-from sparklab.recipes.hosts import Host, entry_of, parse_hosts
+from sparklab.recipes.hosts import Host, parse_hosts
 from sparklab.recipes.multinode import require_hosts
-from sparklab.recipes.plan import Plan, TimingModel, build_plan, estimate_seconds
+from sparklab.recipes.plan import Plan, ServerConfig, TimingModel, build_plan, estimate_seconds, variant
 from sparklab.runtimes.base import HostRuntime
 from sparklab.sweep import fleet, rundir, runner
 from sparklab.sweep.store import Store
-from sparklab.tune import search
-from sparklab.tune.space import load_space, one_engine, repeats_of, space_notes, sweep_document
+from sparklab.tune import search, verdict
+from sparklab.tune.request import TuneChoices, TuneRequest, request_for
+from sparklab.tune.space import load_space, space_notes
 
-# load_space and space_notes moved to tune/space.py; callers keep reaching them here
-__all__ = ["dry_run", "load_space", "request_for", "run_tune", "space_notes"]
+# load_space and space_notes moved to tune/space.py, the request to tune/request.py; callers keep reaching them here
+__all__ = ["TuneChoices", "TuneRequest", "dry_run", "load_space", "request_for", "run_tune", "space_notes"]
 
 SPACE_FILE = "tune.yaml"
 MAX_ROUNDS = 64
-
-
-@dataclass(frozen=True)
-class TuneRequest:
-    space: dict[str, Any]  # a sweep file's document: the space to search
-    settings: search.Settings
-    objective: str = "aggregate"
-    runs_dir: Path = Path("runs")
-    resume: str | None = None
-    new: bool = False
-    options: runner.Options = field(default_factory=runner.Options)
-    download: bool = True
-    ulimits: tuple[str, ...] = ()
-    notes: tuple[str, ...] = ()  # what tune took from the sweep file, or left out of it, and why
 
 
 @dataclass
@@ -58,6 +46,7 @@ class TuneOutcome:
     interrupted: bool = False
 
 
+# Any: a cell summary as stored (JSON)
 def objective_value(summary: dict[str, Any], objective: str) -> float | None:
     """The objective from one cell's summary: aggregate tok/s, mean per-request tok/s or mean decode tok/s."""
     if objective == "aggregate":
@@ -67,27 +56,35 @@ def objective_value(summary: dict[str, Any], objective: str) -> float | None:
     return None if value is None else float(value)
 
 
-def observations(store: Store, plan: Plan, objective: str) -> dict[search.Config, dict[int, search.CellObs]]:
-    """What the store holds per (method, K) and concurrency, as the search reads it."""
-    by_server = {s.id: (s.method, s.num_speculative_tokens) for s in plan.servers}
+def _cell_obs(cells: list[Any], objective: str, terms: tuple[slos.Term, ...]) -> search.CellObs:
+    done = sorted((x for x in cells if x.status == "done" and x.summary), key=lambda x: x.repeat)
+    pairs = [(x, v) for x in done if (v := objective_value(x.summary, objective)) is not None]
+    ttft = [float(t["p50"]) for x in done if (t := (x.summary or {}).get("ttft_ms"))]
+    positions = [p for x in done if (p := ((x.result or {}).get("speculative") or {})
+                                     .get("per_position_acceptance"))]
+    width = max((len(p) for p in positions), default=0)
+    mean_positions = tuple(sum(float(p[i] or 0) for p in positions if i < len(p)) / len(positions)
+                           for i in range(width))
+    lengths = [a for x in done if (a := acceptance(x.result or {})[0]) is not None]
+    loads = tuple(str(((x.result or {}).get("server_load") or {}).get("id") or "") for x, _ in pairs)
+    slo = {term.key: tuple(v for x, _ in pairs if (v := slos.cell_value(x.result or {"summary": x.summary}, term))
+                           is not None) for term in terms}
+    return search.CellObs(
+        tuple(v for _, v in pairs), tuple(ttft), mean_positions, sum(lengths) / len(lengths) if lengths else None,
+        sum(1 for x in cells if x.status in ("done", "failed", "partial")), loads, slo)
+
+
+def observations(store: Store, plan: Plan, objective: str, terms: tuple[slos.Term, ...] = (),
+                 servers: list[ServerConfig] | None = None) -> dict[search.Config, dict[int, search.CellObs]]:
+    """What the store holds per (method, K) and concurrency, as the search reads it (servers: only these)."""
+    by_server = {s.id: (s.method, s.num_speculative_tokens) for s in (servers or plan.servers)}
     grouped: dict[tuple[search.Config, int], list[Any]] = {}
     for cell in store.cells():
         if cell.server_config_id in by_server:
             grouped.setdefault((by_server[cell.server_config_id], cell.concurrency), []).append(cell)
     out: dict[search.Config, dict[int, search.CellObs]] = {}
     for (config, c), cells in grouped.items():
-        done = [x for x in cells if x.status == "done" and x.summary]
-        values = [v for x in done if (v := objective_value(x.summary, objective)) is not None]
-        ttft = [float(t["p50"]) for x in done if (t := (x.summary or {}).get("ttft_ms"))]
-        positions = [p for x in done if (p := ((x.result or {}).get("speculative") or {})
-                                         .get("per_position_acceptance"))]
-        width = max((len(p) for p in positions), default=0)
-        mean_positions = tuple(sum(float(p[i] or 0) for p in positions if i < len(p)) / len(positions)
-                               for i in range(width))
-        lengths = [a for x in done if (a := acceptance(x.result or {})[0]) is not None]
-        out.setdefault(config, {})[c] = search.CellObs(
-            tuple(values), tuple(ttft), mean_positions, sum(lengths) / len(lengths) if lengths else None,
-            sum(1 for x in cells if x.status in ("done", "failed", "partial")))
+        out.setdefault(config, {})[c] = _cell_obs(cells, objective, terms)
     return out
 
 
@@ -102,6 +99,7 @@ def space_of(plan: Plan) -> search.Space:
                       tuple(sorted(sweep_file.concurrency)), drafting)
 
 
+# Any: the space file's YAML document
 def write_space(run_dir: Path, space: dict[str, Any], settings: search.Settings) -> Path:
     """The space as a sweep file in the run directory: resuming reads it back, whatever the flags say then."""
     path = run_dir / SPACE_FILE
@@ -119,6 +117,7 @@ def _settings(state: dict[str, Any]) -> search.Settings:
     return search.Settings(**state["settings"])
 
 
+# Any: JSON kept in the tune's state file
 def settings_dict(settings: search.Settings) -> dict[str, Any]:
     return dataclasses.asdict(settings)
 
@@ -133,7 +132,7 @@ def hosts_of(plan: Plan) -> list[Host] | None:
 
 
 def run_tune(request: TuneRequest, say: runner.Say, runtime: HostRuntime | None = None,
-             reach: fleet.Connect = fleet.docker_host) -> TuneOutcome:
+             reach: fleet.Connect | None = None) -> TuneOutcome:
     """Start or continue a tune. Ctrl-C tears the current server down; the same command continues it.
 
     runtime: where the servers run (None: this machine's, containers and host processes, as `sparklab sweep`);
@@ -191,10 +190,11 @@ def dry_run(request: TuneRequest) -> DryRun:
     """The tune's plan without starting anything: the same run resolution, space file, plan and first decision as
     a run (a stored run's space and results when it would continue one).
 
-    At most every config is loaded once at --repeats and, if --max-repeats is larger, once more for the
-    confirming repeats (a config is loaded again only when it has cells pending); failed starts retried by the
-    sweep machinery are not counted. The ETA bound is those loads, each with every cell up to --max-repeats,
-    on the sweep's timing model (its start time and tok/s, refined from earlier runs of the recipe)."""
+    At most every config is loaded once at --repeats, then reloaded for the verdict (a reload adds --repeats runs
+    up to --max-repeats per concurrency; reloads at several concurrencies in one round share a load, counted apart
+    here), plus one server for a K schedule; failed starts retried by the sweep machinery are not counted. The
+    ETA bound is those loads, each with every cell up to --max-repeats, on the sweep's timing model (its start
+    time and tok/s, refined from earlier runs of the recipe)."""
     import tempfile
 
     name = f"tune-{request.space['name']}"
@@ -208,14 +208,17 @@ def dry_run(request: TuneRequest) -> DryRun:
                 state = _state(store)
                 if state:
                     settings, objective = _settings(state), state["objective"]
-                obs = observations(store, plan, objective)
+                obs = observations(store, plan, objective, settings.terms)
         else:
             space_path = write_space(Path(scratch), request.space, request.settings)
             plan = build_plan(space_path, run_id=run_dir.name, ulimits=request.ulimits)
     hosts = hosts_of(plan)
     space = space_of(plan)
     configs = len(plan.servers)
-    max_loads = configs * (2 if settings.max_repeats > settings.repeats else 1)
+    # every config once, its reloads (at most max_loads - 1 per concurrency, merged when they come together),
+    # and the K schedule's server
+    reloads = configs * (settings.max_loads - 1) * len(space.concurrencies)
+    max_loads = configs + reloads + 1
     model = runner.timing_model(plan, sorted(request.runs_dir.glob("*/results.sqlite")))
     per_load = model.startup_s + model.teardown_s
     eta = estimate_seconds(plan, model) + (max_loads - configs) * per_load  # every cell at --max-repeats
@@ -228,7 +231,7 @@ def dry_run(request: TuneRequest) -> DryRun:
 
 def _search(plan: Plan, store: Store, runtime: HostRuntime | None, run_dir: Path, request: TuneRequest,
             state: dict[str, Any], say: runner.Say, hosts: list[Host] | None = None,
-            reach: fleet.Connect = fleet.docker_host) -> TuneOutcome:
+            reach: fleet.Connect | None = None) -> TuneOutcome:
     settings, objective = _settings(state), state["objective"]
     space = space_of(plan)
     runner.register(plan, store, only=lambda server, cell: False)  # every server config, no cell yet
@@ -238,18 +241,16 @@ def _search(plan: Plan, store: Store, runtime: HostRuntime | None, run_dir: Path
     last: tuple[Any, ...] | None = None
     try:
         for _ in range(MAX_ROUNDS):
-            obs = observations(store, plan, objective)
+            obs = observations(store, plan, objective, settings.terms)
             decision = search.decide(space, settings, obs)
             if isinstance(decision, search.Done):
                 state.update(_finish(space, settings, obs, decision))
+                _mark_synthetic(plan, state)
                 state["schedule"] = _schedule_args(plan, store, state["schedule"])
+                if _schedule_pending(state):
+                    _measure_schedule(plan, store, runtime, run_dir, request, state, say, obs, hosts)
                 break
-            wanted = {config: decision.repeats for config in decision.configs}
-            runner.register(plan, store, only=lambda server, cell, wanted=wanted: cell.repeat < wanted.get(
-                (server.method, server.num_speculative_tokens), 0))
-            pending = {c.server_config_id for c in store.pending_cells()}
-            loading = [s.label for s in plan.servers if s.id in pending]
-            marker = (decision, tuple(sorted(pending)), store.counts()["done"])
+            marker = (decision, store.counts()["done"], store.counts()["failed"])
             if marker == last:
                 raise SparklabError("tune made no progress: the same cells stayed pending after a round",
                                     f"See {run_dir / rundir.LOG_NAME}; run the same command again to retry.")
@@ -258,16 +259,32 @@ def _search(plan: Plan, store: Store, runtime: HostRuntime | None, run_dir: Path
                 if note not in state.setdefault("notes", []):
                     say(f"tune: {note}")  # a drafter switched to measured mode: said once, when it is known
                     state["notes"].append(note)
-            say(f"tune round {len(state['rounds']) + 1}: {decision.why}: load "
-                f"{', '.join(loading) or 'nothing new'} ({decision.repeats} repeat(s))")
+            names = [f"{search.label(load.config)} (" + ", ".join(f"C={c}: to {n}" for c, n in load.upto) + " runs)"
+                     for load in decision.loads]
+            say(f"tune round {len(state['rounds']) + 1}: {decision.why}: load {'; '.join(names)}")
             state["rounds"].append({"why": decision.why, "configs": [search.label(c) for c in decision.configs],
-                                    "repeats": decision.repeats, "loads": loading})
-            state["loads"] = int(state.get("loads", 0)) + len(loading)
+                                    "repeats": decision.repeats, "loads": [],
+                                    "started_s": round(wall_before + time.monotonic() - started, 1)})
             store.set_meta("tune", state)
             if request.download and not downloaded:
                 runner.download(plan, store, say)
                 downloaded = True
-            runner.run(plan, store, runtime, run_dir, request.options, say, hosts, reach=reach)
+            for load in decision.loads:  # one at a time, in order: a reload pair runs A B, then B A
+                upto = dict(load.upto)
+                config = load.config
+
+                def wanted(server: Any, cell: Any, config: search.Config = config, upto: dict[int, int] = upto) -> bool:
+                    return ((server.method, server.num_speculative_tokens) == config
+                            and cell.repeat < upto.get(cell.concurrency, 0))
+
+                runner.register(plan, store, only=wanted)
+                pending = {c.server_config_id for c in store.pending_cells()}
+                loading = [s.label for s in plan.servers if s.id in pending]
+                state["rounds"][-1]["loads"] += loading
+                state["loads"] = int(state.get("loads", 0)) + len(loading)
+                store.set_meta("tune", state)
+                if loading:
+                    runner.run(plan, store, runtime, run_dir, request.options, say, hosts, reach=reach)
         else:
             raise SparklabError(f"tune stopped after {MAX_ROUNDS} rounds without an answer",
                                 "This is a bug in the search; the run's results are kept.")
@@ -285,19 +302,106 @@ def _search(plan: Plan, store: Store, runtime: HostRuntime | None, run_dir: Path
     return TuneOutcome(run_dir, state)
 
 
+def _ratio(r: Any) -> dict[str, Any] | None:
+    return None if r is None else {"value": r.value, "low": r.low, "high": r.high}
+
+
 def _finish(space: search.Space, settings: search.Settings, obs: search.Observations,
             done: search.Done) -> dict[str, Any]:
-    """The picks, the predictions against what was measured, and the K schedule, as stored in meta."""
-    picks = [{"concurrency": p.concurrency, "method": p.config[0], "k": p.config[1], "label": search.label(p.config),
-              "mean": p.estimate.mean, "low": p.estimate.low, "high": p.estimate.high, "n": p.estimate.n,
-              "best_mean": search.label(p.best_mean), "overlapping": [search.label(x) for x in p.overlapping],
-              "note": p.note} for p in done.picks]
+    """The picks, the predictions against what was measured, the SLO reach and the K schedule, as stored in meta."""
+    picks = []
+    for p in done.picks:
+        e = p.estimate
+        runs = getattr(e, "runs", None) or getattr(e, "n", 0)
+        picks.append({"concurrency": p.concurrency, "method": p.config[0], "k": p.config[1],
+                      "label": search.label(p.config), "mean": e.mean, "low": e.low, "high": e.high, "n": runs,
+                      "loads": getattr(e, "loads", 1), "best_mean": search.label(p.best_mean),
+                      "overlapping": [search.label(x) for x in p.overlapping], "note": p.note,
+                      "tie_break": p.tie_break, "one_load": p.one_load,
+                      "runner_up": search.label(p.runner_up) if p.runner_up else None,
+                      "versus_runner_up": _ratio(p.versus_runner_up)})
     predicted = [{"method": guess.config[0], "k": guess.config[1], "concurrency": guess.concurrency,
                   "predicted": guess.value, "acceptance_length": guess.acceptance_length, "basis": guess.basis,
                   "measured": measured} for guess, measured in search.predictions(space, settings, obs)]
     schedule = search.k_schedule(done.picks)
-    return {"picks": picks, "predictions": predicted, "notes": list(done.notes),
+    reach = done.slo_reach
+    return {"picks": picks, "predictions": predicted, "notes": list(done.notes), "budget": settings.budget(),
+            "slo": slos.describe(settings.terms) or None,
+            "slo_reach": {"concurrency": reach.concurrency, "label": search.label(reach.config),
+                          "method": reach.config[0], "k": reach.config[1], "mean": reach.value} if reach else None,
+            "slo_missed": list(done.slo_missed),
             "schedule": {"method": schedule[0], "ranges": schedule[1]} if schedule else None}
+
+
+def _mark_synthetic(plan: Plan, state: dict[str, Any]) -> None:
+    """Picks whose server fakes its acceptance (synthetic rejection sampling): a benchmark of the engine's step cost
+    at a chosen profile, never a config to run; the output says so instead of giving its command."""
+    fake = {(s.method, s.num_speculative_tokens) for s in plan.servers
+            if engine(s.spec.kind).synthetic_acceptance(s.spec.argv) is not None}
+    for pick in state.get("picks", []):
+        pick["synthetic"] = (pick["method"], pick["k"]) in fake
+    if state.get("schedule") and any(p["synthetic"] for p in state.get("picks", [])):
+        state["schedule"]["synthetic"] = True
+
+
+def _schedule_server(plan: Plan, schedule: dict[str, Any], run_id: str) -> ServerConfig | None:
+    """The server the schedule runs on: the method at the schedule's largest K, with its per-batch-size argument."""
+    if not schedule.get("serve_args"):
+        return None
+    base = next(s for s in plan.servers if s.method == schedule["method"]
+                and s.num_speculative_tokens == schedule["k"])
+    return variant(plan, base, tuple(schedule["serve_args"]), run_id)
+
+
+def _schedule_pending(state: dict[str, Any]) -> bool:
+    schedule = state.get("schedule")
+    return bool(schedule and schedule.get("serve_args") and "verdict" not in schedule)
+
+
+def _measure_schedule(plan: Plan, store: Store, runtime: HostRuntime | None, run_dir: Path, request: TuneRequest,
+                      state: dict[str, Any], say: runner.Say, obs: search.Observations,
+                      hosts: list[Host] | None = None) -> None:
+    """Load the schedule server once, measure it at every concurrency of the space, and compare it with each
+    concurrency's winner: only a schedule that loses nowhere beyond noise is recommended (verdict.schedule_verdict).
+    """
+    schedule = state["schedule"]
+    server = _schedule_server(plan, schedule, run_dir.name)
+    assert server is not None
+    settings = _settings(state)
+    with_schedule = dataclasses.replace(plan, servers=(*plan.servers, server))
+    runner.register(with_schedule, store, only=lambda s, cell: s.id == server.id and cell.repeat < settings.repeats)
+    ranges = ", ".join(f"{a}-{b}: K={k}" for a, b, k in schedule["ranges"])
+    if any(c.server_config_id == server.id for c in store.pending_cells()):
+        say(f"tune: measuring the K schedule ({ranges}) on one server at every concurrency before recommending it")
+        state["loads"] = int(state.get("loads", 0)) + 1
+        state["rounds"].append({"why": "the K schedule, measured before it is recommended", "configs":
+                                [f"{schedule['method']} K per batch size"], "repeats": settings.repeats,
+                                "loads": [server.label + " (schedule)"]})
+        store.set_meta("tune", state)
+        runner.run(with_schedule, store, runtime, run_dir, request.options, say, hosts)
+    measured = observations(store, with_schedule, state["objective"], settings.terms, [server])
+    cells = measured.get((server.method, server.num_speculative_tokens), {})
+    space = space_of(plan)
+    done = search.decide(space, settings, obs)
+    assert isinstance(done, search.Done)
+    result = verdict.schedule_verdict(search.State(space, settings, obs), done.picks, schedule["method"],
+                                      schedule["ranges"], {c: cell.by_load() for c, cell in cells.items()})
+    schedule["server_config_id"] = server.id
+    schedule["verdict"] = {
+        "recommended": result.recommended, "summary": result.summary(),
+        "k0": verdict.K0_WHY if any(k == 0 for _, _, k in schedule["ranges"]) else None,
+        "rows": [{"concurrency": r.concurrency, "k": r.k, "winner": search.label(r.winner),
+                  "winner_mean": r.winner_interval.mean if r.winner_interval else None,
+                  "winner_low": r.winner_interval.low if r.winner_interval else None,
+                  "winner_high": r.winner_interval.high if r.winner_interval else None,
+                  "winner_n": r.winner_interval.runs if r.winner_interval else 0,
+                  "schedule_mean": r.schedule_interval.mean if r.schedule_interval else None,
+                  "schedule_low": r.schedule_interval.low if r.schedule_interval else None,
+                  "schedule_high": r.schedule_interval.high if r.schedule_interval else None,
+                  "schedule_n": r.schedule_interval.runs if r.schedule_interval else 0,
+                  "versus": _ratio(r.versus), "loses": r.loses} for r in result.rows]}
+    say(f"tune: K schedule: {result.summary()}")
+    store.set_meta("tune", state)
 
 
 def _schedule_args(plan: Plan, store: Store, schedule: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -312,66 +416,3 @@ def _schedule_args(plan: Plan, store: Store, schedule: dict[str, Any] | None) ->
     args = adapter.k_schedule_args([tuple(r) for r in schedule["ranges"]], version)
     return {**schedule, "k": top, "engine": server.engine, "engine_version": version, "serve_args": args,
             "why_not": None if args else adapter.k_schedule_why_not(version)}
-
-
-@dataclass(frozen=True)
-class TuneChoices:
-    """What `sparklab tune` was asked, before the space is read: a sweep file (a path, or a name under
-    recipes/sweeps) whose space these narrow, or a recipe whose space they make (then methods and concurrency are
-    needed). Empty or None means: the sweep file's value, else the default `request_for` names."""
-
-    space: str
-    engine: str | None = None  # default: the sweep file's first engine, else the recipe's default
-    methods: tuple[str, ...] = ()
-    k: tuple[int, ...] = ()  # num_speculative_tokens to consider (default 1-3 on a recipe)
-    concurrency: tuple[int, ...] = ()
-    workload: str | None = None
-    objective: str | None = None  # default: decode for a sweep file with headline: decode, else aggregate
-    ttft_max_ms: float | None = None
-    repeats: int | None = None  # default: the sweep file's (auto_repeats.min for repeats: auto), else 2
-    max_repeats: int | None = None  # default: auto_repeats.max for repeats: auto, else 2 x repeats
-    requests: int | None = None
-    max_tokens: int | None = None
-    tolerance: float = 0.15
-    runs_dir: Path = Path("runs")
-    resume: str | None = None
-    new: bool = False
-    pull_policy: str = "missing"
-    ulimits: tuple[str, ...] = ()
-    download: bool = True
-    hosts: tuple[str, ...] = ()  # --host: Docker hosts, as a sweep file's hosts:
-
-
-def request_for(choices: TuneChoices) -> TuneRequest:
-    """The request for these choices: a sweep file's space with the choices laid over it, or a recipe's space made
-    of the choices alone."""
-    found = sweep_document(choices.space)
-    notes: list[str] = []
-    if found is not None:
-        notes = space_notes(found[0], choices.engine, choices.workload, choices.objective)
-        space = one_engine(found[0], choices.engine)
-    else:
-        if not choices.methods or not choices.concurrency:
-            raise RecipeError(f"tune {choices.space}: not a sweep file, so --methods and --concurrency give the space",
-                              f"e.g. sparklab tune {choices.space} --methods none ngram --k 1-4 --concurrency 1 4")
-        recipe = Path(choices.space)
-        space = {"name": recipe.stem if recipe.suffix in (".yaml", ".yml") else choices.space,
-                 "recipe": str(recipe.resolve()) if recipe.suffix in (".yaml", ".yml") else choices.space,
-                 "num_speculative_tokens": [1, 2, 3], "repeats": 2}
-        if choices.engine:
-            space["engines"] = [choices.engine]
-    for key, value in (("methods", list(choices.methods)), ("num_speculative_tokens", list(choices.k)),
-                       ("concurrency", list(choices.concurrency)), ("requests", choices.requests)):
-        if value:
-            space[key] = value
-    space["workloads"] = [choices.workload] if choices.workload else space.get("workloads", ["seed"])[:1]
-    if choices.max_tokens:
-        space["sampling"] = {**space.get("sampling", {}), "max_tokens": choices.max_tokens}
-    if choices.hosts:
-        space["hosts"] = [entry_of(text, "--host").model_dump(exclude_none=True) for text in choices.hosts]
-    repeats, max_repeats = repeats_of(space, choices.repeats, choices.max_repeats)
-    objective = choices.objective or ("decode" if space.get("headline") == "decode" else "aggregate")
-    settings = search.Settings(repeats, max_repeats, choices.tolerance, choices.ttft_max_ms)
-    return TuneRequest(space, settings, objective, choices.runs_dir, choices.resume, choices.new,
-                       runner.Options(choices.pull_policy), download=choices.download, ulimits=choices.ulimits,
-                       notes=tuple(notes))

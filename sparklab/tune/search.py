@@ -14,158 +14,65 @@ concurrency on its own. Whether a drafter's proposals depend on K is checked, no
 measured acceptance length misses AL(K) by more than `tolerance` (a block drafter such as DFlash/DSpark may
 draft a different block per K), the drafter switches to measured mode and the search says so.
 
-The search, per concurrency, for the objective (higher is better; a TTFT bound makes a config ineligible):
-1. probe: the baseline and every drafter at its largest K;
+The search, per concurrency, for the objective (higher is better; a TTFT bound or an SLO makes a config
+ineligible):
+1. probe: the baseline and every drafter at its largest K (`explore: grid`: every config of the space instead);
 2. second point: every drafter that could match the best (through the baseline as K = 0) at its smallest K,
    which checks the predicted acceptance and gives the step cost a second measured K;
-3. predicted drafters: load the K with the highest prediction only when it beats the best measured config by
-   more than the run-to-run noise allows (pooled over the repeats of every cell: the 95% half-width of the
-   difference of two means); every loaded K pins the step cost there and the rest is predicted again;
+3. predicted drafters: load the K with the highest prediction when it beats the best measured config by more
+   than the run-to-run noise allows, or by more than the prediction's own error (the method's leave-one-out
+   error at the K already loaded): a wide interval of the best never drops a prediction that clears its own
+   error; every loaded K pins the step cost there and the rest is predicted again;
    measured mode: halve the K interval around the best measured K (ends first, then the half around the best,
    assuming tok/s is unimodal in K) while the method is within `tolerance` of the best;
-4. confirm: the best measured config and every config it cannot be told apart from (the 95% interval of the
-   ratio of their means holds 1.0) get repeats up to `max_repeats`; if they still cannot be told apart, the
-   smallest K among them wins (no drafting counts as K = 0, so it wins a tie with any drafter).
+4. the verdict (sparklab.tune.verdict): the best and its runner-up are reloaded (ABBA), and a contender the best
+   cannot be told from gets reloads with it until they can be told apart or the budget runs out; only then a
+   tie-break (the smaller K within 3% of the best's mean, else the best), which the pick says.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable
 
-from sparklab.bench.metrics import Estimate, estimate, ratio, t_quantile
+from sparklab.bench.metrics import estimate
+from sparklab.tune.searchstate import (
+    EXPLORE,
+    OBJECTIVES,
+    SINGLE_RUN_TIE,
+    TIE_MARGIN,
+    CellObs,
+    Config,
+    Done,
+    Load,
+    Measure,
+    Observations,
+    Pick,
+    Prediction,
+    Settings,
+    SloReach,
+    Space,
+    State,
+    label,
+)
+from sparklab.tune.searchstate import mean as _mean
+from sparklab.tune.verdict import K0_WHY, confirm, k_schedule, schedule_verdict, slo_reach
 
-OBJECTIVES = ("aggregate", "per-request", "decode")
+__all__ = ["EXPLORE", "K0_WHY", "OBJECTIVES", "SINGLE_RUN_TIE", "TIE_MARGIN", "CellObs", "Config", "Done", "Load",
+           "Measure", "Observations", "Pick", "Prediction", "Settings", "SloReach", "Space", "acceptance_length",
+           "decide", "estimate", "k_schedule", "label", "pooled_noise", "prediction_error", "predictions",
+           "schedule_verdict"]
+
 BASELINE_ANCHOR = "baseline as K=0"
-SINGLE_RUN_TIE = 0.01  # single runs have no interval: within 1% of each other they count as overlapping
+DEFAULT_PREDICTION_ERROR = 0.05  # before any K of a method was predicted and then measured
 
-Config = tuple[str, "int | None"]  # (method, K); K is None for a method that does not draft
-
-
-def label(config: Config) -> str:
-    method, k = config
-    return method if k is None else f"{method} K={k}"
-
-
-def _k(config: Config) -> int:
-    return config[1] or 0
-
-
-@dataclass(frozen=True)
-class CellObs:
-    """One config at one concurrency: a value of the objective per finished repeat, and what the server said."""
-
-    values: tuple[float, ...] = ()
-    ttft_ms: tuple[float, ...] = ()  # median TTFT of each repeat
-    per_position: tuple[float, ...] = ()  # mean over repeats of the share accepted at each draft position
-    acceptance_length: float | None = None  # mean over repeats, from the server's counters
-    settled: int = 0  # repeats that will not run again (done, or failed after their attempts)
-
-    @property
-    def failed(self) -> bool:
-        return self.settled > 0 and not self.values
-
-
-Observations = Mapping[Config, Mapping[int, CellObs]]
-
-
-@dataclass(frozen=True)
-class Space:
-    methods: tuple[str, ...]
-    ks: tuple[int, ...]
-    concurrencies: tuple[int, ...]
-    drafting: Mapping[str, bool]  # whether a method uses K at all (the baseline does not)
-
-    def configs(self, method: str) -> list[Config]:
-        return [(method, k) for k in self.ks] if self.drafting[method] else [(method, None)]
-
-
-@dataclass(frozen=True)
-class Settings:
-    repeats: int = 2
-    max_repeats: int = 2
-    tolerance: float = 0.15  # measured acceptance this far off its prediction: the drafter is measured, not predicted
-    ttft_max_ms: float | None = None
-
-
-@dataclass(frozen=True)
-class Prediction:
-    config: Config
-    concurrency: int
-    value: float
-    acceptance_length: float
-    basis: str  # how the step cost at K was had: between which measured K (or the baseline as K = 0)
-
-
-@dataclass(frozen=True)
-class Pick:
-    concurrency: int
-    config: Config
-    estimate: Estimate
-    best_mean: Config  # the config with the highest mean (the pick unless a smaller K ties with it)
-    overlapping: tuple[Config, ...]  # configs whose 95% interval overlaps the best's
-    note: str
-
-
-@dataclass(frozen=True)
-class Measure:
-    configs: tuple[Config, ...]
-    repeats: int
-    why: str
-    notes: tuple[str, ...] = ()  # why a drafter is measured, not predicted (said once it is known)
-
-
-@dataclass(frozen=True)
-class Done:
-    picks: tuple[Pick, ...]
-    notes: tuple[str, ...] = ()
-
-
-@dataclass
-class _State:
-    space: Space
-    settings: Settings
-    obs: Observations
-
-    def cell(self, config: Config, c: int) -> CellObs:
-        return self.obs.get(config, {}).get(c, CellObs())
-
-    def settled(self, config: Config, repeats: int) -> bool:
-        return all(self.cell(config, c).settled >= repeats for c in self.space.concurrencies)
-
-    def dead(self, config: Config) -> bool:
-        """Failed at every concurrency (the server did not start, or no request succeeded)."""
-        return all(self.cell(config, c).failed for c in self.space.concurrencies)
-
-    def eligible(self, config: Config, c: int) -> Estimate | None:
-        cell = self.cell(config, c)
-        if not cell.values:
-            return None
-        bound = self.settings.ttft_max_ms
-        if bound is not None and (not cell.ttft_ms or sum(cell.ttft_ms) / len(cell.ttft_ms) > bound):
-            return None
-        return estimate(cell.values)
-
-    def leader(self, c: int) -> tuple[Config, float] | None:
-        """The measured config with the highest mean at c, and that mean."""
-        means = [(config, e.mean) for config in self.obs if (e := self.eligible(config, c)) is not None]
-        return max(means, key=lambda m: m[1]) if means else None
-
-    def incumbent(self, c: int) -> float | None:
-        leader = self.leader(c)
-        return leader[1] if leader else None
+_State = State
 
 
 def acceptance_length(per_position: Iterable[float], k: int) -> float:
     """1 + the expected accepted drafts at K, from the per-position rates measured at a K >= this K."""
     rates = list(per_position)[:k]
     return 1.0 + sum(rates)
-
-
-def _mean(values: Iterable[float]) -> float:
-    data = list(values)
-    return sum(data) / len(data)
 
 
 def _probe(state: _State, method: str) -> Config | None:
@@ -286,22 +193,49 @@ def pooled_noise(obs: Observations, c: int | None = None) -> tuple[float, int] |
 
 def noise_margin(state: _State, c: int) -> float:
     """How much a new config's mean may differ from the best's by noise alone, as a fraction: the 95% half-width
-    of the difference of two means (the best's repeats and `repeats` new ones) at the noise pooled over the
-    cells at c (noise differs by concurrency; none there yet: over every cell); no repeats anywhere: the
+    of the difference of two means (the best's runs and `repeats` new ones on one new load) at the within- and
+    between-load noise pooled over the cells at c (none there yet: over every cell); no noise known: the
     single-run tie."""
-    noise = pooled_noise(state.obs, c) or pooled_noise(state.obs)
+    from sparklab.bench.metrics import t_quantile
+
+    comp = state.noise_at(c)
     leader = state.leader(c)
-    if noise is None or leader is None:
+    if leader is None or (comp.within is None and comp.between is None):
         return SINGLE_RUN_TIE
-    sd, df = noise
-    n = len(state.cell(leader[0], c).values)
-    return t_quantile(0.975, df) * sd * math.sqrt(1 / n + 1 / state.settings.repeats)
+    best = state.interval(leader[0], c)
+    best_var = best.rel_var if best is not None and best.rel_var is not None else 0.0
+    new_var = (comp.between or 0.0) + (comp.within or 0.0) / state.settings.repeats
+    df = max(1, comp.within_df + comp.between_df)
+    return t_quantile(0.975, df) * math.sqrt(best_var + new_var)
 
 
-def _beats(state: _State, value: float | None, c: int) -> bool:
-    """A predicted value beats the best measured at c by more than the noise allows (nothing measured: it does)."""
+def prediction_error_of(state: _State, method: str, c: int) -> float:
+    """A prediction's own error: the largest relative miss of the method's leave-one-out predictions at the K
+    already measured (at c, else at any concurrency); DEFAULT_PREDICTION_ERROR before any."""
+    probe = _probe(state, method)
+
+    def misses(at: Iterable[int]) -> list[float]:
+        out = []
+        for cc in at:
+            for k in state.space.ks:
+                cell = state.cell((method, k), cc)
+                if not cell.values or (probe is not None and k == probe[1]):
+                    continue
+                guess = predict(state, method, cc, leave_out=k).get(k)
+                if guess is not None and _mean(cell.values) > 0:
+                    out.append(abs(guess.value / _mean(cell.values) - 1))
+        return out
+
+    here = misses([c]) or misses(state.space.concurrencies)
+    return max(here) if here else DEFAULT_PREDICTION_ERROR
+
+
+def _beats(state: _State, value: float | None, c: int, error: float) -> bool:
+    """A predicted value beats the best measured at c by more than the run-to-run noise allows, or by more than
+    its own error: either is enough (nothing measured: it does). A wide interval of the best never vetoes a
+    prediction that clears its own error: that is a reason to measure, not to stop."""
     best = state.incumbent(c)
-    return value is not None and (best is None or value > best * (1 + noise_margin(state, c)))
+    return value is not None and (best is None or value > best * (1 + min(noise_margin(state, c), error)))
 
 
 def _could_match(state: _State, value: float | None, c: int, margin: float) -> bool:
@@ -348,9 +282,8 @@ def _second_point(state: _State, method: str) -> list[Config] | None:
 
 
 def _promising_predictions(state: _State, method: str) -> list[Config]:
-    """Per concurrency, the unmeasured K with the highest prediction, if it beats the best measured config by
-    more than the pooled noise allows (a prediction within the noise could at best tie, and a tie would not
-    change the pick enough to pay for a model load)."""
+    """Per concurrency, the unmeasured K with the highest prediction, if it beats the best measured config by more
+    than the noise or by more than the prediction's own error: loaded however wide the best's interval is."""
     out = []
     for c in state.space.concurrencies:
         guesses = predict(state, method, c)
@@ -358,7 +291,7 @@ def _promising_predictions(state: _State, method: str) -> list[Config]:
                       if state.cell((method, k), c).settled == 0 and not state.dead((method, k))]
         if unmeasured:
             top = max(unmeasured, key=lambda p: p.value)
-            if _beats(state, top.value, c):
+            if _beats(state, top.value, c, prediction_error_of(state, method, c)):
                 out.append(top.config)
     return out
 
@@ -368,7 +301,7 @@ def _bisect(state: _State, method: str) -> list[Config]:
     the gap between the best measured K and its measured neighbour on the better side (then the other side),
     until both neighbours of the best are measured (assuming tok/s is unimodal in K)."""
     ks = sorted(state.space.ks)
-    out = []
+    out: list[Config] = []
     for c in state.space.concurrencies:
         measured = {k: e.mean for k in ks if (e := state.eligible((method, k), c)) is not None}
         if not measured:
@@ -392,62 +325,22 @@ def _bisect(state: _State, method: str) -> list[Config]:
     return out
 
 
-def _overlap(a: Estimate, b: Estimate) -> bool:
-    """Whether two configs' measurements do not tell them apart: the 95% interval of the ratio of their means
-    (Welch, as the report's speed-ups) holds 1.0; for single runs, means within 1% of each other; for identical
-    repeats on both sides (no spread measured, a scripted or deterministic engine), only equal means."""
-    interval = ratio(a, b)
-    if interval is not None and interval.identical:  # nothing varied on either side: only equal means tie
-        return interval.value == 1.0
-    if interval is None or interval.significant is None:
-        return abs(a.mean - b.mean) <= SINGLE_RUN_TIE * max(a.mean, b.mean)
-    return not interval.significant
-
-
-def _confirm(state: _State) -> tuple[list[Config], list[Pick]]:
-    """Per concurrency: the best mean, the configs that overlap it; more repeats for them, or the pick."""
-    more: list[Config] = []
-    picks = []
-    for c in state.space.concurrencies:
-        scored = [(config, e) for config in state.obs if (e := state.eligible(config, c)) is not None]
-        if not scored:
-            continue
-        best, best_e = max(scored, key=lambda s: s[1].mean)
-        close = [(config, e) for config, e in scored if config != best and _overlap(e, best_e)]
-        short = [config for config, _ in [(best, best_e), *close]
-                 if state.cell(config, c).settled < state.settings.max_repeats and not state.dead(config)]
-        if close and short:
-            more += short
-            continue
-        config, chosen = min([(best, best_e), *close], key=lambda s: (_k(s[0]), -s[1].mean))
-        if not close and best_e.identical:
-            note = (f"the highest of {len(scored)} measured; its {best_e.n} repeats gave the same value "
-                    "(identical repeats: the interval is not measured)")
-        elif not close and best_e.low is None:
-            note = f"the highest of {len(scored)} measured, single runs (no interval: run with --repeats 2 or more)"
-        elif not close:
-            note = (f"faster than each of the other {len(scored) - 1} measured configs: the 95% interval of the "
-                    "ratio excludes 1")
-        elif best_e.low is None:
-            note = (f"single runs within {SINGLE_RUN_TIE:.0%} of {', '.join(label(x) for x, _ in close)} (no "
-                    "interval): the smallest K among them")
-        elif config == best:
-            note = (f"not told apart from {', '.join(label(x) for x, _ in close)} after {best_e.n} repeats; "
-                    "it has the smallest K among them")
-        else:
-            note = (f"{label(best)} has the highest mean, but after {best_e.n} repeats the 95% interval of their "
-                    "ratio holds 1: the smaller K is chosen")
-        picks.append(Pick(c, config, chosen, best, tuple(x for x, _ in close), note))
-    return more, picks
+def _first_loads(state: _State, configs: Iterable[Config]) -> tuple[Load, ...]:
+    reps = state.settings.repeats
+    return tuple(Load(config, tuple((c, reps) for c in state.space.concurrencies)) for config in configs)
 
 
 def decide(space: Space, settings: Settings, obs: Observations) -> Measure | Done:
-    """The next configs to load (with how many repeats), or the picks when nothing left could change them."""
+    """The next loads to run, or the picks when nothing left could change them."""
     state = _State(space, settings, obs)
     notes = tuple(reason for method in space.methods if (reason := _why_measured(state, method)))
+    if settings.explore == "grid":
+        grid = [config for config in space.every() if not state.settled(config, settings.repeats)]
+        if grid:
+            return Measure(_first_loads(state, grid), "the full grid: every config of the space", notes)
     probes = [config for config in _probes(state) if not state.settled(config, settings.repeats)]
     if probes:
-        return Measure(tuple(dict.fromkeys(probes)), settings.repeats,
+        return Measure(_first_loads(state, dict.fromkeys(probes)),
                        "probe: the baseline and each drafter at its largest K", notes)
     wanted: dict[Config, str] = {}
     for method in space.methods:
@@ -457,18 +350,21 @@ def decide(space: Space, settings: Settings, obs: Observations) -> Measure | Don
         if second is not None:
             wanted.update((config, "second K of a drafter that could match the best") for config in second)
         elif _role(state, method) == "predicted":
-            wanted.update((config, "predicted to beat the best by more than the noise")
+            wanted.update((config, "predicted to beat the best by more than the noise or its own error")
                           for config in _promising_predictions(state, method))
         else:
             wanted.update((config, "measured mode: halving the K interval around the best")
                           for config in _bisect(state, method))
     wanted = {config: why for config, why in wanted.items() if not state.settled(config, settings.repeats)}
     if wanted:
-        return Measure(tuple(wanted), settings.repeats, "; ".join(dict.fromkeys(wanted.values())), notes)
-    more, picks = _confirm(state)
-    if more:
-        return Measure(tuple(dict.fromkeys(more)), settings.max_repeats, "95% intervals overlap the best", notes)
-    return Done(tuple(picks), notes)
+        return Measure(_first_loads(state, wanted), "; ".join(dict.fromkeys(wanted.values())), notes)
+    loads, picks = confirm(state)
+    if loads:
+        return Measure(tuple(loads), "reloads (ABBA) for the configs the verdict rests on: the best and its "
+                       "runner-up once each, and a contender not told apart from the best until it is or the "
+                       f"budget runs out ({settings.budget()})", notes)
+    reach, missed = slo_reach(state)
+    return Done(tuple(picks), notes, reach, missed)
 
 
 def predictions(space: Space, settings: Settings, obs: Observations) -> list[tuple[Prediction, float | None]]:
@@ -490,23 +386,6 @@ def predictions(space: Space, settings: Settings, obs: Observations) -> list[tup
                 if guess is not None and (probe is None or k != probe[1]):
                     out.append((guess, measured))
     return out
-
-
-def k_schedule(picks: Iterable[Pick]) -> tuple[str, list[tuple[int, int, int]]] | None:
-    """One drafting method's K per batch-size range (vLLM's num_speculative_tokens_per_batch_size), when the
-    picks use at most one drafting method; no drafting at a concurrency is K = 0 there. None otherwise."""
-    ordered = sorted(picks, key=lambda p: p.concurrency)
-    drafting = {p.config[0] for p in ordered if p.config[1] is not None}
-    if len(drafting) != 1 or len(ordered) < 2:
-        return None
-    schedule, start = [], 1
-    for i, pick in enumerate(ordered):
-        end = pick.concurrency if i < len(ordered) - 1 else max(pick.concurrency, 1024)
-        schedule.append((start, end, _k(pick.config)))
-        start = end + 1
-    if len({k for _, _, k in schedule}) < 2:
-        return None  # one K everywhere: a plain --num-speculative-tokens says it
-    return drafting.pop(), schedule
 
 
 def prediction_error(pairs: Iterable[tuple[float, float]]) -> float | None:

@@ -115,3 +115,37 @@ def test_a_sweep_fails_a_dead_server_as_fatal_and_runs_the_next(cli: Cli, tmp_pa
     assert counts["running"] == 0
     assert "failed (fatal)" in done.stderr
     assert took < 150, f"the sweep took {took:.0f} s"
+
+
+def test_bench_on_a_server_whose_engine_died_ends_within_seconds_with_the_fatal_line(cli: Cli) -> None:
+    """Issue 27, item 6. The engine prints its fatal line 4 s after ready while /v1/models keeps answering (its
+    chat requests then hang, /health says 503). Before: `bench --container` ran past 100 s (each request waited
+    for the 60 s stall detector). Now bench watches the server's log as a sweep does and ends within seconds with
+    the line; a second bench on the dead server ends at once. The server is the user's: bench leaves it running."""
+    port = free_port()
+    up = cli.run("up", "none", "--detach", *cli.launch_args(port, "-e", "STANDIN_FATAL_AFTER=4", "-e",
+                                                            "STANDIN_TOKEN_DELAY=0.05"), timeout=90)
+    assert up.returncode == 0, up.stderr
+    name = re.search(r"^  container\s+(\S+)", up.stdout, re.MULTILINE)
+    assert name, up.stdout
+    try:
+        started = time.monotonic()
+        done = cli.run("bench", "--container", name.group(1), "--requests", "400", "--max-tokens", "64", "--warmup",
+                       "0", timeout=150)
+        ended = time.time()
+        took = time.monotonic() - started
+        assert done.returncode == 4, done.stdout + done.stderr
+        assert "the engine logged a fatal error while bench ran" in done.stderr
+        assert "[core.py:1351] EngineCore encountered a fatal error." in done.stderr
+        assert "What died: vLLM's engine core" in done.stderr and "Traceback (most recent call last)" in done.stderr
+        seconds = _seconds_since_fatal_line(done.stderr, ended)
+        _keep("stand-in, bench --container: fatal line to bench's error (s)", seconds)
+        assert seconds < PROMISE_S and took < 60
+        again = time.monotonic()
+        second = cli.run("bench", "--container", name.group(1), "--requests", "3", "--warmup", "0", timeout=60)
+        assert second.returncode == 4 and "the engine logged a fatal error" in second.stderr, second.stderr
+        _keep("stand-in, bench --container on an engine dead already: to the error (s)", time.monotonic() - again)
+        assert time.monotonic() - again < 15
+        assert cli.run("ps").stdout.count(name.group(1)) == 1  # bench does not stop a server it did not start
+    finally:
+        cli.run("down", name.group(1))

@@ -244,3 +244,39 @@ def test_an_engine_dying_while_serving_is_reported(host: HostCli) -> None:
     assert done.returncode == 4
     assert "the server exited with code 1 while serving" in done.stderr
     assert _ours(port) == []
+
+
+def test_a_foreground_up_stops_its_engine_at_the_memory_floor(host: HostCli) -> None:
+    """Issue 27, item 6: `up` in the foreground samples memory as a sweep does and stops the engine under the floor
+    (here a floor above any machine's memory, so the first sample trips it). Before: `up` had no floor."""
+    port = free_port()
+    done = host.run("up", f"{RECIPE}:none", *host.launch_args(port, "--memory-floor-gib", "100000"), timeout=60)
+    assert done.returncode == 4, done.stdout + done.stderr
+    assert "under the floor of 100000.0 GiB: sparklab stopped the server" in done.stderr
+    assert "memory samples" in done.stderr and "MemAvailable" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert _ours(port) == []
+
+
+def test_a_foreground_up_stops_an_engine_that_stops_answering_after_ready(host: HostCli) -> None:
+    """Issue 27, item 6: the engine hangs while serving (its process group stopped: no log, no health answer). A
+    sweep's stall check would fail its cells; before, `up` in the foreground served on for ever. Now it ends
+    after the stall timeout with what it saw, and the engine is gone."""
+    port = free_port()
+    proc = host.popen("up", f"{RECIPE}:none", *host.launch_args(port, "--stall-timeout", "3"))
+    lines = Lines(proc)
+    try:
+        lines.wait_for("serving in the foreground", timeout=30)
+        (engine,) = _ours(port)
+        began = time.monotonic()
+        os.killpg(os.getpgid(engine), signal.SIGSTOP)
+        code = proc.wait(timeout=60)
+        seconds = time.monotonic() - began
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    err = proc.stderr.read() if proc.stderr else ""
+    assert code == 4, err
+    assert "stopped answering" in err and "3 s" in err
+    assert seconds < 20
+    assert _ours(port) == []

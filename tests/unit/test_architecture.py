@@ -38,7 +38,8 @@ def test_the_parser_probes_are_run_in_images_never_imported() -> None:
     ("docker", {"runtimes/containers.py"}),
     ("openai", {"bench/client.py"}),
     ("requests", {"engines/api.py", "runtimes/containers.py"}),  # engine HTTP; docker-py's own transport errors
-    ("sparklab.bench.sse", {"bench/client.py"}),
+    ("sparklab.bench.sse", {"bench/client.py", "bench/sse_pool.py"}),  # the parser; the pool holds its connections
+    ("sparklab.bench.sse_pool", {"bench/client.py"}),
     ("jinja2", {"recipes/render.py", "report/document.py"}),  # recipes' templates; the report's HTML page
     # the consoles, the error boundary, the renderables and progress bars; up's warnings, bench's request bar
     ("rich", {"cli/terminal.py", "cli/main.py", "cli/console.py", "cli/progress.py", "cli/up.py",
@@ -138,6 +139,7 @@ def test_the_offline_report_imports_nothing_that_talks_to_a_network() -> None:
     import sys
 
     blocked = ["openai", "requests", "docker", "httpx", "sparklab.bench.client", "sparklab.bench.sse",
+               "sparklab.bench.sse_pool",
                "sparklab.engines.api", "sparklab.runtimes"]
     code = (
         "import sys\n"

@@ -74,7 +74,8 @@ def test_render_with_every_flag() -> None:
 def test_up_defaults() -> None:
     assert UpArgs.from_cli_args(parse("up", "cpu:none")) == UpArgs(
         spec="cpu:none", **LAUNCH_DEFAULTS, detach=False, pull="missing",  # type: ignore[arg-type]
-        api_key_value=None, allow_foreign_platform=False, dry_run=False, download=True, stall_timeout=None)
+        api_key_value=None, allow_foreign_platform=False, dry_run=False, download=True, stall_timeout=None,
+        memory_floor_gib=None)
 
 
 def test_up_with_every_flag() -> None:
@@ -83,7 +84,7 @@ def test_up_with_every_flag() -> None:
         port=9001, num_speculative_tokens=2, extra_args=("--y",), env=("B",), hf_cache=Path("/tmp/hf2"),
         ulimits=("stack=1",), gpus=False, public=True, api_key=False, ready_timeout=60.0, detach=True,
         pull="always", api_key_value="k-1", allow_foreign_platform=True, dry_run=True, download=False,
-        stall_timeout=5.0)
+        stall_timeout=5.0, memory_floor_gib=3.0)
 
 
 def test_the_launch_flags_become_renders_options(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -168,3 +168,17 @@ def test_the_memory_and_clocks_section_shows_the_fall_from_the_highest_to_the_lo
         text = report.render(report.build(store, "r"), "md")
     section = text[text.index("## Memory and clocks"):]
     assert "29% lower (2405 → 1702 MHz), temperature 61 → 91 °C" in section
+
+
+def test_a_window_shorter_than_the_sampling_interval_still_has_a_reading(tmp_path: Path) -> None:
+    """A cell of 0.1 s under a 1 s sampler: before, its memory said 0 samples (all zeros stored, the report's memory
+    check blind); the window's close takes one reading of its own."""
+    sampler = watchdog.Sampler(meminfo=_meminfo(tmp_path / "meminfo"), cgroup_root=tmp_path / "cg", interval_s=1.0,
+                               gpu=False)
+    with sampler:
+        sampler.tick()  # the thread's first reading, before the cell
+        mark = sampler.mark()
+        result: dict[str, Any] = {}
+        watchdog.add_cell_facts(result, sampler, mark)
+    assert result["memory"]["samples"] == 1
+    assert result["memory"]["min_available_gib"] == 90 and result["memory"]["total_gib"] == 100

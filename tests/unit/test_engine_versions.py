@@ -112,7 +112,7 @@ def test_the_knowledge_tables_cite_both_vllm_versions_for_what_the_cpu_engine_ti
 
 def test_llamacpp_reads_its_build_from_its_own_version_output_and_verdicts_from_its_parser() -> None:
     """`llama-server --version` and parse errors as build b11669 prints them (measured in the CPU image)."""
-    from sparklab.engines.llamacpp import _PROBE  # noqa: F401  (the probe whose output this is)
+    from sparklab.engines.llamacpp_help import PROBE as _PROBE  # noqa: F401  (the probe whose output this is)
 
     spec = render(load_recipe(recipes_dir() / "cpu.yaml"), "llamacpp-cpu", "draft_model", LaunchOptions())
     out = ("@@version\nversion: 0.7.0 (build 11669, commit Debian)\nbuilt with GNU 16.2.0 for Linux x86_64\n@@exit 0\n"

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import threading
+from typing import Any
 
 import pytest
 
 from sparklab import interrupts
+from tests.signals import hangup_ends, hangup_ignored
 
 
 def test_a_ctrl_c_inside_a_deferred_block_is_raised_once_the_block_has_finished() -> None:
@@ -82,3 +86,52 @@ def test_a_ctrl_c_the_process_was_started_ignoring_stays_ignored_in_a_deferred_b
         assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def _as_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def test_a_hangup_is_held_over_a_start_and_dropped_over_a_teardown() -> None:
+    """Issue 27, item 5: a dropped terminal or ssh (SIGHUP) gets what SIGTERM gets. Before: a hangup inside a start
+    ended the process at once (SIGHUP's default action), with the engine made and no handle on it."""
+    previous = signal.signal(signal.SIGHUP, _as_interrupt)  # as the command line sets it
+    try:
+        steps: list[str] = []
+        with pytest.raises(KeyboardInterrupt), interrupts.deferred():
+            os.kill(os.getpid(), signal.SIGHUP)
+            steps.append("after the hangup")
+        assert steps == ["after the hangup"]
+        with interrupts.shielded():
+            os.kill(os.getpid(), signal.SIGHUP)
+        assert signal.getsignal(signal.SIGHUP) is _as_interrupt
+    finally:
+        signal.signal(signal.SIGHUP, previous)
+
+
+def test_a_hangup_the_process_was_started_ignoring_stays_ignored() -> None:
+    """`nohup sparklab sweep … &` starts with SIGHUP ignored: the closing terminal is not for it."""
+    previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        with interrupts.deferred():
+            os.kill(os.getpid(), signal.SIGHUP)
+        assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGHUP, previous)
+
+
+@pytest.mark.parametrize("nohup", [False, True], ids=["terminal", "nohup"])
+def test_the_command_line_takes_a_hangup_as_sigterm_unless_started_ignoring_it(nohup: bool, tmp_path: Any) -> None:
+    """What `sparklab` sets before any command runs (sparklab.cli.main), checked in a fresh interpreter started with
+    SIGHUP at its default or ignored."""
+    code = ("import signal, sys\n"
+            "from sparklab.cli import main\n"
+            "sys.argv = ['sparklab', 'recipes']\n"
+            "main.main(['recipes'])\n"
+            "h = signal.getsignal(signal.SIGHUP)\n"
+            "print('ignored' if h is signal.SIG_IGN else 'interrupt' if h is signal.getsignal(signal.SIGTERM) "
+            "else repr(h))\n")
+    with hangup_ignored() if nohup else hangup_ends():
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == ("ignored" if nohup else "interrupt")

@@ -14,8 +14,9 @@ import pytest
 from sparklab import report
 from sparklab.bench.metrics import estimate, ratio
 from sparklab.cli.main import main
+from sparklab.engines.vllm import METRICS_SOURCE
 from sparklab.report.model import Overrides
-from sparklab.report.roofline import Device, bound, model_inputs
+from sparklab.report.roofline import Device, assumptions, bound, model_inputs
 from sparklab.sweep.store import Store
 from tests.reportkit import CPU_RUN_ID, GOLDEN, cpu_run, seed000_run, single_run_sweep
 
@@ -52,21 +53,61 @@ def test_seed000_published_numbers_give_the_articles_percentages(tmp_path: Path)
 
 
 def test_seed000_roofline_on_gb10(tmp_path: Path) -> None:
-    built = _build(seed000_run(tmp_path))
-    none_c1 = next(g for g in built.groups if g.server.method == "none" and g.concurrency == 1)
-    r = none_c1.roofline
-    assert r is not None
-    # 3 B active x 4 bits = 1.5 GB per step; 273 GB/s / 1.5 GB = 182 steps/s, 1 token each
-    assert r.bytes_per_step == pytest.approx(1.5e9)
-    assert r.bound_tps == pytest.approx(182.0)
-    assert r.percent == pytest.approx(100 * 81.27 / 182.0)
-    assert "incl. prefill" in r.measured_source
-    none_c8 = next(g for g in built.groups if g.server.method == "none" and g.concurrency == 8)
-    assert none_c8.roofline is not None and none_c8.roofline.bound_tps == pytest.approx(8 * 182.0)
-    # no acceptance counters in the published numbers: no bound for drafting configs, and the report says why
-    dspark_c8 = next(g for g in built.groups if g.server.method == "dspark" and g.concurrency == 8)
-    assert dspark_c8.roofline is None
-    assert any("no acceptance length" in note and "DSpark" in note for note in built.roofline_notes)
+    """Seed 000's published table on GB10's usable bandwidth, NVFP4 at its real bits and Nemotron 3.5 Lightning's
+    MoE term (recipes/gb10.yaml's facts, from the architecture's config.json: 23 MoE layers of 128 experts, 6 routed
+    per token, 9.977856 M parameters each; 3.22 B active; 49,082,368 bytes of Mamba state per sequence)."""
+    path = seed000_run(tmp_path)
+    with Store.open(path) as store:  # seed 002's DSpark acceptance length at K=3 (seed 000 publishes none)
+        methods = {s.id: s.method for s in store.server_configs()}
+        for cell in store.cells():
+            if methods[cell.server_config_id] == "dspark":
+                spec = {"drafts": 100, "acceptance_length": 3.27, "source": METRICS_SOURCE}
+                store.finish_cell(cell.id, cell.summary or {}, {"summary": cell.summary, "speculative": spec})
+    built = _build(path)
+
+    def point(method: str, c: int):
+        group = next(g for g in built.groups if g.server.method == method and g.concurrency == c)
+        assert group.roofline is not None, group.server.label
+        return group.roofline
+
+    expert, dense, state = 9.977856e6, 3.22e9 - 23 * 6 * 9.977856e6, 49_082_368
+
+    def step(tokens: int, batch: int) -> float:  # bytes: dense part + the union of routed experts, 4.5 bits
+        experts = 128 * (1 - (1 - 6 / 128) ** tokens)
+        return (dense + 23 * experts * expert) * 4.5 / 8 + batch * state
+
+    none1 = point("none", 1)  # one token: 6 experts per layer, i.e. all 3.22 B active parameters
+    assert none1.bytes_per_step == pytest.approx(3.22e9 * 4.5 / 8 + state) == pytest.approx(step(1, 1))
+    assert none1.bound_tps == pytest.approx(232e9 / step(1, 1)) == pytest.approx(124.71, abs=0.01)
+    assert none1.nominal_bound_tps == pytest.approx(273e9 / step(1, 1)) == pytest.approx(146.75, abs=0.01)
+    assert none1.percent == pytest.approx(100 * 81.27 / none1.bound_tps) == pytest.approx(65.2, abs=0.1)
+    assert "incl. prefill" in none1.measured_source and none1.experts_per_layer == pytest.approx(6.0)
+    none8 = point("none", 8)  # 8 sequences route to 40.8 experts per layer
+    assert none8.experts_per_layer == pytest.approx(40.82, abs=0.01)
+    assert none8.bound_tps == pytest.approx(8 * 232e9 / step(8, 8)) == pytest.approx(277.0, abs=0.1)
+    assert none8.percent == pytest.approx(87.2, abs=0.1)  # 241.67 aggregate
+    dspark1 = point("dspark", 1)  # K=3: 4 tokens through the target, 22.4 experts per layer
+    assert dspark1.verify_tokens == 4 and dspark1.experts_per_layer == pytest.approx(22.36, abs=0.01)
+    assert dspark1.bound_tps == pytest.approx(3.27 * 232e9 / step(4, 1)) == pytest.approx(190.96, abs=0.01)
+    assert dspark1.percent == pytest.approx(65.1, abs=0.1)  # 124.24: as efficient as none, not 3.27x faster
+    assert dspark1.bound_tps / 3.27 < none1.bound_tps / 1.7  # a verify step costs 2.1x a decode step's bytes
+    dspark8 = point("dspark", 8)  # 32 tokens: 100.5 of 128 experts per layer
+    assert dspark8.experts_per_layer == pytest.approx(100.46, abs=0.01)
+    assert dspark8.bound_tps == pytest.approx(8 * 3.27 * 232e9 / step(32, 8)) == pytest.approx(421.5, abs=0.1)
+    # the dense-style bound the report drew before (every step reads one token's experts, 273 GB/s, 4 bits):
+    # 182 tok/s for none at C=1 and 8 x 3.27 x 182 at C=8 for DSpark, which made seed 000's 354.56 look like 7%
+    assert dspark8.percent == pytest.approx(84.1, abs=0.1) and 100 * 354.56 / (8 * 3.27 * 182) < 8
+    # the bound per token falls with K (the same C): the union of experts grows with the verified tokens
+    from sparklab.report.roofline import Moe
+
+    moe = Moe(23, 128, 6, expert)
+    assert [round(moe.experts_read(k + 1), 1) for k in (0, 1, 3, 5, 7)] == [6.0, 11.7, 22.4, 32.0, 40.8]
+    # no acceptance counters for MTP or DFlash in the published numbers: no bound for them, and the report says why
+    assert next(g for g in built.groups if g.server.method == "mtp" and g.concurrency == 8).roofline is None
+    assert any("no acceptance length" in note and "MTP" in note for note in built.roofline_notes)
+    lines = " ".join(assumptions(model_inputs(built.servers[0].model["facts"], built.servers[0].device)[0]))
+    assert "usable 232 GB/s" in lines and "nominal 273 GB/s" in lines and "antirez/ds4#773" in lines
+    assert "NVFP4" in lines and "128 x (1 - (1 - 6/128)^T)" in lines
 
 
 # -- statistics --------------------------------------------------------------------------------------------
@@ -202,7 +243,8 @@ def test_cli_writes_every_format_and_the_plots(tmp_path: Path, capsys) -> None:
     for name in ("report.md", "report.csv", "report.json", "report.html"):
         assert (out / name).stat().st_size > 0
     plots = sorted(p.name for p in (out / "plots").glob("*.png"))
-    assert plots == ["acceptance-seed.png", "speedup-seed.png", "throughput-vs-k-seed.png", "ttft-seed.png"]
+    assert plots == ["acceptance-seed.png", "losses.png", "speedup-seed.png", "throughput-vs-k-seed.png",
+                     "ttft-seed.png"]  # losses.png: one stacked bar per drafting config (issue 25 §6)
     md = (out / "report.md").read_text()
     assert "![tok/s vs K" in md and "(plots/throughput-vs-k-seed.png)" in md
     assert "% of bound" in md
@@ -299,7 +341,8 @@ def test_a_run_without_stored_facts_takes_todays_recipe_and_says_so(tmp_path: Pa
     conn.close()
     built = _build(path)
     none_c1 = next(g for g in built.groups if g.server.method == "none" and g.concurrency == 1)
-    assert none_c1.roofline is not None and none_c1.roofline.bound_tps == pytest.approx(182.0)
+    # today's gb10.yaml and hardware.yaml: usable 232 GB/s, 3.22 B active at NVFP4's 4.5 bits, Mamba state
+    assert none_c1.roofline is not None and none_c1.roofline.bound_tps == pytest.approx(124.71, abs=0.01)
     assert any("did not store its model facts" in note and "gb10.yaml" in note for note in built.roofline_notes)
 
 

@@ -48,7 +48,7 @@ def test_html_report_renders_in_headless_chromium(chromium: str, tmp_path: Path)
 
     dom = _chromium(chromium, tmp_path, "--virtual-time-budget=10000", "--dump-dom", html.as_uri())
     assert dom.returncode == 0, dom.stderr[-2000:]
-    assert "figures: 4 of 4 rendered" in dom.stdout
+    assert "figures: 5 of 5 rendered" in dom.stdout  # the 4 per-workload plots and the loss bars
     assert "Best configuration per concurrency" in dom.stdout and "<table>" in dom.stdout
 
     shot = tmp_path / "shot.png"

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from sparklab.bench.sse import HTTPStatusError, _SSEProtocol
+from sparklab.bench.sse import HTTPStatusError, SSEProtocol
 
 EVENTS = [b'{"a": 1}', b'{"b": 2}', b"[DONE]"]
 SSE_BODY = b"".join(b"data: " + e + b"\n\n" for e in EVENTS)
@@ -31,7 +31,7 @@ class FakeTransport:
 
 def _feed(response: bytes, pieces: int, close_after: bool = False) -> tuple[list[bytes], BaseException | None, bool]:
     async def go() -> tuple[list[bytes], BaseException | None, bool]:
-        protocol = _SSEProtocol()
+        protocol = SSEProtocol()
         transport = FakeTransport()
         protocol.connection_made(transport)  # type: ignore[arg-type]
         seen: list[bytes] = []
@@ -140,7 +140,7 @@ def test_a_server_that_closes_after_each_stream_loses_no_request() -> None:
 
 def test_warm_replaces_pooled_connections_that_have_closed() -> None:
     """warm(n) leaves n open connections, whatever became of the ones the pool held (closed by the server)."""
-    from sparklab.bench.sse import SSEClient
+    from sparklab.bench.sse_pool import SSEClient
 
     async def go() -> int:
         server = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)  # holds connections open

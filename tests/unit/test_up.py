@@ -62,7 +62,7 @@ def hosts(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[dict[str,
     def docker() -> FakeRuntime:
         return runtime("local")
 
-    docker.connect = lambda url, tls_dir=None: runtime(url.rsplit("@", 1)[-1])  # type: ignore[attr-defined]
+    docker.connect = lambda url, tls_dir=None, answer_s=None: runtime(url.rsplit("@", 1)[-1])  # type: ignore[attr-defined]
     monkeypatch.setattr(containers, "Docker", docker)
     monkeypatch.setenv("SPARKLAB_STATE", str(tmp_path / "state"))  # logs and run files of this test only
     yield made
@@ -71,7 +71,7 @@ def hosts(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[dict[str,
         endpoint.server_close()
 
 
-def _ctrl_c(server: Any, log_watch: Any = None, poll_s: float = 1.0) -> None:
+def _ctrl_c(server: Any, log_watch: Any = None, poll_s: float = 1.0, **watched_as_a_sweep: Any) -> None:
     raise KeyboardInterrupt  # what Ctrl-C (or SIGTERM) raises while `up` watches in the foreground
 
 

@@ -82,7 +82,7 @@ class _Collector(logging.Handler):
             self.records.append(record.getMessage())
 
 
-def _build_parser():
+def _build_parser() -> tuple[Any, dict[str, Any]]:  # vLLM's FlexibleArgumentParser and its subcommands
     """The parser `vllm serve` uses (vllm.entrypoints.cli.main.main, serve subcommand only)."""
     import vllm.entrypoints.cli.serve as serve_mod
     from vllm.utils.argparse_utils import FlexibleArgumentParser
@@ -169,7 +169,7 @@ def _pydantic_errors(exc: Exception, prefix: str) -> list[dict[str, str]]:
     try:
         from pydantic import ValidationError
     except Exception:  # pragma: no cover
-        ValidationError = ()  # type: ignore[assignment,misc]
+        ValidationError = ()  # type: ignore[assignment,misc]  # no pydantic: an empty tuple catches nothing
     if isinstance(exc, ValidationError):
         out = []
         for e in exc.errors():
@@ -221,6 +221,7 @@ def _check_speculative(spec: dict[str, Any], args: Any, res: dict[str, Any]) -> 
     orig_post_init = SpeculativeConfig.__post_init__
     k_missing_ok = False
     try:
+        # patched for pass A only (restored in the finally below), so mypy must allow assigning a method
         SpeculativeConfig.__post_init__ = lambda self: None  # type: ignore[method-assign]
         SpeculativeConfig(**spec)
     except Exception as e:
@@ -238,7 +239,7 @@ def _check_speculative(spec: dict[str, Any], args: Any, res: dict[str, Any]) -> 
             res["errors"].extend(_pydantic_errors(e, flag))
             return
     finally:
-        SpeculativeConfig.__post_init__ = orig_post_init  # type: ignore[method-assign]
+        SpeculativeConfig.__post_init__ = orig_post_init  # type: ignore[method-assign]  # pass A's patch undone
     res["checked"].append(
         f"{flag}: pydantic field types/ranges (method, moe_backend, kv_cache_dtype, attention_backend, ...)"
         " and _verify_args"
@@ -252,6 +253,7 @@ def _check_speculative(spec: dict[str, Any], args: Any, res: dict[str, Any]) -> 
 
     target = _StubTarget(getattr(args, "model", None), getattr(args, "quantization", None))
     try:
+        # a stand-in for the draft's ModelConfig (restored in the finally below): no checkpoint is read
         spec_mod.ModelConfig = _no_model_config  # type: ignore[assignment]
         cfg = SpeculativeConfig(**spec, target_model_config=target, target_parallel_config=target)
         res["checked"].append(
@@ -301,7 +303,7 @@ def _check_speculative(spec: dict[str, Any], args: Any, res: dict[str, Any]) -> 
     except Exception as e:
         res["errors"].extend(_pydantic_errors(e, flag))
     finally:
-        spec_mod.ModelConfig = orig_model_config  # type: ignore[assignment]
+        spec_mod.ModelConfig = orig_model_config  # type: ignore[assignment]  # the stand-in undone
     del k_missing_ok
 
 

@@ -1,0 +1,155 @@
+"""Latency objectives (issue 25 §5): parsed strictly, judged from the per-request records each cell stores, in the
+report (`--slo` or the sweep file's `slo:`), in tune (`--slo`, its picks among those that meet it) and in a sweep
+file (checked with the plan)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sparklab import report
+from sparklab.bench import slo
+from sparklab.cli.main import build_parser, main
+from sparklab.cli.sweep import TuneArgs
+from sparklab.errors import RecipeError, SparklabError
+from sparklab.recipes.plan import build_plan
+from sparklab.recipes.schema import recipes_dir
+from sparklab.report.latency import best_under
+from sparklab.sweep import runner
+from sparklab.sweep.store import Store
+from sparklab.tune import driver
+
+
+def test_terms_parse_with_units_and_bad_ones_say_how_to_write_them() -> None:
+    terms = slo.parse("tpot_p90<=50ms, ttft_p90<=0.5s,e2e_mean<3000")
+    assert [(t.key, t.limit_ms) for t in terms] == [("tpot_p90", 50.0), ("ttft_p90", 500.0), ("e2e_mean", 3000.0)]
+    assert slo.parse(None) == () and slo.parse("  ") == ()
+    for bad, says in (("tpot<=50ms", "expected METRIC_STAT<=NUMBER"), ("speed_p90<=1", "unknown metric"),
+                      ("tpot_p100<=5", "unknown statistic"), ("itl_p95<=5", "itl is per token"),
+                      ("tpot_p90<=0", "above 0"), ("tpot_p90<=5,tpot_p90<=6", "bounded twice")):
+        with pytest.raises(slo.SloError, match=says):
+            slo.parse(bad)
+
+
+def request(start: float, first: float, end: float, tokens: int, **extra: Any) -> dict[str, Any]:
+    return {"start": start, "first_token": first, "end": end, "completion_tokens": tokens, "warmup": False,
+            "error": None, **extra}
+
+
+def test_a_cells_statistic_comes_from_its_measured_requests() -> None:
+    # TPOT of each: (end - first) / (tokens - 1) = 10, 20, 30, 40 ms; the warmup and the failed one do not count
+    requests = [request(0.0, 0.1, 0.1 + 0.010 * 64, 65), request(1.0, 1.2, 1.2 + 0.020 * 64, 65),
+                request(2.0, 2.1, 2.1 + 0.030 * 64, 65), request(3.0, 3.3, 3.3 + 0.040 * 64, 65),
+                request(0.0, 0.1, 9.9, 65, warmup=True), request(0.0, 0.1, 9.9, 65, error="boom")]
+    result = {"requests": requests, "summary": {"itl_ms": {"p90": 12.5}}}
+    (tpot, ttft, e2e, itl) = slo.parse("tpot_p50<=1,ttft_p90<=1,e2e_mean<=1,itl_p90<=1")
+    assert slo.cell_value(result, tpot) == pytest.approx(25.0)
+    assert slo.cell_value(result, ttft) == pytest.approx(270.0)  # numpy's linear percentile of 100..300 ms
+    assert slo.cell_value(result, e2e) == pytest.approx(1000 * (0.74 + 1.48 + 2.02 + 2.86) / 4)
+    assert slo.cell_value(result, itl) == 12.5
+    assert slo.cell_value({"summary": {"tpot_ms": {"p50": 7.0}}}, tpot) == 7.0  # kept without its records
+
+
+def test_meeting_an_slo_takes_the_whole_interval_under_the_bound() -> None:
+    (term,) = slo.parse("tpot_p90<=50ms")
+    assert slo.judge({"tpot_p90": [40.0, 41.0, 39.0]}, [term])[0]
+    lucky = {"tpot_p90": [30.0, 48.0, 66.0]}  # mean 48 is under, its interval is not
+    meets, (verdict,) = slo.judge(lucky, [term])
+    assert not meets and verdict.mean == pytest.approx(48.0) and verdict.high is not None and verdict.high > 50
+    assert slo.judge({"tpot_p90": [45.0]}, [term])[0]  # one run: its value
+    assert not slo.judge({}, [term])[0]  # not measured: not met
+
+
+def slo_run(tmp_path: Path, sweep_file: Path | None = None) -> Path:
+    """cpu-demo's vLLM none and ngram K=1/K=3 at C=1 and 4, 2 repeats: ngram K=3 is fastest everywhere but its
+    TPOT p90 is 60 ms at C=4; none's is 45 ms there; at C=1 everything is under 50 ms."""
+    plan = build_plan(sweep_file or recipes_dir() / "sweeps" / "cpu-demo.yaml", run_id="slo-test")
+    speed = {("none", None): 20.0, ("ngram", 1): 24.0, ("ngram", 3): 30.0}
+    tpot = {(("none", None), 1): 20.0, (("ngram", 1), 1): 25.0, (("ngram", 3), 1): 30.0,
+            (("none", None), 4): 45.0, (("ngram", 1), 4): 52.0, (("ngram", 3), 4): 60.0}
+    configs = {s.id: (s.method, s.num_speculative_tokens) for s in plan.servers if s.engine == "vllm-cpu"}
+    path = tmp_path / "slo-test" / "results.sqlite"
+    with Store.create(path, plan.sweep.model_dump(), "test") as store:
+        runner.register(plan, store, only=lambda s, c: s.id in configs and c.repeat < 2
+                        and (s.method, s.num_speculative_tokens) in speed)
+        for cell in store.cells():
+            config = configs[cell.server_config_id]
+            ms = tpot[(config, cell.concurrency)] * (1 + 0.01 * cell.repeat) / 1000
+            value = speed[config] * (1 + 0.01 * cell.repeat)
+            summary = {"requests": {"measured": 4, "ok": 4, "failed": 0}, "aggregate_tps": value,
+                       "per_request_tps": {"n": 4, "mean": value}}
+            requests = [request(i, i + 0.1, i + 0.1 + ms * 63, 64) for i in range(4)]
+            store.start_cell(cell.id)
+            store.finish_cell(cell.id, summary, {"summary": summary, "requests": requests})
+    return path
+
+
+def test_the_report_picks_the_best_that_meets_the_slo_and_how_far_it_reaches(tmp_path: Path) -> None:
+    path = slo_run(tmp_path)
+    with Store.open(path, readonly=True) as store:
+        built = report.build(store, "slo-test", report.overrides_from(None, None, [], "tpot_p90<=50ms"))
+    best, reach = best_under(built, slo.parse(built.slo))
+    assert best[("seed", 1)].server.label == "vllm-cpu ngram K=3"  # type: ignore[union-attr]
+    assert best[("seed", 4)].server.label == "vllm-cpu none"  # type: ignore[union-attr]
+    assert reach["seed"] is not None and reach["seed"][0] == 4 and reach["seed"][1].server.method == "none"
+    markdown = report.render(built, "md")
+    assert "## Latency objective: tpot_p90<=50ms" in markdown
+    assert "seed, C=4: vllm-cpu none (20.10 tok/s)" in markdown
+    assert "seed: met up to C=4 (the highest concurrency of this run where any config meets it), by vllm-cpu none" in markdown
+    with Store.open(path, readonly=True) as store:  # tighter: nothing meets it at C=4
+        tight = report.build(store, "slo-test", report.overrides_from(None, None, [], "tpot_p90<=40ms"))
+    best, reach = best_under(tight, slo.parse(tight.slo))
+    assert best[("seed", 4)] is None and reach["seed"] is not None and reach["seed"][0] == 1
+
+
+def test_report_slo_on_the_command_line_and_its_errors(tmp_path: Path, capsys) -> None:
+    path = slo_run(tmp_path)
+    assert main(["report", str(path), "--slo", "ttft_p90<=1s,tpot_p90<=50ms"]) == 0
+    assert "## Latency objective: ttft_p90<=1000ms, tpot_p90<=50ms" in capsys.readouterr().out
+    assert main(["report", str(path), "--slo", "tpot_p90 under 50"]) != 0
+    said = capsys.readouterr().err
+    assert "--slo: SLO term 'tpot_p90 under 50': expected METRIC_STAT<=NUMBER" in said and "Traceback" not in said
+    with pytest.raises(SparklabError, match="unknown metric"):
+        report.overrides_from(None, None, [], "speed_p50<=1")
+
+
+def test_a_sweep_files_slo_is_checked_with_the_plan_and_tune_takes_it(tmp_path: Path) -> None:
+    text = (recipes_dir() / "sweeps" / "cpu-tune.yaml").read_text()
+    good = tmp_path / "good.yaml"
+    good.write_text(text.replace("recipe: cpu\n", f"recipe: {recipes_dir() / 'cpu.yaml'}\n")
+                    + 'slo: "tpot_p90<=50ms"\n')
+    assert build_plan(good).sweep.slo == "tpot_p90<=50ms"
+    request = driver.request_for(TuneArgs.from_cli_args(build_parser().parse_args(["tune", str(good)])).choices)
+    assert request.settings.slo == "tpot_p90<=50ms" and "slo" not in request.space  # a setting, not the space
+    flag = TuneArgs.from_cli_args(build_parser().parse_args(["tune", str(good), "--slo", "ttft_p90<=300ms"]))
+    assert driver.request_for(flag.choices).settings.slo == "ttft_p90<=300ms"  # the flag wins
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(good.read_text().replace("tpot_p90<=50ms", "tpot_p90<=fast"))
+    with pytest.raises(RecipeError, match=r"bad.yaml: slo: SLO term 'tpot_p90<=fast'"):
+        build_plan(bad)
+    with pytest.raises(RecipeError, match="--slo"):
+        driver.request_for(TuneArgs.from_cli_args(build_parser().parse_args(
+            ["tune", str(good), "--slo", "p90<=5"])).choices)
+
+
+def test_a_sweep_files_slo_reaches_the_sweeps_closing_table_and_its_report(tmp_path: Path) -> None:
+    from rich.console import Console
+
+    from sparklab.cli.console import sweep_table
+
+    demo = recipes_dir() / "sweeps" / "cpu-demo.yaml"
+    sweep_file = tmp_path / "demo-slo.yaml"
+    sweep_file.write_text(demo.read_text().replace("recipe: cpu\n", f"recipe: {recipes_dir() / 'cpu.yaml'}\n")
+                          + 'slo: "tpot_p90<=50ms"\n')
+    path = slo_run(tmp_path, sweep_file)
+    with Store.open(path, readonly=True) as store:
+        built = report.build(store, "slo-test")  # no --slo: the sweep file's
+    assert built.slo == "tpot_p90<=50ms"
+    console = Console(width=400, record=True)
+    console.print(sweep_table(built))
+    closing = console.export_text()
+    assert ("SLO tpot_p90<=50ms (95% intervals of each term at or under its bound): seed C=1: vllm-cpu ngram K=3; "
+            "seed C=4: vllm-cpu none; seed: met up to C=4 (vllm-cpu none)") in closing
+    assert "## Latency objective: tpot_p90<=50ms" in report.render(built, "md")
