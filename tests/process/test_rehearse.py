@@ -35,6 +35,20 @@ TINY = {"name": "tiny", "recipe": "gb10", "engines": ["vllm"], "methods": ["none
         "warmup": 1, "repeats": 1, "sampling": {"max_tokens": 256, "temperature": 0}}
 
 
+def _twin_servers() -> list[int]:
+    """Live stand-ins a twin started (its knobs in their environment), whatever their command line says
+    (SGLang's is `python -m sglang.launch_server`, with no stand-in path in it)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            try:
+                if b"STANDIN_MODEL=" in (entry / "environ").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
 def _has_twin(sweep: Path) -> bool:
     recipe = load_recipe(recipe_file(load_sweep(sweep), sweep))
     return recipe.hardware == "gb10"
@@ -81,7 +95,7 @@ def nights(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Night
             out, err = proc.communicate()
         done[name] = Night(args, proc.returncode, out, err, time.monotonic() - at)
     yield done
-    left = processes_of(str(STANDIN))
+    left = sorted({*processes_of(str(STANDIN)), *_twin_servers()})
     assert not left, f"stand-in processes left behind: {left}"
     assert not list(tmp.glob("state*/processes/*.json")), "run files left behind"
     assert not list(tmp.glob("runs")), "a rehearsal wrote into ./runs"
