@@ -35,7 +35,8 @@ from sparklab.errors import SparklabError
 from sparklab.recipes.render import LaunchOptions, render
 from sparklab.recipes.schema import parse_recipe, read_yaml, recipes_dir
 from sparklab.runtimes import launch
-from sparklab.runtimes.containers import Docker, teardown
+from sparklab.runtimes.container_server import teardown
+from sparklab.runtimes.containers import Docker
 from sparklab.sweep import rundir
 
 IMAGE = "127.0.0.1:5000/sparklab/vllm-cpu:0.27.1-cc"
@@ -54,6 +55,7 @@ def compiled_recipe(image: str) -> Any:
     data = read_yaml(path)
     engine = data["engines"]["vllm-cpu"]
     engine["args"] = [a for a in engine["args"] if a != "--enforce-eager"]
+    engine["env"].pop("TORCHDYNAMO_DISABLE", None)  # the eager recipe's switch: compile is what is measured here
     engine["image"] = image
     return parse_recipe(data, f"{path} (compiled)")
 

@@ -21,6 +21,9 @@ from typing import Any
 KEEP_TOKENS = 4096
 KEEP_CHARS = 16384  # when the answer has no token ids: the text is what gets compared
 KEEP_CHARS_WITH_IDS = 1024  # with token ids the text is only for a human to look at
+KEEP_GRADED_CHARS = 65536  # an answer to a graded task is kept whole up to this: it is graded from the store
+KEEP_GRADED_CALLS = 64  # and its tool calls (name and arguments), each call's arguments up to KEEP_CALL_CHARS
+KEEP_CALL_CHARS = 8192
 # Any: answers and sampling settings are JSON records as results keep them (records.RequestRecord.answer)
 
 
@@ -29,12 +32,13 @@ def _digest(value: Any) -> str:
 
 
 def kept(index: int, prompt_id: str, warmup: bool, ok: bool, finish_reason: str | None, text: str,
-         token_ids: list[int] | None) -> dict[str, Any]:
-    """One request's answer as results keep it: digests of the whole, the first KEEP_* of each."""
+         token_ids: list[int] | None, whole: bool = False) -> dict[str, Any]:
+    """One request's answer as results keep it: digests of the whole, the first KEEP_* of each (of a graded task's
+    answer, whole: up to KEEP_GRADED_CHARS)."""
+    limit = KEEP_GRADED_CHARS if whole else KEEP_CHARS if token_ids is None else KEEP_CHARS_WITH_IDS
     out: dict[str, Any] = {"index": index, "prompt_id": prompt_id, "warmup": warmup, "ok": ok,
                            "finish_reason": finish_reason, "text_len": len(text), "text_digest": _digest(text),
-                           "text": text[:KEEP_CHARS if token_ids is None else KEEP_CHARS_WITH_IDS], "ids_len": None,
-                           "ids_digest": None, "token_ids": None}
+                           "text": text[:limit], "ids_len": None, "ids_digest": None, "token_ids": None}
     if token_ids is not None:
         out.update(ids_len=len(token_ids), ids_digest=_digest(token_ids), token_ids=token_ids[:KEEP_TOKENS])
     return out
@@ -163,15 +167,21 @@ RUNAWAY_IDENTICAL = 3  # the same call (name and arguments) this often in one an
 RUNAWAY_CALLS = 10  # this many calls in one answer to a one-question probe is a runaway either way
 
 
-def tool_call_summary(calls: list[dict[str, Any]], dropped: int = 0) -> dict[str, Any]:
-    """One answer's tool calls: how many, how often the most repeated identical call, the first few."""
+def tool_call_summary(calls: list[dict[str, Any]], dropped: int = 0, whole: bool = False) -> dict[str, Any]:
+    """One answer's tool calls: how many, how often the most repeated identical call, the first few (whole: the
+    first KEEP_GRADED_CALLS, for grading)."""
     counts: dict[tuple[str, str], int] = {}
     for call in calls:
         key = (str(call.get("name", "")), str(call.get("arguments", "")))
         counts[key] = counts.get(key, 0) + 1
-    return {"count": len(calls) + dropped, "distinct": len(counts), "max_identical": max(counts.values(), default=0),
-            "first": [{"name": c.get("name", "")[:80], "arguments": str(c.get("arguments", ""))[:200]}
-                      for c in calls[:3]]}
+    out = {"count": len(calls) + dropped, "distinct": len(counts), "max_identical": max(counts.values(), default=0),
+           "first": [{"name": c.get("name", "")[:80], "arguments": str(c.get("arguments", ""))[:200]}
+                     for c in calls[:3]]}
+    if whole:
+        out["calls"] = [{"name": str(c.get("name", ""))[:200],
+                         "arguments": str(c.get("arguments", ""))[:KEEP_CALL_CHARS]} for c in calls[:KEEP_GRADED_CALLS]]
+    return out
+
 
 
 def runaway(answer: dict[str, Any]) -> bool:

@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, fields
 from typing import Any, TypedDict, cast
 
-from sparklab.outputs import kept, tool_call_summary
+from sparklab.outputs import KEEP_GRADED_CHARS, kept, tool_call_summary
 
 # Is the server still alive? Sync (run in a thread) or async; an exception or a hang counts as "no".
 Alive = Callable[[], "bool | Awaitable[bool]"]
@@ -91,6 +91,8 @@ class RequestRecord:
     # the answer, for the equality check (sparklab.outputs): its text in pieces, reasoning and answer in stream
     # order, and its token ids (None once a token-carrying chunk came without ids)
     output_parts: list[str] = field(default_factory=list)
+    reasoning_parts: list[str] = field(default_factory=list)  # the reasoning alone (thinking budgets)
+    content_parts: list[str] = field(default_factory=list)  # the visible answer alone (grading)
     output_ids: list[int] | None = field(default_factory=list)
     tool_calls: list[dict[str, Any]] = field(default_factory=list)  # {index, name, arguments}, streamed deltas joined
     tool_calls_dropped: int = 0  # calls past client.MAX_TOOL_CALLS, counted only
@@ -106,16 +108,31 @@ class RequestRecord:
         for key in ("chunk_times", "chunk_tokens", "chunk_reasoning"):
             out[key] = list(out[key])
         del out["output_parts"], out["output_ids"], out["tool_calls"]  # results keep answers apart: see answer()
+        del out["reasoning_parts"], out["content_parts"]
         return out
 
+    @property
+    def reasoning_tokens(self) -> int | None:
+        """Tokens of the chunks that carried only reasoning, when the server said how many each carried."""
+        counts = [n for n, reasoning in zip(self.chunk_tokens, self.chunk_reasoning, strict=False) if reasoning]
+        return None if None in counts else sum(n for n in counts if n is not None)
+
     # Any: the JSON a result stores
-    def answer(self) -> dict[str, Any]:
-        """The answer as results keep it (sparklab.outputs.kept: digests, bounded heads)."""
+    def answer(self, whole: bool = False) -> dict[str, Any]:
+        """The answer as results keep it (sparklab.outputs.kept: digests, bounded heads). whole: an answer to a graded
+        task, kept whole (up to outputs.KEEP_GRADED_CHARS), its visible text apart and every tool call."""
         ids = self.output_ids if self.streamed and self.output_ids else None
-        out = kept(self.index, self.prompt_id, self.warmup, self.ok, self.finish_reason,
-                   "".join(self.output_parts), ids)
+        text = "".join(self.output_parts)
+        out = kept(self.index, self.prompt_id, self.warmup, self.ok, self.finish_reason, text, ids, whole=whole)
+        reasoning = "".join(self.reasoning_parts)
+        if reasoning:  # thinking budgets: how much went to reasoning, and whether any answer showed
+            out["reasoning_chars"] = len(reasoning)
+            out["reasoning_tokens"] = self.reasoning_tokens
+            out["content_chars"] = sum(map(len, self.content_parts))
+        if whole:
+            out["content"] = "".join(self.content_parts)[:KEEP_GRADED_CHARS]
         if self.tool_calls or self.tool_calls_dropped:
-            out["tool_calls"] = tool_call_summary(self.tool_calls, self.tool_calls_dropped)
+            out["tool_calls"] = tool_call_summary(self.tool_calls, self.tool_calls_dropped, whole=whole)
         return out
 
 

@@ -7,6 +7,7 @@ server, and secret environment variables are named, never valued (`secret_env`).
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,6 +16,21 @@ API_KEY_PLACEHOLDER = "<redacted:api-key>"
 # HF_TOKEN, GITHUB_TOKEN, VLLM_API_KEY, AWS_SECRET_ACCESS_KEY, DB_PASSWORD…, but not STANDIN_REASONING_TOKENS.
 _SECRET_NAME = re.compile(r"(^|_)(TOKEN|SECRET|PASSWORD|PASSWD|KEY|CREDENTIALS?)$", re.IGNORECASE)
 PASSTHROUGH_ENV = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
+SESSION_ENV = "SPARKLAB_SESSION"  # a name for everything one session of sparklab commands starts
+SESSION_LABEL = "sparklab.session"
+
+
+def session() -> str | None:
+    """The session named by SPARKLAB_SESSION (None: unset): every container and host process this sparklab
+    starts carries it as a label, and its cleanup of orphans (gc, and the one at the start of up and sweep)
+    touches that session's only. The test suite sets one, so it never removes what a night started."""
+    return os.environ.get(SESSION_ENV) or None
+
+
+def in_session(labels: dict[str, str]) -> bool:
+    """Whether a server with these labels is this session's to clean up (every server, without a session)."""
+    current = session()
+    return current is None or labels.get(SESSION_LABEL) == current
 
 
 def is_secret_name(name: str) -> bool:

@@ -56,6 +56,7 @@ EVERY_FLAG: dict[str, list[str]] = {
                  "--minutes", "2", "--runs-dir", "rd"],
     "report": ["report", "r3", "--runs-dir", "rd", "-f", "html", "-o", "out", "--hardware", "gb10",
                "--bandwidth-gbps", "273", "--fact", "a=1", "--fact", "b=2"],
+    "compare": ["compare", "r1", "r2", "--runs-dir", "rd", "-f", "csv", "-o", "out", "--force"],
     "pull": ["pull", "gb10", "-t", "gb10", "--engine", "vllm", "--set", "a=1", "--all-methods", "--hf-cache",
              "/tmp/h", "--pull", "always", "--no-images", "--no-models"],
     "down": ["down", "n1", "--all", "--all-users", "--host", "local"],

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -75,13 +76,22 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+# This test session's name (SPARKLAB_SESSION): every sparklab command the tests run labels what it starts with it,
+# and cleans up only its own orphans, so a test never touches a container a night (or another user) started.
+SESSION = f"tests-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+OURS = {"label": ["sparklab", f"sparklab.session={SESSION}"]}  # docker-py ANDs a list of label filters
+OUR_PROBES = {"label": ["sparklab.mode=probe", f"sparklab.session={SESSION}"]}  # the image parser's throwaways
+
+
 def sparklab_containers(client) -> set[str]:
-    return {c.name for c in client.containers.list(all=True, filters={"label": "sparklab"})}
+    """This test session's sparklab containers (never anyone else's)."""
+    return {c.name for c in client.containers.list(all=True, filters=OURS)}
 
 
 @pytest.fixture(autouse=True)
 def no_container_left_behind(request, docker_client) -> Iterator[None]:
-    """Every Docker test must leave no sparklab container it started."""
+    """Every Docker test must leave no sparklab container it started; containers others start meanwhile (a
+    night's servers) are not the test's: never listed, never removed."""
     before = sparklab_containers(docker_client)
     yield
     left = sparklab_containers(docker_client) - before
@@ -100,7 +110,7 @@ class Cli:
 
     def env(self, **extra: str) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if k not in ("HF_TOKEN", "SPARKLAB_API_KEY")}
-        env.update({"SPARKLAB_STATE": str(self.state), "COLUMNS": "200", **extra})
+        env.update({"SPARKLAB_STATE": str(self.state), "COLUMNS": "200", "SPARKLAB_SESSION": SESSION, **extra})
         return env
 
     def launch_args(self, port: int, *extra: str) -> list[str]:

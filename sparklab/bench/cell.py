@@ -324,5 +324,11 @@ def _result(endpoint: Endpoint, model: str, workload: Workload, sampling: Sampli
         "prefix_cache": counters["prefix_cache"],
         "server": {"before": before, "after": after},
         "requests": [_relative(r, window[0]) for r in records],
-        "outputs": [r.answer() for r in records],
+        "outputs": [r.answer(whole=_graded(workload, r.prompt_id)) for r in records],
     }
+
+
+def _graded(workload: Workload, prompt_id: str) -> bool:
+    """An answer to a graded task is kept whole: it is graded from the store, after the window."""
+    prompt = workload.by_id(prompt_id)
+    return prompt is not None and prompt.task is not None

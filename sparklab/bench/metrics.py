@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from sparklab.bench.stats import t_quantile
 from sparklab.records import RequestRecord, Summary
 
 PERCENTILES = (50, 90, 99)
@@ -216,12 +217,6 @@ def estimate(values: Iterable[float], confidence: float = CONFIDENCE) -> Estimat
     sd = float(data.std(ddof=1))
     half = t_quantile((1 + confidence) / 2, data.size - 1) * sd / float(np.sqrt(data.size))
     return Estimate(tuple(data.tolist()), mean, mean - half, mean + half, median, mad, sd, sd / mean if mean else None)
-
-
-def t_quantile(q: float, df: float) -> float:
-    from scipy.stats import t  # imported here: scipy.stats takes a noticeable time to import
-
-    return float(t.ppf(q, df))
 
 
 @dataclass(frozen=True)

@@ -28,14 +28,13 @@ import importlib.metadata
 import importlib.resources
 import json
 import platform
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sparklab.bench import suites
+from sparklab.bench.prompts import Prompt, Workload, approx_tokens
 from sparklab.errors import RecipeError
-from sparklab.inputs import read_utf8
-
-CHARS_PER_TOKEN = 4
+from sparklab.inputs import MAX_PROMPTS_BYTES, SURROGATE_HINT, lone_surrogate, read_utf8
 
 SEED_PROMPTS = (
     "Write a Python function that parses an nginx access log file and returns the top 10 IP addresses by "
@@ -88,43 +87,9 @@ _JSONL_HINT = (
 _ROLES = ("system", "developer", "user", "assistant")
 
 
-@dataclass(frozen=True)
-class Prompt:
-    """One request's input: OpenAI chat messages and an estimate of their length in tokens; `extra`: more
-    request fields (the tool-call probe's `tools` and `tool_choice`)."""
-
-    id: str
-    messages: tuple[dict[str, str], ...]
-    approx_input_tokens: int
-    extra: dict[str, Any] | None = None
-
-
-@dataclass(frozen=True)
-class Workload:
-    """A named, ordered set of prompts, sent round robin."""
-
-    name: str
-    description: str
-    prompts: tuple[Prompt, ...]
-
-    def __post_init__(self) -> None:
-        if not self.prompts:
-            raise ValueError(f"workload {self.name!r} has no prompts")
-
-    def prompt(self, index: int) -> Prompt:
-        return self.prompts[index % len(self.prompts)]
-
-    @property
-    def content_hash(self) -> str:
-        """sha256 over every prompt's id and messages, in order: two runs with the same hash sent the same
-        prompts, and their per-request `prompt_id`s line up prompt by prompt."""
-        data = [[p.id, list(p.messages), *([p.extra] if p.extra else [])] for p in self.prompts]
-        return "sha256:" + hashlib.sha256(json.dumps(data, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
-
-
 def builtin_workloads() -> dict[str, str]:
-    """Built-in workload names and one-line descriptions, for help texts and listings."""
-    return dict(_BUILTINS)
+    """Built-in workload names and one-line descriptions, for help texts and listings (the graded suites too)."""
+    return {**_BUILTINS, **suites.BUILTIN}
 
 
 def load_workload(spec: str) -> Workload:
@@ -137,18 +102,16 @@ def load_workload(spec: str) -> Workload:
         return _humaneval()
     if spec == "toolcall-probe":
         return _toolcall_probe()
+    if spec in suites.BUILTIN or spec.endswith((".yaml", ".yml")):
+        return suites.load_suite(spec)
     path = spec.removeprefix("file:")
     if path != spec or path.endswith(".jsonl") or "/" in path or Path(path).exists():
         return load_jsonl(Path(path))
     raise RecipeError(
         f"unknown workload {spec!r}",
-        hint=f"Built-in workloads: {', '.join(_BUILTINS)}. Or give the path of a .jsonl file of prompts.",
+        hint=f"Built-in workloads: {', '.join([*_BUILTINS, *suites.BUILTIN])}. Or give the path of a .jsonl file of "
+             "prompts, or of a .yaml task suite.",
     )
-
-
-def approx_tokens(messages: tuple[dict[str, str], ...]) -> int:
-    chars = sum(len(message["content"]) for message in messages)
-    return -(-chars // CHARS_PER_TOKEN)
 
 
 def _user_prompt(prompt_id: str, text: str) -> Prompt:
@@ -279,7 +242,7 @@ def _humaneval() -> Workload:
 def load_jsonl(path: Path) -> Workload:
     """The prompts of a JSONL file; every problem is a RecipeError naming the file and line."""
     try:
-        text = read_utf8(path, allow_bom=True)
+        text = read_utf8(path, allow_bom=True, limit=MAX_PROMPTS_BYTES)
     except FileNotFoundError:
         raise RecipeError(f"{path}: no such prompts file", hint=_JSONL_HINT) from None
     except OSError as exc:
@@ -358,6 +321,10 @@ def _text(value: Any, where: str, what: str) -> str:
     if not isinstance(value, str) or not value.strip():
         got = "an empty string" if isinstance(value, str) else _json_type(value)
         raise RecipeError(f"{where}: {what} must be a non-empty string, got {got}", hint=_JSONL_HINT)
+    at = lone_surrogate(value)
+    if at is not None:  # json.loads accepts "\ud800"; the request body cannot carry it
+        raise RecipeError(f"{where}: {what} holds a lone surrogate \\u{ord(value[at]):04x} at character {at}",
+                          hint=SURROGATE_HINT)
     return value
 
 

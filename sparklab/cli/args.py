@@ -47,6 +47,20 @@ def positive(high: float) -> Callable[[str], float]:
     return parse
 
 
+def between(low: float, high: float, low_open: bool = False) -> Callable[[str], float]:
+    """An argparse type: a finite number from low (or above it) to high, as the sweep file's sampling allows."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not (low < value <= high if low_open else low <= value <= high):
+            raise argparse.ArgumentTypeError(f"expected a number {'above' if low_open else 'from'} {low:g} "
+                                             f"{'and at most' if low_open else 'to'} {high:g}, got {text}")
+        return value
+    return parse
+
+
 def k_values(text: str) -> list[int]:
     """--k: 1-8, 1,2,4 or 3 (each K from 1 to MAX_SPECULATIVE_TOKENS)."""
     k = whole(1, MAX_SPECULATIVE_TOKENS)

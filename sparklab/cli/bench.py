@@ -8,9 +8,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sparklab.cli.args import positive, whole
+from sparklab.cli.args import between, positive, whole
 from sparklab.cli.terminal import err, out
-from sparklab.recipes.schema import MAX_CONCURRENCY, MAX_DURATION_S, MAX_REQUESTS, MAX_TOKENS, MAX_WARMUP
+from sparklab.recipes.schema import (
+    MAX_CONCURRENCY,
+    MAX_DURATION_S,
+    MAX_REQUESTS,
+    MAX_TEMPERATURE,
+    MAX_TOKENS,
+    MAX_WARMUP,
+)
 from sparklab.records import Sampling
 
 if TYPE_CHECKING:
@@ -55,8 +62,8 @@ class BenchArgs:
         p.add_argument("--warmup", type=whole(0, MAX_WARMUP), default=2,
                        help="requests before the window, excluded (default 2)")
         p.add_argument("--max-tokens", type=whole(1, MAX_TOKENS), default=SAMPLING.max_tokens)
-        p.add_argument("--temperature", type=float, default=SAMPLING.temperature)
-        p.add_argument("--top-p", type=float, default=SAMPLING.top_p)
+        p.add_argument("--temperature", type=between(0, MAX_TEMPERATURE), default=SAMPLING.temperature)
+        p.add_argument("--top-p", type=between(0, 1, low_open=True), default=SAMPLING.top_p)
         p.add_argument("--ignore-eos", action="store_true", help="generate max-tokens tokens (vLLM, SGLang)")
         p.add_argument("--min-tokens", type=whole(1, MAX_TOKENS), help="at least this many tokens before EOS")
         p.add_argument("--thinking", choices=["on", "off", "default"], default="off",

@@ -12,6 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from sparklab import engines
+from sparklab.engines.logwatch import headline
 
 
 def _num(value: float | None, digits: int = 2) -> str:
@@ -96,7 +97,10 @@ def plan_table(plan: Any, eta_s: float, model: Any, hosts: list[Any] | None = No
         parts.append(Text("hosts (one server each at a time; ports: the recipe's plus the offset): " + ", ".join(
             f"{h.name} = {h.docker}" + (f" +{h.port_offset}" if h.port_offset else "") for h in hosts)))
     for server in plan.servers:
-        loads = ", ".join(f"c={c.concurrency} {c.workload}#{c.repeat} n={c.requests}" for c in server.cells)
+        varying = plan.sweep.sampling.varying()  # a sampling axis (temperature, max_tokens) names its value
+        loads = ", ".join(f"c={c.concurrency} {c.workload}"
+                          + "".join(f" {k}={c.sampling.get(k)}" for k in varying)
+                          + f"#{c.repeat} n={c.requests}" for c in server.cells)
         parts.append(Text(f"\n{server.label}  [{server.id}]  {server.spec.image}\n  {serve_command(server.spec)}\n"
                           f"  cells: {loads}"))
     hours, rest = divmod(int(eta_s), 3600)
@@ -124,8 +128,9 @@ def sweep_table(report: Any) -> Group:
         table.add_row(group.server.label, str(group.concurrency), group.workload, str(group.n),
                       _mean(m["aggregate_tps"]), _mean(m["per_request_tps"]), _mean(m["ttft_p50_ms"], 1),
                       _mean(m["acceptance_length"]), _speedup(group), _identical(group))
-    notes = [Text(f"{len(report.failures)} failure(s) recorded over all attempts; first: {report.failures[0].kind}: "
-                  f"{report.failures[0].message.splitlines()[0]}")] if report.failures else []
+    first = report.failures[0] if report.failures else None
+    notes = [Text(f"{len(report.failures)} failure(s) recorded over all attempts; first: {first.kind}: "
+                  f"{headline(first.message, first.log_tail)}")] if first else []
     if getattr(report, "slo", None):
         notes.append(Text(slo_lines(report)))
     return Group(Text("sweep results (mean over repeats; aggregate = tokens / window, warmup excluded; vs none = "

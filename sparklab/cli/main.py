@@ -18,7 +18,7 @@ from typing import Any, Generic, Protocol, TypeVar
 from rich.markup import escape
 
 from sparklab import __version__
-from sparklab.cli import bench, check, hosts, pull, recipes, rehearse, report, sweep, up
+from sparklab.cli import bench, check, compare, hosts, pull, recipes, rehearse, report, sweep, up
 from sparklab.cli.terminal import err, out
 from sparklab.errors import SparklabError
 
@@ -58,6 +58,8 @@ COMMANDS: dict[str, Command[Any]] = {  # in the order `sparklab --help` lists th
                         rehearse.RehearseArgs, rehearse.cmd_rehearse),
     "report": Command("tables, plots, roofline and the best config from a sweep's results (offline)",
                       report.ReportArgs, report.cmd_report),
+    "compare": Command("several runs side by side: matched cells, each run against its own none, and what differs "
+                       "between them (offline)", compare.CompareArgs, compare.cmd_compare),
     "pull": Command("fetch the images and every model and draft a recipe, method or sweep needs",
                     pull.PullArgs, pull.cmd_pull),
     "check": Command("run each server's command through its image's own parser and read the engine versions",

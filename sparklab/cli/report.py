@@ -49,10 +49,8 @@ class ReportArgs:
 def built_report(path: Path, overrides: Any = None) -> Any:
     """The report model of one results file (sweep and tune print its tables too)."""
     from sparklab import report
-    from sparklab.sweep.store import Store
 
-    with Store.open(path, readonly=True) as store:
-        return report.build(store, path.parent.name, overrides)
+    return report.load(path, overrides)
 
 
 def cmd_report(args: ReportArgs) -> int:
@@ -61,18 +59,22 @@ def cmd_report(args: ReportArgs) -> int:
     from sparklab import report
 
     path, note = report.locate(args.run, args.runs_dir)
+    if args.out:
+        report.check_out(args.out)  # before anything is read: a file there is never touched
     if note:
         err.print(note, markup=False)
-    built = built_report(path, report.overrides_from(args.hardware, args.bandwidth_gbps, args.facts, args.slo))
-    if not built.groups:
-        err.print(f"{path}: no finished cells yet; the report has no measurements", markup=False)
-    if args.out:
-        for written in report.write_all(built, args.out):
-            out.print(str(written), markup=False)
-        return 0
-    if args.format != "html":
-        sys.stdout.write(report.render(built, args.format))
-        return 0
-    with tempfile.TemporaryDirectory(prefix="sparklab-report-") as plots:  # drawn, then inlined in the page
-        sys.stdout.write(report.render(built, "html", Path(plots)))
+    overrides = report.overrides_from(args.hardware, args.bandwidth_gbps, args.facts, args.slo)
+    with report.malformed(path):  # whatever a hand-edited file holds: one error naming it, nothing written
+        built = report.load(path, overrides)
+        if not built.groups:
+            err.print(f"{path}: no finished cells yet; the report has no measurements", markup=False)
+        if args.out:
+            for written in report.write_all(built, args.out):
+                out.print(str(written), markup=False)
+            return 0
+        if args.format != "html":
+            sys.stdout.write(report.render(built, args.format))
+            return 0
+        with tempfile.TemporaryDirectory(prefix="sparklab-report-") as plots:  # drawn, then inlined in the page
+            sys.stdout.write(report.render(built, "html", Path(plots)))
     return 0

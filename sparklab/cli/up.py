@@ -215,7 +215,7 @@ def cmd_up(args: UpArgs) -> int:
     for host, runtime in zip(hosts, runtimes, strict=True):
         where = "" if nodes is None else f" on {host.name}"
         for info in runtime.gc():
-            err.print(f"removed leftover container {info.name}{where} (its sparklab process is gone)", markup=False)
+            err.print(f"removed leftover {info.noun} {info.name}{where} (its sparklab process is gone)", markup=False)
     if args.download and nodes is None:  # before the clock starts: a download never counts as time to ready
         from sparklab.cli.progress import DownloadProgress
         from sparklab.runtimes.pull import pull

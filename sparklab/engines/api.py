@@ -1,6 +1,6 @@
 """The only module that talks HTTP to an engine outside the chat stream: readiness probes, /v1/models,
 /metrics, /server_info, /version, prefix-cache resets. Engine adapters say which paths mean what; this
-module only sends them (tests/unit/test_architecture.py pins `requests` here and in containers.py).
+module only sends them (tests/unit/test_architecture.py pins `requests` here and in the Docker runtime).
 
 A snapshot of the server's counters asks each path once for every adapter that reads it (`fetch`), and all the
 snapshots of one bench cell share one `Budget`, so an engine that stopped answering costs the cell seconds.
@@ -75,6 +75,15 @@ class EngineAPI:
     def post(self, path: str, timeout_s: float = 30.0) -> Answer:
         try:
             response = requests.post(self.root + path, headers=_headers(self.api_key), timeout=timeout_s)
+        except requests.RequestException as exc:
+            raise Unreachable(str(exc)) from None
+        return Answer(response.status_code, response.text)
+
+    # Any: a JSON request body, whatever the engine's endpoint takes
+    def post_json(self, path: str, body: Any, timeout_s: float = 120.0) -> Answer:
+        """POST a JSON body (the lossless check's scoring requests); raises Unreachable when nothing answers."""
+        try:
+            response = requests.post(self.root + path, json=body, headers=_headers(self.api_key), timeout=timeout_s)
         except requests.RequestException as exc:
             raise Unreachable(str(exc)) from None
         return Answer(response.status_code, response.text)

@@ -117,6 +117,8 @@ class Engine:
     failures: tuple[KnownFailure, ...] = ()
     fatal_lines: tuple[FatalLine, ...] = ()  # taken from the engine's source; each cites its file and line
     reads_log_acceptance: bool = False  # acceptance must be read from the log of the window
+    # why a drafting run of this engine may have no acceptance at all (the report says it; "": none known)
+    no_acceptance_reason: str = ""
     # False: the server closes its connection after every streamed response whatever its headers say, so the
     # client opens one per request instead of sending the next request into a closing socket and resending it.
     keeps_streamed_connections: bool = True
@@ -325,6 +327,26 @@ class Engine:
         if fact is None or version is None:
             return None
         return None if self.knowledge.holds(fact, version, self.version_key) else fact
+
+    # -- the lossless check at temperature > 0 (sparklab.sweep.lossless) ----------------------------------
+    # Why this engine cannot score an answer's tokens under the model, or None when score_answer works.
+    scoring_unsupported: str | None = "sparklab knows no way to have this engine score given tokens"
+
+    def score_answer(self, api: EngineAPI, model: str, messages: Sequence[dict[str, Any]],
+                     extra: dict[str, Any] | None, chat_kwargs: dict[str, Any] | None,
+                     answer_ids: Sequence[int]) -> float:
+        """The summed log-probability of answer_ids after the chat-templated prompt, under the served model (a
+        plain server: no drafting). Raises ScoringError with a one-line reason when it cannot."""
+        raise ScoringError(self.scoring_unsupported or "not supported")
+
+    def lossy_settings(self, spec_argv: Sequence[str]) -> list[str]:
+        """Settings in a server's argv that make drafting lossy by design (its answers no longer follow the
+        target's distribution), each as one sentence citing the engine's source; [] for none."""
+        return []
+
+
+class ScoringError(Exception):
+    """An answer could not be scored: the message is the reason, stored with it."""
 
 
 # ---------------------------------------------------------------------------------------------------

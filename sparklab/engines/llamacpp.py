@@ -218,6 +218,11 @@ class LlamaCpp(Engine):
     label = f"llama.cpp {BUILD}"
     name = "llama.cpp"
     knowledge = KNOWLEDGE
+    # The lossless check needs the model's log-probabilities of given tokens; llama-server returns them for the
+    # tokens it generates only: no echo or prompt_logprobs on /v1/completions (ggml-org/llama.cpp#27174, open;
+    # the echo pull requests #15189 and #17935 were not merged).
+    scoring_unsupported = (f"llama.cpp {BUILD}'s server gives log-probabilities of generated tokens only, never of "
+                           "given ones (no echo or prompt_logprobs: ggml-org/llama.cpp#27174)")
     method_noun = "speculative type"
     api_key_env = "LLAMA_API_KEY"
     memory_fraction_flag = None  # llama.cpp sizes memory by -c/-np/-ngl, not a fraction

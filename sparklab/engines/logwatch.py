@@ -3,7 +3,7 @@
 An engine can die while its container runs on: vLLM's API server keeps answering /v1/models after its engine
 core failed, SGLang's HTTP server after its scheduler died. Docker then says "running" and readiness never
 comes, or chat requests hang. The engine's own log says so at once; each adapter lists the lines that mean it
-(`Engine.fatal_lines`). A `LogWatch` is fed the container's log stream (containers.Server's log thread) and
+(`Engine.fatal_lines`). A `LogWatch` is fed the container's log stream (container_server.Server's log thread) and
 remembers the first such line; readiness waits, `up` in the foreground and the sweep read it.
 """
 
@@ -81,6 +81,17 @@ def _later(callback: Callable[[], None], after_s: float) -> None:
     timer = threading.Timer(after_s, callback)
     timer.daemon = True
     timer.start()
+
+
+_TAIL_HEADER = re.compile(r"\s*Last \d+ log lines:\s*$")
+
+
+def headline(message: str, tail: str | None = None) -> str:
+    """A failure as one console line: its first line without a dangling "Last N log lines:" (the tail follows it
+    only in the full message), ending with the engine's last log line instead."""
+    first = _TAIL_HEADER.sub("", (message.strip().splitlines() or [""])[0]).rstrip()
+    last = next((line.strip() for line in reversed((tail or "").splitlines()) if line.strip()), "")
+    return f"{first} Last log line: {last}" if last and last not in first else first
 
 
 def indent(text: str) -> str:

@@ -200,6 +200,11 @@ class SGLang(Engine):
     label = "SGLang"
     name = "SGLang"
     knowledge = KNOWLEDGE
+    # SGLang can return input-token log-probabilities (/generate with return_logprob and logprob_start_len,
+    # sglang/srt/managers/io_struct.py:233 in 0.5.23); sparklab does not drive it yet (no SGLang server here to
+    # test against), so its sampled answers are "not checkable" rather than checked untested.
+    scoring_unsupported = ("sparklab does not score answers on SGLang yet (its /generate return_logprob with "
+                           "logprob_start_len could; untested here)")
     memory_fraction_flag = "--mem-fraction-static"
     # sglang 0.5.23 leaves pre_model_load_memory x (1 - mem_fraction_static) free, i.e. the fraction is of the
     # memory free before its model load (srt/model_executor/model_runner_components/kv_pool_runtime.py:75-77);

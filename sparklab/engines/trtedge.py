@@ -140,6 +140,11 @@ class TrtEdge(Engine):
     label = "TensorRT Edge-LLM 0.11"
     name = "TensorRT Edge-LLM"
     knowledge = KNOWLEDGE
+    # 0.11.0 serves chat only (api/routes.py:99; no /v1/completions), and its logprobs are those of generated tokens
+    # (api/protocol.py:65-66): nothing scores given tokens.
+    scoring_unsupported = ("TensorRT Edge-LLM 0.11's server has no completions endpoint and no prompt log-probabilities"
+                           " (experimental/server/api/routes.py:99, api/protocol.py:65-66)")
+    no_acceptance_reason = "TensorRT Edge-LLM 0.11 has no acceptance counter (no /metrics route, api/routes.py)"
     ready_path = "/health/ready"  # routes.py:77; served only once load_model returned (cli.py:39-52)
     ready_needs_key = False  # the key guards /v1/ only (api/app.py:128)
     ready_line = re.compile(r"Application startup complete|Uvicorn running on")

@@ -116,7 +116,13 @@ FAILURES = (
     KnownFailure(re.compile(r"No working C\+\+ compiler found|C\+\+ compile error|InvalidCxxCompiler|"
                             r"Failed to find C compiler"),
                  "torch.compile needs a C/C++ compiler, and the image has none: add --enforce-eager to the "
-                 "recipe's args, or use an image with gcc/g++."),
+                 "recipe's args, or use an image with gcc/g++. With --enforce-eager already on, vLLM 0.27.1 still "
+                 "compiles two helpers on the CPU: sampling at temperature > 0 without a per-request seed "
+                 "(vllm/v1/sample/ops/topk_topp_sampler.py:203-204, :341) and logprob ranks "
+                 "(vllm/v1/sample/ops/logprobs.py:10): set TORCHDYNAMO_DISABLE=1 in the engine's env."),
+    # vllm/utils/cpu_triton_utils.py:348, :387 (the CPU rejection kernels)
+    KnownFailure(re.compile(r"Synthetic acceptance not supported with CPU sampling"),
+                 "vLLM's CPU build has no synthetic rejection sampling: run it on a GPU image."),
 )
 
 
@@ -453,6 +459,32 @@ class VLLM(Engine):
     def reset_prefix_cache(self, api: EngineAPI) -> None:
         with contextlib.suppress(Unreachable):
             api.post("/reset_prefix_cache")  # served with VLLM_SERVER_DEV_MODE=1 (sweep_env)
+
+    # The lossless check scores given tokens through /tokenize and prompt_logprobs: engines/vllm_scoring.py.
+    scoring_unsupported = None
+
+    def score_answer(self, api: EngineAPI, model: str, messages: Sequence[dict[str, Any]],
+                     extra: dict[str, Any] | None, chat_kwargs: dict[str, Any] | None,
+                     answer_ids: Sequence[int]) -> float:
+        from sparklab.engines.vllm_scoring import score_answer
+
+        return score_answer(api, model, messages, extra, chat_kwargs, answer_ids)
+
+    def lossy_settings(self, spec_argv: Sequence[str]) -> list[str]:
+        """Synthetic rejection sampling accepts a draft token with a fixed probability instead of testing it against
+        the target's distribution (vLLM 0.27.1 vllm/config/speculative.py:78, :217-237, :1302-1317; the
+        acceptance itself at vllm/v1/sample/rejection_sampler.py:752 and :814): a benchmarking device whose
+        answers are not the target's."""
+        sp = speculative(spec_argv)
+        method = (sp.options if sp else {}).get("rejection_sample_method")
+        if method == "synthetic":
+            return ["speculative_config.rejection_sample_method synthetic: draft tokens are accepted at a set rate "
+                    "without the target's test (vllm/config/speculative.py:217-237, "
+                    "vllm/v1/sample/rejection_sampler.py:752, :814), so the answers are not the target's"]
+        if method not in (None, "standard", "block"):
+            return [f"speculative_config.rejection_sample_method {method}: not a lossless verification vLLM 0.27.1 "
+                    "knows (standard, block; vllm/config/speculative.py:78)"]
+        return []
 
     def version(self, api: EngineAPI) -> str | None:
         """GET /version: {"version": VLLM_VERSION}."""

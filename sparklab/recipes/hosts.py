@@ -23,7 +23,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
-from urllib.parse import urlsplit
+from urllib.parse import SplitResult, urlsplit
 
 from pydantic import Field, ValidationError
 
@@ -84,8 +84,20 @@ def _scheme(url: str) -> str:
     if url == LOCAL_NAME:
         return "local"
     if "://" in url:
-        return urlsplit(url).scheme
+        return url.split("://", 1)[0].lower()  # urlsplit would raise on a bad host part: _split words that
     return "context" if _CONTEXT.match(url) else "bad"
+
+
+def _split(url: str, where: str) -> SplitResult:
+    """The URL's parts, its port read once so that a bad one is an error here, not a ValueError later."""
+    try:
+        parts = urlsplit(url)
+        _ = parts.port
+    except ValueError as exc:  # "Invalid IPv6 URL", "Port out of range 0-65535", a port that is not a number
+        raise RecipeError(f"{where}: {url!r} is not a Docker host URL ({exc})",
+                          "Write ssh://user@spark-2[:port], ssh://user@[fe80::1]:22 or tcp://spark-2:2376 "
+                          "(ports 1-65535).") from None
+    return parts
 
 
 def parse_hosts(entries: Sequence[str | HostEntry], where: str) -> list[Host]:
@@ -99,7 +111,7 @@ def parse_hosts(entries: Sequence[str | HostEntry], where: str) -> list[Host]:
                 f"{where}: hosts[{i}]: {entry.docker!r} is not a Docker host",
                 "Name it as Docker does: local, ssh://user@host[:port], tcp://host:2376 (TLS), unix:///path or "
                 "a context name from `docker context ls`.")
-        parts = urlsplit(entry.docker) if scheme in ("ssh", "tcp") else None
+        parts = _split(entry.docker, f"{where}: hosts[{i}]") if scheme in ("ssh", "tcp") else None
         if parts is not None and not parts.hostname:
             raise RecipeError(f"{where}: hosts[{i}]: {entry.docker!r} names no host",
                               "Write ssh://user@spark-2 or tcp://spark-2:2376.")

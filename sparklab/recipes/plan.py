@@ -13,9 +13,9 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Discriminator, Field, Tag, ValidationError, field_validator
 from pydantic_core import PydanticCustomError
 
 from sparklab.bench.workloads import load_workload
@@ -26,7 +26,10 @@ from sparklab.recipes.multinode import ClusterSpec
 from sparklab.recipes.render import LaunchOptions, render
 from sparklab.recipes.schema import (
     MAX_REPEATS,
+    MAX_TEMPERATURE,
     MAX_WARMUP,
+    ONE_VALUE,
+    VALUES,
     Concurrency,
     Recipe,
     RequestsSpec,
@@ -36,6 +39,7 @@ from sparklab.recipes.schema import (
     TokenCount,
     explain_validation,
     load_recipe,
+    one_or_list,
     read_yaml,
     recipes_dir,
 )
@@ -45,16 +49,66 @@ from sparklab.spec import LaunchSpec
 _SAMPLING = Sampling()  # the one place sampling defaults are written (sparklab.records.Sampling)
 
 
-class SamplingSpec(Strict):
-    """A sweep file's `sampling:`; every default is sparklab.records.Sampling's."""
+Temperature = Annotated[float, Field(ge=0, le=MAX_TEMPERATURE, allow_inf_nan=False)]
+TopP = Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)]
+AXES = ("temperature", "top_p", "max_tokens")  # sampling keys that may list values: load axes, like concurrency
+MaxTokensAxis = Annotated[Annotated[TokenCount, Tag(ONE_VALUE)] | Annotated[list[TokenCount], Tag(VALUES)],
+                          Discriminator(one_or_list)]
+TemperatureAxis = Annotated[Annotated[Temperature | None, Tag(ONE_VALUE)]
+                            | Annotated[list[Temperature | None], Tag(VALUES)], Discriminator(one_or_list)]
+TopPAxis = Annotated[Annotated[TopP | None, Tag(ONE_VALUE)] | Annotated[list[TopP | None], Tag(VALUES)],
+                     Discriminator(one_or_list)]
 
-    max_tokens: TokenCount = _SAMPLING.max_tokens
-    temperature: float | None = Field(default=_SAMPLING.temperature, ge=0, le=100, allow_inf_nan=False)
-    top_p: float | None = Field(default=_SAMPLING.top_p, gt=0, le=1)
+
+class SamplingSpec(Strict):
+    """A sweep file's `sampling:`; every default is sparklab.records.Sampling's. `temperature`, `top_p` and
+    `max_tokens` may each list values (`max_tokens: [4096, 16000]`): every combination is a load of its own on the
+    same server (seed 002 found the budget at which answers appear this way)."""
+
+    max_tokens: MaxTokensAxis = _SAMPLING.max_tokens
+    temperature: TemperatureAxis = _SAMPLING.temperature
+    top_p: TopPAxis = _SAMPLING.top_p
     ignore_eos: bool = _SAMPLING.ignore_eos
     min_tokens: TokenCount | None = _SAMPLING.min_tokens
     enable_thinking: bool | None = _SAMPLING.enable_thinking
     seed: int | None = _SAMPLING.seed
+
+    @field_validator("max_tokens", "temperature", "top_p")
+    @classmethod
+    def _listed_once(cls, value: Any) -> Any:
+        if isinstance(value, list) and (not value or len(set(value)) != len(value)):
+            raise ValueError("a list of values must name each value once, and at least one")
+        return value
+
+    # Any: sampling values as the sweep file gives them (YAML scalars or lists)
+    def variants(self) -> list[dict[str, Any]]:
+        """Every concrete sampling (one per combination of listed values, in the file's order); a file that
+        lists nothing has one, equal to its own model_dump (so its cells keep their ids)."""
+        base = self.model_dump()
+        lists = [[(k, v) for v in base[k]] for k in AXES if isinstance(base[k], list)]
+        return [{**base, **dict(combo)} for combo in itertools.product(*lists)] if lists else [base]
+
+    def varying(self) -> tuple[str, ...]:
+        """The sampling keys this file sweeps over (listed with more than one value)."""
+        return tuple(k for k in AXES if isinstance(getattr(self, k), list) and len(getattr(self, k)) > 1)
+
+
+class Grading(Strict):
+    """How graded suites are graded (sparklab.bench.grading): the code suite's sandbox container."""
+
+    sandbox_image: str = "sparklab/base:bookworm"
+    timeout_s: Seconds = 60.0
+    per_test_s: Seconds = 10.0
+    memory_mib: int = Field(default=256, strict=True, ge=32, le=65536)
+    cpus: float = Field(default=1.0, gt=0, le=64)
+
+
+class Lossless(Strict):
+    """The lossless check at temperature > 0 (sparklab.sweep.lossless): score every sampled answer under the target
+    on a plain server of the same recipe after the window."""
+
+    enabled: bool = True
+    alpha: float = Field(default=0.05, gt=0, lt=0.5)  # family-wise, over every test the run makes (Bonferroni)
 
 
 class Match(Strict):
@@ -85,7 +139,8 @@ class Override(Strict):
 
 
 class SweepFile(Strict):
-    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
+    # a path component of every run (runs/tune-<name>-<id>/): short enough for any filesystem's 255 bytes
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$", max_length=100)
     description: str = ""
     recipe: str
     engines: list[str] | None = None
@@ -137,6 +192,8 @@ class SweepFile(Strict):
         except slo.SloError as exc:
             raise PydanticCustomError("slo", "{reason}", {"reason": str(exc)}) from None
         return value
+    grading: Grading = Field(default_factory=Grading)
+    lossless: Lossless = Field(default_factory=Lossless)
 
     @field_validator("hosts", mode="before")
     @classmethod
@@ -144,6 +201,19 @@ class SweepFile(Strict):
         """`- ssh://me@spark-2` is short for `- {docker: ssh://me@spark-2}`."""
         return [{"docker": v} if isinstance(v, str) else v for v in value] if isinstance(value, list) else value
 
+
+    @field_validator("engines", "methods", "num_speculative_tokens", "concurrency", "workloads")
+    @classmethod
+    def _each_once(cls, value: list[Any] | None) -> list[Any] | None:
+        """A value listed twice planned its cells twice (`concurrency: [1, 1, 2, 1]` ran C=1 six times, past
+        max_attempts). Refused, not deduplicated: it is a typo more often than a wish, and more runs of a load
+        is what `repeats:` says."""
+        for item in value or ():
+            times = value.count(item) if value else 0
+            if times > 1:
+                raise ValueError(f"{item!r} is listed {times} times; list each value once (`repeats: N` runs "
+                                 "each load N times)")
+        return value
 
     @field_validator("repeats", mode="before")
     @classmethod
@@ -169,6 +239,7 @@ class Cell:
     workload: str
     repeat: int
     requests: int | None
+    sampling: dict[str, Any] = field(default_factory=dict)  # this load's concrete sampling (SamplingSpec.variants)
 
 
 @dataclass(frozen=True)
@@ -293,8 +364,9 @@ def _server(sweep: SweepFile, recipe_path: Path, engine: str, method: str, k: in
     server_id = _hash({"recipe": recipe.name, "engine": engine, "method": method, "k": k,
                        "argv": list(spec.argv[: spec.recipe_argv_len]) + list(serve_args), "image": spec.image})
     cells = []
-    for concurrency, workload, repeat in itertools.product(sweep.concurrency, sweep.workloads,
-                                                                 range(sweep.max_repeats)):
+    for concurrency, workload, sampling, repeat in itertools.product(sweep.concurrency, sweep.workloads,
+                                                                     sweep.sampling.variants(),
+                                                                     range(sweep.max_repeats)):
         load_axes = {**axes, "concurrency": concurrency, "workload": workload}
         if any(m.matches(load_axes) for m in sweep.exclude):
             continue
@@ -303,10 +375,10 @@ def _server(sweep: SweepFile, recipe_path: Path, engine: str, method: str, k: in
             raise RecipeError(f"{sweep.name}: requests: no request count for concurrency {concurrency}",
                               "Give requests: {CONCURRENCY: N, ...} for every concurrency, or duration_s.")
         settings = {"requests": requests, "duration_s": sweep.duration_s, "warmup": sweep.warmup,
-                    "stream": sweep.stream, "sampling": sweep.sampling.model_dump()}
+                    "stream": sweep.stream, "sampling": sampling}
         cell_id = _hash({"server": server_id, "concurrency": concurrency, "workload": workload,
                          "repeat": repeat, "settings": settings})
-        cells.append(Cell(cell_id, concurrency, workload, repeat, requests))
+        cells.append(Cell(cell_id, concurrency, workload, repeat, requests, sampling))
     return ServerConfig(server_id, engine, method, k, overrides, serve_args, spec, recipe, tuple(cells), options)
 
 
@@ -347,6 +419,6 @@ def estimate_seconds(plan: Plan, model: TimingModel) -> float:
             if plan.sweep.duration_s:
                 total += plan.sweep.duration_s
                 continue
-            tokens = ((cell.requests or 0) + plan.sweep.warmup) * plan.sweep.sampling.max_tokens
+            tokens = ((cell.requests or 0) + plan.sweep.warmup) * int(cell.sampling.get("max_tokens") or 0)
             total += tokens / (model.tokens_per_s * cell.concurrency**model.batching)
     return total

@@ -12,21 +12,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import jinja2
-from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
-
 from sparklab import __version__
 from sparklab.engines import caches as engine_cache
 from sparklab.engines import engine as engine_adapter
 from sparklab.errors import RecipeError
+from sparklab.recipes import sandbox
 from sparklab.recipes.schema import METHOD_ARGS_MARKER, EngineSpec, Recipe
 from sparklab.spec import (
     API_KEY_PLACEHOLDER,
     PASSTHROUGH_ENV,
+    SESSION_LABEL,
     LaunchSpec,
     Mount,
     endpoint_url,
     is_secret_name,
+    session,
 )
 
 
@@ -76,50 +76,13 @@ def placeholder_node(nodes: int, cluster_port: int | None) -> dict[str, Any]:
     return {"node": head, "head": head, "nodes": nodes, "cluster_port": cluster_port}
 
 
-_MAX_TEMPLATE_RESULT = 1_000_000  # characters or items a `*` or `**` in a template may produce
-
-
-class _Sandbox(ImmutableSandboxedEnvironment):
-    """A recipe, sweep file or --set value may come from someone else: its templates see data, never Python
-    internals (no `_` attributes, no mutation), and cannot build huge values to exhaust memory."""
-
-    intercepted_binops = frozenset({"*", "**"})
-
-    def call_binop(self, context: jinja2.runtime.Context, operator: str, left: Any, right: Any) -> Any:
-        if operator == "**" and isinstance(right, int | float) and abs(right) > 64:
-            raise SecurityError(f"an exponent of {right} is too large")
-        if operator == "*" and isinstance(left, int) and isinstance(right, str | list | tuple):
-            left, right = right, left
-        if (operator == "*" and isinstance(left, str | list | tuple) and isinstance(right, int)
-                and len(left) * right > _MAX_TEMPLATE_RESULT):
-            raise SecurityError(f"repeating a value {right} times is too large")
-        return super().call_binop(context, operator, left, right)
-
-
-_JINJA = _Sandbox(undefined=jinja2.StrictUndefined, autoescape=False, keep_trailing_newline=False)
-
-
 def _render_one(value: Any, context: dict[str, Any], where: str) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     text = str(value)
     if "{" not in text:
         return text
-    try:
-        return _JINJA.from_string(text).render(context)
-    except SecurityError as exc:
-        raise RecipeError(
-            f"{where}: template {text!r} is refused by the sandbox: {exc}",
-            "Templates may use variables, filters and plain expressions, not Python internals.") from None
-    except jinja2.UndefinedError as exc:
-        raise RecipeError(
-            f"{where}: template {text!r} uses something undefined: {exc.message}",
-            "Define it under vars (or model.drafts), or give it with --set NAME=VALUE.") from None
-    except jinja2.TemplateError as exc:
-        raise RecipeError(f"{where}: template {text!r} is not valid Jinja: {exc}") from None
-    except (ArithmeticError, LookupError, TypeError, ValueError) as exc:  # `1/0`, `range(10**9)`, `x[99]`
-        raise RecipeError(f"{where}: template {text!r} failed: {exc}",
-                          "Fix the expression (or give the value itself, without a template).") from None
+    return sandbox.render_template(text, context, where)
 
 
 def _args(recipe: Recipe, engine_name: str, spec: EngineSpec, method: str,
@@ -229,6 +192,7 @@ def render(recipe: Recipe, engine: str | None = None, method: str | None = None,
         "sparklab.method": method,
         "sparklab.mode": options.mode,
         "sparklab.endpoint": endpoint_url(host, port, options.address),
+        **({SESSION_LABEL: current} if (current := session()) else {}),
     }
     suffix = f"-{options.run_id}" if options.run_id else ""
     safe = re.sub(r"[^a-zA-Z0-9_.-]", "-", f"sparklab-{recipe.name}-{engine_name}-{method}{suffix}")

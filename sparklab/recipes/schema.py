@@ -28,7 +28,7 @@ from pydantic_core import PydanticCustomError
 
 from sparklab.engines import ENGINES
 from sparklab.errors import RecipeError
-from sparklab.inputs import read_utf8
+from sparklab.inputs import check_text, read_utf8
 
 METHOD_ARGS_MARKER = "$method_args"
 Scalar = str | int | float | bool
@@ -42,6 +42,7 @@ MAX_WARMUP = 10_000
 MAX_TOKENS = 2_097_152  # output tokens per request (2 Mi)
 MAX_SPECULATIVE_TOKENS = 64
 MAX_DURATION_S = 7 * 24 * 3600
+MAX_TEMPERATURE = 100.0  # sampling temperature; top_p is in (0, 1]
 
 # Whole numbers are strict: 4.0, 1.0e+29, true and "4" are errors, not silently converted.
 Port = Annotated[int, Field(strict=True, ge=1, le=65535)]
@@ -53,6 +54,13 @@ Seconds = Annotated[float, Field(gt=0, le=MAX_DURATION_S, allow_inf_nan=False)]
 
 # Union members are told apart by shape, and their tags are left out of error locations.
 _ONE, _PER_CONCURRENCY = "one count", "per concurrency"
+ONE_VALUE, VALUES = "one value", "values"  # a sweep axis given as one value or as a list (plan.SamplingSpec)
+
+
+# Any: YAML before pydantic validates it
+def one_or_list(value: Any) -> str:
+    """The tag of a value that may be given alone or as a list of values (a sweep axis)."""
+    return VALUES if isinstance(value, list) else ONE_VALUE
 RequestsSpec = Annotated[
     Annotated[RequestCount, Tag(_ONE)] | Annotated[dict[Concurrency, RequestCount], Tag(_PER_CONCURRENCY)],
     Discriminator(lambda v: _PER_CONCURRENCY if isinstance(v, dict) else _ONE),
@@ -238,7 +246,7 @@ class Recipe(Strict):
 def _location(loc: tuple[Any, ...]) -> str:
     path = ""
     for part in loc:
-        if part in (_ONE, _PER_CONCURRENCY):
+        if part in (_ONE, _PER_CONCURRENCY, ONE_VALUE, VALUES):
             continue
         if part == "[key]":
             path += " (the key)"
@@ -324,13 +332,15 @@ def read_yaml(path: Path) -> Any:
     except OSError as exc:  # a directory, no permission
         raise RecipeError(f"{path}: cannot read it: {exc.strerror}", "Give the path of a YAML file.") from None
     try:
-        return yaml.safe_load(text)
+        data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(exc, "problem", None) or str(exc)
         raise RecipeError(f"{path}:{where}: not valid YAML: {problem}",
                           "Fix the YAML syntax (indentation, quoting, a missing colon).") from None
+    check_text(data, str(path))  # a lone \ud800 escape would fail only when it is sent
+    return data
 
 
 def load_recipe(path: Path, overrides: list[str] | None = None) -> Recipe:
@@ -355,6 +365,7 @@ def parse_override(text: str) -> tuple[list[str], Any]:
         value = yaml.safe_load(raw) if raw.strip() else ""
     except yaml.YAMLError:
         value = raw
+    check_text({key.strip(): value}, "--set")  # bytes that are not UTF-8 reach argv as lone surrogates
     return key.strip().split("."), value
 
 

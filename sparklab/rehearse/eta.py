@@ -65,9 +65,9 @@ def night_eta(plan: Plan, twin: Twin) -> NightEta:
         speculative = spec.speculative
         timing = twin.timing(spec.kind, _method(twin, server), speculative.num_speculative_tokens if speculative
                              else None, sweep.name)
-        tokens = min(sweep.sampling.max_tokens or timing.output_tokens, timing.output_tokens)
         per_cell = []
-        for cell in server.cells:
+        for cell in server.cells:  # each cell's own max_tokens: sampling may list values (a load axis)
+            tokens = min(int(cell.sampling.get("max_tokens") or timing.output_tokens), timing.output_tokens)
             w = words.setdefault(cell.workload, _words(cell.workload))
             per_cell.append(timing.cell_s(w, tokens, cell.concurrency, cell.requests or 10, sweep.warmup))
         extra = 0.0

@@ -14,62 +14,48 @@ from pathlib import Path
 
 from sparklab.errors import SparklabError
 from sparklab.report.content import document
-from sparklab.report.document import markdown, to_html
+from sparklab.report.document import json_visible, markdown, to_html, visible
 from sparklab.report.exports import to_csv, to_json
+from sparklab.report.files import check_out, load, locate, malformed, publish, staged
 from sparklab.report.model import Overrides, Report, build
 
 FORMATS = ("md", "csv", "json", "html")
 
-__all__ = ["FORMATS", "Overrides", "Report", "build", "locate", "overrides_from", "render", "write_all"]
+__all__ = ["FORMATS", "Overrides", "Report", "build", "check_out", "load", "locate", "malformed", "overrides_from",
+           "render", "write_all"]
 
 
 def render(report: Report, fmt: str, plot_dir: Path | None = None) -> str:
-    """One format as text. HTML embeds plots, drawn into plot_dir (required for html)."""
+    """One format as text. HTML embeds plots, drawn into plot_dir (required for html). Control characters from
+    stored strings are shown, never passed to a terminal (document.visible)."""
     if fmt == "md":
-        return markdown(document(report))
+        return visible(markdown(document(report)))
     if fmt == "csv":
-        return to_csv(report)
+        return visible(to_csv(report))
     if fmt == "json":
-        return to_json(report)
+        return json_visible(to_json(report))
     if fmt == "html":
         if plot_dir is None:
             raise ValueError("html needs a directory for its plots")
         from sparklab.report.plots import all_plots
 
-        return to_html(document(report, all_plots(report, plot_dir)))
+        return visible(to_html(document(report, all_plots(report, plot_dir))))
     raise ValueError(f"unknown report format {fmt!r}")
 
 
 def write_all(report: Report, out: Path) -> list[Path]:
-    """report.md (linking plots/*.png), report.csv, report.json and the self-contained report.html."""
+    """report.md (linking plots/*.png), report.csv, report.json and the self-contained report.html, all or
+    nothing: built beside `out`, then moved into it (an error leaves `out` as it was)."""
     from sparklab.report.plots import all_plots
 
-    out.mkdir(parents=True, exist_ok=True)
-    plots = all_plots(report, out / "plots")
-    doc = document(report, plots)
-    files = {"report.md": markdown(doc, base=out), "report.csv": to_csv(report), "report.json": to_json(report),
-             "report.html": to_html(doc)}
-    written = []
-    for name, text in files.items():
-        (out / name).write_text(text, encoding="utf-8")
-        written.append(out / name)
-    return written + [path for _, path in plots]
-
-
-def locate(run: str, runs_dir: Path) -> tuple[Path, str | None]:
-    """(results.sqlite, a note) for RUN: a results file, a run directory, a run id under runs_dir, or a sweep
-    name (its newest run, which the note names)."""
-    given = Path(run)
-    for candidate in (given, given / "results.sqlite", runs_dir / run / "results.sqlite"):
-        if candidate.is_file():
-            return candidate, None
-    newest = sorted(runs_dir.glob(f"{run}-*/results.sqlite"))
-    if newest:
-        return newest[-1], f"newest run of sweep {run}: {newest[-1].parent.name}"
-    runs = sorted(p.parent.name for p in runs_dir.glob("*/results.sqlite"))
-    raise SparklabError(f"no results for run {run!r}: neither a results.sqlite file, nor a run directory, nor "
-                        f"{runs_dir / run / 'results.sqlite'}",
-                        f"Runs under {runs_dir}: {', '.join(runs) or 'none'} (another place: --runs-dir DIR).")
+    with staged(out) as staging:
+        plots = all_plots(report, staging / "plots")
+        doc = document(report, plots)
+        files = {"report.md": visible(markdown(doc, base=staging)), "report.csv": visible(to_csv(report)),
+                 "report.json": json_visible(to_json(report)), "report.html": visible(to_html(doc))}
+        for name, text in files.items():
+            (staging / name).write_text(text, encoding="utf-8")
+        return publish(staging, out, [staging / name for name in files] + [path for _, path in plots])
 
 
 def overrides_from(hardware: str | None, bandwidth_gbps: float | None, facts: list[str],

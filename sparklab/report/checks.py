@@ -17,10 +17,12 @@ what it looked at, and its findings, so a clean report says so rather than sayin
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
+from sparklab.report import lossless, quality, thinking
 from sparklab.report.model import Group, Report
+from sparklab.report.thinking import thinking_ended
+from sparklab.report.verdict import Check
 
 SHORT_TOKENS = 32  # answers this short make any speedup mostly prefill and scheduling
 SHORT_SHARE = 0.25  # unforced answers averaging under this share of max_tokens are "far shorter than asked"
@@ -33,14 +35,6 @@ CHUNK_SLACK = 1.05  # tokens per chunk may exceed K+1 by rounding only
 AGREE_LOW = 0.75
 AGREE_HIGH = {True: 1.25, False: 2.0}  # C=1, C>1
 AGREE_MIN_ACCEPTED = 10  # fewer accepted tokens than this: too few to judge
-
-
-@dataclass(frozen=True)
-class Check:
-    name: str
-    looked_at: str  # what a pass means, one sentence
-    findings: tuple[str, ...]
-    not_checked: str | None = None  # why the run could not be checked (then no pass is claimed)
 
 
 def _where(g: Group) -> str:
@@ -84,7 +78,8 @@ def equality(report: Report) -> Check:
     unchecked = sorted({g.equality.describe() for g in drafting if g.equality and g.equality.status == "sampling"})
     for text in unchecked:
         findings.append(f"equality {text}: sampled answers differ run to run, drafting or not; run at temperature "
-                        "0 to check that drafting keeps the output")
+                        "0 to check that drafting keeps the output token for token (the lossless check compares "
+                        "sampled answers as samples)")
     compared = [g for g in drafting if g.equality and g.equality.status in ("checked", "sampling")]
     why = None
     if not drafting:
@@ -109,9 +104,10 @@ def truncation(report: Report) -> Check:
                 reasons[reason] = reasons.get(reason, 0) + int(n)
         total = sum(reasons.values())
         forced = forced_length(sampling)
-        if not forced and total and reasons.get("length"):
-            findings.append(f"{_where(g)}: {reasons['length']} of {total} answers "
-                            f"({100 * reasons['length'] / total:.0f}%) ended at max_tokens ({max_tokens}) - cut off, "
+        cut = reasons.get("length", 0) - thinking_ended(g)  # thinking that ate the budget: the thinking check's
+        if not forced and total and cut > 0:
+            findings.append(f"{_where(g)}: {cut} of {total} answers "
+                            f"({100 * cut / total:.0f}%) ended at max_tokens ({max_tokens}) - cut off, "
                             "so tokens per answer is the budget, not the model's; raise max_tokens")
         tokens = g.metrics.get("tokens_per_request")
         if tokens is None:
@@ -261,4 +257,5 @@ CHECKS: tuple[Callable[[Report], Check], ...] = (equality, truncation, prefix_ca
 
 
 def run_checks(report: Report) -> list[Check]:
-    return [check(report) for check in CHECKS]
+    """Every check; those over graded answers, sampled answers and thinking live beside their report sections."""
+    return [check(report) for check in (*CHECKS, quality.check, lossless.check, thinking.check)]

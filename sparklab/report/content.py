@@ -5,12 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from sparklab import engines
 from sparklab.bench.metrics import CONFIDENCE, IDENTICAL, IDENTICAL_SHORT, SPREAD_WARN, Ratio
 from sparklab.report import latency, losses, provenance, verdicts
 from sparklab.report.checks import run_checks
 from sparklab.report.document import Block, Bullets, Code, Document, Image, Para, Section, Table
 from sparklab.report.formats import DASH, fmt
 from sparklab.report.generation import generation_sections
+from sparklab.report.lossless import sections as lossless_sections
 from sparklab.report.model import (
     BEST_TIE,
     CLOCK_DROP_FLAG,
@@ -22,7 +24,9 @@ from sparklab.report.model import (
     headline_name,
     memory_rows,
 )
+from sparklab.report.quality import sections as graded_sections
 from sparklab.report.roofline import assumptions, model_inputs
+from sparklab.report.thinking import sections as thinking_sections
 from sparklab.sweep.store import HOST_LOST
 
 
@@ -68,8 +72,13 @@ def _k(server: Server) -> str:
 def _overview(report: Report) -> Section:
     sweep, meta, host, counts = report.sweep, report.meta, report.host, report.counts
     engines = sorted({f"{s.engine} {s.engine_version}" for s in report.servers if s.engine_version})
-    digests = sorted({f"`{s.image}` {s.image_digest}" for s in report.servers if s.image_digest}) or sorted(
-        {f"`{s.image}` (no server started)" for s in report.servers})
+
+    def identity(s: Server) -> str:
+        started = s.ready_s is not None or bool(s.startup)
+        return f"`{s.image}` " + (s.image_digest or ("(no digest recorded)" if started else "(never started)"))
+
+    images = sorted({identity(s) for s in report.servers if not s.is_process})
+    programs = sorted({identity(s) for s in report.servers if s.is_process})
     items = [
         f"run `{report.run_id}` of sweep `{sweep.get('name', '?')}` (recipe `{sweep.get('recipe', '?')}`), "
         f"created {meta.get('created_at', '?')} by sparklab {meta.get('sparklab_version', '?')}",
@@ -78,9 +87,15 @@ def _overview(report: Report) -> Section:
         + f"{counts.get('pending', 0) + counts.get('running', 0)} not run; {len(report.servers)} server configs",
         f"host: {host.get('hostname', '?')} ({host.get('machine', '?')}, {host.get('mem_total_gib', '?')} GiB)",
     ]
+    platform = host.get("platform") or {}
+    if platform:
+        items.append("platform: " + platform_line(platform))
     if engines:
         items.append("engine versions (GET /version): " + ", ".join(engines))
-    items.append("images: " + "; ".join(digests))
+    if images:
+        items.append("images: " + "; ".join(images))
+    if programs:
+        items.append("programs (host processes; the digest is the program file's sha256): " + "; ".join(programs))
     blocks: list[Block] = []
     if sweep.get("description"):
         blocks.append(Para(str(sweep["description"])))
@@ -106,8 +121,7 @@ def _method(report: Report) -> Section:
         "median request's first token - start, averaged over repeats.",
         "acceptance length (1 + accepted / drafts) and rate (accepted / draft tokens): the server's own figures "
         "over each window, not client guesses; here from " + ("; ".join(accept) if accept else (
-            "nowhere: no engine of this run reports it (TensorRT Edge-LLM has no such counter)"
-            if any(not g.is_baseline for g in report.groups) else "no drafting")) + ".",
+            _no_acceptance(report) if any(not g.is_baseline for g in report.groups) else "no drafting")) + ".",
         f"repeats: `a ± b` is the mean over repeats and the half-width of its {pct} Student-t interval; a "
         f"single run has no interval; `({IDENTICAL_SHORT})` marks repeats that all gave one value (the interval "
         f"is not measured: a spread of zero is not certainty). `(spread)` marks a coefficient of variation over "
@@ -116,6 +130,17 @@ def _method(report: Report) -> Section:
         f"is its {pct} interval (delta method on the log ratio, Welch degrees of freedom); `n.s.` = the "
         "interval includes 100%, not a significant difference.",
     ))])
+
+
+def _no_acceptance(report: Report) -> str:
+    """Which engines drafted and reported no acceptance, and why when its adapter knows."""
+    reasons = []
+    silent = {g.server.id: g.server for g in report.groups if not g.is_baseline and not g.acceptance_sources}
+    for server in silent.values():
+        adapter = engines.ENGINES.get(server.kind or "")
+        reason = adapter.no_acceptance_reason if adapter is not None else ""
+        reasons.append(f"{server.engine}: {reason or 'it reported none in this run'}")
+    return f"nowhere: no engine of this run reports it ({'; '.join(dict.fromkeys(reasons))})"
 
 
 def _seed_tables(report: Report) -> list[Section]:
@@ -321,6 +346,7 @@ def _facts(report: Report) -> Section:
     rows = []
     warnings: dict[str, list[str]] = {}
     advice: dict[str, list[str]] = {}
+    downloads = any(s.downloads for s in report.servers)
     for s in report.servers:
         f = s.startup
         conc = DASH
@@ -329,15 +355,21 @@ def _facts(report: Report) -> Section:
         rows.append((s.label, DASH if s.ready_s is None else f"{s.ready_s:.1f}",
                      DASH if f.get("kv_cache_tokens") is None else f"{f['kv_cache_tokens']:,}", conc,
                      _opt(f.get("kv_cache_memory_gib"), "{:g}"), _opt(f.get("model_load_seconds"), "{:g}"),
-                     _opt(f.get("model_load_gib"), "{:g}"), _opt(f.get("engine_init_seconds"), "{:g}")))
+                     _opt(f.get("model_load_gib"), "{:g}"), _opt(f.get("engine_init_seconds"), "{:g}"),
+                     *(_download_cells(s) if downloads else ())))
         for text in f.get("warnings") or []:
             warnings.setdefault(text, []).append(s.label)
         for text in f.get("advice") or []:
             advice.setdefault(text, []).append(s.label)
+    header = ("server", "ready s", "KV cache tokens", "max concurrency", "KV cache GiB", "weights load s",
+              "model GiB", "engine init s", *(("download s", "download + start s") if downloads else ()))
     blocks: list[Block] = [
-        Para("From each server's startup log (the latest start of that config) and sparklab's readiness wait."),
-        Table(("server", "ready s", "KV cache tokens", "max concurrency", "KV cache GiB", "weights load s",
-               "model GiB", "engine init s"), tuple(rows), (False, *([True] * 7))),
+        Para("From each server's startup log (the latest start of that config) and sparklab's readiness wait."
+             + (" Download: the model checkpoints the sweep fetched for it before its first server (a checkpoint "
+                "counts for the first server that needs it; 0 when the cache had it) plus making sure of its image "
+                "(a pull, or a look-up); download + start adds the time to ready (seed 002 measured 371 s for one "
+                "model)." if downloads else "")),
+        Table(header, tuple(rows), (False, *([True] * (len(header) - 1)))),
     ]
     if advice:
         blocks.append(Para("Advice from these logs:"))
@@ -346,6 +378,29 @@ def _facts(report: Report) -> Section:
         blocks.append(Para("Startup warnings:"))
         blocks.append(Bullets(tuple(f"{text} ({_who(who, report)})" for text, who in warnings.items())))
     return Section("Measured facts per server config", blocks=blocks)
+
+
+def _download_cells(s: Server) -> tuple[str, str]:
+    d = s.downloads or {}
+    total = d.get("total_s")
+    if total is None:
+        return DASH, DASH
+    gib = f", {d['bytes'] / 2**30:.2f} GiB" if d.get("bytes") else ""
+    return (f"{total:,.1f}{gib}", DASH if s.ready_s is None else f"{total + s.ready_s:,.1f}")
+
+
+def platform_line(p: dict[str, Any]) -> str:
+    """OS release, kernel, GPU driver and CUDA where nvidia-smi answered (sparklab.host.platform)."""
+    parts = [str(p.get("os_release") or "OS release unknown"), f"kernel {p.get('kernel', '?')}"]
+    gpus = p.get("gpus") or []
+    if gpus:
+        parts.append(", ".join(sorted({f"{g.get('name')} (driver {g.get('driver')})" for g in gpus})))
+        parts.append(f"CUDA {p['cuda']}" if p.get("cuda") else "CUDA version not reported")
+    else:
+        parts.append(f"no NVIDIA GPU driver ({p.get('nvidia_smi') or 'nvidia-smi did not answer'})")
+    if p.get("docker"):
+        parts.append(f"Docker {p['docker']}")
+    return ", ".join(parts)
 
 
 def _memory(report: Report) -> Section | None:
@@ -525,9 +580,10 @@ def document(report: Report, plots: list[tuple[str, Path]] | None = None) -> Doc
     synthetic = [s] if (s := verdicts.synthetic_section(report)) else []
     synthetic += [s] if (s := latency.section(report, report.slo)) else []
     synthetic += [s] if (s := losses.section(report)) else []
+    quality = [*graded_sections(report), *lossless_sections(report), *thinking_sections(report)]
     sections = [_overview(report), *lead, _method(report), *_seed_tables(report), *tuned, *_k_pivot(report),
-                _best(report), *synthetic, verdicts.load_noise_section(report), _checks(report), _reliability(report),
-                *_detail_tables(report)]
+                _best(report), *synthetic, *quality, verdicts.load_noise_section(report), _checks(report),
+                _reliability(report), *_detail_tables(report)]
     if acceptance := _acceptance(report):
         sections.append(acceptance)
     if tools := _tool_calls(report):

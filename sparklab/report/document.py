@@ -14,6 +14,19 @@ from pathlib import Path
 
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+# C0 and C1 control characters but newline and tab: an ESC from a stored string could set the reader's clipboard
+# (OSC 52) or clear the screen (ESC[2J) when a report is printed; a carriage return could overwrite a line.
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def visible(text: str) -> str:
+    """Text that may reach a terminal: every control character shown as \\xNN, never obeyed."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+
+
+def json_visible(text: str) -> str:
+    """JSON text with the control characters json.dumps leaves raw (DEL, C1) as \\u escapes: the same data."""
+    return _CONTROL.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
 
 @dataclass(frozen=True)
 class Para:

@@ -30,7 +30,42 @@ def _interval(e: Estimate | Ratio | None) -> tuple[float | None, float | None]:
     return e.low, e.high
 
 
-def _group_row(g: Group) -> dict[str, Any]:
+def _quality(report: Report) -> dict[int, dict[str, Any]]:
+    """Per group (by identity): its graded answers, agreement with none, lossless verdict and thinking budget."""
+    from sparklab.report import lossless, quality, thinking
+
+    out: dict[int, dict[str, Any]] = {id(g): {} for g in report.groups}
+    for r in quality.pass_rates(report):
+        out[id(r.group)].update(graded=r.rate.n, pass_rate=r.rate.rate, pass_rate_ci95_low=r.rate.low,
+                                pass_rate_ci95_high=r.rate.high, tests_passed=r.tests_passed, tests=r.tests,
+                                ungraded=r.ungraded)
+    for a in quality.agreements(report):
+        out[id(a.group)].update(same_verdict_as_none=a.test.agree, verdict_pairs=a.test.pairs,
+                                mcnemar_p=a.test.p_value)
+    verdicts = {(r.server.id, r.sampling): r for r in lossless.results(report)}
+    for g in report.groups:
+        label = model_variant(g)
+        found = verdicts.get((g.server.id, label))
+        if found is not None:
+            d, n = found.logprob, found.length
+            out[id(g)].update(lossless=lossless.verdict(found), logprob_diff=d.difference if d else None,
+                              logprob_diff_ci95=[d.low, d.high] if d else None, logprob_p=d.p_value if d else None,
+                              length_diff=n.difference if n else None, length_p=n.p_value if n else None)
+        if g.answers:
+            b = thinking.budget(g)
+            out[id(g)].update(answer_rate=b.answer_rate, thinking_used_the_whole_budget=b.exhausted,
+                              cut_after_thinking=b.cut, thinking_tokens_per_answer=b.thinking_tokens)
+    return out
+
+
+def model_variant(g: Group) -> str:
+    from sparklab.report.model import variant_label
+
+    sampling = {k: v for k, v in g.sampling.items() if v is not None}
+    return variant_label(sampling, ["temperature", "top_p", "max_tokens"])
+
+
+def _group_row(g: Group, extra: dict[str, Any] | None = None) -> dict[str, Any]:
     row: dict[str, Any] = {"workload": g.workload, "concurrency": g.concurrency, "engine": g.server.engine,
                            "method": g.server.method, "k": g.server.k, "server_config_id": g.server.id, "n": g.n,
                            "headline": headline_name(g.concurrency, g.lead),
@@ -53,11 +88,20 @@ def _group_row(g: Group) -> dict[str, Any]:
                 "roofline_measured_tps": r.measured_tps if r else None,
                 "roofline_percent": r.percent if r else None,
                 "effective_gbps": r.effective_gbps if r else None})
+    for key in QUALITY_COLUMNS:
+        row[key] = (extra or {}).get(key)
     return row
 
 
+QUALITY_COLUMNS = ("graded", "pass_rate", "pass_rate_ci95_low", "pass_rate_ci95_high", "tests_passed", "tests",
+                   "ungraded", "same_verdict_as_none", "verdict_pairs", "mcnemar_p", "lossless", "logprob_diff",
+                   "logprob_diff_ci95", "logprob_p", "length_diff", "length_p", "answer_rate",
+                   "thinking_used_the_whole_budget", "cut_after_thinking", "thinking_tokens_per_answer")
+
+
 def to_csv(report: Report) -> str:
-    rows = [_group_row(g) for g in report.groups]
+    extra = _quality(report)
+    rows = [_group_row(g, extra[id(g)]) for g in report.groups]
     out = io.StringIO()
     if rows:
         writer = csv.DictWriter(out, fieldnames=list(rows[0]), lineterminator="\n")
@@ -68,8 +112,9 @@ def to_csv(report: Report) -> str:
 
 def to_json(report: Report) -> str:
     groups = []
+    extra = _quality(report)
     for g in report.groups:
-        groups.append({**{k: v for k, v in _group_row(g).items() if not k.startswith(tuple(METRICS))},
+        groups.append({**{k: v for k, v in _group_row(g, extra[id(g)]).items() if not k.startswith(tuple(METRICS))},
                        "metrics": {name: _estimate(e) for name, e in g.metrics.items()},
                        "per_position_acceptance": list(g.per_position), "ttft_ms": list(g.ttft_ms),
                        "token_sources": list(g.token_sources), "acceptance_sources": list(g.acceptance_sources),

@@ -100,6 +100,21 @@ class Server:
     # per-position acceptance the server was told to fake (synthetic rejection sampling), () when unreadable;
     # None: a real drafter (or none). Such a server benchmarks the engine's step cost, it is not a config to run.
     synthetic: tuple[float, ...] | None = None
+    argv: tuple[str, ...] = ()  # the redacted serve command (what made it lossy, if anything)
+    downloads: dict[str, Any] | None = None  # what it waited for before its latest start (schema 6)
+    started_at: str | None = None
+
+    @property
+    def lossy_settings(self) -> list[str]:
+        """Settings of its serve command that make drafting lossy by design (the engine adapter says which)."""
+        return engines.ENGINES[self.kind].lossy_settings(self.argv) if self.kind in engines.ENGINES else []
+    runtime: str | None = None  # "container" or "process"; None in runs that did not store it
+
+    @property
+    def is_process(self) -> bool:
+        """A host-process engine: its image is the program it runs (older runs: a path is a program, never an
+        image reference)."""
+        return self.runtime == "process" or (self.runtime is None and self.image.startswith("/"))
 
     @property
     def streams_one_chunk_per_step(self) -> bool:
@@ -171,6 +186,10 @@ class Group:
     tool_calls: tuple[ToolCalls, ...] = ()  # tool calls per answer, per tool-call prompt (the runaway probe)
     loads: int = 1  # server starts its cells ran on (stored per cell since issue 25; earlier runs: 1)
     load_noise: bool = False  # its headline interval and speedup include between-load variance (report.verdicts)
+    workload_name: str = ""  # the workload itself; `workload` adds the sampling when the run sweeps it
+    sampling: dict[str, Any] = field(default_factory=dict)  # its cells' concrete sampling
+    answers: tuple[dict[str, Any], ...] = ()  # measured answers (outputs), each with its cell id, repeat and index
+    grades: tuple[dict[str, Any], ...] = ()  # a graded suite's grades, each with its cell id, repeat and index
 
     @property
     def n(self) -> int:
@@ -222,6 +241,7 @@ class Report:
     failures: list[FailureRow]
     roofline_notes: list[str] = field(default_factory=list)
     slo: str | None = None  # the latency objective the report judges configs by (report --slo, else the sweep's)
+    scores: dict[tuple[str, int], Any] = field(default_factory=dict)  # the lossless check's (cell id, index) -> Score
 
     @property
     def workloads(self) -> list[str]:
@@ -292,7 +312,8 @@ def _servers(store: Store, overrides: Overrides, notes: list[str]) -> list[Serve
         servers.append(Server(row.id, seq, row.engine, row.method, row.k, str(config.get("recipe", "?")),
                               tuple(config.get("overrides", ())), tuple(config.get("serve_args", ())), row.image,
                               row.image_digest, row.engine_version, row.ready_s, row.startup_facts or {}, model,
-                              device, kind, row.image_check, synthetic))
+                              device, kind, row.image_check, synthetic, tuple(str(a) for a in row.argv or ()),
+                              row.downloads, row.started_at, config.get("runtime")))
     return servers
 
 
@@ -360,11 +381,26 @@ def _sampling(group: Group) -> dict[str, Any] | None:
     return ((group.cells[0].settings or {}).get("sampling") if group.cells else None)
 
 
-def _with_outputs(group: Group, groups: list[Group], outputs: dict[str, list[dict[str, Any]]]) -> Group:
-    """Its tool calls; for a drafting group, its answers against its baseline's (same engine, workload,
-    concurrency, sampling)."""
+def _tagged(group: Group, per_cell: dict[str, list[dict[str, Any]]], key: str) -> tuple[dict[str, Any], ...]:
+    """Each cell's rows (answers or grades) of the measured requests, tagged with the cell and its repeat: the
+    order in which a prompt's answers pair across configs (sparklab.report.quality)."""
+    out = []
+    for cell in group.cells:
+        for i, row in enumerate(per_cell.get(cell.id, [])):
+            if not row.get("warmup"):
+                out.append({**row, "cell_id": cell.id, "repeat": cell.repeat, key: row.get(key, i)})
+    return tuple(out)
+
+
+def _with_outputs(group: Group, groups: list[Group], outputs: dict[str, list[dict[str, Any]]],
+                  grades: dict[str, list[dict[str, Any]]] | None = None) -> Group:
+    """Its tool calls, answers and grades; for a drafting group, its answers against its baseline's (same
+    engine, workload, concurrency, sampling)."""
     answers = [a for c in group.cells for a in outputs.get(c.id, [])]
-    group = replace(group, tool_calls=tuple(tool_calls(answers)))
+    group = replace(group, tool_calls=tuple(tool_calls(answers)),
+                    answers=_tagged(group, {c: [{**a, "idx": i} for i, a in enumerate(rows)]
+                                            for c, rows in outputs.items()}, "idx"),
+                    grades=_tagged(group, grades or {}, "index"))
     if group.is_baseline:
         return group
     base = _baseline_of(group, groups)
@@ -565,25 +601,52 @@ def _best(groups: list[Group]) -> list[Best]:
     return out
 
 
+def cell_sampling(cell: CellRow) -> dict[str, Any]:
+    return dict((cell.settings or {}).get("sampling") or {})
+
+
+def variant_label(sampling: dict[str, Any], varying: list[str]) -> str:
+    """The sampling keys a run sweeps over, as they read in a table: `temperature 1, max_tokens 256`."""
+    return ", ".join(f"{k} {sampling.get(k):g}" if isinstance(sampling.get(k), (int, float))
+                     else f"{k} {sampling.get(k)}" for k in varying)
+
+
+def _varying(cells: list[CellRow]) -> list[str]:
+    """Sampling keys whose value differs between the run's cells (a sweep over temperature or max_tokens)."""
+    keys: dict[str, set[str]] = {}
+    for cell in cells:
+        for key, value in cell_sampling(cell).items():
+            keys.setdefault(key, set()).add(repr(value))
+    return [k for k, values in keys.items() if len(values) > 1]
+
+
 def build(store: Store, run_id: str, overrides: Overrides | None = None) -> Report:
     overrides = overrides or Overrides()
     notes: list[str] = []
     servers = _servers(store, overrides, notes)
     by_id = {s.id: s for s in servers}
-    cells: dict[tuple[str, str, int], list[CellRow]] = {}
-    for cell in [*store.cells("done"), *store.cells("partial")]:  # partial: kept after max_attempts, flagged
-        cells.setdefault((cell.server_config_id, cell.workload, cell.concurrency), []).append(cell)
-    ordered = sorted(cells, key=lambda key: (key[1], key[2], by_id[key[0]].seq))
+    kept = [*store.cells("done"), *store.cells("partial")]  # partial: kept after max_attempts, flagged
+    varying = _varying(kept)
+    cells: dict[tuple[str, str, int, str], list[CellRow]] = {}
+    for cell in kept:
+        label = variant_label(cell_sampling(cell), varying)
+        cells.setdefault((cell.server_config_id, cell.workload, cell.concurrency, label), []).append(cell)
+    ordered = sorted(cells, key=lambda key: (key[1], key[3], key[2], by_id[key[0]].seq))
     lead = str(store.sweep().get("headline") or "seed000")
-    groups = [replace(_group(by_id[sid], workload, c, sorted(cells[(sid, workload, c)], key=lambda x: x.repeat)),
-                      lead=lead) for sid, workload, c in ordered]
+    groups = []
+    for sid, workload, c, label in ordered:
+        rows = sorted(cells[(sid, workload, c, label)], key=lambda x: x.repeat)
+        shown = f"{workload} ({label})" if label else workload
+        groups.append(replace(_group(by_id[sid], shown, c, rows), lead=lead, workload_name=workload,
+                              sampling=cell_sampling(rows[0])))
     groups = [_with_roofline(_with_baseline(g, groups), notes) for g in groups]
     groups = _with_load_noise(groups)
     outputs = store.outputs()
-    groups = [_with_outputs(g, groups, outputs) for g in groups]
+    grades = store.grades()
+    groups = [_with_outputs(g, groups, outputs, grades) for g in groups]
     if not any(s.device for s in servers):
         notes.append("no device bandwidth is known for this run (the recipe names no hardware in "
                      "recipes/hardware.yaml): no roofline. Give one with --hardware NAME or --bandwidth-gbps GBPS.")
     sweep = store.sweep()
     return Report(run_id, sweep, store.meta(), store.host_facts(), store.counts(), servers, groups,
-                  _best(groups), store.failures(), notes, overrides.slo or sweep.get("slo"))
+                  _best(groups), store.failures(), notes, overrides.slo or sweep.get("slo"), store.scores())

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import hashlib
 import re
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from sparklab.report.document import visible
 from sparklab.report.model import Group, Report, headline_metric
 
 Plot = tuple[str, Path]
@@ -17,10 +19,11 @@ Plot = tuple[str, Path]
 def safe_filename(name: str) -> str:
     """A name read from a store as one plain file-name part: never a path (`a/../../x`, `/abs`, `..`).
 
-    A name that needed changing gets a short hash of the original, so distinct names stay distinct files.
+    A name that needed changing, or is over 60 characters, gets a short hash of the original, so distinct names
+    stay distinct files.
     """
     safe = re.sub(r"[^A-Za-z0-9_.-]+", "-", name).strip(".-") or "unnamed"
-    if safe == name:
+    if safe == name and len(name) <= 60:  # longer: a file name the filesystem may refuse (255 bytes at most)
         return name
     return f"{safe[:60]}-{hashlib.sha256(name.encode()).hexdigest()[:8]}"
 
@@ -54,23 +57,39 @@ def _panels(plt: Any, count: int, bars: int = 0) -> tuple[Any, list[Any]]:
 
 def _save(fig: Any, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
+    with warnings.catch_warnings():  # labels too long to fit (a name from the store): drawn as they are
+        warnings.filterwarnings("ignore", message="Tight layout not applied")
+        fig.tight_layout()
     fig.savefig(path, dpi=110, metadata={"Software": None})
     fig.clear()
     return path
 
 
 def _config(g: Group) -> str:
-    return f"{g.server.engine} {g.server.method_name}"
+    return visible(f"{g.server.engine} {g.server.method_name}")
 
 
-def _tick(g: Group) -> str:
-    return g.server.method_name + (f"\nK={g.server.k}" if g.server.k is not None else "")
+def _engine(g: Group, multi: bool) -> str:
+    """The engine's name before a label in a run of several engines (their configs are otherwise alike)."""
+    return f"{g.server.engine} " if multi else ""
 
 
-def _label(g: Group) -> str:
+def _tick(g: Group, multi: bool = False) -> str:
+    name = (f"{g.server.engine}\n" if multi else "") + g.server.method_name
+    return visible(name + (f"\nK={g.server.k}" if g.server.k is not None else ""))
+
+
+def _label(g: Group, multi: bool = False) -> str:
     """A one-line bar label (a rotated label cannot hold a line break without overlapping its neighbour)."""
-    return g.server.method_name + (f" K={g.server.k}" if g.server.k is not None else "")
+    return visible(_engine(g, multi) + g.server.method_name + (f" K={g.server.k}" if g.server.k is not None else ""))
+
+
+def _several_engines(report: Report) -> bool:
+    return len({s.engine for s in report.servers}) > 1
+
+
+# Each engine's baseline in the tok/s-vs-K plot: its own colour and dash, so two engines' `none` never look alike.
+_BASELINE_STYLES = (("dimgrey", "--"), ("tab:brown", ":"), ("black", "-."), ("tab:olive", (0, (5, 1))))
 
 
 def _per_panel(report: Report, workload: str, out: Path, name: str, title: str,
@@ -86,7 +105,7 @@ def _per_panel(report: Report, workload: str, out: Path, name: str, title: str,
         drew = draw(ax, groups, c) or drew
         ax.set_title(f"C={c}")
         ax.grid(alpha=0.3)
-    fig.suptitle(f"{title} ({workload})")
+    fig.suptitle(f"{title} ({visible(workload)})")
     if not drew:
         plt.close(fig)
         return []
@@ -119,9 +138,11 @@ def throughput_vs_k(report: Report, workload: str, out: Path) -> list[Plot]:
                             yerr=list(zip(*(i for _, i in measured), strict=True)), fmt="none", capsize=3,
                             ecolor=line.get_color())
             drew = True
+        engines = list(dict.fromkeys(s.engine for s in report.servers))
         for g in groups:
             if g.is_baseline and g.headline:
-                ax.axhline(g.headline.mean, linestyle="--", color="grey", label=f"{_config(g)} (baseline)")
+                color, dash = _BASELINE_STYLES[engines.index(g.server.engine) % len(_BASELINE_STYLES)]
+                ax.axhline(g.headline.mean, linestyle=dash, color=color, label=f"{_config(g)} (baseline)")
         _axes(ax, "K (num_speculative_tokens)", headline_metric(c, report.lead), legend=drew)
         return drew
 
@@ -153,7 +174,8 @@ def speedup_bars(report: Report, workload: str, out: Path) -> list[Plot]:
                             fontsize=6, xytext=(0, 2), textcoords="offset points")
         ax.axhline(100, color="black", linewidth=1)
         # one label per bar, rotated so neighbours never run into each other ("draft modeldraft model")
-        ax.set_xticks(range(len(bars)), [_label(g) for g in bars], fontsize=7, rotation=35, ha="right")
+        ax.set_xticks(range(len(bars)), [_label(g, _several_engines(report)) for g in bars], fontsize=7,
+                      rotation=35, ha="right")
         ax.set_ylabel("% of baseline (none)")
         return True
 
@@ -166,7 +188,7 @@ def acceptance(report: Report, workload: str, out: Path) -> list[Plot]:
         drew = False
         for g in groups:
             if g.per_position:
-                ax.plot(range(1, len(g.per_position) + 1), g.per_position, marker="o", label=g.server.label)
+                ax.plot(range(1, len(g.per_position) + 1), g.per_position, marker="o", label=visible(g.server.label))
                 drew = True
         _axes(ax, "draft position", "acceptance (server counters)", legend=drew)
         ax.set_ylim(0, 1.05)
@@ -181,7 +203,7 @@ def ttft(report: Report, workload: str, out: Path) -> list[Plot]:
         if not shown:
             return False
         ax.boxplot([list(g.ttft_ms) for g in shown], showfliers=True)
-        ax.set_xticks(range(1, len(shown) + 1), [_tick(g) for g in shown], fontsize=7)
+        ax.set_xticks(range(1, len(shown) + 1), [_tick(g, _several_engines(report)) for g in shown], fontsize=7)
         ax.set_ylabel("TTFT ms (every measured request)")
         return True
 
@@ -198,7 +220,7 @@ def loss_bars(report: Report, out: Path) -> list[Plot]:
         return []
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(max(5.0, 0.7 * len(rows) + 2.5), 4.5))
-    labels = [_label(x.group) + f"\nC={x.group.concurrency}" for x in rows]
+    labels = [_label(x.group, _several_engines(report)) + f"\nC={x.group.concurrency}" for x in rows]
     bottoms = [0.0] * len(rows)
     for part in PARTS:
         heights = [max(0.0, x.parts[part]) for x in rows]
@@ -222,3 +244,36 @@ def all_plots(report: Report, out: Path) -> list[Plot]:
         for kind in (throughput_vs_k, speedup_bars, acceptance, ttft):
             plots += kind(report, workload, out)
     return plots + loss_bars(report, out)
+
+
+def compare_plots(comparison: Any, out: Path) -> list[Plot]:
+    """`sparklab compare`: per matched cell, each config's headline in each run (bars side by side), with the 95%
+    interval over repeats as whiskers where repeats measured one."""
+    plt = _pyplot()
+    plots: list[Plot] = []
+    runs = comparison.run_ids
+    for cell in comparison.cells:
+        configs = list(dict.fromkeys(c for groups in cell.groups for c in groups))
+        fig, (ax,) = _panels(plt, 1, len(configs) * len(runs))
+        width = 0.8 / len(runs)
+        for i, run in enumerate(runs):
+            means, errors, xs = [], [], []
+            for j, config in enumerate(configs):
+                g = cell.groups[i].get(config)
+                if g is None or g.headline is None:
+                    continue
+                e = g.headline
+                xs.append(j + (i - (len(runs) - 1) / 2) * width)
+                means.append(e.mean)
+                errors.append(0.0 if e.high is None else e.high - e.mean)
+            if xs:
+                ax.bar(xs, means, width, yerr=[e or 0.0 for e in errors] if any(errors) else None, capsize=3,
+                       label=run)
+        ax.set_xticks(range(len(configs)))
+        ax.set_xticklabels(configs, fontsize=8)
+        ax.set_ylabel(headline_metric(cell.key[2], comparison.reports[0].lead))
+        ax.set_title(cell.label, fontsize=9)
+        ax.legend(fontsize=7)
+        plots.append((f"compare: {cell.label}", _save(fig, out / f"compare-{safe_filename(cell.label)}.png")))
+        plt.close(fig)
+    return plots

@@ -64,6 +64,12 @@ class ServerInfo:
     exit_code: int | None
     labels: dict[str, str]
     created: str
+    runtime: str = "container"  # or "process": a host-process server's run file (sparklab.runtimes.processes)
+
+    @property
+    def noun(self) -> str:
+        """How messages name it: a container, or a host process."""
+        return "host process" if self.runtime == "process" else "container"
 
     @property
     def detached(self) -> bool:

@@ -1,39 +1,33 @@
 """Docker, through docker-py: pull with progress, run, logs, stop, remove, and cleanup by label.
 
-This is the only module that imports docker.
+This is the one door to Docker: only it and its parts import docker, and only it imports its parts: how a Docker
+host is reached (`docker_transport`), a host's images (`docker_images`) and a started server container with its
+teardown (`container_server`).
 """
 
 from __future__ import annotations
 
-import atexit
 import contextlib
-import logging
 import os
-import tempfile
-import threading
 import time
-import weakref
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
 import docker
-import docker.constants
 import docker.errors
 import requests
 from docker.models.containers import Container
-from docker.tls import TLSConfig
-from docker.transport import sshconn
 from docker.types import DeviceRequest, Ulimit
 
 from sparklab import interrupts
 from sparklab.engines import ENGINES, candidates
 from sparklab.engines.parsers import Probe, ProbeRun
-from sparklab.errors import ContainerError, ImageUnavailableError
+from sparklab.errors import ContainerError
 from sparklab.host.facts import HostFacts, ThisMachine
 from sparklab.recipes.hosts import redact_url
 from sparklab.redaction import redact, redacted_lines
-from sparklab.runtimes import deadlines, processes
+from sparklab.runtimes import deadlines, docker_images, docker_sandbox, docker_transport
 from sparklab.runtimes.base import (
     DETACHED,
     LABEL,
@@ -41,7 +35,6 @@ from sparklab.runtimes.base import (
     USER_ID,
     USER_NAME,
     ImageInfo,
-    Lifecycle,
     LogListener,
     PullCallback,
     ServerInfo,
@@ -49,52 +42,10 @@ from sparklab.runtimes.base import (
     only_running,
     user_name,
 )
+from sparklab.runtimes.container_server import Server, container_secrets, teardown
+from sparklab.runtimes.docker_sandbox import Confined, Confinement
 from sparklab.runtimes.owners import owner_alive, owner_token
-from sparklab.spec import API_KEY_PLACEHOLDER, LaunchSpec, is_secret_name
-
-log = logging.getLogger(__name__)
-
-
-def _split_ref(image: str) -> tuple[str, str | None]:
-    """`repo:tag` → (repo, tag); `repo@sha256:…` → (repo@sha256:…, None)."""
-    if "@" in image:
-        return image, None
-    last = image.rsplit("/", 1)[-1]
-    if ":" in last:
-        repo, tag = image.rsplit(":", 1)
-        return repo, tag
-    return image, "latest"
-
-
-_UNAVAILABLE = ("not found", "manifest unknown", "does not exist", "pull access denied", "name unknown")
-
-
-def _pull_error(ref: str, message: str) -> ContainerError:
-    if any(text in message.lower() for text in _UNAVAILABLE):
-        return ImageUnavailableError(f"pull of {ref} failed: {message}",
-                                     "Check the image name and tag, and that you may pull it (docker login).")
-    return ContainerError(f"pull of {ref} failed: {message}",
-                          "Check registry access, the network and free disk space.")
-
-
-# ---------------------------------------------------------------------------------------------------
-# Secrets never leave a container's logs: engines echo their args (SGLang prints server_args with api_key).
-
-
-def container_secrets(container: Container) -> list[bytes]:
-    """Secret values a container was given: secret-named env values and the value after --api-key."""
-    config = container.attrs.get("Config", {})
-    found: list[str] = []
-    for item in config.get("Env") or []:
-        name, _, value = item.partition("=")
-        if is_secret_name(name) and value:
-            found.append(value)
-    command = list(config.get("Cmd") or [])
-    found += [command[i + 1] for i, arg in enumerate(command[:-1]) if arg == "--api-key"]
-    return [v.encode() for v in found if len(v) >= 4]
-
-
-# ---------------------------------------------------------------------------------------------------
+from sparklab.spec import API_KEY_PLACEHOLDER, SESSION_LABEL, LaunchSpec, in_session, session
 
 
 class Docker:
@@ -114,43 +65,11 @@ class Docker:
     @classmethod
     def connect(cls, url: str, tls_dir: str | None = None, timeout: int = 120,
                 answer_s: float = deadlines.HOST_CHECK_S) -> Docker:
-        """Another Docker host: `ssh://` through the ssh binary (so ~/.ssh/config applies, as for `docker -H`),
-        `tcp://` with TLS from tls_dir or DOCKER_CERT_PATH, `unix://`, or a Docker context name. It must answer
-        within answer_s, or it is an error (and the ssh started for it is ended)."""
+        """Another Docker host (`ssh://`, `tcp://` with TLS, `unix://` or a Docker context name: how each is reached is
+        runtimes/docker_transport.py) that answers within answer_s, or an error; "local" is this machine's daemon."""
         if url == "local":
             return cls()
-        tls: TLSConfig | None = None
-        base_url = url
-        if "://" not in url:
-            from docker.context import ContextAPI
-
-            context = ContextAPI.get_context(url)
-            if context is None:
-                raise ContainerError(f"no Docker context named {url!r}",
-                                     "List them with `docker context ls`, or give the host as ssh:// or tcp://.")
-            base_url, tls = context.Host or "", context.TLSConfig  # no Host: refused just below
-            if not base_url:
-                raise ContainerError(f"Docker context {url!r} names no Docker endpoint",
-                                     "See `docker context inspect`.")
-        elif url.startswith("tcp://"):
-            tls = _tls_config(tls_dir or os.environ.get("DOCKER_CERT_PATH"))
-        hint = ("Check that `docker -H " + url + " info` works from here (ssh key, ~/.ssh/config, TLS certificates, "
-                "the daemon running there).")
-        # The API version is asked under the deadline (docker-py would ask it unbounded while making the client).
-        probe = _client(base_url, tls, timeout, docker.constants.MINIMUM_DOCKER_API_VERSION)
-        try:
-            version = deadlines.within(answer_s, lambda: str(probe.version(api_version=False)["ApiVersion"]),
-                                       f"connect-{url}")
-        except deadlines.NoAnswer:
-            raise ContainerError(f"the Docker host {url} gave no answer within {answer_s:g} s", hint) from None
-        except (docker.errors.DockerException, requests.RequestException, OSError, KeyError) as exc:
-            text = _ssh_error(probe) or (str(exc).strip().splitlines()[-1] if str(exc).strip() else repr(exc))
-            raise ContainerError(f"cannot reach the Docker host {url}: {text}", hint) from None
-        finally:
-            probe.close()  # ends its ssh, answered or not
-        client = _client(base_url, tls, timeout, version)
-        client.sparklab_url = base_url  # type: ignore[attr-defined]  # a context's endpoint, for its address
-        return cls(client)
+        return cls(docker_transport.connect(url, tls_dir, timeout, answer_s))
 
     def for_spec(self, spec: LaunchSpec) -> Docker:
         return self
@@ -174,7 +93,8 @@ class Docker:
         info = self.client.info()
         return {"name": info.get("Name"), "architecture": info.get("Architecture"),
                 "mem_total_gib": round(int(info.get("MemTotal") or 0) / 2**30, 1), "cpus": info.get("NCPU"),
-                "docker_version": info.get("ServerVersion"), "os": info.get("OperatingSystem")}
+                "docker_version": info.get("ServerVersion"), "os": info.get("OperatingSystem"),
+                "kernel": info.get("KernelVersion")}
 
     def host_facts(self, spec: LaunchSpec | None = None) -> HostFacts | None:
         """This machine's daemon shares its memory: read directly. Another host's memory is read by a helper
@@ -193,97 +113,31 @@ class Docker:
         return str(self.client.info().get("Architecture", "unknown"))
 
     def image_info(self, ref: str) -> ImageInfo | None:
-        try:
-            image = self.client.images.get(ref)
-        except docker.errors.ImageNotFound:
-            return None
-        except docker.errors.APIError as exc:
-            raise ContainerError(f"cannot inspect image {ref}: {exc.explanation}") from None
-        digests = image.attrs.get("RepoDigests") or []
-        repo = _split_ref(ref)[0].split("@")[0]
-        digest = next((d.split("@", 1)[1] for d in digests if d.split("@")[0] == repo), None)
-        if digest is None and digests:
-            digest = digests[0].split("@", 1)[1]
-        return ImageInfo(ref=ref, id=str(image.id), digest=digest, architecture=str(image.attrs.get("Architecture")))
+        return docker_images.image_info(self.client, ref)
 
     def image_problem(self, ref: str, policy: str = "missing") -> str | None:
-        """Why this host cannot have the image (None: it has it, or its registry has it to pull)."""
-        if self.image_info(ref) is not None:
-            return None
-        if policy == "never":
-            return f"{ref} is not on this host and --pull never was given"
-        try:
-            self.client.images.get_registry_data(ref)
-        except docker.errors.APIError as exc:
-            return f"{ref} cannot be pulled there: {str(exc.explanation or exc).splitlines()[0][:200]}"
-        except (docker.errors.DockerException, requests.RequestException) as exc:
-            return f"{ref} cannot be checked there: {exc}"
-        return None
+        return docker_images.image_problem(self.client, ref, policy)
 
     def pull(self, ref: str, on_event: PullCallback | None = None, platform: str | None = None) -> ImageInfo:
-        """Pull with per-layer progress; any errorDetail in the stream is an error."""
-        repo, tag = _split_ref(ref)
-        stream_digest: str | None = None
-        try:
-            for event in self.client.api.pull(repo, tag=tag, stream=True, decode=True, platform=platform):
-                if "errorDetail" in event or "error" in event:
-                    detail = event.get("errorDetail") or {}
-                    message = detail.get("message") or event.get("error") or str(event)
-                    raise _pull_error(ref, str(message))
-                status = str(event.get("status", ""))
-                if status.startswith("Digest: "):
-                    stream_digest = status.split("Digest: ", 1)[1].strip()
-                if on_event is not None:
-                    progress = event.get("progressDetail") or {}
-                    on_event(str(event.get("id", "")), status, progress.get("current"), progress.get("total"))
-        except docker.errors.APIError as exc:
-            raise _pull_error(ref, str(exc.explanation or exc)) from None
-        except requests.RequestException as exc:
-            raise ContainerError(f"pull of {ref} failed: {exc}") from None
-        info = self.image_info(ref)
-        if info is None:
-            raise ContainerError(f"pull of {ref} finished but the image is not there")
-        if stream_digest and info.digest != stream_digest:
-            info = ImageInfo(info.ref, info.id, stream_digest, info.architecture)
-        return info
+        return docker_images.pull(self.client, ref, on_event, platform)
 
     def ensure_image(self, ref: str, policy: str = "missing", on_event: PullCallback | None = None,
                      platform: str | None = None) -> ImageInfo:
-        if policy not in ("missing", "always", "never"):
-            raise ContainerError(f"unknown pull policy {policy!r}", "Use --pull missing|always|never.")
-        local = self.image_info(ref)
-        if policy == "never" or (policy == "missing" and local is not None):
-            if local is None:
-                raise ContainerError(f"image {ref} is not present locally and --pull never was given",
-                                     "Pull it first (sparklab pull / docker pull) or drop --pull never.")
-            return local
-        info = self.pull(ref, on_event, platform)
-        if "@" in ref and info.digest and not ref.endswith(info.digest):
-            raise ContainerError(f"image {ref} resolved to digest {info.digest}, not the pinned one")
-        return info
+        return docker_images.ensure_image(self.client, ref, policy, on_event, platform)
 
     def image_labels(self, ref: str) -> dict[str, str]:
-        """The labels of a local image ({} when it is not here): what an image says of itself (its CUDA targets)."""
-        try:
-            return dict(self.client.images.get(ref).attrs.get("Config", {}).get("Labels") or {})
-        except (docker.errors.DockerException, requests.RequestException):
-            return {}
+        return docker_images.image_labels(self.client, ref)
 
     def registry_platforms(self, ref: str) -> list[str] | None:
-        """The platforms the registry's manifest lists for a ref (`linux/arm64`, …); None when it cannot be asked."""
-        try:
-            data = self.client.images.get_registry_data(ref)
-        except (docker.errors.DockerException, requests.RequestException):
-            return None
-        return [f"{p.get('os', '?')}/{p.get('architecture', '?')}" + (f"/{p['variant']}" if p.get("variant") else "")
-                for p in data.attrs.get("Platforms") or []]
+        return docker_images.registry_platforms(self.client, ref)
 
     def probe(self, image: str, probe: Probe, timeout_s: float) -> ProbeRun:
         """Run a short check in a throwaway container of `image` (the engine's own parser, sparklab.imagecheck):
         no network, no GPU, no mounts, at most timeout_s, always removed. It carries sparklab's labels and owner, so
         one a crash leaves behind is removed by the next start or `sparklab gc`."""
         labels = {LABEL: "1", "sparklab.mode": "probe", OWNER: owner_token(), DETACHED: "0",
-                  USER_ID: str(os.getuid()), USER_NAME: user_name()}
+                  USER_ID: str(os.getuid()), USER_NAME: user_name(),
+                  **({SESSION_LABEL: current} if (current := session()) else {})}  # a session's gc takes its own
         started = time.monotonic()
         container: Container | None = None
         try:
@@ -454,7 +308,7 @@ class Docker:
     def orphans(self) -> list[ServerInfo]:
         """Containers left behind by a sparklab process that no longer runs (never detached ones)."""
         return [c for c in self.containers()
-                if not c.detached and not owner_alive(c.labels.get(OWNER, ""))]
+                if not c.detached and not owner_alive(c.labels.get(OWNER, "")) and in_session(c.labels)]
 
     def gc(self) -> list[ServerInfo]:
         removed = []
@@ -497,248 +351,9 @@ class Docker:
         """A container's log (since a wall-clock time), redacted, as text."""
         return b"".join(self.logs(name, since=since)).decode("utf-8", "replace")
 
-
-# ---------------------------------------------------------------------------------------------------
-# ssh:// hosts: docker-py's shell-out to the ssh binary, bounded (sparklab.runtimes.deadlines).
-
-
-class _SSHSocket(sshconn.SSHSocket):
-    """docker-py's ssh shell-out (docker 7.2.0, docker/transport/sshconn.py:34-61: `ssh [-l USER] [-p PORT] -- HOST
-    docker system dial-stdio`, SIGINT ignored in the child, no option of its own, so no connect timeout) with
-    deadlines.SSH_OPTIONS, the terminal's SIGHUP ignored as well, and ssh's own error kept for the message (in a
-    file: a pipe nobody reads could fill and stall it)."""
-
-    errors: Any = None  # a binary temporary file with ssh's stderr
-
-    def connect(self, **kwargs: Any) -> None:  # type: ignore[override]  # docker-py's own signature
-        args = ["ssh", *deadlines.SSH_OPTIONS]
-        if self.user:
-            args += ["-l", self.user]
-        if self.port:
-            args += ["-p", self.port]
-        env = {k: v for k, v in os.environ.items() if k not in ("LD_LIBRARY_PATH", "SSL_CERT_FILE")}  # as docker-py
-        self.errors = tempfile.TemporaryFile()  # noqa: SIM115 - it lives as long as the connection (end, GC)
-        self.proc = processes.start_helper([*args, "--", self.host, "docker system dial-stdio"], env, self.errors)
-        _STARTED.add(self)
-
-    def last_error(self) -> str:
-        """ssh's last line on stderr ("Connection timed out during banner exchange"), if it wrote one."""
-        if self.errors is None:
-            return ""
-        with contextlib.suppress(OSError, ValueError):
-            self.errors.seek(0)
-            lines = self.errors.read(65536).decode("utf-8", "replace").strip().splitlines()
-            return lines[-1].strip() if lines else ""
-        return ""
-
-    def end(self) -> None:
-        """End the ssh process now (a check that ran out of time)."""
-        if self.proc is not None and self.proc.poll() is None:
-            with contextlib.suppress(OSError):
-                self.proc.kill()
-
-
-_STARTED: weakref.WeakSet[_SSHSocket] = weakref.WeakSet()  # every ssh this process started that may still run
-
-
-@atexit.register
-def _end_every_ssh() -> None:
-    """At exit (Ctrl-C while a silent host was being reached, say), end the ssh processes still running: they
-    ignore the terminal's signals, and one waiting for a silent host's banner would outlive sparklab by up to
-    deadlines.SSH_CONNECT_S. The check's daemon thread is left behind; its ssh must not be."""
-    for sock in list(_STARTED):
-        sock.end()
-
-
-class _SSHConnection(sshconn.SSHConnection):
-    def __init__(self, adapter: _SSHAdapter, timeout: Any, host: str | None) -> None:  # as docker-py passes them
-        super().__init__(None, timeout, host)  # docker-py passes None for the socket path
-        self._adapter = adapter
-
-    def connect(self) -> None:
-        sock = _SSHSocket(str(self.ssh_host))
-        sock.settimeout(self.timeout)
-        self._adapter.opened(sock)
-        sock.connect()
-        self.sock = sock
-
-
-class _SSHPool(sshconn.SSHConnectionPool):
-    def __init__(self, adapter: _SSHAdapter) -> None:
-        super().__init__(None, adapter.timeout, adapter.max_pool_size, adapter.ssh_host)
-        self._adapter = adapter
-
-    def _new_conn(self) -> _SSHConnection:  # type: ignore[override]  # docker-py's SSHConnection too
-        return _SSHConnection(self._adapter, self.timeout, self.ssh_host)
-
-
-class _SSHAdapter(sshconn.SSHHTTPAdapter):
-    """The shell-out adapter with bounded ssh processes; closing it ends every ssh it started that still runs."""
-
-    def __init__(self, base_url: str, timeout: int) -> None:
-        super().__init__(base_url, timeout, shell_out=True)
-        self._sockets: weakref.WeakSet[_SSHSocket] = weakref.WeakSet()
-        self.last: _SSHSocket | None = None
-
-    def opened(self, sock: _SSHSocket) -> None:
-        self._sockets.add(sock)
-        self.last = sock
-
-    def get_connection(self, url: str | bytes, proxies: Any = None) -> _SSHPool:
-        return _SSHPool(self)  # a pool per request, as docker-py's shell-out has it (sshconn.py:220-226)
-
-    def close(self) -> None:
-        super().close()
-        for sock in list(self._sockets):
-            sock.end()
-
-
-def _client(base_url: str, tls: Any, timeout: int, version: str) -> docker.DockerClient:
-    """A client that has not talked to the daemon yet (the version is given); ssh:// goes through _SSHAdapter."""
-    client = docker.DockerClient(base_url=base_url, tls=tls, use_ssh_client=True, timeout=timeout, version=version)
-    if base_url.startswith("ssh://"):
-        client.api.mount("http+docker://ssh", _SSHAdapter(base_url, timeout))
-    return client
-
-
-def _ssh_error(client: docker.DockerClient) -> str:
-    adapter = client.api.adapters.get("http+docker://ssh")
-    last = adapter.last if isinstance(adapter, _SSHAdapter) else None
-    return last.last_error() if last is not None else ""
-
-
-def _tls_config(cert_dir: str | None) -> TLSConfig:
-    """TLS with the client certificate and CA of a `docker --tlsverify` setup; none without a directory."""
-    if not cert_dir:
-        raise ContainerError("a tcp:// Docker host needs TLS certificates",
-                             "Give the host `tls_dir:` (with ca.pem, cert.pem, key.pem) or set DOCKER_CERT_PATH; "
-                             "an unencrypted tcp:// daemon gives root to anyone on the network.")
-    base = Path(cert_dir).expanduser()
-    missing = [n for n in ("ca.pem", "cert.pem", "key.pem") if not (base / n).is_file()]
-    if missing:
-        raise ContainerError(f"{base}: no {', '.join(missing)}", "Put the daemon's CA and your client certificate "
-                             "there (see Docker's 'Protect the Docker daemon socket').")
-    return TLSConfig(client_cert=(str(base / "cert.pem"), str(base / "key.pem")), ca_cert=str(base / "ca.pem"),
-                     verify=True)
-
-
-def teardown(container: Container, grace_s: float = 10) -> None:
-    """Stop with a grace period (SIGTERM, then SIGKILL), then remove. Tolerates a vanished container."""
-    try:
-        container.reload()
-        if container.status in ("running", "restarting", "paused"):
-            try:
-                container.stop(timeout=int(grace_s))
-            except (docker.errors.APIError, requests.RequestException):
-                container.kill()
-        container.remove(force=True)
-    except docker.errors.NotFound:
-        return
-    except docker.errors.APIError as exc:
-        if exc.status_code == 409:  # removal already in progress
-            return
-        raise ContainerError(f"could not remove {container.name}: {exc.explanation}",
-                             f"Remove it by hand: docker rm -f {container.name}") from None
-
-
-class Server(Lifecycle):
-    """A started server container (a `base.Server`). As a context manager it is torn down on every path unless kept."""
-
-    def __init__(self, docker_: Docker, container: Container, spec: LaunchSpec, log_path: Path | None,
-                 detach: bool = False, on_log: LogListener | None = None) -> None:
-        super().__init__(detach, on_log)
-        self.docker = docker_
-        self.container = container
-        self.spec = spec
-        self.log_path = log_path
-        self._log_thread: threading.Thread | None = None
-        self._secrets = container_secrets(container)
-        if log_path is not None:
-            self._start_log_stream(log_path)
-
-    @property
-    def name(self) -> str:
-        return str(self.container.name)
-
-    def _start_log_stream(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        container_id = str(self.container.id)
-
-        def pump() -> None:
-            try:
-                stream = self.docker.client.api.logs(container_id, stream=True, follow=True)
-                with path.open("ab") as out:
-                    for line in redacted_lines(stream, self._secrets):
-                        out.write(line)
-                        out.flush()
-                        self._tell(line)
-            except (docker.errors.APIError, requests.RequestException, OSError) as exc:
-                log.debug("log stream of %s ended: %s", self.container.name, exc)
-
-        self._log_thread = threading.Thread(target=pump, name=f"logs-{self.name}", daemon=True)
-        self._log_thread.start()
-
-    def state(self) -> tuple[bool, int | None]:
-        """(running, exit code if it has exited)."""
-        try:
-            self.container.reload()
-        except docker.errors.NotFound:
-            return False, None
-        state = self.container.attrs.get("State", {})
-        if self.container.status in ("exited", "dead"):
-            return False, state.get("ExitCode")
-        return True, None
-
-    def oom_killed(self) -> bool | None:
-        """Whether the kernel's OOM killer ended it (Docker's State.OOMKilled), not only an exit code of 137;
-        None when Docker cannot say (the container is gone, the daemon does not answer)."""
-        try:
-            self.container.reload()
-        except (docker.errors.DockerException, requests.RequestException):
-            return None
-        state = self.container.attrs.get("State", {})
-        return bool(state["OOMKilled"]) if "OOMKilled" in state else None
-
-    def log_tail(self, lines: int = 50) -> str:
-        try:
-            return redact(self.container.logs(tail=lines), self._secrets).decode("utf-8", "replace")
-        except (docker.errors.APIError, requests.RequestException):
-            if self.log_path and self.log_path.exists():
-                return "\n".join(self.log_path.read_text("utf-8", "replace").splitlines()[-lines:])
-            return ""
-
-    def log_since(self, since: float) -> str:
-        """The log from a wall-clock time (epoch seconds) on, redacted; empty when Docker cannot give it."""
-        try:
-            return redact(self.container.logs(since=since), self._secrets).decode("utf-8", "replace")
-        except (docker.errors.APIError, requests.RequestException):
-            return ""
-
-    def full_log(self) -> str:
-        try:
-            return redact(self.container.logs(), self._secrets).decode("utf-8", "replace")
-        except (docker.errors.APIError, requests.RequestException):
-            return self.log_path.read_text("utf-8", "replace") if self.log_path and self.log_path.exists() else ""
-
-    def port_open(self, address: str, port: int, timeout_s: int = 5) -> bool:
-        """Whether address:port accepts a connection as seen from inside this container (its host's network):
-        the head of a multi-host server checks its own cluster port where the other nodes will reach it, which
-        the controller may not (the Sparks' link is often theirs alone). Needs bash and timeout in the image."""
-        try:
-            result = self.container.exec_run(["timeout", str(timeout_s), "bash", "-c", 'exec 3<>"/dev/tcp/$0/$1"',
-                                              address, str(port)])
-        except (docker.errors.APIError, requests.RequestException) as exc:
-            log.debug("port check in %s: %s", self.name, exc)
-            return False
-        return result.exit_code == 0
-
-    def kill(self) -> None:
-        """SIGKILL now, keeping the container (and its log) for the teardown: a dead engine's in-flight
-        requests then fail at once instead of hanging. Tolerates a container that is gone or stopped."""
-        try:
-            self.container.kill()
-        except (docker.errors.APIError, requests.RequestException) as exc:  # NotFound, 409 not running
-            log.debug("kill of %s: %s", self.name, exc)
-
-    def _teardown(self, grace_s: float) -> None:
-        teardown(self.container, grace_s)
+    def run_confined(self, image: str, command: list[str], task_dir: str, limits: Confinement) -> Confined:
+        """Run untrusted code once and remove its container on every path (sparklab.runtimes.sandbox): no network,
+        a read-only root with `task_dir` mounted read-only at /task (the working directory) and a small /tmp,
+        no capabilities, an unprivileged user, and caps on memory (no swap), CPU, processes and wall time (the
+        container is killed at the time cap). Labelled like every sparklab container, so `gc` finds a leftover."""
+        return docker_sandbox.run_confined(self.client, image, command, task_dir, limits)

@@ -77,6 +77,7 @@ class Ready:
     watch: LogWatch | None = None  # the engine's log as it arrives: its first fatal line
     check: imagecheck.Checked | None = None  # the image's parser verdict and the engine version it read
     served_version: str | None = None  # what the ready server's version endpoint answered (read_served_version)
+    image_s: float | None = None  # making sure the image is here: a pull, or a look-up when it was already here
 
 
 def start(p: Launch, runtime: Runtime, *, pull_policy: str = "missing",
@@ -95,7 +96,9 @@ def start(p: Launch, runtime: Runtime, *, pull_policy: str = "missing",
     host_arch = runtime.host_arch()
     p.warnings += preflight.check_platform_tag(p.spec, host_arch, allow_foreign_platform)
     platform = p.spec.platform if allow_foreign_platform else None
+    pull_started = time.monotonic()
     image = _ensure_image(p, runtime, pull_policy, on_pull, platform)
+    image_s = time.monotonic() - pull_started
     p.spec = caches.bind(p.spec, p.spec.image, image.digest, image.id)  # the digest is known only now
     spec = p.spec
     preflight.raise_errors(preflight.check_image_platform(spec.image, image.architecture, host_arch,
@@ -125,7 +128,7 @@ def start(p: Launch, runtime: Runtime, *, pull_policy: str = "missing",
     except BaseException:
         server.stop()
         raise
-    return Ready(server, image, seconds, key, facts, log_watch, p.check)
+    return Ready(server, image, seconds, key, facts, log_watch, p.check, image_s=image_s)
 
 
 def image_version(ready: Ready) -> str | None:

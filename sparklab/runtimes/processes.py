@@ -12,6 +12,7 @@ waits a grace period, then SIGKILL, until no process of the group is left.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import logging
 import os
@@ -28,7 +29,7 @@ from pathlib import Path
 from typing import IO
 
 from sparklab import interrupts
-from sparklab.engines import ENGINES
+from sparklab.engines import ENGINES, candidates
 from sparklab.engines.parsers import Probe, ProbeRun
 from sparklab.errors import ServerError
 from sparklab.host.preflight import port_answers, port_in_use
@@ -50,7 +51,7 @@ from sparklab.runtimes.base import (
 )
 from sparklab.runtimes.owners import owner_alive, owner_token
 from sparklab.runtimes.runfiles import RunRecord, runs_dir, start_time, terminate
-from sparklab.spec import API_KEY_PLACEHOLDER, LaunchSpec, is_secret_name
+from sparklab.spec import API_KEY_PLACEHOLDER, LaunchSpec, in_session, is_secret_name
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +66,7 @@ def _terminal_signals_ignored() -> None:
 
 def start_helper(argv: list[str], env: dict[str, str], stderr: IO[bytes]) -> subprocess.Popen[bytes]:
     """A program sparklab talks to through its stdin and stdout, not an engine: the ssh that carries another Docker
-    host's API (containers.py). It stays in the terminal's session (ssh may ask there, e.g. to accept a host key)
+    host's API (docker_transport.py). It stays in the terminal's session (ssh may ask there, e.g. to accept a host key)
     but ignores its Ctrl-C and hangup, as docker-py's own shell-out ignores Ctrl-C."""
     return subprocess.Popen(argv, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr,
                             preexec_fn=_terminal_signals_ignored)
@@ -73,6 +74,24 @@ def start_helper(argv: list[str], env: dict[str, str], stderr: IO[bytes]) -> sub
 
 def _text(data: bytes | str | None) -> str:
     return data.decode("utf-8", "replace") if isinstance(data, bytes) else data or ""
+
+
+_DIGESTS: dict[tuple[str, int, int, int], str] = {}
+
+
+def program_digest(path: Path) -> str:
+    """A host program's identity, as an image's digest is a container's: "sha256:" of the file it runs (for a
+    launcher script, the script's own text). Computed once per file version (path, inode, size, mtime)."""
+    real = path.resolve()
+    st = real.stat()
+    key = (str(real), st.st_ino, st.st_size, st.st_mtime_ns)
+    if key not in _DIGESTS:
+        digest = hashlib.sha256()
+        with real.open("rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+        _DIGESTS[key] = f"sha256:{digest.hexdigest()}"
+    return _DIGESTS[key]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -99,7 +118,8 @@ class Processes:
                 f"{ref} is not an executable program on this host",
                 "Install the engine where the recipe says (e.g. `python3 -m venv --system-site-packages VENV && "
                 "VENV/bin/pip install PACKAGE`), or fix the recipe's venv/entrypoint.")
-        return ImageInfo(ref=ref, id="", digest=None, architecture=self.host_arch())
+        # The program's content stands for an image digest: a binary rebuilt between stop and resume is drift.
+        return ImageInfo(ref=ref, id="", digest=program_digest(path), architecture=self.host_arch())
 
     def probe(self, image: str, probe: Probe, timeout_s: float) -> ProbeRun:
         """Run a short check on this host (a process engine's own parser, sparklab.imagecheck; `image` is the
@@ -142,8 +162,9 @@ class Processes:
                   USER_ID: str(os.getuid()), USER_NAME: user_name(), "sparklab.runtime": "process"}
         record = RunRecord(name=spec.name, pid=0, start_time=None, labels=labels,
                            argv=[*spec.entrypoint, *spec.argv], log_path=str(log_path), log_offset=offset,
-                           created=datetime.now(timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z"),
-                           api_key=api_key, secrets=hidden)
+                           created=datetime.now(timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z"))
+        # No secret goes into the run file (HF_TOKEN, a secret -e value, the API key): the keeper gets them on its
+        # stdin, and a later `bench` or `logs` reads them from the running engine itself (_live_secrets).
         runs_dir().mkdir(parents=True, exist_ok=True)
         record.forget()
         config = {"argv": argv, "env": env, "secrets": hidden, "log_path": str(log_path),
@@ -201,7 +222,7 @@ class Processes:
 
     def _orphan_records(self) -> list[RunRecord]:
         return [r for r in self._records()
-                if r.labels.get(DETACHED) != "1" and not owner_alive(r.labels.get(OWNER, ""))]
+                if r.labels.get(DETACHED) != "1" and not owner_alive(r.labels.get(OWNER, "")) and in_session(r.labels)]
 
     def gc(self) -> list[ServerInfo]:
         removed = []
@@ -237,7 +258,8 @@ class Processes:
             raise ServerError(f"{record.name} is not running (exited {record.exit_code()})",
                               "Start it again: sparklab up …")
         kind = record.labels.get("sparklab.kind")
-        return Target(record.labels.get("sparklab.endpoint", ""), record.api_key, record.name,
+        key = record.api_key or _live_secrets(record, kind)[0]  # run files of older sparklab versions held it
+        return Target(record.labels.get("sparklab.endpoint", ""), key, record.name,
                       kind if kind in ENGINES else None)
 
     def remove_run_containers(self, run_id: str, wait_s: float = 120.0) -> list[str]:
@@ -275,7 +297,27 @@ def _read_log(record: RunRecord, since: float | None = None) -> bytes:
             data = f.read()
     except OSError:
         return b""
-    return redact(data, [s.encode() for s in record.secrets or []], starts_mid_log=False)
+    key, secrets = _live_secrets(record, record.labels.get("sparklab.kind"))
+    hidden = [*(record.secrets or []), *secrets, *([key] if key else [])]
+    return redact(data, [s.encode() for s in hidden if len(s) >= 4], starts_mid_log=False)
+
+
+def _live_secrets(record: RunRecord, kind: str | None) -> tuple[str | None, list[str]]:
+    """(the API key, secret-named environment values) of the running group, read from /proc as `docker inspect`
+    reads a container's config: readable by its user only, and gone with the server."""
+    key, secrets = None, []
+    for pid in record.members():
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes().decode("utf-8", "replace")
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode("utf-8", "replace")
+        except OSError:
+            continue
+        env = dict(item.partition("=")[::2] for item in environ.split("\0") if item)
+        argv = [a for a in cmdline.split("\0") if a]
+        secrets += [value for name, value in env.items() if is_secret_name(name) and value]
+        key = key or next((k for a in candidates(kind if kind in ENGINES else None)
+                           if (k := a.api_key_from(env, argv))), None)
+    return key, secrets
 
 
 def _offset_at(index: Path, since: float, default: int) -> int:

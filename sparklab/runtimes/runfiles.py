@@ -135,8 +135,8 @@ class RunRecord:
     def info(self) -> ServerInfo:
         running = self.alive()
         return ServerInfo(id=f"pid {self.pid}", name=self.name, status="running" if running else "exited",
-                             exit_code=None if running else self.exit_code(), labels=dict(self.labels),
-                             created=self.created)
+                          exit_code=None if running else self.exit_code(), labels=dict(self.labels),
+                          created=self.created, runtime="process")
 
 
 def terminate(record: RunRecord, grace_s: float = 10, proc: subprocess.Popen[bytes] | None = None) -> None:

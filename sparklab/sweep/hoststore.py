@@ -9,7 +9,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from sparklab.sweep.store import CellRow, ServerConfigRow, Store
+from sparklab.sweep.store import CellRow, Score, ServerConfigRow, Store
 
 
 class HostStore:
@@ -59,6 +59,18 @@ class HostStore:
         with self._lock:
             return self._store.server_configs()
 
+    def meta(self) -> dict[str, str]:
+        with self._lock:
+            return self._store.meta()
+
+    def outputs(self) -> dict[str, list[dict[str, Any]]]:
+        with self._lock:
+            return self._store.outputs()
+
+    def scores(self) -> dict[tuple[str, int], Score]:
+        with self._lock:
+            return self._store.scores()
+
     # -- what a server's work records ------------------------------------------------------------------------------
 
     def kept_summaries(self, server_config_id: str) -> list[tuple[str, int, dict[str, Any] | None, str | None]]:
@@ -67,10 +79,12 @@ class HostStore:
 
     def record_server_start(self, server_config_id: str, *, image_digest: str | None,
                             startup_facts: dict[str, Any] | None, ready_s: float | None,
-                            log_path: str | None, engine_version: str | None = None) -> None:
+                            log_path: str | None, engine_version: str | None = None,
+                            downloads: dict[str, Any] | None = None) -> None:
         with self._writing() as store:
             store.record_server_start(server_config_id, image_digest=image_digest, startup_facts=startup_facts,
-                                      ready_s=ready_s, log_path=log_path, engine_version=engine_version)
+                                      ready_s=ready_s, log_path=log_path, engine_version=engine_version,
+                                      downloads=downloads)
 
     def record_image_check(self, server_config_id: str, check: dict[str, Any]) -> None:
         with self._writing() as store:
@@ -82,10 +96,10 @@ class HostStore:
 
     def finish_cell(self, cell_id: str, summary: dict[str, Any], result: dict[str, Any],
                     image_digest: str | None = None, engine_version: str | None = None,
-                    served_version: str | None = None) -> None:
+                    served_version: str | None = None, grades: list[dict[str, Any]] | None = None) -> None:
         with self._writing() as store:
             store.finish_cell(cell_id, summary, result, image_digest=image_digest, engine_version=engine_version,
-                              served_version=served_version)
+                              served_version=served_version, grades=grades)
 
     def skip_cell(self, cell_id: str) -> None:
         with self._writing() as store:
@@ -98,10 +112,10 @@ class HostStore:
 
     def partial_cell(self, cell_id: str, summary: dict[str, Any], result: dict[str, Any], message: str,
                      max_attempts: int = 3, image_digest: str | None = None, engine_version: str | None = None,
-                     served_version: str | None = None) -> str:
+                     served_version: str | None = None, grades: list[dict[str, Any]] | None = None) -> str:
         with self._writing() as store:
             return store.partial_cell(cell_id, summary, result, message, max_attempts, image_digest, host=self.host,
-                                      engine_version=engine_version, served_version=served_version)
+                                      engine_version=engine_version, served_version=served_version, grades=grades)
 
     def fail_server_config(self, server_config_id: str, kind: str, message: str, exit_code: int | None = None,
                            log_tail: str | None = None, max_attempts: int = 3,
@@ -109,6 +123,10 @@ class HostStore:
         with self._writing() as store:
             store.fail_server_config(server_config_id, kind, message, exit_code, log_tail, max_attempts, cell_ids,
                                      host=self.host)
+
+    def add_scores(self, rows: Iterable[Score]) -> int:
+        with self._writing() as store:
+            return store.add_scores(rows)
 
     def record_failure(self, kind: str, message: str) -> None:
         with self._writing() as store:

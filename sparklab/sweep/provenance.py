@@ -1,9 +1,12 @@
-"""A run is one set of images, recipes and sampling: what a resumed run must still match (pure).
+"""A run belongs to one sweep and is one set of images, recipes and sampling: what a resumed run must still match.
 
 A run stores a fingerprint when it is created: a hash of the recipe file's content and the sampling settings.
 Resuming with a changed recipe or sampling, or on a server whose image digest differs from the one its
 earlier cells ran on, would mix two experiments in one table; sparklab refuses unless told (`--allow-drift`),
 and then the run keeps a 'drift' failure row and the report marks cells from different digests.
+
+Before any of that, the run must be this sweep's: its stored sweep name is compared (read-only, so a file that
+is not the sweep's is never migrated or written), and a tune's run is never a sweep's.
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from sparklab.errors import SparklabError
+from sparklab.inputs import MAX_TEXT_BYTES, read_bounded
+from sparklab.sweep.store import Store
 
 META_KEY = "provenance"
 _FIX = ("Start a new run for the changed setup (`sparklab sweep FILE --new`), put the old recipe or sampling back, "
@@ -28,7 +33,7 @@ class DriftError(SparklabError):
 
 def fingerprint(recipe_file: Path, sampling: dict[str, Any]) -> dict[str, Any]:
     return {"recipe_file": str(recipe_file),
-            "recipe_sha256": hashlib.sha256(recipe_file.read_bytes()).hexdigest(),
+            "recipe_sha256": hashlib.sha256(read_bounded(recipe_file, MAX_TEXT_BYTES)).hexdigest(),
             "sampling": sampling}
 
 
@@ -63,3 +68,25 @@ def image_changes(label: str, earlier: set[str], digest: str | None) -> list[str
 def from_meta(meta: dict[str, str]) -> dict[str, Any] | None:
     text = meta.get(META_KEY)
     return json.loads(text) if text else None
+
+
+def check_owner(results: Path, sweep_name: str, sweep_file: Path | str) -> None:
+    """The run at `results` belongs to the sweep `sweep_name`; else an error naming both sweeps. The file is read
+    read-only: a run this command does not own is never migrated."""
+    run = results.parent.name
+    with Store.open(results, readonly=True) as store:
+        meta = store.meta()
+    try:
+        stored = json.loads(meta.get("sweep") or "{}").get("name")
+    except (ValueError, AttributeError):
+        stored = None
+    if "tune" in meta:
+        raise SparklabError(f"run {run} is a `sparklab tune` run (of the space {stored!r}), not a run of sweep "
+                            f"{sweep_name!r} ({sweep_file}); a sweep's cells would mix into the tune's search.",
+                            f"Continue it with `sparklab tune {stored} --resume {run}`, or start the sweep's own run "
+                            "(leave out --resume).")
+    if stored != sweep_name:
+        raise SparklabError(f"run {run} belongs to sweep {stored!r}, not {sweep_name!r} ({sweep_file}); resuming it "
+                            "would add this sweep's cells to another sweep's run.",
+                            f"Resume it with sweep {stored!r}'s own file, or leave out --resume to continue (or start) "
+                            f"a run of {sweep_name!r}.")

@@ -37,7 +37,7 @@ from sparklab.recipes.plan import (
 from sparklab.recipes.schema import load_hardware, stored_facts
 from sparklab.runtimes.base import HostRuntime
 from sparklab.runtimes.local import Runtime as LocalRuntime
-from sparklab.sweep import fleet, parsecheck, provenance, rundir
+from sparklab.sweep import downloads, fleet, grading, lossless, parsecheck, provenance, rundir
 from sparklab.sweep.hoststore import HostStore
 from sparklab.sweep.serverrun import Options, Say, ServerRun, serve
 from sparklab.sweep.store import PlannedCell, Store
@@ -75,10 +75,13 @@ class Outcome:
 # Any: a JSON document, stored with the run as it is
 def host_facts(facts: HostFacts | None = None) -> dict[str, Any]:
     """This machine as the run records it (facts: its readings; a rehearsal's twin stands in for it)."""
+    from sparklab.host.platform import platform_facts
+
     memory = (facts or ThisMachine(gpu=False)).meminfo()
     return {"hostname": platform.node(), "machine": platform.machine(), "python": platform.python_version(),
             "kernel": platform.release(), "mem_total_gib": round(memory.total_gib, 1),
-            "mem_available_gib_at_start": round(memory.available_gib, 1), "sparklab": __version__}
+            "mem_available_gib_at_start": round(memory.available_gib, 1), "sparklab": __version__,
+            "platform": platform_facts()}
 
 
 def controller_of(runtime: HostRuntime | None) -> HostFacts:
@@ -96,7 +99,7 @@ def timing_model(plan: Plan, history: list[Path]) -> TimingModel:
     ready, tps, by_server = [], [], {}
     for path in history:
         try:
-            with Store.open(path) as old:
+            with Store.open(path, readonly=True) as old:  # another run's file: read, never migrated
                 configs = [s for s in old.server_configs() if s.config.get("recipe") == recipe.name]
                 ready += [s.ready_s for s in configs if s.ready_s and not engine(s.config.get("kind", "")
                                                                                 ).builds_on_first_start]
@@ -125,12 +128,13 @@ def register(plan: Plan, store: Store, only: Callable[[ServerConfig, Cell], bool
         store.add_server_config(server.id, engine=server.engine, method=server.method, k=server.num_speculative_tokens,
                                 config={"recipe": server.recipe.name, "overrides": list(server.overrides),
                                         "serve_args": list(server.serve_args), "kind": server.spec.kind,
+                                        "runtime": server.spec.runtime,
                                         "label": server.label, **stored_facts(server.recipe, devices, server.engine)},
                                 argv=argv, image=server.spec.image)
-    settings = {"warmup": plan.sweep.warmup, "stream": plan.sweep.stream, "duration_s": plan.sweep.duration_s,
-                "sampling": plan.sweep.sampling.model_dump()}
+    settings = {"warmup": plan.sweep.warmup, "stream": plan.sweep.stream, "duration_s": plan.sweep.duration_s}
     return store.add_cells(
-        PlannedCell(c.id, server.id, c.concurrency, c.workload, c.repeat, {**settings, "requests": c.requests})
+        PlannedCell(c.id, server.id, c.concurrency, c.workload, c.repeat,
+                    {**settings, "sampling": c.sampling, "requests": c.requests})
         for server in plan.servers for c in server.cells if only is None or only(server, c))
 
 
@@ -162,7 +166,7 @@ def run(plan: Plan, store: Store, runtime: HostRuntime | None, run_dir: Path, op
         members = [fleet.this_machine(runtime or LocalRuntime(), options.pull_policy, hosts[0] if hosts else None)]
     for member in members:
         for info in member.runtime.gc():
-            member.tell(say)(f"removed leftover container {info.name} (its sparklab process is gone)")
+            member.tell(say)(f"removed leftover {info.noun} {info.name} (its sparklab process is gone)")
     controller = controller_of(runtime)
     # MemAvailable before any server, per host: this machine's now, another host's before its first server
     baselines = {m.name: facts.meminfo().available_gib for m in members if m.host.local
@@ -180,14 +184,32 @@ def run(plan: Plan, store: Store, runtime: HostRuntime | None, run_dir: Path, op
                             lost=member.gone, controller=controller))
 
     fleet.run(plan, store, members, serve_pending, say_progress, run_dir.name)
+    here = next((m for m in members if m.host.local), None)
+    if here is not None:  # what no `none` server scored while up: on this machine's engine, at the end
+        _score_the_rest(plan, store, here, run_dir, options, say_progress, baselines, controller)
     return store.counts()
+
+
+def _score_the_rest(plan: Plan, store: Store, member: fleet.Member, run_dir: Path, options: Options, say: Say,
+                    baselines: dict[str, float], controller: HostFacts) -> None:
+    """Sampled answers the lossless check has not scored yet (drafting configs that ran after `none`): the
+    engine's `none` server config once more, with no cells, only to score them."""
+    if not plan.sweep.lossless.enabled:
+        return
+    for name in lossless.engines_with_pending(plan, store):
+        plain = lossless.baseline_of(plan, name)
+        if plain is not None:
+            serve(ServerRun(plan, HostStore(store, host=member.recorded_as), member.runtime, run_dir, options,
+                            member.tell(say), member.host, plain, [], baselines, controller=controller))
 
 
 def dry_run(request: Request) -> tuple[Plan, float, TimingModel, list[Host] | None]:
     """The plan, its ETA, the timing model behind it and the Docker hosts: the same code path as a run, up to
     the first start (the ETA is one host's: several hosts share the servers out)."""
-    run_dir, _ = rundir.resolve(request.runs_dir, load_sweep(request.file).name, request.resume, request.new)
+    run_dir, exists = rundir.resolve(request.runs_dir, load_sweep(request.file).name, request.resume, request.new)
     plan = build_plan(request.file, run_id=run_dir.name, ulimits=request.ulimits)
+    if exists:
+        provenance.check_owner(run_dir / "results.sqlite", plan.sweep.name, request.file)
     hosts = _hosts(request, plan)
     model = timing_model(plan, sorted(request.runs_dir.glob("*/results.sqlite")))
     return plan, estimate_seconds(plan, model), model, hosts
@@ -200,11 +222,19 @@ def sweep(request: Request, say: Say, runtime: HostRuntime | None = None,
     Ctrl-C and SIGTERM (as KeyboardInterrupt) tear the current server down and return an interrupted outcome
     that can be resumed; the cell in flight goes back to pending.
     """
-    run_dir, exists = rundir.resolve(request.runs_dir, load_sweep(request.file).name, request.resume,
-                                     request.new)
+    name = load_sweep(request.file).name
+    with rundir.SweepLock(request.runs_dir, name):  # before a run is chosen or made: one process per sweep
+        return _sweep_locked(request, name, say, runtime, reach)
+
+
+def _sweep_locked(request: Request, name: str, say: Say, runtime: HostRuntime | None,
+                  reach: fleet.Connect | None) -> Outcome:
+    run_dir, exists = rundir.resolve(request.runs_dir, name, request.resume, request.new)
     plan = build_plan(request.file, run_id=run_dir.name, ulimits=request.ulimits)
+    if exists:  # before the file is opened for writing (which would migrate it)
+        provenance.check_owner(run_dir / "results.sqlite", plan.sweep.name, request.file)
     hosts = _hosts(request, plan)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    rundir.make(run_dir)
     with rundir.RunLock(run_dir), rundir.fault_log(run_dir):
         say = _logged(say, run_dir / rundir.LOG_NAME)
         if runtime is None and (hosts is None or any(h.local for h in hosts)):
@@ -216,14 +246,21 @@ def sweep(request: Request, say: Say, runtime: HostRuntime | None = None,
             _check_drift(plan, store, exists, request.options.allow_drift, say)
             added = register(plan, store)
             if not exists:
-                store.set_host_facts(host_facts(controller_of(runtime)))
+                facts = host_facts(controller_of(runtime))
+                if runtime is not None:  # the engine the servers run on, where it is this machine's
+                    with contextlib.suppress(Exception):
+                        facts["platform"]["docker"] = runtime.facts().get("docker_version")
+                store.set_host_facts(facts)
             if request.retry_failed:
                 say(f"{store.retry_failed()} failed or partial cell(s) will run again")
             if request.download and store.pending_cells():
-                download(plan, store, say)
+                downloads.download(plan, store, say)
             say(f"run {run_dir} ({'continued' if exists else 'new'}; {added} new cell(s)): {store.counts()}")
+            options = request.options
+            if store.pending_cells():  # a code suite's sandbox image is checked before any server starts
+                options = replace(options, sandbox=grading.make_sandbox(plan, _docker_of(runtime)))
             try:
-                counts = run(plan, store, runtime, run_dir, request.options, say, hosts, reach)
+                counts = run(plan, store, runtime, run_dir, options, say, hosts, reach)
             except KeyboardInterrupt:  # Ctrl-C, SIGTERM, or a hangup whose terminal is gone: the log says it
                 store.reset_interrupted(plan.sweep.max_attempts)
                 _log_line(run_dir / rundir.LOG_NAME, f"interrupted; the servers are down, {store.counts()}")
@@ -267,6 +304,13 @@ def _check_drift(plan: Plan, store: Store, exists: bool, allow: bool, say: Say) 
     """Before anything is added to a resumed run: the recipe and sampling its cells measured, unchanged."""
     current = fingerprint(plan)
     changes = provenance.drift(provenance.from_meta(store.meta()), current) if exists else []
+    counts = store.counts()
+    tried = exists and (bool(store.failures()) or any(c.attempts for c in store.cells()))
+    if changes and tried and not counts["done"] + counts["partial"]:  # its attempts measured nothing: a fix
+        say(f"{'; '.join(changes)} since the run's last attempt; no cell had finished, so the run goes on with "
+            "the new setup")
+        store.set_meta(provenance.META_KEY, current)
+        return
     if changes and not allow:
         raise provenance.refuse(store.path.parent.name, changes)
     if changes:
@@ -288,13 +332,10 @@ def _hosts(request: Request, plan: Plan) -> list[Host] | None:
     return hosts
 
 
-def download(plan: Plan, store: Store, say: Say) -> None:
-    """Every checkpoint the servers mount into the cache, before any clock starts; revisions kept with the run."""
-    from sparklab.runtimes import pull
 
-    fetched = pull.pull([(s.recipe, s.spec) for s in plan.servers], pull_image=None, say=say)
-    if fetched.models:
-        store.set_host_facts({"model_revisions": fetched.revisions()})
+def _docker_of(runtime: HostRuntime | None) -> Any:
+    """This machine's Docker engine behind a runtime (code answers run in a container there), None: the default."""
+    return runtime.docker if isinstance(runtime, LocalRuntime) else runtime
 
 
 def _progress(store: Store, started: float, done_at_start: int) -> str:

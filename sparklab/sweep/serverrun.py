@@ -3,7 +3,7 @@ cells on it, tear it down, and record every outcome; a fault ends this server's 
 
 What a server's work needs travels in one `ServerRun`. The memory policy (the wait between servers, the page cache,
 the floor) applies on every host the server runs on, read through that host's facts (sweep/watch.py); a host whose
-facts cannot be read runs unwatched, and says so.
+facts cannot be read runs unwatched, and says so. How the work's failures are recorded: sweep/failures.py.
 
 `Options.time_scale` is how many wall seconds one second of the night takes: 1 for a real sweep, less for a
 rehearsal (sparklab.rehearse), which runs the night compressed against a twin. Every deadline and timeout the
@@ -30,9 +30,9 @@ from sparklab.bench.metrics import IDENTICAL
 from sparklab.bench.workloads import load_workload
 from sparklab.engines import engine
 from sparklab.engines.api import EngineAPI
-from sparklab.engines.logwatch import CAUSE_LINES, fatal_error
+from sparklab.engines.logwatch import headline
 from sparklab.engines.scrape import exit_code_meaning
-from sparklab.errors import DiskFullError, MemoryFloorError, NotReadyError, PreflightError, ServerError, SparklabError
+from sparklab.errors import DiskFullError, MemoryFloorError, PreflightError, ServerError, SparklabError
 from sparklab.host import preflight, watchdog
 from sparklab.host.facts import HostFacts, ThisMachine
 from sparklab.recipes.hosts import LOOPBACK, Host
@@ -40,7 +40,7 @@ from sparklab.recipes.plan import Cell, Plan, ServerConfig
 from sparklab.records import BenchResult, Sampling
 from sparklab.runtimes import cluster, launch
 from sparklab.runtimes.base import HostRuntime
-from sparklab.sweep import provenance, repeats, rundir
+from sparklab.sweep import downloads, failures, grading, lossless, provenance, repeats, rundir
 from sparklab.sweep import watch as watching
 from sparklab.sweep.fleet import HostLost
 from sparklab.sweep.hoststore import HostStore
@@ -67,6 +67,7 @@ class Options:
     memory_floor_gib: float | None = None  # --memory-floor-gib; None: the sweep file's, else memwatch.floor_for
     allow_drift: bool = False  # --allow-drift: resume even if the recipe, sampling or an image digest changed
     time_scale: float = 1.0  # wall seconds per second of the night (a rehearsal's compression; see the docstring)
+    sandbox: Any = None  # where code suites' answers run (sweep.grading.make_sandbox); None: no code suite
 
 
 @dataclass
@@ -117,12 +118,19 @@ def serve(run: ServerRun) -> None:
     rundir.check_free_space(run.run_dir, options.min_free_mib, run.controller)
     readers: list[HostFacts] = []
     try:
-        _watch_hosts(run, readers)
+        configured = (options.memory_floor_gib if options.memory_floor_gib is not None
+                      else run.plan.sweep.memory_floor_gib)
+        hosts = [(run.host.name, run.runtime), *zip(run.partner_names, run.partners, strict=True)]
+        run.watched.extend(watching.watch_hosts(server, hosts, run.baselines, readers, configured=configured,
+                                                drop_caches=options.drop_caches, memory_wait_s=options.memory_wait_s,
+                                                time_scale=run.scale, say=run.say))
         name = server.spec.name
         if not run.watched:
             _run_server(run)
             return
-        stop = (lambda: run.runtime.kill(name)) if server.cluster is None else (lambda: _kill_nodes(run))
+        runtimes = [run.runtime, *run.partners]
+        stop = (lambda: run.runtime.kill(name)) if server.cluster is None else (
+            lambda: watching.kill_nodes(server, runtimes))
         samplers = watching.samplers(run.watched, max(MIN_SAMPLE_S, 1.0 * run.scale), stop,
                                      lambda: run.runtime.container_id(name))
         with contextlib.ExitStack() as stack:
@@ -133,68 +141,17 @@ def serve(run: ServerRun) -> None:
         raise
     except Exception as exc:  # one fault ends this server's work, never the sweep
         if isinstance(exc, HostLost) or run.lost():
-            for cell_id in run.store.host_lost(server.id, run.store.host or "", _one_line(exc)):
+            for cell_id in run.store.host_lost(server.id, run.store.host or "", failures.one_line(exc)):
                 run.say(f"cell {cell_id} was running when the host was lost; it runs again")
             if isinstance(exc, HostLost):
                 raise
-            raise HostLost(_one_line(exc)) from exc
-        _contain(run, exc, [c.id for c in run.cells if c.id not in run.attempted])
+            raise HostLost(failures.one_line(exc)) from exc
+        failures.contain(run, exc, [c.id for c in run.cells if c.id not in run.attempted])
     finally:
         for facts in readers:
             with contextlib.suppress(Exception):
                 facts.close()
 
-
-def _watch_hosts(run: ServerRun, readers: list[HostFacts]) -> None:
-    """Every host the server runs on, prepared and with its floor (run.watched); a host whose facts cannot be
-    read runs unwatched, and the sweep says so."""
-    server, options = run.server, run.options
-    configured = options.memory_floor_gib if options.memory_floor_gib is not None else run.plan.sweep.memory_floor_gib
-    hosts = [(run.host.name, run.runtime), *zip(run.partner_names, run.partners, strict=True)]
-    for i, (name, runtime) in enumerate(hosts):
-        label = None if i == 0 else name  # the server's own host: its lines already say where
-        facts = runtime.host_facts(server.spec)
-        if facts is None:
-            if server.recipe.unified_memory:
-                run.say(f"memory on {name}: not watched (its memory cannot be read from here)")
-            continue
-        readers.append(facts)
-        baseline = run.baselines.get(name)
-        if baseline is None:  # its first server: what the host holds without one
-            baseline = run.baselines.setdefault(name, facts.meminfo().available_gib)
-        run.watched.append(watching.prepare(server, name, facts, baseline, configured=configured,
-                                         drop_caches=options.drop_caches,
-                                         memory_wait_s=options.memory_wait_s * run.scale, time_scale=run.scale,
-                                         say=run.say, label=label))
-
-
-def _kill_nodes(run: ServerRun) -> None:
-    """A server across hosts at a floor: every node now (the head's host, then the others)."""
-    name = run.server.spec.name
-    for runtime, node in zip([run.runtime, *run.partners], run.server.cluster.nodes if run.server.cluster else (),
-                             strict=False):
-        with contextlib.suppress(Exception):
-            runtime.kill(node.name)
-    with contextlib.suppress(Exception):
-        run.runtime.kill(name)
-
-
-def _contain(run: ServerRun, exc: Exception, not_reached: list[str]) -> None:
-    """An unexpected fault in one server's work: its traceback goes to the run's log file (not the console),
-    its servers are removed (waiting for a restarting Docker daemon), its unfinished cells fail with one line."""
-    server, say, faults_at = run.server, run.say, run.run_dir / rundir.LOG_NAME
-    reason = _one_line(exc)
-    rundir.faults.error("server %s (%s): %s", server.label, server.id, reason, exc_info=exc)
-    run.store.fail_server_config(server.id, "error", f"{reason} (traceback in {faults_at})",
-                                 max_attempts=run.max_attempts, cell_ids=not_reached)
-    say(f"server {server.label}: failed (error): {reason}; its unfinished cells go back to the queue; "
-        f"details in {faults_at}")
-    try:
-        for name in run.runtime.remove_run_containers(run.run_dir.name):
-            say(f"removed {name} after the fault")
-    except Exception as cleanup:  # the daemon stayed away: say so, the next run's gc removes it
-        rundir.faults.error("cleanup after the fault failed: %s", _one_line(cleanup), exc_info=cleanup)
-        say(f"could not remove the server's container ({_one_line(cleanup)}); `sparklab gc` removes it later")
 
 
 def _start(run: ServerRun) -> launch.Ready:
@@ -227,14 +184,15 @@ def _run_server(run: ServerRun) -> None:
     server, store, say, watch = run.server, run.store, run.say, run.watch
     spec, cells = server.spec, run.cells
     start_mark = watch.mark() if watch is not None else 0
-    say(f"server {server.label}: starting ({len(cells)} cells; {spec.image})")
+    say(f"server {server.label}: starting ({len(cells)} cells; {spec.image})" if cells else
+        f"server {server.label}: starting, to score the sampled answers left (the lossless check; {spec.image})")
     try:
         ready = _start(run)
     except (ServerError, PreflightError) as exc:
         if run.tripped is not None:
-            _fail_at_floor(run, None)
+            failures.fail_at_floor(run, None)
             return
-        kind = _failure_kind(exc)
+        kind = failures.failure_kind(exc)
         code = getattr(exc, "container_exit_code", None)
         why = f"\n{exc.hint}" if kind in ("fatal", "stalled") and exc.hint else ""  # what died, or what to raise
         evidence = watchdog.kill_evidence(code, exc, facts=run.watched[0].facts if run.watched else None)
@@ -242,7 +200,7 @@ def _run_server(run: ServerRun) -> None:
                                  exit_code=code, log_tail=getattr(exc, "log_tail", None),
                                  max_attempts=run.max_attempts)
         cause = f" — {why.strip().splitlines()[0]}" if why else ""
-        say(f"server {server.label}: failed ({kind}): {exc.message.splitlines()[0]}{cause}")
+        say(f"server {server.label}: failed ({kind}): {headline(exc.message, getattr(exc, 'log_tail', None))}{cause}")
         return
     api = EngineAPI(spec.endpoint, ready.api_key)
     facts = {**ready.facts.as_dict(), **engine(spec.kind).served_facts(api)}
@@ -256,7 +214,8 @@ def _run_server(run: ServerRun) -> None:
         say(f"server {server.label}: warning: {disagree}")
     store.record_server_start(server.id, image_digest=ready.image.digest, startup_facts=facts,
                               ready_s=ready.seconds_to_ready / run.scale, log_path=str(ready.server.log_path),
-                              engine_version=ready.served_version or launch.image_version(ready))
+                              engine_version=ready.served_version or launch.image_version(ready),
+                              downloads=downloads.waited_for(store, server.id, ready.image_s))
     if ready.check is not None:
         store.record_image_check(server.id, ready.check.as_dict())
     say(f"server {server.label}: ready in {ready.seconds_to_ready / run.scale:.1f} s")  # the night's seconds
@@ -269,7 +228,7 @@ def _run_server(run: ServerRun) -> None:
     with ready.server:
         _check_image(store, server, ready.image.digest, run.options.allow_drift, say)
         try:
-            _run_cells(run, ready)
+            measured = _run_cells(run, ready)
         except HostLost:  # its host does not answer: a teardown would wait on it too; `sparklab gc --host` later
             ready.server.keep()
             raise
@@ -277,41 +236,53 @@ def _run_server(run: ServerRun) -> None:
             if not run.lost():  # a fault of this server's: the teardown and serve() deal with it
                 raise
             ready.server.keep()  # a state check failed because the host went away: as above
-            raise HostLost(_one_line(exc)) from exc
+            raise HostLost(failures.one_line(exc)) from exc
+        if measured and server.method == lossless.BASELINE and run.plan.sweep.lossless.enabled:
+            # the plain server as it runs scores the sampled answers under the target (the lossless check)
+            lossless.score_safely(run.plan, store, server, EngineAPI(ready.server.spec.endpoint, ready.api_key), say)
 
 
-def _run_cells(run: ServerRun, ready: launch.Ready) -> None:
-    """The server's cells in order, while it serves; a server that ends fails the cells it did not reach."""
+def _run_cells(run: ServerRun, ready: launch.Ready) -> bool:
+    """The server's cells in order, while it serves; a server that ends fails the cells it did not reach (False)."""
     server, cells = run.server, run.cells
     for i, cell in enumerate(cells):
+        # A failure below charges these cells this server start's attempt; a fault after it (removing a container
+        # the restarting daemon has lost) must not charge them a second one: they count as attempted.
+        rest = [c.id for c in cells[i:]]
         if _engine_died(ready):
-            _fail_fatal(run, ready, [c.id for c in cells[i:]])
-            return
+            run.attempted.update(rest)
+            failures.fail_fatal(run, ready, rest)
+            return False
         running, code = ready.server.state()
         if not running and run.tripped is not None:
-            _fail_at_floor(run, [c.id for c in cells[i:]])
-            return
+            run.attempted.update(rest)
+            failures.fail_at_floor(run, rest)
+            return False
         if not running:
             tail = ready.server.log_tail(50)
             oom = ready.server.oom_killed()
             meaning = exit_code_meaning(code, oom, tail) + watchdog.kill_evidence(
                 code, tail, oom, facts=run.watched[0].facts if run.watched else None)
-            run.store.fail_server_config(server.id, _exit_kind(code, oom),
+            run.attempted.update(rest)
+            run.store.fail_server_config(server.id, failures.exit_kind(code, oom),
                                          f"the server exited with code {code}{meaning} during the sweep",
                                          exit_code=code, log_tail=tail, max_attempts=run.max_attempts,
-                                         cell_ids=[c.id for c in cells[i:]])
+                                         cell_ids=rest)
             run.say(f"server {server.label}: exited with code {code}; its remaining cells failed")
-            return
+            return False
         if _measured_enough(run.plan, run.store, server, cell, run.say):
             continue
         run.attempted.add(cell.id)
         try:
             _run_cell(run, ready, cell)
         except MemoryFloorError:
-            _fail_at_floor(run, [c.id for c in cells[i:]])
-            return
+            run.attempted.update(rest)
+            failures.fail_at_floor(run, rest)
+            return False
     if _engine_died(ready):  # during the last cell
-        _fail_fatal(run, ready, [])
+        failures.fail_fatal(run, ready, [])
+        return False
+    return True
 
 
 def _measured_enough(plan: Plan, store: Store | HostStore, server: ServerConfig, cell: Cell, say: Say) -> bool:
@@ -348,27 +319,6 @@ def _check_image(store: Store | HostStore, server: ServerConfig, digest: str | N
     say(f"drift allowed: {'; '.join(changes)}")
 
 
-def _fail_fatal(run: ServerRun, ready: launch.Ready, not_reached: list[str]) -> None:
-    """The engine logged a fatal line while cells ran (its server was killed): the server fails as "fatal",
-    and its cells, the one in flight too, go back to the queue."""
-    assert ready.watch is not None
-    error = fatal_error(ready.watch, ready.server.log_tail(CAUSE_LINES), "while cells ran")
-    first = error.message.splitlines()[0]
-    run.store.fail_server_config(run.server.id, "fatal", f"{first}\n{error.hint}", log_tail=error.log_tail,
-                                 max_attempts=run.max_attempts, cell_ids=not_reached)
-    run.say(f"server {run.server.label}: failed (fatal): {first}; its unfinished cells go back to the queue")
-
-
-def _fail_at_floor(run: ServerRun, cell_ids: list[str] | None) -> None:
-    """The floor watchdog stopped this server: a `memory-floor` failure with the samples; the sweep goes on."""
-    hit = run.tripped
-    assert hit is not None and hit.sampler is not None and hit.sampler.floor_gib is not None
-    message, samples = watchdog.floor_failure(hit.sampler, hit.sampler.floor_gib)
-    if len(run.watched) > 1:
-        message = f"on {hit.name}: {message}"
-    run.store.fail_server_config(run.server.id, "memory-floor", message, log_tail=samples,
-                                 max_attempts=run.max_attempts, cell_ids=cell_ids)
-    run.say(f"server {run.server.label}: failed (memory-floor): {message}")
 
 
 def _run_cell(run: ServerRun, ready: launch.Ready, cell: Cell) -> None:
@@ -376,7 +326,7 @@ def _run_cell(run: ServerRun, ready: launch.Ready, cell: Cell) -> None:
     store.start_cell(cell.id)
     mark = watch.mark() if watch is not None else 0  # its window: memory and clocks under load
     marks = [h.sampler.mark() if h.sampler else 0 for h in run.watched]
-    sampling = Sampling(**sweep.sampling.model_dump())
+    sampling = Sampling(**cell.sampling)
     duration = sweep.duration_s * run.scale if sweep.duration_s else None
     load = bench.Load(concurrency=cell.concurrency, requests=cell.requests, duration_s=duration,
                       warmup=sweep.warmup, stream=sweep.stream)
@@ -429,9 +379,9 @@ def _run_cell(run: ServerRun, ready: launch.Ready, cell: Cell) -> None:
             raise HostLost(f"the Docker host stopped answering during cell {name}") from exc
         if not stopped:
             if not isinstance(exc, SparklabError):
-                rundir.faults.error("cell %s (%s): %s", name, cell.id, _one_line(exc), exc_info=exc)
-            store.fail_cell(cell.id, "bench_error", _one_line(exc), max_attempts=sweep.max_attempts)
-            say(f"cell {name}: failed: {_one_line(exc)}")
+                rundir.faults.error("cell %s (%s): %s", name, cell.id, failures.one_line(exc), exc_info=exc)
+            store.fail_cell(cell.id, "bench_error", failures.one_line(exc), max_attempts=sweep.max_attempts)
+            say(f"cell {name}: failed: {failures.one_line(exc)}")
             return
         result = None  # the server was stopped under the cell: the server's failure says why
     if run.tripped is not None:  # its requests failed because the server was stopped
@@ -447,21 +397,23 @@ def _run_cell(run: ServerRun, ready: launch.Ready, cell: Cell) -> None:
         store.fail_cell(cell.id, "bench_error", errors, max_attempts=sweep.max_attempts)
         say(f"cell {name}: every request failed: {errors}")
         return
+    grades = grading.grade_safely(name, cell.workload, result, run.options.sandbox, say)  # the window is over
     if counts["ok"] < sweep.require_ok * counts["measured"]:
         errors = "; ".join(counts["first_errors"])
         message = (f"{counts['failed']} of {counts['measured']} requests failed (require_ok {sweep.require_ok:g}): "
                    f"{errors}")
         status = store.partial_cell(cell.id, dict(summary), dict(result), message, max_attempts=sweep.max_attempts,
                                     image_digest=ready.image.digest, engine_version=launch.image_version(ready),
-                                    served_version=ready.served_version)
+                                    served_version=ready.served_version, grades=grades)
         say(f"cell {name}: partial, {message}; " + ("it runs again" if status == "pending" else
                                                      "kept as partial (flagged in the report)"))
         return
     store.finish_cell(cell.id, dict(summary), dict(result), image_digest=ready.image.digest,
-                      engine_version=launch.image_version(ready), served_version=ready.served_version)
+                      engine_version=launch.image_version(ready), served_version=ready.served_version, grades=grades)
     adapter.reset_prefix_cache(endpoint.api)
+    graded = f"; graded: {grading.summary(grades)}" if grades is not None else ""
     say(f"cell {name}: {summary['aggregate_tps']:.2f} tok/s aggregate, "
-        f"{summary['requests']['ok']}/{summary['requests']['measured']} ok")
+        f"{summary['requests']['ok']}/{summary['requests']['measured']} ok{graded}")
 
 
 def _loadavg() -> list[float] | None:
@@ -485,26 +437,4 @@ def _wait_port_free(host: str, port: int, timeout_s: float, address: str | None 
                                  "Something else listens there: stop it or change the recipe's port.")
         time.sleep(0.5 * scale)
 
-
-def _one_line(exc: BaseException) -> str:
-    text = exc.message if isinstance(exc, SparklabError) else str(exc)
-    first = (text.strip().splitlines() or [""])[0]
-    return f"{type(exc).__name__}: {first}"[:300] if not isinstance(exc, SparklabError) else first[:300]
-
-
-def _exit_kind(code: int | None, oom_killed: bool | None) -> str:
-    """oom only when Docker says the kernel's OOM killer did it; another SIGKILL (docker kill, earlyoom) is killed."""
-    if oom_killed:
-        return "oom"
-    return "killed" if code == 137 else "exited"
-
-
-def _failure_kind(exc: SparklabError) -> str:
-    if isinstance(exc, NotReadyError):
-        if exc.kind:  # "fatal" (a fatal engine log line) or "stalled" (silent while loading)
-            return exc.kind
-        if exc.container_exit_code is None:
-            return "not_ready"
-        return _exit_kind(exc.container_exit_code, exc.oom_killed)
-    return "preflight" if isinstance(exc, PreflightError) else "container"
 

@@ -21,7 +21,7 @@ from typing import Any
 from sparklab.errors import DiskFullError, SparklabError
 from sparklab.host.disk import free_bytes
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 # partial: every attempt ended with failed requests; the last attempt's numbers are kept, and flagged.
 STATUSES = ("pending", "running", "done", "failed", "skipped", "partial")
 HOST_LOST = "host_lost"  # the failure kind of a Docker host that went away under its server (sparklab.fleet)
@@ -46,7 +46,8 @@ CREATE TABLE server_configs (
     started_at TEXT,
     ready_s REAL,
     log_path TEXT,
-    image_check_json TEXT
+    image_check_json TEXT,
+    downloads_json TEXT
 );
 CREATE TABLE cells (
     id TEXT PRIMARY KEY,
@@ -89,6 +90,28 @@ CREATE TABLE outputs (
     answer_json TEXT NOT NULL,
     PRIMARY KEY (cell_id, idx)
 );
+CREATE TABLE grades (
+    cell_id TEXT NOT NULL REFERENCES cells(id),
+    idx INTEGER NOT NULL,
+    prompt_id TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    status TEXT NOT NULL,
+    passed INTEGER,
+    grade_json TEXT NOT NULL,
+    graded_at TEXT NOT NULL,
+    PRIMARY KEY (cell_id, idx)
+);
+CREATE TABLE scores (
+    cell_id TEXT NOT NULL REFERENCES cells(id),
+    idx INTEGER NOT NULL,
+    scorer_id TEXT NOT NULL,
+    status TEXT NOT NULL,
+    tokens INTEGER,
+    logprob_sum REAL,
+    detail TEXT,
+    scored_at TEXT NOT NULL,
+    PRIMARY KEY (cell_id, idx)
+);
 """
 _CELL_COLUMNS_V1 = ("id, seq, server_config_id, concurrency, workload, repeat, settings_json, status, attempts,"
                     " started_at, finished_at, summary_json, result_json")
@@ -122,6 +145,7 @@ class ServerConfigRow:
     ready_s: float | None
     log_path: str | None
     image_check: dict[str, Any] | None = None  # its image's parser verdict and version (sparklab.imagecheck)
+    downloads: dict[str, Any] | None = None  # model downloads and the image pull before its latest start (schema 6)
 
 
 @dataclass(frozen=True)
@@ -140,6 +164,20 @@ class CellRow(PlannedCell):
     # (None: before schema 5, or not read)
     engine_version: str | None = None
     served_version: str | None = None
+
+
+@dataclass(frozen=True)
+class Score:
+    """One answer scored under the target model (sparklab.sweep.lossless): its tokens' summed log-probability, or
+    why it could not be scored (status "unscorable", detail)."""
+
+    cell_id: str
+    idx: int
+    scorer_id: str  # the server config that scored it (a plain server of the same recipe)
+    status: str  # "scored" | "unscorable"
+    tokens: int | None
+    logprob_sum: float | None
+    detail: str | None = None
 
 
 @dataclass(frozen=True)
@@ -291,14 +329,17 @@ class Store:
 
     def record_server_start(self, server_config_id: str, *, image_digest: str | None,
                             startup_facts: dict[str, Any] | None, ready_s: float | None,
-                            log_path: str | None, engine_version: str | None = None) -> None:
-        """The latest start of this server config (a resumed run overwrites the previous one's facts)."""
+                            log_path: str | None, engine_version: str | None = None,
+                            downloads: dict[str, Any] | None = None) -> None:
+        """The latest start of this server config (a resumed run overwrites the previous one's facts). downloads:
+        what was fetched for it first (model checkpoints, the image pull) and how long it took."""
         with self._transaction() as conn:
             _require(conn.execute(
                 "UPDATE server_configs SET image_digest = ?, engine_version = ?, startup_facts_json = ?,"
-                " started_at = ?, ready_s = ?, log_path = ? WHERE id = ?",
+                " started_at = ?, ready_s = ?, log_path = ?, downloads_json = ? WHERE id = ?",
                 (image_digest, engine_version, _dumps(startup_facts) if startup_facts is not None else None,
-                 utc_now(), ready_s, log_path, server_config_id)), "server config", server_config_id)
+                 utc_now(), ready_s, log_path, _dumps(downloads) if downloads is not None else None,
+                 server_config_id)), "server config", server_config_id)
 
     def record_image_check(self, server_config_id: str, check: dict[str, Any]) -> None:
         """The image's own parser on this server config's command, and the version it read (the latest check)."""
@@ -315,12 +356,14 @@ class Store:
 
     def finish_cell(self, cell_id: str, summary: dict[str, Any], result: dict[str, Any],
                     image_digest: str | None = None, engine_version: str | None = None,
-                    served_version: str | None = None) -> None:
+                    served_version: str | None = None, grades: list[dict[str, Any]] | None = None) -> None:
         """The cell is done exactly when its summary and full result (per-request records too) are stored.
-        The result's `outputs` (each request's bounded answer) go to the outputs table, the rest to the cell.
+        The result's `outputs` (each request's bounded answer) go to the outputs table, the rest to the cell;
+        grades (a graded suite's, made after the window) to the grades table, one per answer.
         engine_version: what the image's package metadata states; served_version: what the server answered."""
         with self._transaction() as conn:
             result = _keep_outputs(conn, cell_id, result)
+            _keep_grades(conn, cell_id, grades)
             _require(conn.execute(
                 "UPDATE cells SET status = 'done', finished_at = ?, summary_json = ?, result_json = ?,"
                 " image_digest = ?, engine_version = ?, served_version = ? WHERE id = ?",
@@ -353,7 +396,8 @@ class Store:
 
     def partial_cell(self, cell_id: str, summary: dict[str, Any], result: dict[str, Any], message: str,
                      max_attempts: int = 3, image_digest: str | None = None, host: str | None = None,
-                     engine_version: str | None = None, served_version: str | None = None) -> str:
+                     engine_version: str | None = None, served_version: str | None = None,
+                     grades: list[dict[str, Any]] | None = None) -> str:
         """Some requests failed: a 'partial' failure row; the cell runs again (pending), or after max_attempts
         stays 'partial' with this attempt's numbers, which reports show flagged. Returns the new status."""
         with self._transaction() as conn:
@@ -364,6 +408,7 @@ class Store:
             _insert_failure(conn, cell_id, server_config_id, "partial", message, None, None, host)
             status = "partial" if attempts >= max_attempts else "pending"
             result = _keep_outputs(conn, cell_id, result)
+            _keep_grades(conn, cell_id, grades)
             conn.execute("UPDATE cells SET status = ?, finished_at = ?, summary_json = ?, result_json = ?,"
                          " image_digest = ?, engine_version = ?, served_version = ? WHERE id = ?",
                          (status, utc_now(), _dumps(summary), _dumps(result), image_digest, engine_version,
@@ -479,13 +524,43 @@ class Store:
             out.setdefault(cell_id, []).append(json.loads(text))
         return out
 
+    def grades(self) -> dict[str, list[dict[str, Any]]]:
+        """Each cell's grades (sparklab.bench.grading.Grade.as_dict), by cell id; empty before schema 6."""
+        if not self._has_table("grades"):
+            return {}
+        out: dict[str, list[dict[str, Any]]] = {}
+        for cell_id, text in self._conn.execute("SELECT cell_id, grade_json FROM grades ORDER BY cell_id, idx"):
+            out.setdefault(cell_id, []).append(json.loads(text))
+        return out
+
+    def add_scores(self, rows: Iterable[Score]) -> int:
+        """Answers scored under the target (the lossless check), each its own row; a row already there is kept."""
+        with self._transaction() as conn:
+            return sum(conn.execute(
+                "INSERT OR IGNORE INTO scores (cell_id, idx, scorer_id, status, tokens, logprob_sum, detail,"
+                " scored_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (r.cell_id, r.idx, r.scorer_id, r.status, r.tokens, r.logprob_sum, r.detail, utc_now())).rowcount
+                for r in rows)
+
+    def scores(self) -> dict[tuple[str, int], Score]:
+        """Every stored score by (cell id, answer index); empty before schema 6."""
+        if not self._has_table("scores"):
+            return {}
+        rows = self._conn.execute("SELECT cell_id, idx, scorer_id, status, tokens, logprob_sum, detail FROM scores")
+        return {(r[0], r[1]): Score(*r) for r in rows}
+
+    def _has_table(self, name: str) -> bool:
+        return self._conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?",
+                                  (name,)).fetchone() is not None
+
     def server_configs(self) -> list[ServerConfigRow]:
         rows = self._conn.execute(
             "SELECT id, engine, method, k, config_json, argv_json, image, image_digest, engine_version,"
             " startup_facts_json, started_at, ready_s, log_path,"
-            f" {self._column('server_configs', 'image_check_json')} FROM server_configs ORDER BY seq").fetchall()
+            f" {self._column('server_configs', 'image_check_json')},"
+            f" {self._column('server_configs', 'downloads_json')} FROM server_configs ORDER BY seq").fetchall()
         return [ServerConfigRow(r[0], r[1], r[2], r[3], _loads(r[4]), _loads(r[5]), r[6], r[7], r[8], _loads(r[9]),
-                                r[10], r[11], r[12], _loads(r[13])) for r in rows]
+                                r[10], r[11], r[12], _loads(r[13]), _loads(r[14])) for r in rows]
 
     def failures(self) -> list[FailureRow]:
         rows = self._conn.execute("SELECT id, cell_id, server_config_id, at, kind, message, exit_code, log_tail,"
@@ -494,7 +569,7 @@ class Store:
 
     def _column(self, table: str, column: str, prefix: str = "") -> str:
         """The column, or NULL in an older file opened read-only (never migrated): image_digest came with schema
-        3, host with 4, the engine versions and image checks with 5."""
+        3, host with 4, the engine versions and image checks with 5, downloads with 6."""
         columns = {r[1] for r in self._conn.execute(f"PRAGMA table_info({table})")}
         return f"{prefix}{column}" if column in columns else "NULL"
 
@@ -603,8 +678,30 @@ def _migrate_4_to_5(conn: sqlite3.Connection) -> None:
             conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} TEXT")
 
 
+def _migrate_5_to_6(conn: sqlite3.Connection) -> None:
+    """Grades of graded suites and the lossless check's scores, one row per answer; what each server downloaded
+    before it started. Older runs have none of them, and report as before."""
+    if "downloads_json" not in {row[1] for row in conn.execute("PRAGMA table_info(server_configs)")}:
+        conn.execute("ALTER TABLE server_configs ADD COLUMN downloads_json TEXT")
+    for name in ("grades", "scores"):
+        table = _SCHEMA[_SCHEMA.index(f"CREATE TABLE {name} ("):]
+        conn.execute(table[: table.index(";")].replace(f"CREATE TABLE {name}", f"CREATE TABLE IF NOT EXISTS {name}"))
+
+
 # MIGRATIONS[v] takes a file from schema version v + 1 to v + 2 (simonw/llm's list-of-functions style).
-MIGRATIONS = [_migrate_1_to_2, _migrate_2_to_3, _migrate_3_to_4, _migrate_4_to_5]
+MIGRATIONS = [_migrate_1_to_2, _migrate_2_to_3, _migrate_3_to_4, _migrate_4_to_5, _migrate_5_to_6]
+
+
+def _keep_grades(conn: sqlite3.Connection, cell_id: str, grades: list[dict[str, Any]] | None) -> None:
+    """This attempt's grades (sparklab.bench.grading.Grade.as_dict), replacing an earlier attempt's."""
+    if grades is None:
+        return
+    conn.execute("DELETE FROM grades WHERE cell_id = ?", (cell_id,))
+    conn.executemany(
+        "INSERT INTO grades (cell_id, idx, prompt_id, kind, status, passed, grade_json, graded_at)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+        [(cell_id, int(g["index"]), str(g["prompt_id"]), str(g["kind"]), str(g["status"]),
+          None if g.get("passed") is None else int(bool(g["passed"])), _dumps(g), utc_now()) for g in grades])
 
 
 def _keep_outputs(conn: sqlite3.Connection, cell_id: str, result: dict[str, Any]) -> dict[str, Any]:

@@ -10,6 +10,7 @@ floor, and any of them reaching its floor stops the whole server.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ from sparklab.host.facts import HostFacts
 from sparklab.host.headroom import headroom
 from sparklab.host.memory import unified_need
 from sparklab.recipes.plan import ServerConfig
+from sparklab.runtimes.base import HostRuntime
 
 Say = Callable[[str], None]
 
@@ -87,3 +89,36 @@ def samplers(hosts: list[Watched], interval_s: float, stop: Callable[[], None],
 
 def tripped(hosts: list[Watched]) -> Watched | None:
     return next((h for h in hosts if h.tripped), None)
+
+
+def watch_hosts(server: ServerConfig, hosts: list[tuple[str, HostRuntime]], baselines: dict[str, float],
+                readers: list[HostFacts], *, configured: float | None, drop_caches: bool | None, memory_wait_s: float,
+                time_scale: float, say: Say) -> list[Watched]:
+    """Every host the server runs on (its own first), prepared and with its floor; a host whose facts cannot be
+    read runs unwatched, and the sweep says so. baselines: MemAvailable per host before its first server (a host
+    not in it is measured now, and kept); readers: every facts opened, for the caller to close."""
+    watched = []
+    for i, (name, runtime) in enumerate(hosts):
+        label = None if i == 0 else name  # the server's own host: its lines already say where
+        facts = runtime.host_facts(server.spec)
+        if facts is None:
+            if server.recipe.unified_memory:
+                say(f"memory on {name}: not watched (its memory cannot be read from here)")
+            continue
+        readers.append(facts)
+        baseline = baselines.get(name)
+        if baseline is None:  # its first server: what the host holds without one
+            baseline = baselines.setdefault(name, facts.meminfo().available_gib)
+        watched.append(prepare(server, name, facts, baseline, configured=configured, drop_caches=drop_caches,
+                               memory_wait_s=memory_wait_s * time_scale, time_scale=time_scale, say=say,
+                               label=label))
+    return watched
+
+
+def kill_nodes(server: ServerConfig, runtimes: list[HostRuntime]) -> None:
+    """A server across hosts at a floor: every node now (the head's host, then the others)."""
+    for runtime, node in zip(runtimes, server.cluster.nodes if server.cluster else (), strict=False):
+        with contextlib.suppress(Exception):
+            runtime.kill(node.name)
+    with contextlib.suppress(Exception):
+        runtimes[0].kill(server.spec.name)

@@ -26,7 +26,7 @@ from sparklab.recipes.hosts import Host, parse_hosts
 from sparklab.recipes.multinode import require_hosts
 from sparklab.recipes.plan import Plan, ServerConfig, TimingModel, build_plan, estimate_seconds, variant
 from sparklab.runtimes.base import HostRuntime
-from sparklab.sweep import fleet, rundir, runner
+from sparklab.sweep import downloads, fleet, rundir, runner
 from sparklab.sweep.store import Store
 from sparklab.tune import search, verdict
 from sparklab.tune.request import TuneChoices, TuneRequest, request_for
@@ -267,7 +267,7 @@ def _search(plan: Plan, store: Store, runtime: HostRuntime | None, run_dir: Path
                                     "started_s": round(wall_before + time.monotonic() - started, 1)})
             store.set_meta("tune", state)
             if request.download and not downloaded:
-                runner.download(plan, store, say)
+                downloads.download(plan, store, say)
                 downloaded = True
             for load in decision.loads:  # one at a time, in order: a reload pair runs A B, then B A
                 upto = dict(load.upto)

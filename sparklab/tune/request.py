@@ -60,6 +60,23 @@ class TuneChoices:
     hosts: tuple[str, ...] = ()  # --host: Docker hosts, as a sweep file's hosts:
 
 
+def _one_sampling(space: dict[str, Any]) -> list[str]:
+    """Tune picks a method and K for one sampling: a sampling value the sweep file lists (a load axis of a quality
+    sweep: temperature, top_p, max_tokens) is searched at its first value, as the first workload is; said once."""
+    sampling = dict(space.get("sampling") or {})
+    notes = []
+    for key, value in sampling.items():
+        if isinstance(value, list):
+            sampling[key] = value[0]
+            if len(value) > 1:
+                flag = "; --max-tokens picks another" if key == "max_tokens" else ""
+                notes.append(f"sampling.{key} lists {len(value)} values; tune searches at {value[0]} (the first"
+                             f"{flag}); `sparklab sweep` runs every value")
+    if sampling:
+        space["sampling"] = sampling
+    return notes
+
+
 def request_for(choices: TuneChoices) -> TuneRequest:
     """The request for these choices: a sweep file's space with the choices laid over it, or a recipe's space made
     of the choices alone."""
@@ -85,6 +102,7 @@ def request_for(choices: TuneChoices) -> TuneRequest:
     space["workloads"] = [choices.workload] if choices.workload else space.get("workloads", ["seed"])[:1]
     if choices.max_tokens:
         space["sampling"] = {**space.get("sampling", {}), "max_tokens": choices.max_tokens}
+    notes += _one_sampling(space)
     if choices.hosts:
         space["hosts"] = [entry_of(text, "--host").model_dump(exclude_none=True) for text in choices.hosts]
     repeats, max_repeats = repeats_of(space, choices.repeats, choices.max_repeats)

@@ -18,7 +18,7 @@ import yaml
 
 from sparklab.sweep.store import Store
 from tests.docker.conftest import SCRIPT
-from tests.dockerkit import Cli, Lines, free_port, ulimit_args
+from tests.dockerkit import OURS, Cli, Lines, free_port, ulimit_args
 
 pytestmark = pytest.mark.docker
 
@@ -119,9 +119,9 @@ def test_an_interrupted_two_host_sweep_leaves_nothing_on_either_host_and_resumes
             proc.kill()
     lines.drain()
     assert proc.returncode == 130, "".join(lines.lines)
-    run = [r for r in docker_client.containers.list(all=True, filters={"label": "sparklab"})
+    run = [r for r in docker_client.containers.list(all=True, filters=OURS)
            if r.labels.get("sparklab.run_id", "").startswith("two-hosts")]
-    there = second_client.containers.list(all=True, filters={"label": "sparklab"})
+    there = second_client.containers.list(all=True, filters=OURS)
     assert not run and not there, (run, there)  # both servers came down with the sweep
     (db,) = sorted((tmp_path / "runs").glob("*/results.sqlite"))
     again = subprocess.run([*_sweep_args(path), "--resume", db.parent.name], capture_output=True, text=True,

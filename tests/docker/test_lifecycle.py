@@ -16,13 +16,13 @@ import openai
 import pytest
 import requests
 
-from tests.dockerkit import Cli, Lines, field, free_port, sparklab_containers
+from tests.dockerkit import OUR_PROBES, OURS, Cli, Lines, field, free_port, sparklab_containers
 
 pytestmark = pytest.mark.docker
 
 
 def _ours(docker_client, port: int) -> list:
-    return [c for c in docker_client.containers.list(all=True, filters={"label": "sparklab"})
+    return [c for c in docker_client.containers.list(all=True, filters=OURS)
             if c.labels.get("sparklab.endpoint", "").endswith(f":{port}")]
 
 
@@ -118,7 +118,7 @@ def test_foreground_up_stops_on_signal_within_15_s(cli: Cli, docker_client, sig:
 _INTERRUPT_AT = """
 import os, signal, sys
 import docker.models.containers as dm
-import sparklab.runtimes.containers as sc
+import sparklab.runtimes.container_server as sc
 where = sys.argv.pop(1)
 def interrupt():
     os.kill(os.getpid(), signal.SIGINT)
@@ -153,14 +153,14 @@ sys.exit(main(sys.argv[1:]))
 @pytest.mark.parametrize("where", ["create", "start", "server", "probe"])
 def test_ctrl_c_inside_the_start_call_leaves_no_container(cli: Cli, docker_client, where: str) -> None:
     port = free_port()
-    probes = {c.id for c in docker_client.containers.list(all=True, filters={"label": "sparklab.mode=probe"})}
+    probes = {c.id for c in docker_client.containers.list(all=True, filters=OUR_PROBES)}
     proc = subprocess.run([sys.executable, "-c", _INTERRUPT_AT, where, "up", "none", *cli.launch_args(port)],
                           capture_output=True, text=True, timeout=60, env=cli.env())
     assert proc.returncode == 130, proc.stderr
     assert "interrupted" in proc.stderr
     assert "Traceback" not in proc.stderr
     assert _ours(docker_client, port) == []
-    left = {c.id for c in docker_client.containers.list(all=True, filters={"label": "sparklab.mode=probe"})}
+    left = {c.id for c in docker_client.containers.list(all=True, filters=OUR_PROBES)}
     assert left <= probes  # nor the parser check's throwaway container
 
 

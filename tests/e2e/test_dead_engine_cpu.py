@@ -23,6 +23,7 @@ def _compiled_recipe(tmp_path: Path) -> Path:
     doc = yaml.safe_load((recipes_dir() / "cpu.yaml").read_text())
     doc["name"] = "cpu-compiled"
     doc["engines"]["vllm-cpu"]["args"].remove("--enforce-eager")
+    doc["engines"]["vllm-cpu"]["env"].pop("TORCHDYNAMO_DISABLE")  # compiled mode, as a user would get it
     path = tmp_path / "cpu-compiled.yaml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     return path

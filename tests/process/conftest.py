@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.dockerkit import SESSION
 from tests.signals import ctrl_c_ignored, ctrl_c_raises
 
 REPO = Path(__file__).resolve().parents[2]
@@ -36,6 +37,26 @@ def processes_of(*markers: str) -> list[int]:
     return found
 
 
+def _session_of(pid: int) -> str | None:
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    return next((e.split(b"=", 1)[1].decode() for e in environ if e.startswith(b"SPARKLAB_SESSION=")), None)
+
+
+def leftovers(*markers: str) -> list[int]:
+    """The processes a test's teardown may kill: those of processes_of(*markers) that this test session started
+    (every engine it starts inherits SPARKLAB_SESSION, see _in_this_session), never another session's."""
+    return [pid for pid in processes_of(*markers) if _session_of(pid) == SESSION]
+
+
+@pytest.fixture(autouse=True)
+def _in_this_session(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Servers a test starts in its own process carry the session too (the CLIs get it from HostCli.env)."""
+    monkeypatch.setenv("SPARKLAB_SESSION", SESSION)
+
+
 @dataclass
 class HostCli:
     """`python -m sparklab` as a user runs it, with its own state dir; recipes run the stand-in on the host."""
@@ -45,6 +66,7 @@ class HostCli:
     def env(self, **extra: str) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if k not in ("HF_TOKEN", "SPARKLAB_API_KEY")}
         env.update({"SPARKLAB_STATE": str(self.state), "COLUMNS": "200", "HF_HOME": str(self.state.parent / "hf"),
+                    "SPARKLAB_SESSION": SESSION,
                     "PYTHONPATH": os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]), **extra})
         return env
 
@@ -70,7 +92,7 @@ def host(tmp_path: Path) -> Iterator[HostCli]:
     """A CLI with its own state; afterwards no stand-in of this test may be left running."""
     cli = HostCli(tmp_path / "state")
     yield cli
-    left = processes_of(str(STANDIN / "bin"))
+    left = leftovers(str(STANDIN / "bin"))
     for pid in left:  # clean up so one failure does not cascade, then fail loudly
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from sparklab.runtimes.runfiles import group_members
-from tests.dockerkit import Lines, field, free_port
+from tests.dockerkit import SESSION, Lines, field, free_port
 from tests.process.conftest import RECIPE, STANDIN, HostCli, processes_of
 
 
@@ -195,7 +195,7 @@ def test_sigkill_of_the_cli_leaves_an_orphan_that_gc_removes_but_not_a_detached_
         orphan = _sigkilled_foreground_up(host, port)
         again = host.run("up", f"{RECIPE}:none", "--detach", *host.launch_args(free_port()))
         assert again.returncode == 0, again.stderr
-        assert f"removed leftover container {orphan}" in again.stderr
+        assert f"removed leftover host process {orphan}" in again.stderr
         assert _ours(port) == []
         assert host.run("down", field(again.stdout, "container")).returncode == 0
         assert len(_ours(kept_port)) == 1
@@ -211,7 +211,7 @@ def test_a_recycled_pid_is_never_signalled(host: HostCli) -> None:
         runs.mkdir(parents=True)
         record = {"name": "sparklab-stale", "pid": bystander.pid, "start_time": "1", "argv": ["x"],
                   "labels": {"sparklab": "1", "sparklab.owner": f"{socket.gethostname()}/oldboot/1/1", "sparklab.detached": "0",
-                             "sparklab.mode": "up", "sparklab.uid": str(os.getuid())},
+                             "sparklab.mode": "up", "sparklab.uid": str(os.getuid()), "sparklab.session": SESSION},
                   "log_path": str(runs / "x.log"), "log_offset": 0, "created": "2026-01-01T00:00:00Z"}
         (runs / "sparklab-stale.json").write_text(json.dumps(record))
         ps = host.run("ps").stdout

@@ -72,7 +72,7 @@ def test_sigkill_of_a_sweep_then_resume_removes_the_orphan_and_finishes(host: Ho
     assert processes_of(str(STANDIN / "bin"), f"--port {port}")  # the orphan serves on
     resumed = _run(host, path)
     assert resumed.returncode == 0, resumed.stderr
-    assert "removed leftover container" in resumed.stderr and "was in flight" in resumed.stderr
+    assert "removed leftover host process" in resumed.stderr and "was in flight" in resumed.stderr
     with _store(path) as store:
         assert store.counts()["done"] == 2 and len(store.cells()) == 2
     assert not processes_of(str(STANDIN / "bin"), f"--port {port}")

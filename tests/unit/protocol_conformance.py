@@ -3,7 +3,7 @@ tests/unit/test_runtime_protocols.py runs mypy --strict over this file (a struct
 
 from __future__ import annotations
 
-from sparklab.runtimes import base, cluster, containers, local, processes
+from sparklab.runtimes import base, cluster, container_server, containers, local, processes
 from tests.fakes import FakeRuntime, FakeServer
 
 
@@ -16,7 +16,7 @@ def _runtime(runtime: base.Runtime) -> None: ...
 def _host(runtime: base.HostRuntime) -> None: ...
 
 
-def servers(container: containers.Server, process: processes.ProcessServer, across: cluster.ClusterServer,
+def servers(container: container_server.Server, process: processes.ProcessServer, across: cluster.ClusterServer,
             fake: FakeServer) -> None:
     for server in (container, process, across, fake):
         _server(server)

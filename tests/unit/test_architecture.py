@@ -34,22 +34,58 @@ def test_the_parser_probes_are_run_in_images_never_imported() -> None:
     assert _importers("sparklab.engines.probes") == set()
 
 
+# The Docker runtime: containers.py, the door, and the parts only it imports (how a Docker host is reached, a
+# host's images, a started server container and its teardown).
+DOCKER_DOOR = "runtimes/containers.py"
+DOCKER_PARTS = {"sparklab.runtimes.docker_transport": "runtimes/docker_transport.py",
+                "sparklab.runtimes.docker_images": "runtimes/docker_images.py",
+                "sparklab.runtimes.container_server": "runtimes/container_server.py",
+                "sparklab.runtimes.docker_sandbox": "runtimes/docker_sandbox.py"}
+DOCKER_RUNTIME = {DOCKER_DOOR, *DOCKER_PARTS.values()}
+
+
 @pytest.mark.parametrize(("module", "only"), [
-    ("docker", {"runtimes/containers.py"}),
+    ("docker", DOCKER_RUNTIME),
     ("openai", {"bench/client.py"}),
-    ("requests", {"engines/api.py", "runtimes/containers.py"}),  # engine HTTP; docker-py's own transport errors
+    ("requests", {"engines/api.py", *DOCKER_RUNTIME}),  # engine HTTP; docker-py's own transport errors
     ("sparklab.bench.sse", {"bench/client.py", "bench/sse_pool.py"}),  # the parser; the pool holds its connections
     ("sparklab.bench.sse_pool", {"bench/client.py"}),
-    ("jinja2", {"recipes/render.py", "report/document.py"}),  # recipes' templates; the report's HTML page
+    ("jinja2", {"recipes/sandbox.py", "report/document.py"}),  # recipes' templates; the report's HTML page
     # the consoles, the error boundary, the renderables and progress bars; up's warnings, bench's request bar
     ("rich", {"cli/terminal.py", "cli/main.py", "cli/console.py", "cli/progress.py", "cli/up.py",
               "cli/bench.py"}),
     ("matplotlib", {"report/plots.py"}),
-    ("scipy", {"bench/metrics.py"}),
+    ("scipy", {"bench/stats.py"}),  # t quantiles, Wilson, McNemar, Welch
     ("huggingface_hub", {"host/downloads.py"}),
+    ("jsonschema", {"bench/grading.py"}),  # graded answers' JSON against the task's schema
 ])
 def test_one_module_per_external_system(module: str, only: set[str]) -> None:
     assert _importers(module) == only
+
+
+def _imports_from(path: Path) -> dict[str, set[str]]:
+    """What one file imports, in any form and at any depth: module -> the names taken from it (`import a.b`
+    takes a.b whole; `from a import b` takes b from a, and a.b when b is a module)."""
+    found: dict[str, set[str]] = {}
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                found.setdefault(alias.name, set()).add("*")
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            for alias in node.names:
+                found.setdefault(node.module, set()).add(alias.name)
+                found.setdefault(f"{node.module}.{alias.name}", set()).add("*")
+    return found
+
+
+@pytest.mark.parametrize("part", sorted(DOCKER_PARTS))
+def test_the_docker_runtime_is_one_door(part: str) -> None:
+    """The rest of the package sees one Docker runtime, containers.py: only it imports its parts, in any form
+    (`from sparklab.runtimes import docker_images` too), and it takes no private name from them."""
+    importers = {p.relative_to(PACKAGE).as_posix(): _imports_from(p)[part] for p in MODULES
+                 if part in _imports_from(p)}
+    assert set(importers) == {DOCKER_DOOR}
+    assert [name for name in importers[DOCKER_DOOR] if name.startswith("_")] == []
 
 
 def test_library_code_never_prints() -> None:

@@ -87,4 +87,5 @@ def test_check_exits_3_with_the_parsers_words_when_a_command_is_refused(tmp_path
     out = capsys.readouterr().out
     assert code == 3
     assert "unrecognized arguments: --speculative-confg 3" in out and f"from {recipe}:" in out
-    assert "3 server(s): 2 accepted, 1 refused, 0 not checked" in out
+    # cpu.yaml's vLLM methods: none, ngram, draft_model and the lossless check's two controls (topk5, plain)
+    assert "5 server(s): 4 accepted, 1 refused, 0 not checked" in out

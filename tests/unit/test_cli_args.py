@@ -12,6 +12,7 @@ import pytest
 from sparklab.bench.cell import Load
 from sparklab.cli.bench import BenchArgs
 from sparklab.cli.check import CheckArgs
+from sparklab.cli.compare import CompareArgs
 from sparklab.cli.hosts import DownArgs, GcArgs, LogsArgs, PsArgs
 from sparklab.cli.main import COMMANDS, build_parser
 from sparklab.cli.pull import PullArgs
@@ -165,6 +166,13 @@ def test_report_defaults_and_every_flag() -> None:
     assert ReportArgs.from_cli_args(parse(*EVERY_FLAG["report"])) == ReportArgs(
         run="r3", runs_dir=Path("rd"), format="html", out=Path("out"), hardware="gb10", bandwidth_gbps=273.0,
         facts=["a=1", "b=2"])
+
+
+def test_compare_defaults_and_every_flag() -> None:
+    assert CompareArgs.from_cli_args(parse("compare", "r1", "r2")) == CompareArgs(
+        runs=["r1", "r2"], runs_dir=Path("runs"), format="md", out=None, force=False)
+    assert CompareArgs.from_cli_args(parse(*EVERY_FLAG["compare"])) == CompareArgs(
+        runs=["r1", "r2"], runs_dir=Path("rd"), format="csv", out=Path("out"), force=True)
 
 
 def test_pull_defaults_and_every_flag() -> None:

@@ -88,6 +88,18 @@ def test_reasoning_answer_and_multi_token_chunks(serve) -> None:
     assert record.chunk_times[-1] - record.chunk_times[-2] == pytest.approx(0.03, abs=0.02)
 
 
+def test_vllms_reasoning_field_counts_as_reasoning(serve) -> None:
+    """vLLM 0.27.1 streams thinking as delta.reasoning (vllm/entrypoints/openai/engine/protocol.py:397), SGLang and
+    the stand-in as delta.reasoning_content: the thinking-budget check reads both the same."""
+    steps = [(0.0, {**step[1], "choices": [{**step[1]["choices"][0], "delta": {"reasoning": "Let me"}}]})
+             if isinstance(step[1], dict) and step[1].get("choices") and
+             "reasoning_content" in step[1]["choices"][0]["delta"] else step for step in REASONING_THEN_ANSWER]
+    assert steps != REASONING_THEN_ANSWER
+    record = _request(serve(steps))
+    assert record.ok, record.error
+    assert record.chunk_reasoning == [True, False, False, False] and record.finish_reason == "length"
+
+
 def test_sends_the_sampling_and_token_id_request(serve) -> None:
     server = serve(REASONING_THEN_ANSWER)
     _request(server, Sampling(max_tokens=256, temperature=0, top_p=None, ignore_eos=True, min_tokens=256,
@@ -287,6 +299,26 @@ def test_finish_then_a_held_connection_ends_after_the_grace_period(hostile, then
     assert record.completion_tokens == 3 and record.token_source == TOKEN_IDS
     assert record.prompt_tokens == (7 if then == "usage" else None)
     assert 0.4 < took < 3.0  # the grace period, not the request timeout
+
+
+@pytest.mark.parametrize("then", ["usage", "nothing"])
+def test_a_held_connection_after_finish_does_not_stretch_the_request(hostile, then: str) -> None:
+    """Issue 27 item 9: finish_reason, no [DONE], the connection held open. The request is ok and its clock ends
+    at the last event it received, not after the grace wait: 4 tokens 1 ms apart give a TPOT of ~1 ms, not
+    (grace 2 s)/3 = ~667 ms (the issue measured 297 ms on a longer answer)."""
+    head = [(0.0, SSE_HEAD + b"Transfer-Encoding: chunked\r\n\r\n")]
+    tokens = [(0.001, http_chunk(sse(chunk(content=c, token_ids=[i], finish="stop" if i == 3 else None))))
+              for i, c in enumerate("abcd")]
+    tail = [(0.001, http_chunk(sse(usage(4))))] if then == "usage" else []
+    record, took = _client_request(hostile([*head, *tokens, *tail], hold_s=30).root, timeout_s=10,
+                                   finish_grace_s=2.0)
+    assert record.ok, record.error
+    assert took >= 1.9  # the grace wait happened: only the request's clock leaves it out
+    assert record.first_token is not None
+    last_event = record.chunk_times[-1]
+    assert record.end - last_event < 0.1, f"the request ended {record.end - last_event:.3f} s after its last event"
+    summary = summarize([record], (record.start, record.end))
+    assert summary["tpot_ms"]["p50"] < 50, summary["tpot_ms"]
 
 
 def test_done_then_a_held_connection_ends_after_the_grace_period(hostile) -> None:

@@ -14,7 +14,8 @@ from sparklab.cli.progress import PullProgress
 from sparklab.errors import ContainerError
 from sparklab.recipes.render import LaunchOptions, render
 from sparklab.recipes.schema import load_recipe, recipes_dir
-from sparklab.runtimes.containers import Docker, _split_ref
+from sparklab.runtimes.containers import Docker
+from sparklab.runtimes.docker_images import _split_ref
 from sparklab.runtimes.owners import owner_alive, owner_token
 
 DIGEST = "sha256:" + "ab" * 32
@@ -147,7 +148,7 @@ def test_owner_token_tracks_this_process_and_a_dead_one() -> None:
 
 def test_logs_are_redacted_of_every_secret_the_container_was_given() -> None:
     from sparklab.redaction import redacted_lines
-    from sparklab.runtimes.containers import container_secrets
+    from sparklab.runtimes.container_server import container_secrets
 
     container = SimpleNamespace(attrs={"Config": {
         "Env": ["HF_TOKEN=hf_abcdef123", "VLLM_API_KEY=key-987654", "PATH=/usr/bin", "EMPTY_TOKEN="],

@@ -115,3 +115,46 @@ def test_request_and_stall_timeouts_are_sweep_settings(tmp_path: Path) -> None:
     for bad in ({"request_timeout_s": 0}, {"stall_timeout_s": -1}):
         with pytest.raises(RecipeError, match=next(iter(bad))):
             build_plan(_write(tmp_path, {**BASE, **bad}))
+
+
+def _axes_sweep(tmp_path: Path, sampling: dict) -> Path:
+    path = tmp_path / "axes.yaml"
+    path.write_text(yaml.safe_dump({"name": "axes", "recipe": "cpu", "methods": ["none", "ngram"],
+                                    "num_speculative_tokens": [3], "concurrency": [1], "requests": 2,
+                                    "workloads": ["seed"], "sampling": sampling}))
+    return path
+
+
+def test_max_tokens_and_temperature_are_load_axes_on_the_same_server(tmp_path: Path) -> None:
+    """Seed 002 found the budget at which answers appear by trying budgets: each is a load, not a server."""
+    plan = build_plan(_axes_sweep(tmp_path, {"max_tokens": [4096, 16000], "temperature": [0, 1.0]}))
+    assert [s.label for s in plan.servers] == ["vllm-cpu/none", "vllm-cpu/ngram K=3"]
+    cells = plan.servers[0].cells
+    assert [(c.sampling["temperature"], c.sampling["max_tokens"]) for c in cells] == [
+        (0.0, 4096), (0.0, 16000), (1.0, 4096), (1.0, 16000)]
+    assert len({c.id for c in plan.cells}) == 8
+    assert plan.sweep.sampling.varying() == ("temperature", "max_tokens")
+    model = TimingModel(tokens_per_s=100.0, startup_s=0.0, teardown_s=0.0, batching=0.0)
+    assert estimate_seconds(plan, model) == pytest.approx(2 * 2 * (2 + 2) * (4096 + 16000) / 100.0)
+
+
+def test_one_value_keeps_the_cell_ids_it_had(tmp_path: Path) -> None:
+    """A sweep that lists nothing plans exactly as before: its resumed runs find their cells."""
+    one = build_plan(_axes_sweep(tmp_path, {"max_tokens": 64, "temperature": 0}))
+    listed = build_plan(_axes_sweep(tmp_path, {"max_tokens": [64], "temperature": [0]}))
+    assert [c.sampling for c in one.cells] == [one.sweep.sampling.model_dump()] * 2
+    assert [c.id for c in listed.cells] == [c.id for c in one.cells]  # a list of one value is that value
+
+
+@pytest.mark.parametrize(("sampling", "where"), [
+    ({"max_tokens": [64, 0]}, r"sampling\.max_tokens\[1\]: .*greater than or equal to 1"),
+    ({"max_tokens": [64, 64]}, r"sampling\.max_tokens: .*each value once"),
+    ({"max_tokens": []}, r"sampling\.max_tokens: .*at least one"),
+    ({"temperature": [0, -1]}, r"sampling\.temperature\[1\]: .*greater than or equal to 0"),
+    ({"top_p": [0.5, 0]}, r"sampling\.top_p\[1\]: .*greater than 0"),
+    ({"seed": [1, 2]}, r"sampling\.seed: "),
+])
+def test_a_bad_axis_names_the_file_and_the_value(tmp_path: Path, sampling: dict, where: str) -> None:
+    path = _axes_sweep(tmp_path, sampling)
+    with pytest.raises(RecipeError, match=rf"{path}: {where}"):
+        build_plan(path)

@@ -23,7 +23,7 @@ from sparklab.recipes.hosts import parse_hosts
 from sparklab.recipes.multinode import render_cluster
 from sparklab.recipes.render import LaunchOptions
 from sparklab.recipes.schema import load_recipe, recipes_dir
-from sparklab.runtimes import base, cluster, containers, local, processes
+from sparklab.runtimes import base, cluster, container_server, containers, local, processes
 from sparklab.runtimes.runfiles import RunRecord
 from tests.fakes import FakeRuntime, FakeServer, spec_named
 
@@ -34,9 +34,9 @@ def _docker() -> containers.Docker:
     return containers.Docker(SimpleNamespace(sparklab_url="local"))  # a client is given: nothing is reached
 
 
-def _container_server() -> containers.Server:
+def _container_server() -> container_server.Server:
     container = SimpleNamespace(name="c", id="abc", attrs={"Config": {}})
-    return containers.Server(_docker(), container, spec_named("c"), None)
+    return container_server.Server(_docker(), container, spec_named("c"), None)
 
 
 def _process_server(tmp_path: Path) -> processes.ProcessServer:
@@ -54,7 +54,7 @@ def _cluster_server() -> cluster.ClusterServer:
 
 
 SERVERS = {
-    "containers.Server": lambda tmp: _container_server(),
+    "container_server.Server": lambda tmp: _container_server(),
     "processes.ProcessServer": _process_server,
     "cluster.ClusterServer": lambda tmp: _cluster_server(),
     "tests.fakes.FakeServer": lambda tmp: FakeServer("fake"),

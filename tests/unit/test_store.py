@@ -315,8 +315,20 @@ def _as_version_1(path: Path) -> None:
     conn.close()
 
 
+def _as_version_5(path: Path) -> None:
+    """Rewrite a fresh file the way schema 5 made it: no grades or scores tables, no downloads on server configs."""
+    conn = sqlite3.connect(path)
+    conn.execute("DROP TABLE grades")
+    conn.execute("DROP TABLE scores")
+    conn.execute("ALTER TABLE server_configs DROP COLUMN downloads_json")
+    conn.execute("PRAGMA user_version = 5")
+    conn.commit()
+    conn.close()
+
+
 def _as_version_4(path: Path) -> None:
     """Rewrite a fresh file the way schema 4 made it: no engine versions on cells, no image check on server configs."""
+    _as_version_5(path)
     conn = sqlite3.connect(path)
     for table, column in (("cells", "engine_version"), ("cells", "served_version"),
                           ("server_configs", "image_check_json")):
@@ -350,7 +362,7 @@ def test_a_version_2_file_gains_the_host_columns_and_keeps_its_cells(path: Path)
     with Store.open(path, readonly=True) as s:  # read as it is: no host column yet
         assert s.cell("sc-a-c1").status == "done"
     with Store.open(path) as s:
-        assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 5
+        assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 6
         assert s.cell("sc-a-c1").host is None and s.cell("sc-a-c1").result == RESULT
         s.start_cell("sc-b-c1", host="spark-2")
         assert s.cell("sc-b-c1").host == "spark-2"
@@ -370,7 +382,7 @@ def test_a_version_4_file_is_read_as_it_is_and_gains_the_engine_versions(path: P
             "done", "sha256:1", None, None)
         assert s.server_configs()[0].image_check is None
     with Store.open(path) as s:
-        assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 5
+        assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 6
         s.start_cell("sc-b-c1")
         s.finish_cell("sc-b-c1", {"aggregate_tps": 2.0}, RESULT, image_digest="sha256:2", engine_version="0.32.0+cpu",
                       served_version="0.32.0+cpu")
@@ -379,6 +391,38 @@ def test_a_version_4_file_is_read_as_it_is_and_gains_the_engine_versions(path: P
         assert (cell.engine_version, cell.served_version) == ("0.32.0+cpu", "0.32.0+cpu")
         assert s.cell("sc-a-c1").engine_version is None and s.cell("sc-a-c1").result == RESULT
         assert [r.image_check for r in s.server_configs()][1]["seconds"] == 9.5
+
+
+def test_a_version_5_file_is_read_as_it_is_and_gains_grades_scores_and_downloads(path: Path) -> None:
+    """A run made at schema 5 (engine versions, no grades): read-only it has no grades, scores or downloads and keeps
+    its engine versions; opened to resume it is migrated (5 -> 6) and stores all three."""
+    from sparklab.sweep.store import Score
+
+    with Store.create(path, SWEEP, "0.1.0") as s:
+        add_plan(s)
+        s.start_cell("sc-a-c1")
+        s.finish_cell("sc-a-c1", {"aggregate_tps": 1.0}, RESULT, image_digest="sha256:1", engine_version="0.27.1",
+                      served_version="0.27.1+cpu")
+        s.record_image_check("sc-a", {"verdict": {"status": "accepted"}})
+    _as_version_5(path)
+    with Store.open(path, readonly=True) as s:
+        assert s.grades() == {} and s.scores() == {}
+        assert [r.downloads for r in s.server_configs()] == [None, None]
+        assert s.server_configs()[0].image_check == {"verdict": {"status": "accepted"}}
+        assert (s.cell("sc-a-c1").engine_version, s.cell("sc-a-c1").served_version) == ("0.27.1", "0.27.1+cpu")
+    assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == 5  # reading migrated nothing
+    with Store.open(path) as s:
+        assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 6
+        assert s.cell("sc-a-c1").engine_version == "0.27.1" and s.cell("sc-a-c1").result == RESULT
+        grade = {"index": 0, "prompt_id": "p", "kind": "instruction", "status": "graded", "passed": False}
+        s.start_cell("sc-b-c1")
+        s.finish_cell("sc-b-c1", {"aggregate_tps": 2.0}, RESULT, engine_version="0.27.1", grades=[grade])
+        assert s.grades() == {"sc-b-c1": [grade]}
+        assert s.add_scores([Score("sc-b-c1", 0, "sc-a", "scored", 3, -1.5)]) == 1
+        s.record_server_start("sc-b", image_digest=None, startup_facts={}, ready_s=1.0, log_path=None,
+                              downloads={"seconds": 0.0, "image_s": 0.1, "total_s": 0.1})
+        assert [r.downloads for r in s.server_configs()][1] == {"seconds": 0.0, "image_s": 0.1, "total_s": 0.1}
+        assert s.server_configs()[0].image_check == {"verdict": {"status": "accepted"}}
 
 
 def test_a_lost_host_gives_its_running_cell_back_without_spending_an_attempt(store: Store) -> None:
@@ -473,7 +517,7 @@ def test_a_version_2_file_gains_per_cell_digests_and_outputs_when_opened_for_wri
     with Store.open(path, readonly=True) as s:
         assert s.cell("sc-a-c1").image_digest is None and s.outputs() == {}
     with Store.open(path) as s:
-        assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 5
+        assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 6
         s.start_cell("sc-b-c1")
         answers = [{"index": 0, "prompt_id": "seed-0", "token_ids": [1, 2]}]
         s.finish_cell("sc-b-c1", {"aggregate_tps": 2.0}, {**RESULT, "outputs": answers}, image_digest="sha256:abc")
@@ -483,3 +527,43 @@ def test_a_version_2_file_gains_per_cell_digests_and_outputs_when_opened_for_wri
         s.start_cell("sc-b-c1")  # a second attempt replaces the first one's answers
         s.finish_cell("sc-b-c1", {"aggregate_tps": 2.0}, {**RESULT, "outputs": answers[:0]})
         assert s.outputs() == {}
+
+
+def test_a_version_4_run_reads_as_before_and_gains_grades_scores_and_downloads(tmp_path: Path) -> None:
+    """A real run stored at schema 4 (the llama.cpp report fixture): read-only it has no grades, scores or
+    downloads and reports as before; opened for writing it is migrated (4 -> 5 -> 6) and keeps every cell."""
+    from sparklab.sweep.store import Score
+    from tests.reportkit import FIXTURES, load_dump
+
+    path = load_dump(FIXTURES / "llamacpp-cpu-sweep.sql", tmp_path / "llamacpp-run")
+    assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == 4
+    with Store.open(path, readonly=True) as s:
+        assert s.grades() == {} and s.scores() == {}
+        assert all(row.downloads is None for row in s.server_configs())
+        done = len(s.cells("done"))
+    with Store.open(path) as s:
+        assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 6
+        assert len(s.cells("done")) == done
+        assert all(c.engine_version is None for c in s.cells("done"))  # 4 -> 5 added the column, no value
+        cell = s.cells("done")[0]
+        grade = {"index": 1, "prompt_id": "p", "kind": "instruction", "status": "graded", "passed": True}
+        s.finish_cell(cell.id, cell.summary, cell.result, grades=[grade])
+        assert s.grades() == {cell.id: [grade]}
+        assert s.add_scores([Score(cell.id, 1, "x", "scored", 4, -2.0)]) == 1
+        assert s.add_scores([Score(cell.id, 1, "x", "scored", 9, -9.0)]) == 0  # a score is kept, never replaced
+        assert s.scores()[(cell.id, 1)].tokens == 4
+        server = s.server_configs()[0]
+        s.record_server_start(server.id, image_digest=None, startup_facts={}, ready_s=1.0, log_path=None,
+                              downloads={"seconds": 3.5, "image_s": 0.2, "total_s": 3.7})
+        assert s.server_configs()[0].downloads == {"seconds": 3.5, "image_s": 0.2, "total_s": 3.7}
+
+
+def test_grades_of_a_retried_cell_replace_the_first_attempts(store: Store) -> None:
+    store.start_cell("sc-a-c1")
+    first = [{"index": 0, "prompt_id": "p", "kind": "code", "status": "graded", "passed": False}]
+    assert store.partial_cell("sc-a-c1", {"aggregate_tps": 1.0}, RESULT, "1 of 2 failed", grades=first) == "pending"
+    assert store.grades()["sc-a-c1"] == first
+    store.start_cell("sc-a-c1")
+    second = [{**first[0], "passed": True}, {**first[0], "index": 1}]
+    store.finish_cell("sc-a-c1", {"aggregate_tps": 1.0}, RESULT, grades=second)
+    assert store.grades()["sc-a-c1"] == second

@@ -135,6 +135,23 @@ def test_tune_reads_every_setting_of_a_sweep_file(tmp_path: Path) -> None:
     assert {c.requests for s in plan.servers for c in s.cells} == {3, 8}
 
 
+def test_a_sampling_axis_is_searched_at_its_first_value_and_said(tmp_path: Path) -> None:
+    """A quality sweep lists temperatures (and budgets) as load axes; tune picks a method and K for one sampling:
+    the first of each list, said in the notes (as for workloads); --max-tokens wins over the list."""
+    path = _space_file(tmp_path, sampling={"temperature": [0, 1.0], "top_p": 0.95, "max_tokens": [32, 64]})
+    request = _request(str(path))
+    assert (request.space["sampling"]["temperature"], request.space["sampling"]["max_tokens"]) == (0, 32)
+    assert any("sampling.temperature lists 2 values" in note and "tune searches at 0" in note
+               for note in request.notes), request.notes
+    assert any("sampling.max_tokens lists 2 values" in note and "--max-tokens" in note for note in request.notes)
+    request = _request(str(path), "--max-tokens", "64")
+    assert request.space["sampling"]["max_tokens"] == 64
+    assert not any("max_tokens" in note for note in request.notes)
+    (tmp_path / "run").mkdir()
+    sweep = build_plan(driver.write_space(tmp_path / "run", request.space, request.settings)).sweep
+    assert (sweep.sampling.temperature, sweep.sampling.max_tokens) == (0, 64)
+
+
 def test_flags_win_over_the_sweep_file(tmp_path: Path) -> None:
     path = str(_space_file(tmp_path))
     request = _request(path, "--objective", "aggregate", "--repeats", "3", "-w", "speedbench-1k")

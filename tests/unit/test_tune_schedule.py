@@ -16,7 +16,7 @@ import pytest
 from sparklab import report
 from sparklab.cli.console import tune_summary
 from sparklab.recipes.plan import ServerConfig
-from sparklab.sweep import runner
+from sparklab.sweep import downloads, runner
 from sparklab.sweep.store import Store
 from sparklab.tune import driver
 
@@ -68,7 +68,7 @@ def scripted_run(truth: Callable[[ServerConfig, int], float], starts: list[str])
 def tune(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, schedule_at_4: float) -> tuple[dict[str, Any], str, list]:
     starts: list[str] = []
     monkeypatch.setattr(runner, "run", scripted_run(truth_of(schedule_at_4), starts))
-    monkeypatch.setattr(runner, "download", lambda plan, store, say: None)
+    monkeypatch.setattr(downloads, "download", lambda plan, store, say: None)
     choices = driver.TuneChoices("cpu-tune", k=(1, 2, 3), repeats=3, max_repeats=6, runs_dir=tmp_path)
     outcome = driver.run_tune(driver.request_for(choices), say=lambda message: None)
     with Store.open(outcome.run_dir / "results.sqlite", readonly=True) as store:
@@ -118,7 +118,7 @@ def test_k0_is_written_only_for_a_measured_server_and_the_output_says_why(tmp_pa
         return 40.0 if k is None else (40.0 + 4 * k if c == 1 else 36.0 - k)
 
     monkeypatch.setattr(runner, "run", scripted_run(truth, starts))
-    monkeypatch.setattr(runner, "download", lambda plan, store, say: None)
+    monkeypatch.setattr(downloads, "download", lambda plan, store, say: None)
     choices = driver.TuneChoices("cpu-tune", k=(1, 2, 3), repeats=3, max_repeats=6, runs_dir=tmp_path)
     outcome = driver.run_tune(driver.request_for(choices), say=lambda message: None)
     schedule = json.loads(json.dumps(outcome.state["schedule"]))
@@ -142,7 +142,7 @@ def test_an_interrupted_schedule_is_measured_on_the_next_run_not_recommended_unm
         return finish(plan, store, *args, **kwargs)
 
     monkeypatch.setattr(runner, "run", ctrl_c_at_the_schedule)
-    monkeypatch.setattr(runner, "download", lambda plan, store, say: None)
+    monkeypatch.setattr(downloads, "download", lambda plan, store, say: None)
     choices = driver.TuneChoices("cpu-tune", k=(1, 2, 3), repeats=3, max_repeats=6, runs_dir=tmp_path)
     stopped = driver.run_tune(driver.request_for(choices), say=lambda message: None)
     assert stopped.interrupted and "verdict" not in (stopped.state.get("schedule") or {})
@@ -161,7 +161,7 @@ def test_a_synthetic_pick_is_labelled_and_never_given_as_a_config_to_run(tmp_pat
         return 40.0 if server.num_speculative_tokens is None else 50.0 - server.num_speculative_tokens
 
     monkeypatch.setattr(runner, "run", scripted_run(truth, starts))
-    monkeypatch.setattr(runner, "download", lambda plan, store, say: None)
+    monkeypatch.setattr(downloads, "download", lambda plan, store, say: None)
     choices = driver.TuneChoices("cpu-tune-steep", k=(1, 2, 3), repeats=3, max_repeats=6, runs_dir=tmp_path)
     outcome = driver.run_tune(driver.request_for(choices), say=lambda message: None)
     assert all(p["synthetic"] and p["label"] == "synthetic K=1" for p in outcome.state["picks"])

@@ -22,7 +22,8 @@ SEED_000 = [
 
 def test_builtin_names_and_descriptions() -> None:
     builtins = builtin_workloads()
-    assert list(builtins) == ["seed", "speedbench-1k", "speedbench-2k", "humaneval", "toolcall-probe"]
+    assert list(builtins) == ["seed", "speedbench-1k", "speedbench-2k", "humaneval", "toolcall-probe", "tasks-en", "tasks-ja",
+                              "code", "agent"]
     assert all(description and "\n" not in description for description in builtins.values())
 
 

@@ -1,0 +1,128 @@
+"""The lossless check at temperature > 0: every sampled answer scored under the target model, after the window.
+
+Token equality says nothing when answers are sampled. A lossless drafter samples from the target's own
+distribution, so its answers are as likely under the target as the baseline's own samples; a lossy one (vLLM's
+synthetic rejection sampling, FLy in newer vLLM) is not. So each sampled (temperature > 0) answer of `none` and of
+every drafting config is scored on a plain server of the same recipe (the run's own `none` server config): the
+summed log-probability of its token ids after its chat-templated prompt (the engine adapter's `score_answer`;
+vLLM: /tokenize and prompt_logprobs). The report compares the two samples (sparklab.report.lossless).
+
+When it runs: right after a `none` server's cells, while that server is up (whatever answers exist by then), and
+once more at the end of the sweep for what is left, on that `none` config started again, with no cells. An
+engine that cannot score gets a row per answer saying why, so the report can say "not checkable" and why.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from sparklab.bench.workloads import load_workload
+from sparklab.engines import engine
+from sparklab.engines.api import EngineAPI
+from sparklab.engines.base import ScoringError
+from sparklab.recipes.plan import Plan, ServerConfig
+from sparklab.sweep.store import CellRow, Score
+
+BASELINE = "none"
+BATCH = 20  # scores written per transaction
+
+
+def sampled(settings: dict[str, Any] | None) -> bool:
+    temperature = ((settings or {}).get("sampling") or {}).get("temperature")
+    return isinstance(temperature, (int, float)) and temperature > 0
+
+
+def baseline_of(plan: Plan, engine_name: str) -> ServerConfig | None:
+    return next((s for s in plan.servers if s.engine == engine_name and s.method == BASELINE), None)
+
+
+def pending(plan: Plan, store: Any, engine_name: str) -> Iterator[tuple[CellRow, int, dict[str, Any]]]:
+    """The sampled answers of this engine's configs not scored yet, when there is something to compare: a
+    drafting config's sampled cell and a `none` config in the plan."""
+    ids = {s.id: s for s in plan.servers if s.engine == engine_name}
+    cells = [c for c in [*store.cells("done"), *store.cells("partial")]
+             if c.server_config_id in ids and sampled(c.settings)]
+    if baseline_of(plan, engine_name) is None or not any(ids[c.server_config_id].method != BASELINE for c in cells):
+        return
+    scored = store.scores()
+    outputs = store.outputs()
+    for cell in cells:
+        for idx, answer in enumerate(outputs.get(cell.id, [])):
+            if answer.get("ok") and not answer.get("warmup") and (cell.id, idx) not in scored:
+                yield cell, idx, answer
+
+
+def engines_with_pending(plan: Plan, store: Any) -> list[str]:
+    return [name for name in dict.fromkeys(s.engine for s in plan.servers)
+            if next(pending(plan, store, name), None) is not None]
+
+
+def score_pending(plan: Plan, store: Any, server: ServerConfig, api: EngineAPI, say: Callable[[str], None]) -> int:
+    """Score what is pending for this (plain) server's engine on it; returns how many answers got a row."""
+    items = list(pending(plan, store, server.engine))
+    if not items:
+        return 0
+    adapter = engine(server.spec.kind)
+    started = time.monotonic()
+    if adapter.scoring_unsupported:
+        store.add_scores(Score(c.id, i, server.id, "unscorable", None, None, adapter.scoring_unsupported)
+                         for c, i, _ in items)
+        say(f"lossless check: {server.label} cannot score answers ({adapter.scoring_unsupported})")
+        return len(items)
+    model = api.first_model()
+    rows: list[Score] = []
+    scored = 0
+    for cell, idx, answer in items:
+        rows.append(_score(adapter, api, model, server.id, cell, idx, answer))
+        scored += rows[-1].status == "scored"
+        if len(rows) >= BATCH:
+            store.add_scores(rows)
+            rows = []
+    store.add_scores(rows)
+    say(f"lossless check: scored {scored} of {len(items)} sampled answers under {server.label} in "
+        f"{time.monotonic() - started:.1f} s")
+    return len(items)
+
+
+def _score(adapter: Any, api: EngineAPI, model: str, scorer: str, cell: CellRow, idx: int,
+           answer: dict[str, Any]) -> Score:
+    ids = answer.get("token_ids")
+    if not ids:
+        return Score(cell.id, idx, scorer, "unscorable", None, None, "the answer has no token ids (the engine sent "
+                                                                     "none, or it was not streamed)")
+    if answer.get("ids_len") is not None and answer["ids_len"] != len(ids):
+        return Score(cell.id, idx, scorer, "unscorable", None, None,
+                     f"only the first {len(ids)} of {answer['ids_len']} token ids were kept")
+    workload = load_workload(cell.workload)
+    stored = ((cell.result or {}).get("workload") or {}).get("content_hash")
+    if stored and stored != workload.content_hash:
+        return Score(cell.id, idx, scorer, "unscorable", None, None, f"the workload {cell.workload} changed since the "
+                                                                     "cell ran (its content hash differs)")
+    prompt = workload.by_id(str(answer.get("prompt_id")))
+    if prompt is None:
+        return Score(cell.id, idx, scorer, "unscorable", None, None, "its prompt is no longer in the workload")
+    thinking = ((cell.settings or {}).get("sampling") or {}).get("enable_thinking")
+    chat_kwargs = {"enable_thinking": thinking} if thinking is not None else None
+    try:
+        total = adapter.score_answer(api, model, prompt.messages, prompt.extra, chat_kwargs, ids)
+    except ScoringError as exc:
+        return Score(cell.id, idx, scorer, "unscorable", None, None, str(exc)[:300])
+    return Score(cell.id, idx, scorer, "scored", len(ids), total)
+
+
+def score_safely(plan: Plan, store: Any, server: ServerConfig, api: EngineAPI, say: Callable[[str], None]) -> None:
+    """score_pending on a plain server after its cells: a fault here costs the check, not the run (it goes to
+    the run's log with its traceback)."""
+    from sparklab.errors import DiskFullError
+    from sparklab.sweep import rundir
+
+    try:
+        score_pending(plan, store, server, api, say)
+    except (KeyboardInterrupt, DiskFullError):
+        raise
+    except Exception as exc:
+        reason = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"[:300]
+        rundir.faults.error("lossless check on %s: %s", server.label, reason, exc_info=exc)
+        say(f"lossless check on {server.label}: stopped by {reason}; what was scored is kept")
