@@ -52,6 +52,8 @@ EVERY_FLAG: dict[str, list[str]] = {
              "--objective", "decode", "--ttft-max", "500", "--repeats", "3", "--max-repeats", "4", "-n", "6",
              "--max-tokens", "9", "--tolerance", "0.2", "--dry-run", "--resume", "r2", "--new", "--runs-dir", "rd",
              "--pull", "always", "--ulimit", "a=1", "--no-download"],
+    "rehearse": ["rehearse", "tune", "gb10", "--fault", "oom", "--throttle", "--set", "a=1", "--engine", "vllm",
+                 "--minutes", "2", "--runs-dir", "rd"],
     "report": ["report", "r3", "--runs-dir", "rd", "-f", "html", "-o", "out", "--hardware", "gb10",
                "--bandwidth-gbps", "273", "--fact", "a=1", "--fact", "b=2"],
     "compare": ["compare", "r1", "r2", "--runs-dir", "rd", "-f", "csv", "-o", "out", "--force"],

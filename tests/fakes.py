@@ -17,6 +17,7 @@ from typing import Any
 
 from sparklab.engines.parsers import Probe, ProbeRun
 from sparklab.errors import ContainerError, ImageUnavailableError, ServerError
+from sparklab.host.facts import HostFacts, ThisMachine
 from sparklab.runtimes.base import ImageInfo, Lifecycle, LogListener, PullCallback, ServerInfo, Target
 from sparklab.spec import LaunchSpec
 
@@ -103,7 +104,8 @@ class FakeRuntime:
                  images: dict[str, str] | None = None, servers: list[ServerInfo] | None = None,
                  leftovers: list[ServerInfo] | None = None, mounts: set[str] | None = None, refuse: bool = False,
                  no_image: bool = False, port_after: int = 0, mem_total_gib: float = 64.0,
-                 on_launch: Callable[[LaunchSpec], None] | None = None) -> None:
+                 on_launch: Callable[[LaunchSpec], None] | None = None, facts: HostFacts | str | None = "default"
+                 ) -> None:
         self.host, self.events = host, events if events is not None else []
         self.arch, self.images = arch, dict(images or {})
         self.servers, self.leftovers = list(servers or []), list(leftovers or [])
@@ -111,6 +113,10 @@ class FakeRuntime:
         self.refuse, self.no_image, self.port_after = refuse, no_image, port_after
         self.mem_total_gib = mem_total_gib
         self.on_launch = on_launch
+        # what host_facts() gives: this machine's readings for the local host, nothing for another (a fake host's memory
+        # cannot be read) unless a test gives its own
+        self.readings = (ThisMachine(gpu=False) if host == "local" else None) if facts == "default" else facts
+        self.facts_asked: list[LaunchSpec | None] = []
         self.up = True
         self.launched: list[FakeServer] = []
         self.removed: list[str] = []  # names given to remove()
@@ -206,6 +212,10 @@ class FakeRuntime:
         arch = self.images.get(ref)
         return None if arch is None else ImageInfo(ref, IMAGE_ID, DIGEST, arch)
 
+    def host_facts(self, spec: LaunchSpec | None = None) -> HostFacts | None:
+        self.facts_asked.append(spec)
+        return self.readings if not isinstance(self.readings, str) else None
+
     def registry_platforms(self, ref: str) -> list[str] | None:
         """As containers.Docker's: the registry cannot be asked here (a parser check then pulls as a start would)."""
         return None
@@ -214,3 +224,59 @@ class FakeRuntime:
         if ref in self.images or (policy != "never" and not ref.startswith("gone/")):
             return None
         return f"{ref} cannot be pulled there: manifest unknown"
+
+
+class FakeFacts:
+    """A host's readings a test sets (host.facts.HostFacts): memory in GiB, what was evicted, whether it was closed."""
+
+    sources = "a test's fake host"
+    clock_source = "none"
+
+    def __init__(self, where: str = "fake host", total: float = 121.7, free: float = 100.0, available: float = 110.0,
+                 cached: float = 5.0) -> None:
+        from sparklab.host.memory import HostMemory
+
+        self.where = where
+        self.memory = HostMemory(total, free, available, cached)
+        self.evicted: list[str] = []
+        self.closed = False
+        self.reads = 0
+
+    def set(self, **values: float) -> None:
+        self.memory = dataclasses.replace(self.memory, **{f"{k}_gib": v for k, v in values.items()})
+
+    def meminfo(self) -> Any:
+        self.reads += 1
+        return self.memory
+
+    def container_memory(self, container_id: str) -> None:
+        return None
+
+    def gpu_memory(self) -> None:
+        return None
+
+    def gpu_clocks(self) -> None:
+        return None
+
+    def evict_model_files(self, recipe: Any, spec: LaunchSpec) -> tuple[int, int]:
+        self.evicted.append(spec.name)
+        self.set(free=self.memory.free_gib + self.memory.cached_gib, cached=0.0)
+        return 2, int(self.memory.free_gib * 2**30)
+
+    def drop_all_page_cache(self) -> bool:
+        return False
+
+    def free_bytes(self, path: Path) -> int | None:
+        return 2**40
+
+    def is_dir(self, path: Path) -> bool:
+        return True
+
+    def oom_evidence(self, kernel: bool = True) -> str | None:
+        return None
+
+    def engine_version(self, spec: LaunchSpec) -> str | None:
+        return None
+
+    def close(self) -> None:
+        self.closed = True

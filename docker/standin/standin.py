@@ -10,22 +10,27 @@ faults (see docker/README.md). Entry points: `vllm serve ...` (/usr/local/bin/vl
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
+import random
 import signal
 import socket
 import sys
 import threading
 import time
 import uuid
+import zlib
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import standin_cluster
 from standin_args import Config, decode, names, parse_args
 
-VERSION = "standin"
+# STANDIN_VERSION: the engine version it reports (a rehearsal's twin sets the night's); its /version and first log
+# line still say what it is (engine "standin", "test double").
+VERSION = os.environ.get("STANDIN_VERSION") or "standin"
 
 
 # Log messages in the real engines' wording (the fault ones are marked "(standin fault)").
@@ -89,6 +94,58 @@ def env_float(name: str, default: float) -> float:
         return float(os.environ.get(name, default))
     except ValueError:
         return default
+
+
+def time_scale() -> float:
+    """STANDIN_TIME_SCALE: wall seconds per modelled second (a rehearsal's compressed night); delays are scaled,
+    log lines state modelled seconds."""
+    return env_float("STANDIN_TIME_SCALE", 1.0)
+
+
+class Model:
+    """STANDIN_MODEL (JSON): the decode timing of a real engine on real hardware, as sparklab's twin derives it
+    from published tables (sparklab/recipes/twin.py, recipes/twin/gb10.yaml):
+      {"time_scale": S, "per_running": q, "phases": [{"max_words": N|null, "prefill_ms": P,
+                                                       "step_ms": {"1": ms, "8": ms}, "accept": [a1, ..., aK]}]}
+    A request's first token comes prefill_ms x (1 + q x (running - 1)) after it arrives; then each step takes
+    step_ms at the number of requests in flight (piecewise linear) and yields 1 + the draft positions accepted:
+    position i survives with probability a_i / a_(i-1). Steps are paced by deadline from the first token, so the
+    stand-in's own overhead does not add up. The first phase whose max_words covers the prompt's words applies."""
+
+    def __init__(self, text: str) -> None:
+        data = json.loads(text)
+        self.scale = float(data.get("time_scale", 1.0))
+        self.per_running = float(data.get("per_running", 0.0))
+        self.phases = [(p.get("max_words"), float(p.get("prefill_ms", 0.0)),
+                        sorted((int(c), float(ms)) for c, ms in (p.get("step_ms") or {"1": 10.0}).items()),
+                        [float(a) for a in p.get("accept") or []]) for p in data["phases"]]
+
+    def phase(self, words: int) -> tuple[float, list[tuple[int, float]], list[float]]:
+        for max_words, prefill, steps, accept in self.phases:
+            if max_words is None or words <= max_words:
+                return prefill, steps, accept
+        return self.phases[-1][1:]
+
+    @staticmethod
+    def step_ms(steps: list[tuple[int, float]], running: int) -> float:
+        if running <= steps[0][0]:
+            return steps[0][1]
+        for (c0, s0), (c1, s1) in itertools.pairwise(steps):
+            if running <= c1:
+                return s0 + (s1 - s0) * (running - c0) / (c1 - c0)
+        return steps[-1][1]
+
+    @staticmethod
+    def accepted(rng: random.Random, accept: list[float]) -> int:
+        n, before = 0, 1.0
+        for a in accept:
+            if rng.random() >= (a / before if before > 0 else 0.0):
+                break
+            n, before = n + 1, a
+        return n
+
+
+MODEL = Model(os.environ["STANDIN_MODEL"]) if os.environ.get("STANDIN_MODEL") else None
 
 
 # ---------------------------------------------------------------------------------------------- logging
@@ -352,6 +409,7 @@ class App:
         self.metrics = Metrics(cfg.spec.k if cfg.spec else None)
         self.ready = threading.Event()
         self.dead = threading.Event()  # the engine died; the API server runs on (STANDIN_FATAL_AFTER)
+        self.requests_seen = 0
         self.server: ThreadingHTTPServer | None = None
 
     def models(self) -> dict[str, Any]:
@@ -436,6 +494,53 @@ class App:
         h.wfile.write(b"data: [DONE]\n\n")
         h.wfile.flush()
 
+    def pacer(self, body: dict[str, Any], words: int, limit: int = 1 << 30) -> Any:
+        """With STANDIN_MODEL: a function that waits for the next step's deadline and returns its tokens (the first
+        call waits out the prefill); None without it. At temperature 0 a prompt's acceptances repeat exactly."""
+        if MODEL is None:
+            return None
+        prefill, steps, accept = MODEL.phase(words)
+        accept = accept[: self.cfg.spec.k] if self.cfg.spec else []
+        greedy = not body.get("temperature")
+        with self.metrics.lock:
+            self.requests_seen += 1
+            seed = zlib.crc32(json.dumps(body.get("messages") or body.get("prompt"), sort_keys=True).encode())
+            rng = random.Random(seed if greedy else seed + self.requests_seen)
+        running = max(1, self.metrics.running)
+        clock = [time.monotonic() + prefill * (1 + MODEL.per_running * (running - 1)) / 1000 * MODEL.scale]
+        first = [True]
+
+        def step() -> int:
+            """Wait for the next token(s): the prefill's one token first, then each decode step's 1 + accepted.
+            Steps whose deadline has passed already (a compressed night's steps can be shorter than the stand-in's
+            own work per chunk) come in one chunk, so the tokens keep the model's time however short a step is."""
+            wait = clock[0] - time.monotonic()
+            if wait > 0:
+                time.sleep(wait)
+            tokens = 0
+            while True:
+                clock[0] += Model.step_ms(steps, max(1, self.metrics.running)) / 1000 * MODEL.scale
+                if first[0]:
+                    first[0] = False
+                    return 1
+                tokens += 1 + Model.accepted(rng, accept)
+                if clock[0] > time.monotonic() or tokens >= limit:
+                    return tokens
+
+        return step
+
+    def tell_load(self) -> None:
+        """STANDIN_LOAD_FILE: the requests in flight, rewritten on each change (a twin host reads it)."""
+        path = os.environ.get("STANDIN_LOAD_FILE")
+        if not path:
+            return
+        try:
+            with open(path + ".tmp", "w") as f:
+                f.write(str(self.metrics.running))
+            os.replace(path + ".tmp", path)
+        except OSError:
+            pass
+
     def complete(self, h: Handler, body: dict[str, Any], chat: bool) -> None:
         if chat and body.get("tools") and body.get("tool_choice") != "none":
             self.tool_calls(h, body)
@@ -462,6 +567,7 @@ class App:
         stream = bool(body.get("stream"))
         with self.metrics.lock:
             self.metrics.running += 1
+            self.tell_load()
         try:
             if stream:
                 h.send_response(200)
@@ -471,10 +577,14 @@ class App:
                 h.close_connection = True
                 if chat:
                     self.sse(h, base, {"role": "assistant", "content": ""}, None, chat)
+            pace = self.pacer(body, prompt, len(words))
             pos, c = 0, 0
             while pos < len(words):
-                k = min(sizes[c % len(sizes)], len(words) - pos)
-                time.sleep(delay)
+                if pace is not None:
+                    k = min(pace(), len(words) - pos)
+                else:
+                    k = min(sizes[c % len(sizes)], len(words) - pos)
+                    time.sleep(delay)
                 while self.dead.is_set():  # a dead engine: the request hangs, as vLLM's do
                     time.sleep(3600)
                 self.metrics.chunk(k)
@@ -516,6 +626,7 @@ class App:
         finally:
             with self.metrics.lock:
                 self.metrics.running -= 1
+                self.tell_load()
 
     @staticmethod
     def delta(words: list[str], pos: int, k: int, n_reason: int) -> dict[str, str]:
@@ -616,16 +727,20 @@ class App:
 
     def unified_memory_check(self) -> None:
         """STANDIN_UNIFIED_MEMORY=1: vLLM's startup check against the host's MemFree (a GB10 without the
-        integrated-GPU correction), failing with its exact text."""
-        if os.environ.get("STANDIN_UNIFIED_MEMORY") != "1":
+        integrated-GPU correction), failing with its exact text; =MemAvailable: against MemAvailable, as vLLM 0.27.1
+        judges an integrated GPU (vllm/utils/mem_utils.py:147-155). STANDIN_MEMINFO: read that file instead of
+        /proc/meminfo (a twin host's memory at the engine's start)."""
+        field = {"1": "MemFree", "MemFree": "MemFree", "MemAvailable": "MemAvailable"}.get(
+            os.environ.get("STANDIN_UNIFIED_MEMORY", ""))
+        if field is None:
             return
         info: dict[str, int] = {}
-        with open("/proc/meminfo") as f:
+        with open(os.environ.get("STANDIN_MEMINFO") or "/proc/meminfo") as f:
             for line in f:
                 key, _, rest = line.partition(":")
                 info[key] = int(rest.split()[0]) * 1024
         util = float(self.cfg.opts.get("gpu-memory-utilization") or 0.9)
-        free, total = info["MemFree"], info["MemTotal"]
+        free, total = info[field], info["MemTotal"]
         requested = math.ceil(total * util)
         if free >= requested:
             return
@@ -706,7 +821,7 @@ class App:
         self.faults_at_start()
         self.unified_memory_check()
         delay = env_float("STANDIN_START_DELAY", 1.0)
-        time.sleep(delay)
+        time.sleep(delay * time_scale())
         log.engine("gpu_model_runner.py:2000", f"Model loading took 0.2534 GiB memory and {delay:.6f} seconds")
         log.engine("gpu_worker.py:391", "Available KV cache memory: 8.53 GiB")
         log.engine("kv_cache_utils.py:1087", f"GPU KV cache size: {self.kv_tokens:,} tokens")
@@ -761,7 +876,7 @@ class App:
         log.sgl("Load weight begin. avail mem=110.00 GB", tp=True)
         self.faults_at_start()
         delay = env_float("STANDIN_START_DELAY", 1.0)
-        time.sleep(delay)
+        time.sleep(delay * time_scale())
         # SGLang 0.5.23 (sglang/srt/): model_executor/model_runner.py:1372-1378, mem_cache/memory_pool.py:
         # 2087-2090, managers/scheduler.py:1268-1275; "fired up" is entrypoints/http_server.py:2600
         log.sgl(f"Load weight end. elapsed={delay:.2f} s, type=StandinForCausalLM, avail mem=109.75 GB, "
@@ -780,7 +895,13 @@ class App:
         cfg, log, spec = self.cfg, self.log, self.cfg.spec
         log.edge("experimental.server.runtime.engine", f"Loading runtime bundle from ~/.cache/edgellm/{cfg.model}")
         self.faults_at_start()
-        time.sleep(env_float("STANDIN_START_DELAY", 1.0))
+        build = env_float("STANDIN_BUILD_S", 0.0)
+        if build:  # a first start builds the TensorRT engines, silent between these two lines (builder.py:485-499)
+            log.edge("experimental.builder.core.builder", "Building serialized engine (this may take several "
+                                                          "minutes)...")
+            time.sleep(build * time_scale())
+            log.edge("experimental.builder.core.builder", f"Engine written to ~/.cache/edgellm/{cfg.model}/llm.engine")
+        time.sleep(env_float("STANDIN_START_DELAY", 1.0) * time_scale())
         log.edge("experimental.server.runtime.engine", "Engine loaded and ready.")
         log.edge("edgellm.server", f"Loaded model={cfg.served_names[0]} max_model_len={cfg.max_len} "
                                    f"kv_cache_dtype=fp8 speculative_decoding={spec is not None} context_reuse=False")

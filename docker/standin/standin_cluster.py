@@ -22,7 +22,9 @@ import sys
 import threading
 import time
 
-ADDRESS_FILE = "/tmp/ray/ray_current_cluster"  # the stand-in's own record of the head it started
+# The stand-in's own record of the head it started; STANDIN_RAY_DIR moves it (twin hosts on one machine each keep
+# their own, as each container has its own /tmp).
+ADDRESS_FILE = os.path.join(os.environ.get("STANDIN_RAY_DIR") or "/tmp/ray", "ray_current_cluster")
 
 
 def read_address() -> str:
@@ -172,8 +174,10 @@ def ray_main(argv: list[str]) -> int:
     node_ip = _opt(argv, "--node-ip-address") or "127.0.0.1"
     if "--head" in argv:
         port = int(_opt(argv, "--port") or 6379)
+        # Ray's head daemon leaves the session; a container's end takes it. A twin's node (STANDIN_RAY_DIR, a host
+        # process) keeps it in the node's process group, so the node's teardown ends it as the container's would.
         daemon = subprocess.Popen([sys.executable, "-m", "standin_cluster", "serve", str(port)],
-                                  start_new_session=True, stdin=subprocess.DEVNULL)
+                                  start_new_session=not os.environ.get("STANDIN_RAY_DIR"), stdin=subprocess.DEVNULL)
         try:
             connect(f"127.0.0.1:{port}", 10).close()
         except ConnectionError as exc:

@@ -149,6 +149,9 @@ class Patience:
     finish_grace_s: float = 2.0
     counters_budget_s: float = COUNTERS_BUDGET_S  # both counter snapshots together (sparklab.engines.api)
     stop: Stop | None = None
+    # wall seconds per second of the measured night: 1 for a real server; a rehearsal's stand-ins run its night
+    # compressed, and its records are read back on the night's clock (times / scale), so its tables are the night's
+    time_scale: float = 1.0
 
 
 async def _run(endpoint: Endpoint, model: str, workload: Workload, sampling: Sampling, load: Load,
@@ -193,6 +196,8 @@ async def _measure(endpoint: Endpoint, model: str, workload: Workload, sampling:
     finally:
         await client.close()
     records = warmup + sorted(measured, key=lambda r: r.index)
+    if patience.time_scale != 1:
+        window_start, window_end = _on_night_clock(records, window_start, window_end, patience.time_scale)
     result = _result(endpoint, model, workload, sampling, load, records, (window_start, window_end),
                      before, after)
     result["measurement"]["window_started_at"] = window_wall
@@ -249,18 +254,35 @@ def ensure_open_files(concurrency: int) -> None:
 def run(endpoint: Endpoint, workload: Workload, sampling: Sampling, load: Load,
         on_done: Progress | None = None, request_timeout_s: float = 1800, stall_timeout_s: float | None = 60,
         alive: Alive | None = None, finish_grace_s: float = 2.0,
-        counters_budget_s: float = COUNTERS_BUDGET_S, stop: Stop | None = None) -> BenchResult:
+        counters_budget_s: float = COUNTERS_BUDGET_S, stop: Stop | None = None,
+        time_scale: float = 1.0) -> BenchResult:
     """One cell. A request ends at request_timeout_s; earlier when it has received no byte for stall_timeout_s
     while `alive()` fails (default: the endpoint's /health; stall_timeout_s=None turns the detector off). The
     server-counter snapshots before and after the window take counters_budget_s at most, together. The whole cell
-    ends as soon as `stop()` gives a reason (an error), which it raises."""
+    ends as soon as `stop()` gives a reason (an error), which it raises. time_scale: wall seconds per second of a
+    rehearsal's night (Patience.time_scale)."""
     ensure_open_files(load.concurrency)
     if endpoint.kind:
         sampling = engines.engine(endpoint.kind).request_sampling(sampling)
     model = endpoint.model or discover_model(endpoint)
     patience = Patience(request_timeout_s, stall_timeout_s, alive or endpoint.api.alive, finish_grace_s,
-                        counters_budget_s, stop)
+                        counters_budget_s, stop, time_scale)
     return asyncio.run(_run(endpoint, model, workload, sampling, load, on_done, patience))
+
+
+def _on_night_clock(records: list[RequestRecord], start: float, end: float, scale: float) -> tuple[float, float]:
+    """Every stamp of the records and the window, stretched from the window's start by 1 / scale (in place)."""
+
+    def night(t: float) -> float:
+        return start + (t - start) / scale
+
+    for r in records:
+        r.start, r.end = night(r.start), night(r.end)
+        r.first_chunk = None if r.first_chunk is None else night(r.first_chunk)
+        r.first_token = None if r.first_token is None else night(r.first_token)
+        r.first_content = None if r.first_content is None else night(r.first_content)
+        r.chunk_times = [night(t) for t in r.chunk_times]
+    return start, night(end)
 
 
 def _relative(record: RequestRecord, origin: float) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from typing import Any, Generic, Protocol, TypeVar
 from rich.markup import escape
 
 from sparklab import __version__
-from sparklab.cli import bench, check, compare, hosts, pull, recipes, report, sweep, up
+from sparklab.cli import bench, check, compare, hosts, pull, recipes, rehearse, report, sweep, up
 from sparklab.cli.terminal import err, out
 from sparklab.errors import SparklabError
 
@@ -54,6 +54,8 @@ COMMANDS: dict[str, Command[Any]] = {  # in the order `sparklab --help` lists th
                      sweep.SweepArgs, sweep.cmd_sweep),
     "tune": Command("the best method and K per concurrency, loading as few servers as it can",
                     sweep.TuneArgs, sweep.cmd_tune),
+    "rehearse": Command("run a sweep, tune or up against a DGX Spark twin in minutes: what the real night would do",
+                        rehearse.RehearseArgs, rehearse.cmd_rehearse),
     "report": Command("tables, plots, roofline and the best config from a sweep's results (offline)",
                       report.ReportArgs, report.cmd_report),
     "compare": Command("several runs side by side: matched cells, each run against its own none, and what differs "

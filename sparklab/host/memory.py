@@ -1,6 +1,7 @@
 """Memory as an engine on unified memory sees it, and what sparklab can read about it (each probe takes its
 file or command as an argument): /proc/meminfo, a container's cgroup, `nvidia-smi`, the kernel's OOM records.
-Also freeing the page cache of a model's files before its server starts.
+Also what freeing the page cache of a model's files needs (its files, posix_fadvise); when to free it is
+pagecache.py's, through a host's facts (facts.py).
 
 Why MemFree: on GB10 the CPU and GPU share one pool, and `cudaMemGetInfo` reports MemFree, so the page cache
 left by the previous server's weights counts as used (vllm-project/vllm#48140). vLLM 0.27.1 reads
@@ -15,7 +16,6 @@ import os
 import shutil
 import subprocess
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,7 +29,6 @@ CGROUP_ROOT = Path("/sys/fs/cgroup")
 KMSG = Path("/dev/kmsg")
 GIB = 2**30
 
-Say = Callable[[str], None]
 
 
 @dataclass(frozen=True)
@@ -112,45 +111,6 @@ def evict(paths: list[Path]) -> int:
         finally:
             os.close(fd)
     return advised
-
-
-def free_page_cache(recipe: Recipe, spec: LaunchSpec, say: Say, *, meminfo: Path = MEMINFO,
-                    root: bool | None = None, every_recipe: bool = False) -> HostMemory | None:
-    """Before a server starts: when MemFree is short of what the engine will ask for, drop the page cache of
-    the model's own files. Returns the memory after, or None when nothing needed freeing.
-
-    The choice, posix_fadvise over the model's files rather than a privileged helper container writing
-    /proc/sys/vm/drop_caches: the failing case (vllm#48140, MiaAI-Lab/Qwen3.8-Flash-Next-Dual-DGX-Sparks#35)
-    is exactly this page cache, the previous server's weights; fadvise needs no privilege, no image and no
-    Docker (rootless Docker and hosts that forbid --privileged included), and it drops only sparklab's own
-    files, not the cache of whatever else shares the host. What it cannot reach (other files' cache) is said,
-    with the command that would; sparklab running as root (the old `--drop-caches`) also drops the rest.
-    every_recipe: free for any recipe (`--drop-caches`), not only unified-memory ones.
-    """
-    before = read_meminfo(meminfo)
-    need = engine_need(spec, before.total_gib) if (recipe.unified_memory or every_recipe) else None
-    if need is None or before.free_gib >= need.gib:
-        return None
-    files = model_files(recipe, spec)
-    size = evict(files)
-    after = read_meminfo(meminfo)
-    what = (f"memory: MemFree {before.free_gib:.1f} GiB < {need.gib:.1f} GiB ({need.flag} {need.fraction:g}): "
-            f"dropped the page cache of {len(files)} model files ({size / GIB:.1f} GiB) with posix_fadvise; "
-            f"MemFree {before.free_gib:.1f} → {after.free_gib:.1f} GiB")
-    say(what)
-    if after.free_gib >= need.gib:
-        return after
-    if root if root is not None else os.geteuid() == 0:
-        with contextlib.suppress(OSError):
-            os.sync()
-            Path("/proc/sys/vm/drop_caches").write_text("3\n")
-            after = read_meminfo(meminfo)
-            say(f"memory: dropped the whole page cache (drop_caches, as root); MemFree {after.free_gib:.1f} GiB")
-            return after
-    say(f"memory: MemFree is still short by {need.gib - after.free_gib:.1f} GiB (other files' page cache, "
-        f"{after.cached_gib:.1f} GiB cached): the engine may refuse to start. Free it with "
-        "`sudo sh -c 'sync; echo 3 > /proc/sys/vm/drop_caches'`, or lower " + need.flag)
-    return after
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from sparklab.engines.base import Finding
 from sparklab.errors import PreflightError
+from sparklab.host.facts import HostFacts, ThisMachine
 from sparklab.host.headroom import MIN_FLOOR_GIB, headroom, max_fraction_text, refusal
 from sparklab.host.memory import HostMemory, engine_need, read_meminfo, unified_need
 from sparklab.recipes.schema import Recipe
@@ -90,18 +91,21 @@ def check_image_platform(image: str, image_arch: str, host_arch: str, allow_fore
 
 
 def check_host(spec: LaunchSpec, recipe: Recipe, *, port_busy: Callable[[str, int], bool] = port_in_use,
-               meminfo: Path = Path("/proc/meminfo"), floor_gib: float | None = None) -> list[Finding]:
-    """floor_gib: the memory floor configured for this server (None: the default; 0: off), see check_memory."""
+               meminfo: Path = Path("/proc/meminfo"), floor_gib: float | None = None,
+               facts: HostFacts | None = None) -> list[Finding]:
+    """floor_gib: the memory floor configured for this server (None: the default; 0: off), see check_memory.
+    facts: the host the server runs on (default this machine, its memory read from `meminfo`)."""
+    facts = facts if facts is not None else ThisMachine(meminfo=meminfo, gpu=False)
     found: list[Finding] = []
     if port_busy(spec.host, spec.port):
         found.append(Finding(
             "error", f"port {spec.port} is already in use on this host",
             f"Stop what listens there (`sparklab ps`, `ss -ltnp 'sport = :{spec.port}'`) or use --port N."))
-    if spec.hf_cache and not Path(spec.hf_cache).is_dir():
+    if spec.hf_cache and not facts.is_dir(Path(spec.hf_cache)):
         found.append(Finding(
             "error", f"the Hugging Face cache directory {spec.hf_cache} does not exist",
             f"Create it (mkdir -p {spec.hf_cache}) or point to yours with --hf-cache DIR or HF_HOME."))
-    found += check_memory(spec, recipe, read_meminfo(meminfo), floor_gib)
+    found += check_memory(spec, recipe, facts.meminfo(), floor_gib)
     return found
 
 

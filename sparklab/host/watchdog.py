@@ -1,7 +1,8 @@
 """Memory sampling while a server starts and while its cells run, and the floor watchdog.
 
-One background thread per server reads /proc/meminfo, the container's cgroup and (where it answers)
-nvidia-smi at most `interval_s` apart. Windows (`mark()` → `stats(mark)`) keep the minimum free and the peak
+One background thread per server reads its host's facts (host/facts.py: /proc/meminfo, the container's cgroup
+and, where it answers, nvidia-smi; another Docker host's through a helper; a rehearsal's twin) at most
+`interval_s` apart. Windows (`mark()` → `stats(mark)`) keep the minimum free and the peak
 used of one server start or one cell without keeping every sample; the last few samples stay for a failure
 record. When MemAvailable falls under the floor, the thread stops the server at once (GB10 hosts can hang
 until a power cycle after NV_ERR_NO_MEMORY, vllm-project/vllm#46307) and the sweep records `memory-floor`.
@@ -19,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from sparklab.host import memory
-from sparklab.host.clocks import ClockWindow, GpuClockProbe, GpuClocks
+from sparklab.host.clocks import ClockWindow, GpuClocks
+from sparklab.host.facts import HostFacts, ThisMachine
 from sparklab.host.headroom import USERS_FLOOR_GIB, Headroom
 from sparklab.host.memory import HostMemory
 from sparklab.recipes.schema import Recipe
@@ -77,6 +79,8 @@ class MemoryStats:
     peak_container_gib: float | None
     peak_gpu_used_mib: float | None
     gpu_total_mib: float | None
+    source: str = ThisMachine.sources
+    floor_gib: float | None = None  # the watchdog's floor through the window (None: no watchdog)
 
     @property
     def peak_used_gib(self) -> float:
@@ -93,7 +97,7 @@ class MemoryStats:
                 "min_available_gib": r(self.min_available_gib), "peak_used_gib": r(self.peak_used_gib),
                 "headroom_gib": r(self.min_available_gib), "peak_container_gib": r(self.peak_container_gib),
                 "peak_gpu_used_mib": r(self.peak_gpu_used_mib), "gpu_total_mib": r(self.gpu_total_mib),
-                "source": "/proc/meminfo (host), the container's cgroup, nvidia-smi where it answers"}
+                "floor_gib": r(self.floor_gib), "source": self.source}
 
 
 class _Window:
@@ -127,11 +131,11 @@ class _Window:
             self.peak_gpu = max(self.peak_gpu or 0.0, s.gpu_used_mib)
             self.gpu_total = s.gpu_total_mib
 
-    def stats(self) -> MemoryStats:
+    def stats(self, source: str, floor_gib: float | None) -> MemoryStats:
         empty = not self.samples
         return MemoryStats(self.samples, self.last - self.first, self.max_interval, self.total,
                            0.0 if empty else self.min_free, 0.0 if empty else self.min_available,
-                           self.peak_container, self.peak_gpu, self.gpu_total)
+                           self.peak_container, self.peak_gpu, self.gpu_total, source, floor_gib)
 
 
 class Sampler:
@@ -144,17 +148,16 @@ class Sampler:
     def __init__(self, *, interval_s: float = 1.0, floor_gib: float | None = None,
                  locate: Callable[[], str | None] | None = None, on_floor: Callable[[], None] | None = None,
                  meminfo: Path = memory.MEMINFO, cgroup_root: Path = memory.CGROUP_ROOT, gpu: bool = True,
-                 clocks: Callable[[], GpuClocks | None] | None = None) -> None:
-        """gpu: ask nvidia-smi at all; clocks: the clock reading (default: nvidia-smi on PATH, when gpu)."""
+                 clocks: Callable[[], GpuClocks | None] | None = None, facts: HostFacts | None = None) -> None:
+        """facts: the host to read (host/facts.py; default this machine, read from meminfo, cgroup_root and, when
+        gpu, nvidia-smi or `clocks`); interval_s: at most this far apart (a rehearsal compresses it with time)."""
         self.interval_s = min(interval_s, 1.0)
         self.floor_gib = floor_gib
         self._locate = locate
         self._on_floor = on_floor
-        self._meminfo = meminfo
-        self._cgroup_root = cgroup_root
-        self._cgroup: memory.Cgroup | None = None
-        self._gpu = gpu
-        self._clocks = clocks if clocks is not None else (GpuClockProbe() if gpu else None)
+        self.facts = facts if facts is not None else ThisMachine(meminfo=meminfo, cgroup_root=cgroup_root, gpu=gpu,
+                                                                 clocks=clocks)
+        self._container: str | None = None
         self._lock = threading.Lock()
         self._windows: dict[int, _Window] = {0: _Window()}
         self._recent: deque[Sample] = deque(maxlen=KEPT_SAMPLES)
@@ -174,12 +177,12 @@ class Sampler:
 
     def stats(self, mark: int = 0) -> MemoryStats:
         with self._lock:
-            return self._windows[mark].stats()
+            return self._windows[mark].stats(self.facts.sources, self.floor_gib)
 
     # Any: JSON stored with the cell (host.clocks)
     def clock_stats(self, mark: int = 0) -> dict[str, Any] | None:
         """The window's clocks under load (host/clocks.py), None when no reading came (no nvidia-smi)."""
-        source = getattr(self._clocks, "source", "nvidia-smi")
+        source = self.facts.clock_source
         with self._lock:
             return self._windows[mark].clocks.stats(source)
 
@@ -198,20 +201,15 @@ class Sampler:
     # -- sampling --------------------------------------------------------------------------------------
 
     def sample(self) -> Sample:
-        host = memory.read_meminfo(self._meminfo)
+        facts = self.facts
+        host = facts.meminfo()
         current = peak = None
-        if self._cgroup is None and self._locate is not None:
-            container_id = self._locate()
-            if container_id:
-                self._cgroup = memory.container_cgroup(container_id, self._cgroup_root)
-        if self._cgroup is not None:
-            current, peak = self._cgroup.read()
-        gpu = memory.gpu_memory() if self._gpu else None
-        if gpu is None:
-            self._gpu = False  # absent or [N/A] (GB10): do not spawn nvidia-smi every second for nothing
-        reading = self._clocks() if self._clocks is not None else None
-        used, total = gpu or (None, None)
-        return Sample(time.monotonic(), host, current, peak, used, total, reading)
+        if self._container is None and self._locate is not None:
+            self._container = self._locate()
+        if self._container:
+            current, peak = facts.container_memory(self._container) or (None, None)
+        used, total = facts.gpu_memory() or (None, None)
+        return Sample(time.monotonic(), host, current, peak, used, total, facts.gpu_clocks())
 
     def _record(self, s: Sample) -> None:
         with self._lock:
@@ -239,7 +237,7 @@ class Sampler:
             began = time.monotonic()
             try:
                 self.tick()
-            except OSError as exc:
+            except Exception as exc:  # a reading that fails (a file, a helper, a host gone) skips one sample
                 log.debug("memory sample failed: %s", exc)
             self._stop.wait(max(0.0, self.interval_s - (time.monotonic() - began)))
 
@@ -294,13 +292,14 @@ def add_cell_facts(result: BenchResult, sampler: Sampler, mark: int) -> None:
         result["gpu_clocks"] = clocks
 
 
-def kill_evidence(code: int | None, tail_or_error: object, oom_killed: bool | None = None) -> str:
-    """For an exit by SIGKILL/SIGTERM with no traceback: what earlyoom's journal or the kernel log say, if any
-    (the kernel's log only when Docker did not already say that no OOM kill hit the container)."""
+def kill_evidence(code: int | None, tail_or_error: object, oom_killed: bool | None = None,
+                  facts: HostFacts | None = None) -> str:
+    """For an exit by SIGKILL/SIGTERM with no traceback: what earlyoom's journal or the kernel log of the server's
+    host say, if any (the kernel's log only when Docker did not already say that no OOM kill hit the container)."""
     tail = str(getattr(tail_or_error, "log_tail", tail_or_error) or "")
     if oom_killed is None:
         oom_killed = getattr(tail_or_error, "oom_killed", None)
     if code not in (137, 143) or "Traceback (most recent call last)" in tail:
         return ""
-    evidence = memory.oom_evidence(kernel=oom_killed is not False)
+    evidence = (facts or ThisMachine(gpu=False)).oom_evidence(kernel=oom_killed is not False)
     return f" [{evidence}]" if evidence else ""

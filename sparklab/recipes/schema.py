@@ -135,6 +135,10 @@ class Hardware(Strict):
     # elsewhere, the tests); a sweep measures its own baseline at its start.
     mem_total_gib: float | None = Field(default=None, gt=0)
     os_baseline_gib: float | None = Field(default=None, ge=0)
+    twin: dict[str, Any] | None = None  # the rehearsal's host model; recipes/twin.py validates it
+
+
+TWIN_ONLY = {"twin"}  # kept out of the facts a run stores (the report does not read it)
 
 
 class ModelSpec(Strict):
@@ -342,7 +346,8 @@ def stored_facts(recipe: Recipe, devices: dict[str, Hardware], engine: str | Non
     device = devices.get(recipe.hardware) if recipe.hardware else None
     model = recipe.model_of(engine)
     return {"model": {"id": model.id, "facts": model.facts.model_dump(exclude_none=True)},
-            "hardware": {"name": recipe.hardware, **device.model_dump(exclude_none=True)} if device else None}
+            "hardware": {"name": recipe.hardware, **device.model_dump(exclude_none=True, exclude=TWIN_ONLY)}
+            if device else None}
 
 
 def list_recipes(directory: Path | None = None) -> list[Path]:

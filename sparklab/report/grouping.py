@@ -206,7 +206,7 @@ def best_configs(groups: list[Group]) -> list[Best]:
         if not scored:
             continue
         top_score, top = max(scored, key=lambda s: s[0])
-        close = [s for s in scored if s[0] >= top_score * (1 - BEST_TIE)]
+        close = [s for s in scored if s[0] >= top_score - abs(top_score) * BEST_TIE]  # a noisy top can be < 0
         score, chosen = min(close, key=lambda s: (s[1].server.k or 0, -s[0]))
         others = sorted((s for s in scored if s[1] is not chosen), key=lambda s: -s[0])
         second = others[0][1] if others else None

@@ -25,6 +25,7 @@ from typing import Any, Protocol, TypeVar, runtime_checkable
 from sparklab import interrupts
 from sparklab.engines.parsers import Probe, ProbeRun
 from sparklab.errors import ServerError
+from sparklab.host.facts import HostFacts
 from sparklab.spec import LaunchSpec
 
 log = logging.getLogger(__name__)
@@ -257,6 +258,12 @@ class HostRuntime(Runtime, Protocol):
 
     def image_problem(self, ref: str, policy: str = "missing") -> str | None:
         """Why this host cannot have the image (None: it has it, or can pull it)."""
+        ...
+
+    def host_facts(self, spec: LaunchSpec | None = None) -> HostFacts | None:
+        """The host's live readings (host/facts.py: memory, page cache, clocks, disk) for watching a server there;
+        spec: the launch about to start, whose image a reader on another host may run from. None: this host's
+        memory cannot be read from here (its servers then run unwatched). The caller closes what it gets."""
         ...
 
 

@@ -147,7 +147,8 @@ class ClusterServer(Lifecycle):
 
 
 def wait_cluster_port(server: ClusterServer, timeout_s: float = CLUSTER_PORT_TIMEOUT_S,
-                      clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> None:
+                      clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
+                      poll_s: float = 0.5) -> None:
     """Until the head's cluster port accepts a connection (seen from the head's host), failing at once when the
     head exits and with its log when the deadline passes."""
     cluster = server.cluster
@@ -165,14 +166,15 @@ def wait_cluster_port(server: ClusterServer, timeout_s: float = CLUSTER_PORT_TIM
                 f"{server.log_tail(30)}",
                 f"Check that {address} is the head host's ({cluster.hosts[0].name}) cluster_address on the link "
                 "between the hosts (`ip addr show IFACE` there).")
-        sleep(0.5)
+        sleep(min(0.5, poll_s))
 
 
 def start(p: Launch, cluster: ClusterSpec, runtimes: Sequence[Runtime], *, pull_policy: str = "missing",
           on_pull: PullCallback | None = None, api_key: str | None = None,
           on_wait: Callable[[float], None] | None = None, log_dir: Path | None = None, stall_s: float | None = None,
           say: Say | None = None, port_timeout_s: float = CLUSTER_PORT_TIMEOUT_S,
-          ready: Callable[..., float] = wait_ready, sources: tuple[Path, ...] = ()) -> Ready:
+          ready: Callable[..., float] = wait_ready, poll_s: float = 1.0,
+          sources: tuple[Path, ...] = ()) -> Ready:
     """Start the nodes in order and wait for the head; the returned server is torn down already if anything here
     fails (runtimes[i] is the host of cluster.nodes[i]; each node runs where its spec says, a container).
     sources: files besides the recipe that may write a flag the image's parser refuses (a sweep file)."""
@@ -198,12 +200,12 @@ def start(p: Launch, cluster: ClusterSpec, runtimes: Sequence[Runtime], *, pull_
         provided[adapter.api_key_env] = key
     logs = log_dir or state_dir() / "logs"
     log_watch = LogWatch(adapter)
-    server = ClusterServer(cluster)
+    server = ClusterServer(cluster, poll_s=poll_s)
     started = time.monotonic()
     try:
         tell(f"{server.where(0)}: starting {nodes[0].name}")
         server.add(runtimes[0].launch(nodes[0], provided, logs / f"{nodes[0].name}.log", on_log=log_watch.feed))
-        wait_cluster_port(server, port_timeout_s)
+        wait_cluster_port(server, port_timeout_s, poll_s=poll_s)
         tell(f"cluster port {cluster.head_address}:{cluster.cluster_port} is open")
         for rank in range(1, len(nodes)):
             tell(f"{server.where(rank)}: starting {nodes[rank].name}")
@@ -215,7 +217,7 @@ def start(p: Launch, cluster: ClusterSpec, runtimes: Sequence[Runtime], *, pull_
         server.watch()
         headers = {"Authorization": f"Bearer {key}"} if key and adapter.ready_needs_key else None
         ready(server, head.endpoint + head.ready_path, kind=head.kind, timeout_s=head.ready_timeout_s,
-              headers=headers, on_try=on_wait, watch=log_watch, stall_s=stall_s)
+              headers=headers, on_try=on_wait, watch=log_watch, stall_s=stall_s, max_interval_s=poll_s)
         facts = facts_after_ready(server, head)
     except NotReadyError as exc:
         server.stop(DEAD_STOP_GRACE_S if exc.kind else 10)

@@ -24,6 +24,8 @@ from sparklab import interrupts
 from sparklab.engines import ENGINES, candidates
 from sparklab.engines.parsers import Probe, ProbeRun
 from sparklab.errors import ContainerError
+from sparklab.host.facts import HostFacts, ThisMachine
+from sparklab.recipes.hosts import redact_url
 from sparklab.redaction import redact, redacted_lines
 from sparklab.runtimes import deadlines, docker_images, docker_sandbox, docker_transport
 from sparklab.runtimes.base import (
@@ -93,6 +95,17 @@ class Docker:
                 "mem_total_gib": round(int(info.get("MemTotal") or 0) / 2**30, 1), "cpus": info.get("NCPU"),
                 "docker_version": info.get("ServerVersion"), "os": info.get("OperatingSystem"),
                 "kernel": info.get("KernelVersion")}
+
+    def host_facts(self, spec: LaunchSpec | None = None) -> HostFacts | None:
+        """This machine's daemon shares its memory: read directly. Another host's memory is read by a helper
+        container there (runtimes/hostwatch.py), from the launch's image, which that host needs anyway."""
+        if self.url == "local" or self.url.startswith("unix://"):
+            return ThisMachine()
+        from sparklab.runtimes.hostwatch import HelperFacts
+
+        images = (spec.image, *spec.image_alternatives) if spec is not None else ()
+        return HelperFacts(self, images, where=redact_url(self.url), run_id=spec.labels.get("sparklab.run_id", "")
+                           if spec is not None else "")
 
     # -- images ------------------------------------------------------------------------------------
 
@@ -181,8 +194,8 @@ class Docker:
             kwargs["ipc_mode"] = "host"
         if spec.shm_size:
             kwargs["shm_size"] = spec.shm_size
-        if spec.network == "host":
-            kwargs["network_mode"] = "host"
+        if spec.network in ("host", "none"):  # none: a helper that needs no network (runtimes/hostwatch.py)
+            kwargs["network_mode"] = spec.network
         else:
             kwargs["ports"] = {f"{spec.port}/tcp": (None if spec.public else "127.0.0.1", spec.port)}
         self._remove_stale_name(spec.name)

@@ -16,6 +16,7 @@ from sparklab.engines.logwatch import CAUSE_LINES, DEAD_STOP_GRACE_S, FATAL_GRAC
 from sparklab.engines.scrape import StartupFacts
 from sparklab.errors import ImageUnavailableError, MemoryFloorError, NotReadyError
 from sparklab.host import downloads, preflight, watchdog
+from sparklab.host.facts import HostFacts
 from sparklab.recipes import multinode
 from sparklab.recipes.render import LaunchOptions, render
 from sparklab.recipes.schema import Recipe, load_recipe, resolve
@@ -50,12 +51,16 @@ def prepare(spec_text: str, *, target: str | None, engine_name: str | None, over
     return checked(recipe, render(recipe, engine_name, method, options), check_host)
 
 
-def checked(recipe: Recipe, spec: LaunchSpec, check_host: bool = True, floor_gib: float | None = None) -> Launch:
+def checked(recipe: Recipe, spec: LaunchSpec, check_host: bool = True, floor_gib: float | None = None,
+            facts: HostFacts | None = None) -> Launch:
     """The engine's own checks of the rendered launch, then the host's; errors raise, warnings are kept.
-    floor_gib: the memory floor a sweep configured for it (None: the default; 0: off)."""
+    floor_gib: the memory floor a sweep configured for it (None: the default; 0: off). facts: the host it starts
+    on (default this machine); on another host (check_host False) only its memory is checked, through them."""
     findings = engine(spec.kind).check_spec(spec, recipe)
     if check_host:
-        findings += preflight.check_host(spec, recipe, floor_gib=floor_gib)
+        findings += preflight.check_host(spec, recipe, floor_gib=floor_gib, facts=facts)
+    elif facts is not None:
+        findings += preflight.check_memory(spec, recipe, facts.meminfo(), floor_gib)
     return Launch(recipe, spec, preflight.raise_errors(findings))
 
 
@@ -79,12 +84,13 @@ def start(p: Launch, runtime: Runtime, *, pull_policy: str = "missing",
           allow_foreign_platform: bool = False, on_pull: PullCallback | None = None,
           api_key: str | None = None, detach: bool = False,
           on_wait: Callable[[float], None] | None = None, log_path: Path | None = None,
-          stall_s: float | None = None, sources: tuple[Path, ...] = ()) -> Ready:
+          stall_s: float | None = None, poll_s: float = 1.0, sources: tuple[Path, ...] = ()) -> Ready:
     """Pull, run and wait. The returned server is already torn down if anything here fails.
 
     A fatal line in the engine's log fails the wait at once; with stall_s, so does a log silent that long.
     sources: files besides the recipe that may write a flag the image's parser refuses (a sweep file).
-    The server runs where its recipe says (`runtime.for_spec`: a container or a host process)."""
+    The server runs where its recipe says (`runtime.for_spec`: a container or a host process). poll_s: the
+    readiness poll's longest interval (a rehearsal's compressed night polls as often, in its own time)."""
     runtime = runtime.for_spec(p.spec)
     p.sources = p.sources or sources
     host_arch = runtime.host_arch()
@@ -114,7 +120,7 @@ def start(p: Launch, runtime: Runtime, *, pull_policy: str = "missing",
         headers = {"Authorization": f"Bearer {key}"} if key and adapter.ready_needs_key else None
         seconds = wait_ready(server, spec.endpoint + spec.ready_path, kind=spec.kind,
                              timeout_s=spec.ready_timeout_s, headers=headers, on_try=on_wait, watch=log_watch,
-                             stall_s=stall_s)
+                             stall_s=stall_s, max_interval_s=poll_s)
         facts = facts_after_ready(server, spec)
     except NotReadyError as exc:
         server.stop(DEAD_STOP_GRACE_S if exc.kind else 10)  # a dead or hung engine has nothing to finish

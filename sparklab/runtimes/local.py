@@ -15,6 +15,7 @@ from typing import Any
 
 from sparklab.engines.parsers import Probe, ProbeRun
 from sparklab.errors import ServerError
+from sparklab.host.facts import HostFacts, ThisMachine
 from sparklab.runtimes import base, containers
 from sparklab.runtimes.base import ImageInfo, LogListener, PullCallback, ServerInfo, Target
 from sparklab.runtimes.containers import Docker
@@ -91,6 +92,9 @@ class Runtime:
 
     def image_problem(self, ref: str, policy: str = "missing") -> str | None:
         return self.docker.image_problem(ref, policy)
+
+    def host_facts(self, spec: LaunchSpec | None = None) -> HostFacts | None:
+        return ThisMachine()  # its containers and host processes share this machine's memory
 
     # -- listing and cleanup, over both runtimes --------------------------------------------------------------------
 

@@ -121,22 +121,30 @@ class Member:
         return self._arch[ref]
 
 
-def this_machine(runtime: HostRuntime, pull_policy: str = "missing") -> Member:
-    """This machine alone: the fleet of one of a sweep without hosts: (see Member.alone)."""
-    return Member(LOCAL, runtime, pull_policy=pull_policy, alone=True)
+def this_machine(runtime: HostRuntime, pull_policy: str = "missing", host: Host | None = None) -> Member:
+    """This machine alone: the fleet of one of a sweep without hosts: (see Member.alone); host: its one `local`
+    entry when the sweep names it (its port_offset moves its servers' ports)."""
+    return Member(host or LOCAL, runtime, pull_policy=pull_policy, alone=True)
+
+
+Connect = Callable[[Host], HostRuntime]  # a Docker host named in a sweep → its runtime (a rehearsal: a twin)
+
 
 
 def connect(hosts: list[Host], say: Say, local: HostRuntime | None = None, pull_policy: str = "missing",
-            check_s: float = deadlines.HOST_CHECK_S) -> list[Member]:
+            check_s: float = deadlines.HOST_CHECK_S, reach: Connect | None = None) -> list[Member]:
     """Reach every host (preflight: reachable, its platform and memory), all at once and within check_s; a host
-    that cannot be reached, or does not answer in time, is left out with one line."""
+    that cannot be reached, or does not answer in time, is left out with one line. reach: how a host is reached
+    (None: Docker's remote API; a rehearsal reaches its twins)."""
 
     told = threading.Lock()
     decided = threading.Event()  # the deadline has passed: a late answer is not told (its host is left out)
 
     def check(host: Host) -> Member:
-        runtime = local if host.local and local is not None else Docker.connect(host.docker, host.tls_dir,
-                                                                                answer_s=check_s)
+        if host.local and local is not None:
+            runtime = local
+        else:
+            runtime = reach(host) if reach is not None else Docker.connect(host.docker, host.tls_dir, answer_s=check_s)
         member = Member(with_address(host, runtime.url), runtime, runtime.facts(), pull_policy=pull_policy)
         with told:  # each host's line as soon as it answered, not after the slowest
             if not decided.is_set():

@@ -1,6 +1,6 @@
 """A run's id and directory and what keeps it safe: finding it, one sweep process at a time (per run and per
-sweep), its fault log, and the free space under it. It imports only errors, the disk helper and the state
-directory (where the sweep locks live)."""
+sweep), its fault log, and the free space under it. It imports only errors, the host's disk and facts (the store
+asks it about disks) and the state directory (where the sweep locks live)."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from pathlib import Path
 
 from sparklab.errors import DiskFullError, SparklabError
 from sparklab.host.disk import free_bytes
+from sparklab.host.facts import HostFacts
 
 
 def new_run_id() -> str:
@@ -71,9 +72,10 @@ def unwritable(path: Path, exc: OSError) -> SparklabError:
                          "Give --runs-dir a directory you can write to (default ./runs).")
 
 
-def check_free_space(run_dir: Path, min_free_mib: float) -> None:
-    """Stop before a server starts when the disk under the run has less than min_free_mib left."""
-    free = (free_bytes(run_dir) or 0) / 2**20
+def check_free_space(run_dir: Path, min_free_mib: float, facts: HostFacts | None = None) -> None:
+    """Stop before a server starts when the disk under the run has less than min_free_mib left (facts: the machine
+    the run directory is on, read through host/facts.py; default this one)."""
+    free = ((facts.free_bytes(run_dir) if facts is not None else free_bytes(run_dir)) or 0) / 2**20
     if free < min_free_mib:
         raise DiskFullError(f"only {free:.0f} MiB free under {run_dir} (the sweep wants {min_free_mib:.0f} MiB before "
                             "each server): sparklab stopped the sweep (finished cells are kept)",

@@ -21,7 +21,7 @@ from typing import Any
 from sparklab import __version__
 from sparklab.engines import engine
 from sparklab.errors import DiskFullError, PreflightError, SparklabError
-from sparklab.host import preflight
+from sparklab.host.facts import HostFacts, ThisMachine
 from sparklab.recipes import multinode
 from sparklab.recipes.hosts import Host, parse_hosts, redact_url
 from sparklab.recipes.plan import (
@@ -74,14 +74,20 @@ class Outcome:
 
 
 # Any: a JSON document, stored with the run as it is
-def host_facts() -> dict[str, Any]:
+def host_facts(facts: HostFacts | None = None) -> dict[str, Any]:
+    """This machine as the run records it (facts: its readings; a rehearsal's twin stands in for it)."""
     from sparklab.host.platform import platform_facts
 
-    available, total = preflight.mem_available_gib()
+    memory = (facts or ThisMachine(gpu=False)).meminfo()
     return {"hostname": platform.node(), "machine": platform.machine(), "python": platform.python_version(),
-            "kernel": platform.release(), "mem_total_gib": round(total, 1),
-            "mem_available_gib_at_start": round(available, 1), "sparklab": __version__,
+            "kernel": platform.release(), "mem_total_gib": round(memory.total_gib, 1),
+            "mem_available_gib_at_start": round(memory.available_gib, 1), "sparklab": __version__,
             "platform": platform_facts()}
+
+
+def controller_of(runtime: HostRuntime | None) -> HostFacts:
+    """The readings of the machine the run directory is on: this machine's runtime's (a twin's in a rehearsal)."""
+    return (runtime.host_facts(None) if runtime is not None else None) or ThisMachine(gpu=False)
 
 
 def timing_model(plan: Plan, history: list[Path]) -> TimingModel:
@@ -134,9 +140,10 @@ def register(plan: Plan, store: Store, only: Callable[[ServerConfig, Cell], bool
 
 
 def run(plan: Plan, store: Store, runtime: HostRuntime | None, run_dir: Path, options: Options, say: Say,
-        hosts: list[Host] | None = None) -> dict[str, int]:
+        hosts: list[Host] | None = None, reach: fleet.Connect | None = None) -> dict[str, int]:
     """Run what is pending on the sweep's hosts (sparklab.sweep.fleet), each one server at a time: this machine
-    alone when there are none (runtime: this machine's, local.Runtime by default)."""
+    alone when there are none (runtime: this machine's, local.Runtime by default; reach: how the other hosts are
+    reached, Docker's remote API unless a rehearsal reaches its twins)."""
     need = max((fleet.nodes_of(s) for s in plan.servers), default=1)
     if need > len(hosts or [None]):
         raise PreflightError(f"{plan.source}: a server of this sweep runs across {need} hosts; the sweep has "
@@ -151,18 +158,22 @@ def run(plan: Plan, store: Store, runtime: HostRuntime | None, run_dir: Path, op
         say(f"{message} {_progress(store, started, done_at_start)}")
 
     if hosts and (len(hosts) > 1 or not hosts[0].local):
-        members = fleet.connect(hosts, say, local=runtime, pull_policy=options.pull_policy)
+        members = fleet.connect(hosts, say, local=runtime, pull_policy=options.pull_policy, reach=reach)
         store.set_host_facts({"docker_hosts": {m.name: {"docker": redact_url(m.host.docker), "address": m.host.address,
                                                         "port_offset": m.host.port_offset, **m.facts}
                                                for m in members}, "bench_client": "controller"})
     else:
-        members = [fleet.this_machine(runtime or LocalRuntime(), options.pull_policy)]
+        # this machine alone: a single local host may still move its ports (a rehearsal's twin: port_offset)
+        members = [fleet.this_machine(runtime or LocalRuntime(), options.pull_policy, hosts[0] if hosts else None)]
     for member in members:
         for info in member.runtime.gc():
             member.tell(say)(f"removed leftover {info.noun} {info.name} (its sparklab process is gone)")
+    controller = controller_of(runtime)
+    # MemAvailable before any server, per host: this machine's now, another host's before its first server
+    baselines = {m.name: facts.meminfo().available_gib for m in members if m.host.local
+                 and (facts := m.runtime.host_facts(None)) is not None}
     if len(members) == 1 and members[0].alone:  # several hosts: each start checks on the host that runs it
         parsecheck.check_pending(plan, store, members[0].runtime, options.pull_policy, say)
-    baseline, _ = preflight.mem_available_gib()
 
     def serve_pending(member: fleet.Member, server: ServerConfig, hstore: HostStore, host_say: Say,
                       partners: list[fleet.Member] | None = None) -> None:
@@ -170,17 +181,18 @@ def run(plan: Plan, store: Store, runtime: HostRuntime | None, run_dir: Path, op
         cells = [c for c in server.cells if c.id in pending]
         if cells:
             serve(ServerRun(plan, hstore, member.runtime, run_dir, options, host_say, member.host, server, cells,
-                            baseline, [p.runtime for p in partners or []], lost=member.gone))
+                            baselines, [p.runtime for p in partners or []], [p.name for p in partners or []],
+                            lost=member.gone, controller=controller))
 
     fleet.run(plan, store, members, serve_pending, say_progress, run_dir.name)
     here = next((m for m in members if m.host.local), None)
     if here is not None:  # what no `none` server scored while up: on this machine's engine, at the end
-        _score_the_rest(plan, store, here, run_dir, options, say_progress, baseline)
+        _score_the_rest(plan, store, here, run_dir, options, say_progress, baselines, controller)
     return store.counts()
 
 
 def _score_the_rest(plan: Plan, store: Store, member: fleet.Member, run_dir: Path, options: Options, say: Say,
-                    baseline: float) -> None:
+                    baselines: dict[str, float], controller: HostFacts) -> None:
     """Sampled answers the lossless check has not scored yet (drafting configs that ran after `none`): the
     engine's `none` server config once more, with no cells, only to score them."""
     if not plan.sweep.lossless.enabled:
@@ -189,7 +201,7 @@ def _score_the_rest(plan: Plan, store: Store, member: fleet.Member, run_dir: Pat
         plain = lossless.baseline_of(plan, name)
         if plain is not None:
             serve(ServerRun(plan, HostStore(store, host=member.recorded_as), member.runtime, run_dir, options,
-                            member.tell(say), member.host, plain, [], baseline))
+                            member.tell(say), member.host, plain, [], baselines, controller=controller))
 
 
 def dry_run(request: Request) -> tuple[Plan, float, TimingModel, list[Host] | None]:
@@ -204,7 +216,8 @@ def dry_run(request: Request) -> tuple[Plan, float, TimingModel, list[Host] | No
     return plan, estimate_seconds(plan, model), model, hosts
 
 
-def sweep(request: Request, say: Say, runtime: HostRuntime | None = None) -> Outcome:
+def sweep(request: Request, say: Say, runtime: HostRuntime | None = None,
+          reach: fleet.Connect | None = None) -> Outcome:
     """Run (or continue) a sweep: plan, open or create its run, run what is pending, record everything.
 
     Ctrl-C and SIGTERM (as KeyboardInterrupt) tear the current server down and return an interrupted outcome
@@ -212,10 +225,11 @@ def sweep(request: Request, say: Say, runtime: HostRuntime | None = None) -> Out
     """
     name = load_sweep(request.file).name
     with rundir.SweepLock(request.runs_dir, name):  # before a run is chosen or made: one process per sweep
-        return _sweep_locked(request, name, say, runtime)
+        return _sweep_locked(request, name, say, runtime, reach)
 
 
-def _sweep_locked(request: Request, name: str, say: Say, runtime: HostRuntime | None) -> Outcome:
+def _sweep_locked(request: Request, name: str, say: Say, runtime: HostRuntime | None,
+                  reach: fleet.Connect | None) -> Outcome:
     run_dir, exists = rundir.resolve(request.runs_dir, name, request.resume, request.new)
     plan = build_plan(request.file, run_id=run_dir.name, ulimits=request.ulimits)
     if exists:  # before the file is opened for writing (which would migrate it)
@@ -224,16 +238,16 @@ def _sweep_locked(request: Request, name: str, say: Say, runtime: HostRuntime | 
     rundir.make(run_dir)
     with rundir.RunLock(run_dir), rundir.fault_log(run_dir):
         say = _logged(say, run_dir / rundir.LOG_NAME)
-        rundir.check_free_space(run_dir, request.options.min_free_mib)
         if runtime is None and (hosts is None or any(h.local for h in hosts)):
             runtime = LocalRuntime()
+        rundir.check_free_space(run_dir, request.options.min_free_mib, controller_of(runtime))
         path = run_dir / "results.sqlite"
         store = Store.open(path) if exists else Store.create(path, plan.sweep.model_dump(), __version__)
         with store:
             _check_drift(plan, store, exists, request.options.allow_drift, say)
             added = register(plan, store)
             if not exists:
-                facts = host_facts()
+                facts = host_facts(controller_of(runtime))
                 if runtime is not None:  # the engine the servers run on, where it is this machine's
                     with contextlib.suppress(Exception):
                         facts["platform"]["docker"] = runtime.facts().get("docker_version")
@@ -247,7 +261,7 @@ def _sweep_locked(request: Request, name: str, say: Say, runtime: HostRuntime | 
             if store.pending_cells():  # a code suite's sandbox image is checked before any server starts
                 options = replace(options, sandbox=grading.make_sandbox(plan, _docker_of(runtime)))
             try:
-                counts = run(plan, store, runtime, run_dir, options, say, hosts)
+                counts = run(plan, store, runtime, run_dir, options, say, hosts, reach)
             except KeyboardInterrupt:  # Ctrl-C, SIGTERM, or a hangup whose terminal is gone: the log says it
                 store.reset_interrupted(plan.sweep.max_attempts)
                 _log_line(run_dir / rundir.LOG_NAME, f"interrupted; the servers are down, {store.counts()}")

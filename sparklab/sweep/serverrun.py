@@ -1,13 +1,21 @@
 """One server config's work on one host: wait for the host to be ready for it, start the server, run its pending
 cells on it, tear it down, and record every outcome; a fault ends this server's work, never the sweep.
 
-What a server's work needs travels in one `ServerRun`. The policy of this machine (the memory wait between
-servers, the page cache, the memory floor) applies where `run.host.local`: another host's memory is not ours.
+What a server's work needs travels in one `ServerRun`. The memory policy (the wait between servers, the page cache,
+the floor) applies on every host the server runs on, read through that host's facts (sweep/watch.py); a host whose
+facts cannot be read runs unwatched, and says so. How the work's failures are recorded: sweep/failures.py.
+
+`Options.time_scale` is how many wall seconds one second of the night takes: 1 for a real sweep, less for a
+rehearsal (sparklab.rehearse), which runs the night compressed against a twin. Every deadline and timeout the
+sweep sets (readiness, the stall detector, a request's timeout and stall, the memory and port waits, the
+cluster port) and the sampler's interval are multiplied by it, so the compressed night decides what the real one
+would: a server that would miss its deadline by a minute misses it by a second at 60x.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import threading
@@ -15,30 +23,34 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from sparklab.bench import cell as bench
 from sparklab.bench.metrics import IDENTICAL
 from sparklab.bench.workloads import load_workload
 from sparklab.engines import engine
 from sparklab.engines.api import EngineAPI
-from sparklab.engines.logwatch import CAUSE_LINES, fatal_error, headline
+from sparklab.engines.logwatch import headline
 from sparklab.engines.scrape import exit_code_meaning
-from sparklab.errors import DiskFullError, MemoryFloorError, NotReadyError, PreflightError, ServerError, SparklabError
-from sparklab.host import memory, preflight, watchdog
-from sparklab.host.headroom import headroom
+from sparklab.errors import DiskFullError, MemoryFloorError, PreflightError, ServerError, SparklabError
+from sparklab.host import preflight, watchdog
+from sparklab.host.facts import HostFacts, ThisMachine
 from sparklab.recipes.hosts import LOOPBACK, Host
 from sparklab.recipes.plan import Cell, Plan, ServerConfig
 from sparklab.records import BenchResult, Sampling
 from sparklab.runtimes import cluster, launch
 from sparklab.runtimes.base import HostRuntime
-from sparklab.sweep import downloads, grading, lossless, provenance, repeats, rundir
+from sparklab.sweep import downloads, failures, grading, lossless, provenance, repeats, rundir
+from sparklab.sweep import watch as watching
 from sparklab.sweep.fleet import HostLost
 from sparklab.sweep.hoststore import HostStore
 from sparklab.sweep.store import Store
 from sparklab.sweep.store_rows import utc_now as store_now
 
 log = logging.getLogger(__name__)
+# a rehearsal's compressed night samples memory no faster than this (wall seconds): the twin's host has no more to
+# say between two samples, and two cores have other work
+MIN_SAMPLE_S = 0.05
 
 Say = Callable[[str], None]
 
@@ -54,6 +66,7 @@ class Options:
     min_free_mib: float = 256.0  # free space the runs directory needs before each server
     memory_floor_gib: float | None = None  # --memory-floor-gib; None: the sweep file's, else memwatch.floor_for
     allow_drift: bool = False  # --allow-drift: resume even if the recipe, sampling or an image digest changed
+    time_scale: float = 1.0  # wall seconds per second of the night (a rehearsal's compression; see the docstring)
     sandbox: Any = None  # where code suites' answers run (sweep.grading.make_sandbox); None: no code suite
 
 
@@ -70,10 +83,13 @@ class ServerRun:
     host: Host
     server: ServerConfig
     cells: list[Cell]  # its pending cells, in order
-    baseline_gib: float = 0.0  # memory available before the first server (this machine's)
+    # MemAvailable on each host before its first server (by host name; a host not in it is measured now)
+    baselines: dict[str, float] = field(default_factory=dict)
     partners: list[HostRuntime] = field(default_factory=list)  # the other hosts of a server across hosts
+    partner_names: list[str] = field(default_factory=list)
     lost: Callable[[], bool] = lambda: False  # whether the host went away (then HostLost, not a fault)
-    watch: watchdog.Sampler | None = None  # this machine's memory while the server runs
+    controller: HostFacts = field(default_factory=lambda: ThisMachine(gpu=False))  # where the run directory is
+    watched: list[watching.Watched] = field(default_factory=list)  # the server's hosts, its own first
     attempted: set[str] = field(default_factory=set)  # cells this server start ran (they counted their attempt)
     load_id: str = ""  # this start of the server ("<UTC start>#<server id>"): each of its cells keeps it
 
@@ -81,80 +97,87 @@ class ServerRun:
     def max_attempts(self) -> int:
         return self.plan.sweep.max_attempts
 
+    @property
+    def watch(self) -> watchdog.Sampler | None:
+        """The sampler of the server's own host (its start window and each cell's memory and clocks)."""
+        return self.watched[0].sampler if self.watched else None
+
+    @property
+    def tripped(self) -> watching.Watched | None:
+        return watching.tripped(self.watched)
+
+    @property
+    def scale(self) -> float:
+        return self.options.time_scale
+
 
 def serve(run: ServerRun) -> None:
-    """Wait until the host can take the server (this machine: memory back, page cache freed), then run it; any
-    fault but Ctrl-C, a full disk and drift is contained here (HostLost when the host itself went away)."""
+    """Wait until every host of the server can take it (memory back, page cache freed), then run it; any fault but
+    Ctrl-C, a full disk and drift is contained here (HostLost when the host itself went away)."""
     server, options = run.server, run.options
-    rundir.check_free_space(run.run_dir, options.min_free_mib)
-    if run.host.local:
-        _wait_memory(run.baseline_gib, options.memory_wait_s, run.say, server)
-        if options.drop_caches is not False:
-            memory.free_page_cache(server.recipe, server.spec, run.say, every_recipe=bool(options.drop_caches))
-    configured = options.memory_floor_gib if options.memory_floor_gib is not None else run.plan.sweep.memory_floor_gib
-    room = (headroom(server.spec, server.recipe, memory.read_meminfo(), available_at_start=run.baseline_gib)
-            if run.host.local else None)
-    floor = watchdog.floor_for(server.recipe, configured, room) if run.host.local else 0.0
-    if room is not None and floor:  # not "server X: ...", the prefix of a server's start, ready and failure lines
-        run.say(f"memory floor for {server.label}: {floor:.2f} GiB ({room.explain()})"
-                + ("" if configured is None or room.room_gib >= floor else
-                   "; the configured floor is above that, so the watchdog will likely stop this server"))
-    name = server.spec.name
+    rundir.check_free_space(run.run_dir, options.min_free_mib, run.controller)
+    readers: list[HostFacts] = []
     try:
-        if not run.host.local:
+        configured = (options.memory_floor_gib if options.memory_floor_gib is not None
+                      else run.plan.sweep.memory_floor_gib)
+        hosts = [(run.host.name, run.runtime), *zip(run.partner_names, run.partners, strict=True)]
+        run.watched.extend(watching.watch_hosts(server, hosts, run.baselines, readers, configured=configured,
+                                                drop_caches=options.drop_caches, memory_wait_s=options.memory_wait_s,
+                                                time_scale=run.scale, say=run.say))
+        name = server.spec.name
+        if not run.watched:
             _run_server(run)
             return
-        with watchdog.Sampler(floor_gib=floor, locate=lambda: run.runtime.container_id(name),
-                              on_floor=lambda: run.runtime.kill(name)) as run.watch:
+        runtimes = [run.runtime, *run.partners]
+        stop = (lambda: run.runtime.kill(name)) if server.cluster is None else (
+            lambda: watching.kill_nodes(server, runtimes))
+        samplers = watching.samplers(run.watched, max(MIN_SAMPLE_S, 1.0 * run.scale), stop,
+                                     lambda: run.runtime.container_id(name))
+        with contextlib.ExitStack() as stack:
+            for sampler in samplers:
+                stack.enter_context(sampler)
             _run_server(run)
     except (KeyboardInterrupt, DiskFullError, provenance.DriftError):
         raise
     except Exception as exc:  # one fault ends this server's work, never the sweep
         if isinstance(exc, HostLost) or run.lost():
-            for cell_id in run.store.host_lost(server.id, run.store.host or "", _one_line(exc)):
+            for cell_id in run.store.host_lost(server.id, run.store.host or "", failures.one_line(exc)):
                 run.say(f"cell {cell_id} was running when the host was lost; it runs again")
             if isinstance(exc, HostLost):
                 raise
-            raise HostLost(_one_line(exc)) from exc
-        _contain(run, exc, [c.id for c in run.cells if c.id not in run.attempted])
+            raise HostLost(failures.one_line(exc)) from exc
+        failures.contain(run, exc, [c.id for c in run.cells if c.id not in run.attempted])
+    finally:
+        for facts in readers:
+            with contextlib.suppress(Exception):
+                facts.close()
 
-
-def _contain(run: ServerRun, exc: Exception, not_reached: list[str]) -> None:
-    """An unexpected fault in one server's work: its traceback goes to the run's log file (not the console),
-    its servers are removed (waiting for a restarting Docker daemon), its unfinished cells fail with one line."""
-    server, say, faults_at = run.server, run.say, run.run_dir / rundir.LOG_NAME
-    reason = _one_line(exc)
-    rundir.faults.error("server %s (%s): %s", server.label, server.id, reason, exc_info=exc)
-    run.store.fail_server_config(server.id, "error", f"{reason} (traceback in {faults_at})",
-                                 max_attempts=run.max_attempts, cell_ids=not_reached)
-    say(f"server {server.label}: failed (error): {reason}; its unfinished cells go back to the queue; "
-        f"details in {faults_at}")
-    try:
-        for name in run.runtime.remove_run_containers(run.run_dir.name):
-            say(f"removed {name} after the fault")
-    except Exception as cleanup:  # the daemon stayed away: say so, the next run's gc removes it
-        rundir.faults.error("cleanup after the fault failed: %s", _one_line(cleanup), exc_info=cleanup)
-        say(f"could not remove the server's container ({_one_line(cleanup)}); `sparklab gc` removes it later")
 
 
 def _start(run: ServerRun) -> launch.Ready:
     """Start the server where the run says: one server, or one across the run's host and its partners."""
-    server, spec, options = run.server, run.server.spec, run.options
+    server, spec, options, scale = run.server, run.server.spec, run.options, run.scale
     local = run.host.local
     remote = None if local or not spec.address or spec.address in LOOPBACK else spec.address
-    _wait_port_free(spec.host, spec.port, options.port_wait_s, remote)
-    # another host's memory, port and cache are not this machine's: fleet.unfit and the start check them
+    _wait_port_free(spec.host, spec.port, options.port_wait_s * scale, remote, scale)
+    # another host's port and cache are not this machine's: fleet.unfit and the start check them; its memory is
+    # read through its facts (run.watched), as this machine's is
     configured = options.memory_floor_gib if options.memory_floor_gib is not None else run.plan.sweep.memory_floor_gib
-    prepared = (launch.checked(server.recipe, spec, floor_gib=configured) if local
-                else launch.checked(server.recipe, spec, False))
+    facts = run.watched[0].facts if run.watched else None
+    if scale != 1:
+        spec = dataclasses.replace(spec, ready_timeout_s=spec.ready_timeout_s * scale)
+    prepared = launch.checked(server.recipe, spec, check_host=local, floor_gib=configured, facts=facts)
     sources = (Path(run.plan.source),)  # a flag the image's parser refuses may come from the sweep file
+    stall = run.plan.sweep.load_stall_s * scale if run.plan.sweep.load_stall_s else None
     if server.cluster is not None:  # one server across hosts: every node in order, readiness on the head
-        return cluster.start(prepared, server.cluster, [run.runtime, *run.partners], pull_policy=options.pull_policy,
-                             log_dir=run.run_dir / "logs", stall_s=run.plan.sweep.load_stall_s, say=run.say,
-                             sources=sources)
+        nodes = tuple(dataclasses.replace(n, ready_timeout_s=n.ready_timeout_s * scale) for n in server.cluster.nodes)
+        return cluster.start(prepared, dataclasses.replace(server.cluster, nodes=nodes), [run.runtime, *run.partners],
+                             pull_policy=options.pull_policy, log_dir=run.run_dir / "logs", stall_s=stall,
+                             say=run.say, port_timeout_s=cluster.CLUSTER_PORT_TIMEOUT_S * scale,
+                             poll_s=min(1.0, 1.0 * scale), sources=sources)
     return launch.start(prepared, run.runtime, pull_policy=options.pull_policy,
                         log_path=run.run_dir / "logs" / f"{server.id}-{server.engine}-{server.method}.log",
-                        stall_s=run.plan.sweep.load_stall_s, sources=sources)
+                        stall_s=stall, poll_s=min(1.0, 1.0 * scale), sources=sources)
 
 
 def _run_server(run: ServerRun) -> None:
@@ -166,13 +189,14 @@ def _run_server(run: ServerRun) -> None:
     try:
         ready = _start(run)
     except (ServerError, PreflightError) as exc:
-        if watch is not None and watch.tripped:
-            _fail_at_floor(run, None)
+        if run.tripped is not None:
+            failures.fail_at_floor(run, None)
             return
-        kind = _failure_kind(exc)
+        kind = failures.failure_kind(exc)
         code = getattr(exc, "container_exit_code", None)
         why = f"\n{exc.hint}" if kind in ("fatal", "stalled") and exc.hint else ""  # what died, or what to raise
-        store.fail_server_config(server.id, kind, exc.message + why + watchdog.kill_evidence(code, exc),
+        evidence = watchdog.kill_evidence(code, exc, facts=run.watched[0].facts if run.watched else None)
+        store.fail_server_config(server.id, kind, exc.message + why + evidence,
                                  exit_code=code, log_tail=getattr(exc, "log_tail", None),
                                  max_attempts=run.max_attempts)
         cause = f" — {why.strip().splitlines()[0]}" if why else ""
@@ -182,17 +206,19 @@ def _run_server(run: ServerRun) -> None:
     facts = {**ready.facts.as_dict(), **engine(spec.kind).served_facts(api)}
     if watch is not None:
         facts["memory"] = watch.stats(start_mark).as_dict()
+        if len(run.watched) > 1:  # a server across hosts: each node's host
+            facts["memory_hosts"] = {h.name: h.sampler.stats(0).as_dict() for h in run.watched if h.sampler}
     disagree = launch.read_served_version(ready, api)
     if disagree:
         facts["version_disagreement"] = disagree
         say(f"server {server.label}: warning: {disagree}")
     store.record_server_start(server.id, image_digest=ready.image.digest, startup_facts=facts,
-                              ready_s=ready.seconds_to_ready, log_path=str(ready.server.log_path),
+                              ready_s=ready.seconds_to_ready / run.scale, log_path=str(ready.server.log_path),
                               engine_version=ready.served_version or launch.image_version(ready),
                               downloads=downloads.waited_for(store, server.id, ready.image_s))
     if ready.check is not None:
         store.record_image_check(server.id, ready.check.as_dict())
-    say(f"server {server.label}: ready in {ready.seconds_to_ready:.1f} s")
+    say(f"server {server.label}: ready in {ready.seconds_to_ready / run.scale:.1f} s")  # the night's seconds
     # Which start of the server each cell ran on: repeats of one load share its state (its memory layout, the
     # machine's quiet or busy minute), so noise between loads is told apart from noise within one (bench.noise).
     # UTC first: ids sort in the order the loads happened.
@@ -210,7 +236,7 @@ def _run_server(run: ServerRun) -> None:
             if not run.lost():  # a fault of this server's: the teardown and serve() deal with it
                 raise
             ready.server.keep()  # a state check failed because the host went away: as above
-            raise HostLost(_one_line(exc)) from exc
+            raise HostLost(failures.one_line(exc)) from exc
         if measured and server.method == lossless.BASELINE and run.plan.sweep.lossless.enabled:
             # the plain server as it runs scores the sampled answers under the target (the lossless check)
             lossless.score_safely(run.plan, store, server, EngineAPI(ready.server.spec.endpoint, ready.api_key), say)
@@ -225,19 +251,20 @@ def _run_cells(run: ServerRun, ready: launch.Ready) -> bool:
         rest = [c.id for c in cells[i:]]
         if _engine_died(ready):
             run.attempted.update(rest)
-            _fail_fatal(run, ready, rest)
+            failures.fail_fatal(run, ready, rest)
             return False
         running, code = ready.server.state()
-        if not running and run.watch is not None and run.watch.tripped:
+        if not running and run.tripped is not None:
             run.attempted.update(rest)
-            _fail_at_floor(run, rest)
+            failures.fail_at_floor(run, rest)
             return False
         if not running:
             tail = ready.server.log_tail(50)
             oom = ready.server.oom_killed()
-            meaning = exit_code_meaning(code, oom, tail) + watchdog.kill_evidence(code, tail, oom)
+            meaning = exit_code_meaning(code, oom, tail) + watchdog.kill_evidence(
+                code, tail, oom, facts=run.watched[0].facts if run.watched else None)
             run.attempted.update(rest)
-            run.store.fail_server_config(server.id, _exit_kind(code, oom),
+            run.store.fail_server_config(server.id, failures.exit_kind(code, oom),
                                          f"the server exited with code {code}{meaning} during the sweep",
                                          exit_code=code, log_tail=tail, max_attempts=run.max_attempts,
                                          cell_ids=rest)
@@ -250,10 +277,10 @@ def _run_cells(run: ServerRun, ready: launch.Ready) -> bool:
             _run_cell(run, ready, cell)
         except MemoryFloorError:
             run.attempted.update(rest)
-            _fail_at_floor(run, rest)
+            failures.fail_at_floor(run, rest)
             return False
     if _engine_died(ready):  # during the last cell
-        _fail_fatal(run, ready, [])
+        failures.fail_fatal(run, ready, [])
         return False
     return True
 
@@ -292,33 +319,16 @@ def _check_image(store: Store | HostStore, server: ServerConfig, digest: str | N
     say(f"drift allowed: {'; '.join(changes)}")
 
 
-def _fail_fatal(run: ServerRun, ready: launch.Ready, not_reached: list[str]) -> None:
-    """The engine logged a fatal line while cells ran (its server was killed): the server fails as "fatal",
-    and its cells, the one in flight too, go back to the queue."""
-    assert ready.watch is not None
-    error = fatal_error(ready.watch, ready.server.log_tail(CAUSE_LINES), "while cells ran")
-    first = error.message.splitlines()[0]
-    run.store.fail_server_config(run.server.id, "fatal", f"{first}\n{error.hint}", log_tail=error.log_tail,
-                                 max_attempts=run.max_attempts, cell_ids=not_reached)
-    run.say(f"server {run.server.label}: failed (fatal): {first}; its unfinished cells go back to the queue")
-
-
-def _fail_at_floor(run: ServerRun, cell_ids: list[str] | None) -> None:
-    """The floor watchdog stopped this server: a `memory-floor` failure with the samples; the sweep goes on."""
-    watch = run.watch
-    assert watch is not None and watch.floor_gib is not None
-    message, samples = watchdog.floor_failure(watch, watch.floor_gib)
-    run.store.fail_server_config(run.server.id, "memory-floor", message, log_tail=samples,
-                                 max_attempts=run.max_attempts, cell_ids=cell_ids)
-    run.say(f"server {run.server.label}: failed (memory-floor): {message}")
 
 
 def _run_cell(run: ServerRun, ready: launch.Ready, cell: Cell) -> None:
     sweep, store, say, watch, server = run.plan.sweep, run.store, run.say, run.watch, run.server
     store.start_cell(cell.id)
     mark = watch.mark() if watch is not None else 0  # its window: memory and clocks under load
+    marks = [h.sampler.mark() if h.sampler else 0 for h in run.watched]
     sampling = Sampling(**cell.sampling)
-    load = bench.Load(concurrency=cell.concurrency, requests=cell.requests, duration_s=sweep.duration_s,
+    duration = sweep.duration_s * run.scale if sweep.duration_s else None
+    load = bench.Load(concurrency=cell.concurrency, requests=cell.requests, duration_s=duration,
                       warmup=sweep.warmup, stream=sweep.stream)
     spec = ready.server.spec
     adapter = engine(spec.kind)
@@ -343,9 +353,10 @@ def _run_cell(run: ServerRun, ready: launch.Ready, cell: Cell) -> None:
 
     loadavg = _loadavg()
     try:
+        stall = sweep.stall_timeout_s * run.scale if sweep.stall_timeout_s else None
         result = bench.run(endpoint, load_workload(cell.workload), sampling, load,
-                           request_timeout_s=sweep.request_timeout_s, stall_timeout_s=sweep.stall_timeout_s,
-                           alive=alive, stop=stop)
+                           request_timeout_s=sweep.request_timeout_s * run.scale, stall_timeout_s=stall,
+                           time_scale=run.scale, alive=alive, stop=stop)
         since = result["measurement"]["window_started_at"]
         result["server_load"] = {"id": run.load_id}
         result["host_load"] = {
@@ -357,20 +368,23 @@ def _run_cell(run: ServerRun, ready: launch.Ready, cell: Cell) -> None:
                             "image_digest": ready.image.digest}
         if watch is not None:
             watchdog.add_cell_facts(result, watch, mark)
+            if len(run.watched) > 1:
+                cast(dict[str, Any], result)["memory_hosts"] = {h.name: h.sampler.stats(marks[i]).as_dict()
+                                                                for i, h in enumerate(run.watched) if h.sampler}
     except (KeyboardInterrupt, DiskFullError, HostLost):
         raise
     except Exception as exc:  # a dead engine mid-warmup, a broken server: this cell fails, the sweep goes on
-        stopped = (watch is not None and watch.tripped) or _engine_died(ready)
+        stopped = run.tripped is not None or _engine_died(ready)
         if not stopped and run.lost():  # its host went away under it: the cell runs again elsewhere, uncharged
             raise HostLost(f"the Docker host stopped answering during cell {name}") from exc
         if not stopped:
             if not isinstance(exc, SparklabError):
-                rundir.faults.error("cell %s (%s): %s", name, cell.id, _one_line(exc), exc_info=exc)
-            store.fail_cell(cell.id, "bench_error", _one_line(exc), max_attempts=sweep.max_attempts)
-            say(f"cell {name}: failed: {_one_line(exc)}")
+                rundir.faults.error("cell %s (%s): %s", name, cell.id, failures.one_line(exc), exc_info=exc)
+            store.fail_cell(cell.id, "bench_error", failures.one_line(exc), max_attempts=sweep.max_attempts)
+            say(f"cell {name}: failed: {failures.one_line(exc)}")
             return
         result = None  # the server was stopped under the cell: the server's failure says why
-    if watch is not None and watch.tripped:  # its requests failed because the server was stopped
+    if run.tripped is not None:  # its requests failed because the server was stopped
         raise MemoryFloorError("the memory floor stopped the server")
     if _engine_died(ready) or result is None:
         return
@@ -414,53 +428,13 @@ def _engine_died(ready: launch.Ready) -> bool:
     return ready.watch is not None and ready.watch.fatal is not None
 
 
-def _wait_port_free(host: str, port: int, timeout_s: float, address: str | None = None) -> None:
+def _wait_port_free(host: str, port: int, timeout_s: float, address: str | None = None, scale: float = 1.0) -> None:
     """address: another machine's, where a listener is found by connecting (a bind here says nothing)."""
     deadline = time.monotonic() + timeout_s
     while preflight.port_answers(address, port) if address else preflight.port_in_use(host, port):
         if time.monotonic() > deadline:
-            raise PreflightError(f"port {port} is still in use {timeout_s:.0f} s after the previous server",
+            raise PreflightError(f"port {port} is still in use {timeout_s / scale:.0f} s after the previous server",
                                  "Something else listens there: stop it or change the recipe's port.")
-        time.sleep(0.5)
+        time.sleep(0.5 * scale)
 
-
-def _wait_memory(baseline_gib: float, timeout_s: float, say: Say, server: ServerConfig | None = None) -> None:
-    """GB10 memory is unified: wait until what the previous server held is available again, or, judged as
-    the next engine will, until MemFree covers its share."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        host = memory.read_meminfo()
-        available = host.available_gib
-        need = memory.unified_need(server.spec, server.recipe, host) if server is not None else None
-        if need is not None and host.free_gib >= need.gib:
-            return
-        if available >= baseline_gib - 1.0 or time.monotonic() > deadline:
-            if available < baseline_gib - 1.0:
-                say(f"memory: {available:.1f} GiB available, {baseline_gib:.1f} GiB before the last server; "
-                    f"going on after {timeout_s:.0f} s")
-            return
-        time.sleep(1.0)
-
-
-def _one_line(exc: BaseException) -> str:
-    text = exc.message if isinstance(exc, SparklabError) else str(exc)
-    first = (text.strip().splitlines() or [""])[0]
-    return f"{type(exc).__name__}: {first}"[:300] if not isinstance(exc, SparklabError) else first[:300]
-
-
-def _exit_kind(code: int | None, oom_killed: bool | None) -> str:
-    """oom only when Docker says the kernel's OOM killer did it; another SIGKILL (docker kill, earlyoom) is killed."""
-    if oom_killed:
-        return "oom"
-    return "killed" if code == 137 else "exited"
-
-
-def _failure_kind(exc: SparklabError) -> str:
-    if isinstance(exc, NotReadyError):
-        if exc.kind:  # "fatal" (a fatal engine log line) or "stalled" (silent while loading)
-            return exc.kind
-        if exc.container_exit_code is None:
-            return "not_ready"
-        return _exit_kind(exc.container_exit_code, exc.oom_killed)
-    return "preflight" if isinstance(exc, PreflightError) else "container"
 

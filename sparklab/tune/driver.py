@@ -26,7 +26,7 @@ from sparklab.recipes.hosts import Host, parse_hosts
 from sparklab.recipes.multinode import require_hosts
 from sparklab.recipes.plan import Plan, ServerConfig, TimingModel, build_plan, estimate_seconds, variant
 from sparklab.runtimes.base import HostRuntime
-from sparklab.sweep import downloads, rundir, runner
+from sparklab.sweep import downloads, fleet, rundir, runner
 from sparklab.sweep.store import Store
 from sparklab.tune import search, verdict
 from sparklab.tune.request import TuneChoices, TuneRequest, request_for
@@ -131,15 +131,17 @@ def hosts_of(plan: Plan) -> list[Host] | None:
     return hosts
 
 
-def run_tune(request: TuneRequest, say: runner.Say, runtime: HostRuntime | None = None) -> TuneOutcome:
+def run_tune(request: TuneRequest, say: runner.Say, runtime: HostRuntime | None = None,
+             reach: fleet.Connect | None = None) -> TuneOutcome:
     """Start or continue a tune. Ctrl-C tears the current server down; the same command continues it.
 
-    runtime: where the servers run (None: this machine's, containers and host processes, as `sparklab sweep`)."""
+    runtime: where the servers run (None: this machine's, containers and host processes, as `sparklab sweep`);
+    reach: how the space's other hosts are reached (a rehearsal reaches its twins)."""
     name = f"tune-{request.space['name']}"
     run_dir, exists = rundir.resolve(request.runs_dir, name, request.resume, request.new)
     run_dir.mkdir(parents=True, exist_ok=True)
     with rundir.RunLock(run_dir), rundir.fault_log(run_dir):
-        rundir.check_free_space(run_dir, request.options.min_free_mib)
+        rundir.check_free_space(run_dir, request.options.min_free_mib, runner.controller_of(runtime))
         path = run_dir / "results.sqlite"
         if not exists:
             space_path = write_space(run_dir, request.space, request.settings)
@@ -147,7 +149,7 @@ def run_tune(request: TuneRequest, say: runner.Say, runtime: HostRuntime | None 
             hosts_of(plan)  # a server across hosts without its hosts: said before any store is made
             store = Store.create(path, plan.sweep.model_dump(), __version__)
             with store:
-                store.set_host_facts(runner.host_facts())
+                store.set_host_facts(runner.host_facts(runner.controller_of(runtime)))
                 store.set_meta("tune", {"settings": settings_dict(request.settings), "objective": request.objective,
                                         "rounds": [], "loads": 0, "wall_s": 0.0})
         store = Store.open(path)
@@ -161,7 +163,7 @@ def run_tune(request: TuneRequest, say: runner.Say, runtime: HostRuntime | None 
                 say(f"continuing {run_dir} with its stored space and settings ({run_dir / SPACE_FILE})")
             for note in request.notes if not exists else ():
                 say(f"tune: {note}")
-            return _search(plan, store, runtime, run_dir, request, state, say, hosts)
+            return _search(plan, store, runtime, run_dir, request, state, say, hosts, reach)
 
 
 @dataclass(frozen=True)
@@ -228,7 +230,8 @@ def dry_run(request: TuneRequest) -> DryRun:
 
 
 def _search(plan: Plan, store: Store, runtime: HostRuntime | None, run_dir: Path, request: TuneRequest,
-            state: dict[str, Any], say: runner.Say, hosts: list[Host] | None = None) -> TuneOutcome:
+            state: dict[str, Any], say: runner.Say, hosts: list[Host] | None = None,
+            reach: fleet.Connect | None = None) -> TuneOutcome:
     settings, objective = _settings(state), state["objective"]
     space = space_of(plan)
     runner.register(plan, store, only=lambda server, cell: False)  # every server config, no cell yet
@@ -281,7 +284,7 @@ def _search(plan: Plan, store: Store, runtime: HostRuntime | None, run_dir: Path
                 state["loads"] = int(state.get("loads", 0)) + len(loading)
                 store.set_meta("tune", state)
                 if loading:
-                    runner.run(plan, store, runtime, run_dir, request.options, say, hosts)
+                    runner.run(plan, store, runtime, run_dir, request.options, say, hosts, reach=reach)
         else:
             raise SparklabError(f"tune stopped after {MAX_ROUNDS} rounds without an answer",
                                 "This is a bug in the search; the run's results are kept.")

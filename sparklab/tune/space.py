@@ -9,6 +9,8 @@ from typing import Any
 from sparklab.errors import RecipeError
 from sparklab.recipes.sweep_file import load_sweep
 
+# Any: a sweep file's document as YAML gives it (validated by load_sweep, kept as the user wrote it)
+
 
 def load_space(text: str) -> dict[str, Any] | None:
     """A sweep file's document when text names one (a path, or a name under recipes/sweeps), else None.

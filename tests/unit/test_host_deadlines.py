@@ -210,7 +210,7 @@ def test_a_cell_whose_host_goes_away_runs_again_uncharged_and_no_teardown_waits_
     fake = FakeServer(server.spec)
     ready = Ready(fake, ImageInfo("img", "id", None, "amd64"), 1.0, None, StartupFacts())
     monkeypatch.setattr(sweep_mod, "_wait_port_free", lambda *a: None)
-    monkeypatch.setattr(sweep_mod.launch, "checked", lambda recipe, spec, *a: None)
+    monkeypatch.setattr(sweep_mod.launch, "checked", lambda recipe, spec, *a, **kw: None)
     monkeypatch.setattr(sweep_mod.launch, "start", lambda *a, **k: ready)
     monkeypatch.setattr(sweep_mod.engine(server.spec.kind), "served_facts", lambda api: {})
     monkeypatch.setattr(sweep_mod.engine(server.spec.kind), "version", lambda api: None)

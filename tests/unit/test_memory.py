@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 
 from sparklab.engines.scrape import exit_code_meaning
-from sparklab.host import memory, preflight, watchdog
+from sparklab.host import memory, pagecache, preflight, watchdog
+from sparklab.host.facts import ThisMachine
 from sparklab.recipes.render import LaunchOptions, render
 from sparklab.recipes.schema import Recipe, load_recipe, recipes_dir
 from sparklab.spec import LaunchSpec
@@ -119,7 +120,7 @@ def test_freeing_advises_the_kernel_to_drop_each_model_file(tmp_path: Path, monk
 
     monkeypatch.setattr(os, "posix_fadvise", fadvise)
     said: list[str] = []
-    done = memory.free_page_cache(recipe, spec, said.append, meminfo=info, root=False)
+    done = pagecache.free_page_cache(recipe, spec, said.append, ThisMachine(meminfo=info, root=False, gpu=False))
     assert sorted(advised) == sorted((f.stat().st_ino, os.POSIX_FADV_DONTNEED) for f in files)
     assert done is not None and "posix_fadvise" in said[0] and "2 model files" in said[0]
     assert "50.0 → 90.0 GiB" in said[0]
@@ -130,7 +131,7 @@ def test_no_freeing_when_memfree_already_covers_the_need(tmp_path: Path, monkeyp
     _hub_files(tmp_path / "hub", recipe.model.id, ["a.safetensors"])
     monkeypatch.setattr(os, "posix_fadvise", lambda *a: pytest.fail("nothing to free"))
     info = meminfo(tmp_path / "meminfo", 100.0, 60.0, 95.0)
-    assert memory.free_page_cache(recipe, spec, lambda m: None, meminfo=info, root=False) is None
+    assert pagecache.free_page_cache(recipe, spec, lambda m: None, ThisMachine(meminfo=info, root=False, gpu=False)) is None
 
 
 def test_a_short_memfree_the_model_files_do_not_cover_says_what_to_run(tmp_path: Path, monkeypatch) -> None:
@@ -140,7 +141,7 @@ def test_a_short_memfree_the_model_files_do_not_cover_says_what_to_run(tmp_path:
     monkeypatch.setattr(os, "posix_fadvise", lambda *a: None)
     info = meminfo(tmp_path / "meminfo", 100.0, 50.0, 95.0, 44.0)
     said: list[str] = []
-    memory.free_page_cache(recipe, spec, said.append, meminfo=info, root=False)
+    pagecache.free_page_cache(recipe, spec, said.append, ThisMachine(meminfo=info, root=False, gpu=False))
     assert "still short" in said[-1] and "drop_caches" in said[-1]
 
 

@@ -102,6 +102,9 @@ def test_gc_of_a_host_process_says_host_process(tmp_path: Path) -> None:
         def gc(self) -> list[Any]:
             return [orphan]
 
+        def host_facts(self, spec: object) -> None:  # no readings of its own: the controller is this machine
+            return None
+
     said: list[str] = []
     with store:
         runner.run(plan, store, Runtime(), tmp_path / "run", runner.Options(), said.append)  # type: ignore[arg-type]

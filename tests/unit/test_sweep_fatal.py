@@ -9,7 +9,7 @@ from sparklab.errors import NotReadyError
 
 
 def test_sweep_failure_kinds() -> None:
-    from sparklab.sweep.serverrun import _failure_kind
+    from sparklab.sweep.failures import failure_kind as _failure_kind
 
     assert _failure_kind(NotReadyError("x", kind="fatal")) == "fatal"
     assert _failure_kind(NotReadyError("x", kind="stalled")) == "stalled"

@@ -178,7 +178,7 @@ def test_a_sweep_files_hosts_reach_the_runner(tmp_path: Path, monkeypatch: pytes
     seen: dict[str, Any] = {}
 
     def fake_run(plan: Any, store: Any, docker: Any, run_dir: Any, options: Any, say: Any,
-                 hosts: Any = None) -> dict[str, int]:
+                 hosts: Any = None, **reach: Any) -> dict[str, int]:
         seen["hosts"] = hosts
         raise KeyboardInterrupt  # stop after the first round; the tune is left resumable
 

@@ -41,7 +41,7 @@ def scripted_run(truth: Callable[[ServerConfig, int], float], starts: list[str])
     counter = itertools.count(1)
 
     def run(plan: Any, store: Store, runtime: Any, run_dir: Path, options: Any, say: Any,
-            hosts: Any = None) -> dict[str, int]:
+            hosts: Any = None, reach: Any = None) -> dict[str, int]:
         pending = store.pending_cells()
         servers = {s.id: s for s in plan.servers}
         for server_id in dict.fromkeys(c.server_config_id for c in pending):

@@ -1,0 +1,230 @@
+"""`sparklab rehearse`: a night of `sweep`, `tune` or `up` run through sparklab's own code path (plan, preflight,
+start, readiness, cells, memory watch and floor, failures, store, report) against a DGX Spark twin instead of the
+real host, time-compressed, into a scratch run directory.
+
+Only the host changes: the runtime is a twin (runtimes/twin.py: the stand-in engine as a host process instead of
+the engine's image) and its facts are the twin's (host/twin.py) - the sweep runner, the watchdog, preflight and
+the report are the real ones. Time runs `scale` wall seconds per second of the night (Options.time_scale): the
+sweep's deadlines, its sampler and the stand-ins' timing all shrink by it, and the bench client reads its windows
+back on the night's clock. A RECIPE[:METHOD] target rehearses `up` as a one-server sweep of one short cell (the
+start `up` makes, then load, so memory under load is seen).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import random
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from sparklab.errors import RecipeError, SparklabError
+from sparklab.host.preflight import port_in_use
+from sparklab.host.twin import TwinHost
+from sparklab.recipes import multinode
+from sparklab.recipes.hosts import Host
+from sparklab.recipes.plan import Plan, build_plan
+from sparklab.recipes.schema import load_recipe, resolve
+from sparklab.recipes.twin import Twin, load_twin
+from sparklab.rehearse.eta import NightEta, night_eta
+from sparklab.runtimes.base import HostRuntime
+from sparklab.runtimes.twin import FAULTS, TwinRuntime, TwinSetup
+from sparklab.sweep import runner
+from sparklab.sweep.serverrun import Options
+from sparklab.tune.space import sweep_document
+
+Say = Callable[[str], None]
+SLOW_DOWNLOAD_GBPS = 0.005  # slow-download: weights not in the cache, fetched at start at 5 MB/s
+DEFAULT_WALL_S = 90.0  # how long a rehearsal aims to take (the night compressed into it)
+MIN_SCALE = 1e-3  # faster than this, the stand-ins' own work per decode step no longer fits its step
+
+
+@dataclass(frozen=True)
+class RehearsalRequest:
+    target: str  # a sweep file (or its name) or RECIPE[:METHOD] (what `sparklab up` takes)
+    command: str | None = None  # sweep, tune or up (None: sweep for a sweep file, up for a recipe)
+    fault: str | None = None
+    throttle: bool = False  # the twin's GPU throttles under sustained load
+    overrides: tuple[str, ...] = ()  # --set, over the sweep file's set:
+    engine: str | None = None
+    wall_s: float = DEFAULT_WALL_S
+    scale: float | None = None  # wall seconds per night second (None: the night's ETA into wall_s)
+    runs_dir: Path | None = None  # keep the run there (None: a scratch directory, removed)
+    keep: bool = False  # keep the scratch directory
+
+
+@dataclass
+class Rehearsal:
+    """What the rehearsal did: the plan, the twins, every line the night said and the run it left."""
+
+    request: RehearsalRequest
+    command: str  # sweep, tune or up
+    source: Path  # the sweep file the night ran (a scratch copy)
+    plan: Plan
+    twin: Twin
+    eta: NightEta
+    scale: float
+    hosts: dict[str, TwinHost]
+    lines: list[tuple[float, str]] = field(default_factory=list)  # (wall seconds since the start, message)
+    run_dir: Path | None = None
+    counts: dict[str, int] = field(default_factory=dict)
+    stopped: str | None = None  # the error that stopped the night, if one did
+    wall_s: float = 0.0
+    tune_state: dict[str, Any] | None = None
+    interrupted: bool = False  # Ctrl-C: the rehearsal stopped, not the night
+
+    def night_s(self, wall: float) -> float:
+        return wall / self.scale
+
+
+def _document(request: RehearsalRequest, scratch: Path) -> tuple[dict[str, Any], str]:
+    """The sweep document the night runs, and which command it stands for."""
+    found = sweep_document(request.target)
+    if found is not None and request.command != "up":
+        document = dict(found[0])
+        command = request.command or "sweep"
+    elif request.command == "sweep":
+        raise RecipeError(f"rehearse sweep {request.target}: no sweep file by that name or path",
+                          "Name a file under recipes/sweeps (seed000) or give its path.")
+    else:
+        path, method = resolve(request.target)
+        recipe = load_recipe(path)
+        name, engine_spec = recipe.engine(request.engine)
+        if request.command == "tune":
+            methods = list(engine_spec.methods)
+            document = {"name": recipe.name, "recipe": str(path.resolve()), "engines": [name], "methods": methods,
+                        "concurrency": [1], "workloads": ["seed"], "requests": 4, "warmup": 1}
+            command = "tune"
+        else:
+            document = {"name": f"up-{recipe.name}", "recipe": str(path.resolve()), "engines": [name],
+                        "methods": [method or recipe.default_method], "concurrency": [1], "workloads": ["seed"],
+                        "requests": 2, "warmup": 0, "repeats": 1}
+            command = "up"
+    if request.overrides:
+        document["set"] = [*document.get("set", []), *request.overrides]
+    document.pop("hosts", None)
+    return document, command
+
+
+def _free_offset(ports: list[int], hosts: int) -> int:
+    """A port offset under which every server port of every twin host (100 apart) is free here."""
+    rng = random.Random()
+    for _ in range(200):
+        offset = rng.randrange(10000, 35000)  # concurrent rehearsals (CI) rarely pick the same
+        if all(not port_in_use("127.0.0.1", p + offset + 100 * h) for p in ports for h in range(hosts)
+               if p + offset + 100 * h < 65536):
+            return offset
+    raise SparklabError("no free port range for the twin's servers on this machine",
+                        "Stop what listens on ports 10000-65000, or pass --scale and try again.")
+
+
+def _hosts_entries(need: int, offset: int) -> list[dict[str, Any]]:
+    if need <= 1:
+        return [{"docker": "local", "port_offset": offset}]
+    # the link between the twins is this machine's loopback (the stand-ins' Ray and NCCL names only)
+    return [{"docker": f"ssh://twin@spark-{i + 1}", "name": f"spark-{i + 1}", "address": "127.0.0.1",
+             "port_offset": offset + 100 * i, "cluster_address": "127.0.0.1", "interface": "lo",
+             "ib_hca": f"twin{i}"} for i in range(need)]
+
+
+def prepare(request: RehearsalRequest, scratch: Path) -> tuple[Rehearsal, dict[str, TwinRuntime]]:
+    if request.fault is not None and request.fault not in FAULTS:
+        raise RecipeError(f"--fault {request.fault!r} is not a fault the twin knows",
+                          f"Use one of: {', '.join(FAULTS)}.")
+    document, command = _document(request, scratch)
+    first = scratch / "plan.yaml"
+    first.write_text(yaml.safe_dump(document, sort_keys=False))
+    plan = build_plan(first)
+    recipe = plan.servers[0].recipe
+    if recipe.hardware is None:
+        raise RecipeError(f"{recipe.source}: hardware: not set, so sparklab does not know which twin to rehearse on",
+                          "Rehearse a recipe with `hardware: gb10` (its twin is recipes/hardware.yaml's gb10.twin).")
+    twin = load_twin(recipe.hardware)
+    need = max(multinode.nodes_of(s.recipe, s.engine) for s in plan.servers)
+    offset = _free_offset(sorted({s.spec.port for s in plan.servers}), need)
+    document["hosts"] = _hosts_entries(need, offset)
+    source = scratch / f"{document['name']}.yaml"
+    source.write_text(yaml.safe_dump(document, sort_keys=False))
+    plan = build_plan(source)
+    eta = night_eta(plan, twin)
+    scale = request.scale or min(1.0, max(MIN_SCALE, request.wall_s / max(1.0, eta.night_s)))
+    setup = TwinSetup(str(document["name"]).removeprefix("up-"), scratch / "twin", request.fault)
+    runtimes: dict[str, TwinRuntime] = {}
+    for entry in document["hosts"]:
+        name = entry.get("name", "local")
+        host = TwinHost(twin, scale, name if need > 1 else "", throttle=request.throttle,
+                        disk_full_after_ready=request.fault == "disk-full",
+                        read_gbps=SLOW_DOWNLOAD_GBPS if request.fault == "slow-download" else None)
+        runtimes[name] = TwinRuntime(host, setup, name)
+    rehearsal = Rehearsal(request, command, source, plan, twin, eta, scale, {n: r.host for n, r in runtimes.items()})
+    return rehearsal, runtimes
+
+
+@contextlib.contextmanager
+def rehearse(request: RehearsalRequest, say: Say) -> Iterator[Rehearsal]:
+    """Run the night against the twin and yield its record (sparklab.rehearse.verdict reads it; the run directory is
+    there until the block ends, then removed unless the request keeps it)."""
+    scratch = Path(tempfile.mkdtemp(prefix="sparklab-rehearse-"))
+    try:
+        rehearsal, runtimes = prepare(request, scratch)
+        started = time.monotonic()
+
+        def heard(message: str) -> None:
+            rehearsal.lines.append((time.monotonic() - started, message))
+            say(message)
+
+        try:
+            _run(rehearsal, runtimes, scratch, heard)
+        except SparklabError as exc:
+            rehearsal.stopped = exc.message
+            heard(f"the night stopped: {exc.message}")
+        finally:
+            rehearsal.wall_s = time.monotonic() - started
+            for runtime in runtimes.values():
+                runtime.lost.set()  # its timers fire into nothing
+        rehearsal.run_dir = rehearsal.run_dir or _run_dir(request.runs_dir or scratch / "runs")
+        if rehearsal.run_dir is not None:
+            from sparklab.sweep.store import Store
+
+            with Store.open(rehearsal.run_dir / "results.sqlite") as store:
+                rehearsal.counts = store.counts()
+        yield rehearsal
+    finally:
+        if not request.keep:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _run(rehearsal: Rehearsal, runtimes: dict[str, TwinRuntime], scratch: Path, say: Say) -> None:
+    request = rehearsal.request
+    runs_dir = request.runs_dir or scratch / "runs"
+    options = Options(time_scale=rehearsal.scale)
+    local: HostRuntime | None = runtimes.get("local")
+
+    def reach(host: Host) -> HostRuntime:
+        return runtimes[host.name]
+
+    if rehearsal.command == "tune":
+        from sparklab.tune import driver
+
+        choices = driver.TuneChoices(str(rehearsal.source), runs_dir=runs_dir, new=True, download=False)
+        tune_request = driver.request_for(choices)
+        tune_request = dataclasses.replace(tune_request, options=options)
+        tuned = driver.run_tune(tune_request, say, runtime=local, reach=reach)
+        rehearsal.run_dir, rehearsal.tune_state, rehearsal.interrupted = tuned.run_dir, tuned.state, tuned.interrupted
+        return
+    sweep_request = runner.Request(rehearsal.source, runs_dir, new=True, options=options, download=False)
+    outcome = runner.sweep(sweep_request, say, runtime=local, reach=reach)
+    rehearsal.run_dir, rehearsal.interrupted = outcome.run_dir, outcome.interrupted
+
+
+def _run_dir(runs_dir: Path) -> Path | None:
+    """The run a night that stopped early left (its outcome never came back)."""
+    found = sorted(runs_dir.glob("*/results.sqlite"))
+    return found[-1].parent if found else None

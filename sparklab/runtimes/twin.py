@@ -1,0 +1,221 @@
+"""A DGX Spark twin as a Docker host (a `HostRuntime`): every server a rehearsal starts on it runs as the stand-in
+engine (docker/standin, a host process speaking the engine's surface) instead of the real one, timed by the twin's
+engines model (recipes/twin/<device>.yaml) and read through the twin's host facts (host/twin.py).
+
+Nothing is pulled: an image "is there" (the real night pulls it before the clock; the ETA counts its size). The
+launch keeps the recipe's argv, port and environment and swaps the program for the stand-in's, adding its knobs:
+STANDIN_MODEL (decode timing), STANDIN_TIME_SCALE, STANDIN_START_DELAY (load and init, night seconds),
+STANDIN_VERSION, STANDIN_LOAD_FILE (requests in flight, which the twin's memory reads) and, for an engine that
+checks memory at its start (vLLM 0.27.1: MemAvailable), STANDIN_UNIFIED_MEMORY with the twin's meminfo at that
+moment (STANDIN_MEMINFO). Faults (`rehearse --fault`) are knobs on the first server started.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from sparklab.engines.parsers import Probe, ProbeRun
+from sparklab.errors import ServerError
+from sparklab.host.facts import HostFacts
+from sparklab.host.twin import TwinHost
+from sparklab.runtimes.base import ImageInfo, LogListener, PullCallback, ServerInfo, Target
+from sparklab.runtimes.processes import Processes, ProcessServer
+from sparklab.spec import LaunchSpec
+
+STANDIN = Path(__file__).resolve().parents[2] / "docker" / "standin"
+TWIN_ARCH = "aarch64"  # a DGX Spark's CPU (GB10: 20 Arm cores)
+FAULTS = ("dead-engine", "oom", "slow-download", "disk-full", "host-lost")
+DEAD_AFTER_S = 120.0  # dead-engine: the first server's engine dies this long after ready (night seconds)
+LEAK_GIB_PER_S = 0.05  # oom: the first server's engine keeps taking 3 GiB a minute under load
+HOST_LOST_AFTER_S = 60.0  # host-lost: the twin goes away this long after its first server is ready (night seconds)
+
+
+def standin_dir() -> Path:
+    if not (STANDIN / "standin.py").is_file():
+        raise ServerError(f"{STANDIN}: the stand-in engine is not there, so sparklab cannot rehearse",
+                          "Rehearse from a source checkout of sparklab (the stand-in lives in docker/standin).")
+    return STANDIN
+
+
+@dataclasses.dataclass
+class TwinSetup:
+    """What a rehearsal tells its twins: the sweep it runs (for the engines' profile), the fault, the scratch dir."""
+
+    sweep: str | None
+    scratch: Path
+    fault: str | None = None
+    head: LaunchSpec | None = None  # the last head node started: a worker joining it holds what the head holds
+
+
+class TwinRuntime:
+    """One twin host: the stand-ins it runs (host processes), its facts, and the fault it was given."""
+
+    def __init__(self, host: TwinHost, setup: TwinSetup, name: str = "local") -> None:
+        self.host, self.setup, self.name = host, setup, name
+        self.processes = Processes()
+        self.lost = threading.Event()
+        self._started = 0
+        self._servers: list[ProcessServer] = []
+
+    # -- HostRuntime ----------------------------------------------------------------------------------------------
+
+    def for_spec(self, spec: LaunchSpec) -> TwinRuntime:
+        return self
+
+    def alive(self) -> bool:
+        return not self.lost.is_set()
+
+    @property
+    def url(self) -> str:
+        return "local" if self.name == "local" else f"ssh://twin@{self.name}"  # as the sweep's hosts: name it
+
+    def facts(self) -> dict[str, Any]:  # Any: a JSON document, stored with the run as it is (as base.HostRuntime's)
+        return {"twin": self.host.twin.name, "architecture": TWIN_ARCH, "mem_total_gib": self.host.twin.mem_total_gib,
+                "docker_version": "none (a twin: its servers are stand-ins, host processes)"}
+
+    def host_arch(self) -> str:
+        return TWIN_ARCH
+
+    def ensure_image(self, ref: str, policy: str = "missing", on_event: PullCallback | None = None,
+                     platform: str | None = None) -> ImageInfo:
+        return ImageInfo(ref=ref, id=f"twin:{ref}", digest=None, architecture=TWIN_ARCH)
+
+    def image_info(self, ref: str) -> ImageInfo | None:
+        return ImageInfo(ref=ref, id=f"twin:{ref}", digest=None, architecture=TWIN_ARCH)
+
+    def image_problem(self, ref: str, policy: str = "missing") -> str | None:
+        return None
+
+    def registry_platforms(self, ref: str) -> list[str] | None:
+        return None
+
+    def probe(self, image: str, probe: Probe, timeout_s: float) -> ProbeRun:
+        return ProbeRun(None, "", "", 0.0, error="a rehearsal runs no real image: its engine's own parser did not run "
+                                                 "(`sparklab check` runs it)")
+
+    def host_facts(self, spec: LaunchSpec | None = None) -> HostFacts | None:
+        return self.host
+
+    # -- servers ------------------------------------------------------------------------------------------------
+
+    def launch(self, spec: LaunchSpec, secrets: dict[str, str], log_path: Path | None = None,
+               detach: bool = False, on_log: LogListener | None = None) -> ProcessServer:
+        if self.lost.is_set():
+            raise ServerError(f"cannot start {spec.name}: {self.host.where} is gone (rehearse --fault host-lost)")
+        first = self._started == 0
+        self._started += 1
+        scratch = self.setup.scratch / self.name
+        scratch.mkdir(parents=True, exist_ok=True)
+        load_file = scratch / f"{spec.name}.load"
+        load_file.write_text("0")
+        fault = self.setup.fault if first else None
+        twin = self.host.twin
+        model = twin.engine(spec.kind)
+        ready_after = self.host.start_seconds(spec)
+        spec_info = spec.speculative
+        method = spec.method if spec.method in twin.data.acceptance or spec.method == "none" else (
+            spec_info.method if spec_info and spec_info.method else spec.method)
+        timing = twin.timing(spec.kind, method, spec_info.num_speculative_tokens if spec_info else None,
+                             self.setup.sweep)
+        env = {**spec.env, "STANDIN_MODEL": timing.standin_model(self.host.scale),
+               "STANDIN_TIME_SCALE": repr(self.host.scale), "STANDIN_VERSION": model.version,
+               "STANDIN_LOAD_FILE": str(load_file), "STANDIN_RAY_DIR": str(scratch / "ray"),
+               "STANDIN_START_DELAY": f"{ready_after:.3f}", "STANDIN_KV_TOKENS": str(model.kv_tokens),
+               "PYTHONPATH": os.pathsep.join(p for p in (str(standin_dir()), os.environ.get("PYTHONPATH")) if p),
+               "PATH": os.pathsep.join(p for p in (str(standin_dir() / "bin"), os.environ.get("PATH")) if p)}
+        if model.cold_per_server:  # its build, silent between the lines the engine's quiet phase names
+            env["STANDIN_BUILD_S"] = f"{model.cold_init_s:.3f}"
+            env["STANDIN_START_DELAY"] = f"{ready_after - model.cold_init_s:.3f}"
+        if model.startup_check is not None:
+            meminfo = scratch / f"{spec.name}.meminfo"
+            _write_meminfo(meminfo, self.host)
+            env |= {"STANDIN_UNIFIED_MEMORY": model.startup_check, "STANDIN_MEMINFO": str(meminfo)}
+        if fault == "dead-engine":
+            env["STANDIN_FATAL_AFTER"] = f"{DEAD_AFTER_S * self.host.scale:.3f}"
+        rewritten = dataclasses.replace(spec, runtime="process", entrypoint=_program(spec), env=env, gpus=False)
+        worker = bool(spec.entrypoint) and os.path.basename(spec.entrypoint[0]) == "ray"
+        if not worker:
+            self.setup.head = spec
+        held = dataclasses.replace(self.setup.head, name=spec.name) if worker and self.setup.head else spec
+        self.host.start(held, load_file, leak_gib_per_s=LEAK_GIB_PER_S if fault == "oom" else 0.0)
+        server = self.processes.launch(rewritten, secrets, log_path, detach, on_log)
+        self.host.watch(spec.name, lambda: server.state()[0])
+        self._servers.append(server)
+        if self.setup.fault == "host-lost" and first:
+            delay = (ready_after + HOST_LOST_AFTER_S) * self.host.scale
+            timer = threading.Timer(delay, self.lose)
+            timer.daemon = True  # a rehearsal that ends first (or Ctrl-C) does not wait for it
+            timer.start()
+        return server
+
+    def lose(self) -> None:
+        """The twin goes away (power, network): its engines die with it and it answers nothing."""
+        self.lost.set()
+        for server in self._servers:
+            server.kill()
+
+    def containers(self, include_stopped: bool = True) -> list[ServerInfo]:
+        return self.processes.containers(include_stopped)
+
+    def orphans(self) -> list[ServerInfo]:
+        return self.processes.orphans()
+
+    def gc(self) -> list[ServerInfo]:
+        return self.processes.gc()
+
+    def remove(self, name: str, grace_s: float = 10) -> None:
+        self.processes.remove(name, grace_s)
+
+    def kill(self, name: str) -> None:
+        self.processes.kill(name)
+
+    def container_id(self, name: str) -> str | None:
+        return self.processes.container_id(name)
+
+    def mount_sources(self) -> set[str]:
+        return set()
+
+    def endpoint_of(self, name: str | None) -> Target:
+        return self.processes.endpoint_of(name)
+
+    def logs(self, name: str, follow: bool = False, tail: int | str = "all",
+             since: float | None = None) -> Iterator[bytes]:
+        return self.processes.logs(name, follow, tail, since)
+
+    def log_text(self, name: str, since: float | None = None) -> str:
+        return self.processes.log_text(name, since)
+
+    def remove_run_containers(self, run_id: str, wait_s: float = 120.0) -> list[str]:
+        return self.processes.remove_run_containers(run_id, wait_s)
+
+
+def _program(spec: LaunchSpec) -> tuple[str, ...]:
+    """The stand-in's program for the launch's: `python3 -m sglang...` runs the stand-in's sglang package, any other
+    program the stand-in's command of the same name (vllm, trtedge, tensorrt-edgellm-serve)."""
+    standin = standin_dir()
+    name = os.path.basename(spec.entrypoint[0]) if spec.entrypoint else ""
+    if name.startswith("python"):
+        return (sys.executable, "-u", *spec.entrypoint[1:])
+    if name in ("bash", "sh"):  # a node's script (vLLM's head: `ray start … && exec vllm …`): the stand-in's
+        return tuple(spec.entrypoint)  # ray and vllm come first on its PATH
+    program = standin / "bin" / name
+    if not program.is_file():
+        raise ServerError(f"{spec.recipe_path}: engines.{spec.engine}: the stand-in has no {name!r} program, so this "
+                          "engine cannot be rehearsed",
+                          f"Rehearse a recipe whose engine the twin models (it has: "
+                          f"{', '.join(sorted(p.name for p in (standin / 'bin').iterdir()))}).")
+    return (sys.executable, "-u", str(program))
+
+
+def _write_meminfo(path: Path, host: TwinHost) -> None:
+    """The twin's memory now, as /proc/meminfo says it (kB), for the engine's own startup check."""
+    m = host.meminfo()
+    kib = 1024 * 1024
+    path.write_text(f"MemTotal: {int(m.total_gib * kib)} kB\nMemFree: {int(m.free_gib * kib)} kB\n"
+                    f"MemAvailable: {int(m.available_gib * kib)} kB\nCached: {int(m.cached_gib * kib)} kB\n")

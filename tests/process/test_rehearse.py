@@ -1,0 +1,146 @@
+"""`sparklab rehearse`: every shipped sweep, `tune gb10`, `up dspark` and the pair run against the DGX Spark twin
+with no traceback, no floor trip and no cell lost at shipped settings; a 0.97 memory fraction and each fault make
+the night lose something, named, with exit 1. The nights run at once (each its own state directory and ports; most
+of their time is the stand-ins' sleeping), compressed hard, so the whole module takes about as long as the longest.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+
+from sparklab.recipes.plan import load_sweep, recipe_file
+from sparklab.recipes.schema import load_recipe
+from tests.process.conftest import REPO, STANDIN, processes_of
+from tests.signals import ctrl_c_raises
+
+SWEEPS = sorted((REPO / "recipes" / "sweeps").glob("*.yaml"))
+FAULTS = {  # the fault, and what the verdict must name
+    "dead-engine": "fatal: the engine logged a fatal error",
+    "oom": "memory-floor: MemAvailable fell",
+    "disk-full": "disk_full: only",
+    "host-lost": "is gone (rehearse --fault host-lost)",
+    "slow-download": "not ready",
+}
+TINY = {"name": "tiny", "recipe": "gb10", "engines": ["vllm"], "methods": ["none", "dspark"],
+        "num_speculative_tokens": [3], "concurrency": [1, 8], "requests": {1: 4, 8: 16}, "workloads": ["seed"],
+        "warmup": 1, "repeats": 1, "sampling": {"max_tokens": 256, "temperature": 0}}
+
+
+def _twin_servers() -> list[int]:
+    """Live stand-ins a twin started (its knobs in their environment), whatever their command line says
+    (SGLang's is `python -m sglang.launch_server`, with no stand-in path in it)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            try:
+                if b"STANDIN_MODEL=" in (entry / "environ").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+def _has_twin(sweep: Path) -> bool:
+    recipe = load_recipe(recipe_file(load_sweep(sweep), sweep))
+    return recipe.hardware == "gb10"
+
+
+@dataclass
+class Night:
+    args: tuple[str, ...]
+    returncode: int
+    stdout: str
+    stderr: str
+    wall_s: float
+
+
+def _nights(tmp: Path) -> dict[str, tuple[str, ...]]:
+    tiny = tmp / "tiny.yaml"
+    tiny.write_text(yaml.safe_dump(TINY))
+    nights: dict[str, tuple[str, ...]] = {s.stem: (str(s), "--minutes", "0.3") for s in SWEEPS}
+    nights |= {"tune gb10": ("tune", "gb10", "--minutes", "0.15"), "up dspark": ("up", "dspark", "--minutes", "0.1"),
+               "up gb10-pair": ("up", "gb10-pair", "--minutes", "0.1"),
+               "0.97": ("up", "gb10:dspark", "--set", "gpu_memory_utilization=0.97")}
+    nights |= {f"fault {f}": (str(tiny), "--fault", f, "--minutes", "0.1") for f in FAULTS}
+    return nights
+
+
+@pytest.fixture(scope="module")
+def nights(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Night]]:
+    tmp = tmp_path_factory.mktemp("rehearse")
+    started: dict[str, tuple[subprocess.Popen[str], float, tuple[str, ...]]] = {}
+    for i, (name, args) in enumerate(_nights(tmp).items()):
+        env = {k: v for k, v in os.environ.items() if k not in ("HF_TOKEN", "SPARKLAB_API_KEY")}
+        env |= {"SPARKLAB_STATE": str(tmp / f"state{i}"), "COLUMNS": "250", "HF_HOME": str(tmp / "hf"),
+                "PYTHONPATH": os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])}
+        with ctrl_c_raises():
+            proc = subprocess.Popen([sys.executable, "-m", "sparklab", "rehearse", *args], stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True, env=env, cwd=tmp)
+        started[name] = (proc, time.monotonic(), args)
+    done: dict[str, Night] = {}
+    for name, (proc, at, args) in started.items():
+        try:
+            out, err = proc.communicate(timeout=max(1.0, 420 - (time.monotonic() - at)))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+        done[name] = Night(args, proc.returncode, out, err, time.monotonic() - at)
+    yield done
+    left = sorted({*processes_of(str(STANDIN)), *_twin_servers()})
+    assert not left, f"stand-in processes left behind: {left}"
+    assert not list(tmp.glob("state*/processes/*.json")), "run files left behind"
+    assert not list(tmp.glob("runs")), "a rehearsal wrote into ./runs"
+
+
+def _clean(night: Night) -> None:
+    assert "Traceback" not in night.stderr + night.stdout, night.stderr[-3000:]
+    assert night.returncode == 0, night.stdout[-3000:] + night.stderr[-3000:]
+    assert "the real night keeps every server and every cell: 0 floor trips, 0 cells lost" in night.stdout
+    assert "timeline (night clock)" in night.stdout and "the real night: downloads before the clock" in night.stdout
+
+
+@pytest.mark.parametrize("sweep", SWEEPS, ids=lambda p: p.stem)
+def test_every_shipped_sweep_rehearses(nights: dict[str, Night], sweep: Path) -> None:
+    night = nights[sweep.stem]
+    if not _has_twin(sweep):  # a CPU sweep: no twin of its hardware, said in one paragraph
+        assert night.returncode == 2 and "Traceback" not in night.stderr, night.stderr
+        assert "so sparklab does not know which twin to rehearse on" in night.stderr
+        return
+    _clean(night)
+    plan_servers = night.stdout.count(" kept")
+    assert plan_servers >= 2  # every server of the sweep in the timeline, each kept
+    assert "sweep results" in night.stdout  # the report it would produce
+
+
+@pytest.mark.parametrize("name", ["tune gb10", "up dspark", "up gb10-pair"])
+def test_tune_up_and_the_pair_rehearse(nights: dict[str, Night], name: str) -> None:
+    night = nights[name]
+    _clean(night)
+    if name == "up gb10-pair":  # two twin hosts, each watched, each with its floor
+        assert "spark-1: vllm/none" in night.stdout and "spark-2: vllm/none" in night.stdout
+    if name == "tune gb10":
+        assert "best per concurrency" in night.stdout
+
+
+def test_a_097_fraction_loses_the_server(nights: dict[str, Night]) -> None:
+    night = nights["0.97"]
+    assert night.returncode == 1 and "Traceback" not in night.stderr
+    assert "LOST: preflight" in night.stdout and "--gpu-memory-utilization 0.97" in night.stdout
+
+
+@pytest.mark.parametrize("fault", FAULTS)
+def test_each_fault_is_a_night_that_loses_something(nights: dict[str, Night], fault: str) -> None:
+    night = nights[f"fault {fault}"]
+    assert "Traceback" not in night.stderr + night.stdout, night.stderr[-3000:]
+    assert night.returncode == 1, night.stdout[-3000:]
+    assert "the real night would lose" in night.stdout
+    assert FAULTS[fault] in night.stdout, night.stdout[-3000:]
