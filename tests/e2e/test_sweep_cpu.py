@@ -113,5 +113,6 @@ def test_cpu_demo_sweep(engine_cli: Cli, llamacpp_cpu_image: str, tmp_path: Path
     assert all(w.startswith("- llamacpp-cpu ") and " C=1 seed: " in w and "from the prefix cache" in w for w in warnings)
     assert "warning(s)" not in checks.replace("prefix-cache hits: 2 warning(s)", ""), checks
     assert sorted(p.name for p in (out / "plots").glob("*.png")) == [
-        "acceptance-seed.png", "speedup-seed.png", "throughput-vs-k-seed.png", "ttft-seed.png"]
+        "acceptance-seed.png", "losses.png", "speedup-seed.png", "throughput-vs-k-seed.png", "ttft-seed.png"]
+    # losses.png: issue 25's "why acceptance does not become speed", one bar group per drafting config
     measured["cpu demo: best per concurrency"] = "; ".join(f"C={b['concurrency']}: {b['label']}" for b in doc["best"])
