@@ -154,7 +154,7 @@ def test_a_sweep_whose_terminal_closes_tears_down_and_its_run_resumes(host: Host
         code = session.proc.wait(timeout=30)
     finally:
         session.close()
-    assert code == 130
+    assert code == 130, session.text[-3000:]
     assert not _ours(port)
     with _store(path) as store:
         assert store.counts()["running"] == 0
