@@ -182,8 +182,13 @@ def _why(error: BaseException, host: Host, check_s: float) -> str:
 
 
 def unfit(server: ServerConfig, member: Member) -> str | None:
-    """Why this host cannot hold this server config (None: it can): the image's platform (as the host has the
-    image, else as its tag names it), the image there or pullable there, and the recipe's memory."""
+    """Why this host cannot hold this server config (None: it can): its port moved by the host's port_offset, the
+    image's platform (as the host has the image, else as its tag names it), the image there or pullable there, and
+    the recipe's memory."""
+    moved = server.spec.port + member.host.port_offset
+    if moved > 65535:
+        return (f"port {server.spec.port} + port_offset {member.host.port_offset} = {moved} is not a TCP port "
+                "(give the host a smaller port_offset)")
     arch = preflight.arch_name(str(member.facts.get("architecture") or ""))
     wanted = member.image_arch(server.spec.image) or preflight.tag_platform(server.spec.image)
     if wanted and preflight.arch_name(wanted) != arch:

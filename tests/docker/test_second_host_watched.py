@@ -59,8 +59,10 @@ def _cached_gib(blob: Path) -> float:
 
 
 def _sweep(tmp_path: Path, image: str, second: str, cache: Path, floor: float, util: float) -> Path:
-    port = free_port()
-    other = free_port()
+    # the servers' port here and, moved by the second host's port_offset, there: both free, both under 65536
+    port, other = sorted((free_port(), free_port()))
+    while other == port:  # the kernel may hand the same free port twice
+        port, other = sorted((port, free_port()))
     grow = {"match": {"method": "dspark"},
             "set": ["engines.vllm.env={STANDIN_GROW_MIB_PER_S: '500', STANDIN_GROW_MAX_MIB: '3500', "
                     "STANDIN_TOKEN_DELAY: '0.5'}"]}
@@ -73,7 +75,7 @@ def _sweep(tmp_path: Path, image: str, second: str, cache: Path, floor: float, u
                 f"gpu_memory_utilization={util:.4f}"],
         # the none server's cell lasts a few samplers' seconds (2 x 12 tokens at 0.2 s), so its window has samples
         "overrides": [grow, {"match": {"method": "none"}, "set": ["engines.vllm.env={STANDIN_TOKEN_DELAY: '0.2'}"]}],
-        "hosts": [{"docker": second, "network": "host", "port_offset": abs(other - port) or 100,
+        "hosts": [{"docker": second, "network": "host", "port_offset": other - port,
                    "hf_cache": str(cache)}],
     }
     path = tmp_path / "sweep.yaml"

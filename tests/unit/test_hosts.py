@@ -99,6 +99,14 @@ def test_a_host_gets_only_configs_its_platform_and_memory_meet(plan: Any) -> Non
                                                                 _member("spark-2")) or "")
 
 
+def test_a_host_whose_port_offset_pushes_a_port_past_65535_gets_no_config(plan: Any) -> None:
+    server = plan.servers[0]  # seen in CI: a second host's offset took a server to port 67307, found at its start
+    far = 65536 - server.spec.port
+    assert f"port {server.spec.port} + port_offset {far} = 65536 is not a TCP port" in (
+        fleet.unfit(server, _member("spark-2", images={server.spec.image: "amd64"}, offset=far)) or "")
+    assert fleet.unfit(server, _member("spark-2", images={server.spec.image: "amd64"}, offset=far - 1)) is None
+
+
 def test_a_host_gets_no_config_whose_image_it_cannot_have(plan: Any) -> None:
     server = plan.servers[0]
     gone = type(server)(**{**server.__dict__, "spec": type(server.spec)(**{**server.spec.__dict__,

@@ -1,0 +1,55 @@
+"""Rehearsals started together on one machine (CI starts a dozen) never share a server port: each claims its ports
+with a lock file before its servers bind them, so a bind check that two nights pass at once cannot hand both the
+same port (seen in CI: every cell of one night got a 401 from another night's server)."""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from sparklab.rehearse import night
+
+
+@pytest.fixture
+def same_draws(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Every rehearsal draws the same offsets in the same order, and claims ports under this test's temp dir."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    seeded = random.Random
+    monkeypatch.setattr(night.random, "Random", lambda: seeded(7))
+    monkeypatch.setattr(night, "port_in_use", lambda host, port: False)  # both nights check before either binds
+    monkeypatch.setattr(night, "_ephemeral_range", lambda: range(32768, 61000))  # Linux's default
+
+
+def test_two_rehearsals_that_draw_the_same_offset_get_different_ports(same_draws: None) -> None:
+    with contextlib.ExitStack() as first, contextlib.ExitStack() as second:
+        a = night._free_offset([8000, 30000], 2, first)
+        b = night._free_offset([8000, 30000], 2, second)
+        ports_a = {p + a + 100 * h for p in (8000, 30000) for h in range(2)}
+        ports_b = {p + b + 100 * h for p in (8000, 30000) for h in range(2)}
+        assert not ports_a & ports_b
+
+
+def test_a_finished_rehearsal_releases_its_ports(same_draws: None) -> None:
+    with contextlib.ExitStack() as first:
+        a = night._free_offset([8000], 1, first)
+    with contextlib.ExitStack() as second:
+        assert night._free_offset([8000], 1, second) == a
+
+
+@pytest.mark.parametrize("ports", [[8000, 30000], [8080, 30000, 64000], [20000]])
+def test_no_port_past_65535_nor_among_the_kernels_outgoing_ports(same_draws: None, ports: list[int]) -> None:
+    """Seen in CI: SGLang's 30000 moved into 32768-60999, where a client's socket took it before the server."""
+    for _ in range(20):
+        with contextlib.ExitStack() as claims:
+            offset = night._free_offset(ports, 2, claims)
+            for port in (p + offset + 100 * h for p in ports for h in range(2)):
+                assert port <= 65535 and not 32768 <= port <= 60999, (ports, offset)
+
+
+def test_no_usable_offset_is_one_paragraph(same_draws: None) -> None:
+    with contextlib.ExitStack() as claims, pytest.raises(night.SparklabError, match="no free port range"):
+        night._free_offset([40000, 20000], 1, claims)  # 40000 leaves the outgoing range only where 20000 enters it
