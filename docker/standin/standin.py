@@ -410,6 +410,7 @@ class App:
         self.ready = threading.Event()
         self.dead = threading.Event()  # the engine died; the API server runs on (STANDIN_FATAL_AFTER)
         self.requests_seen = 0
+        self.arrivals, self.arrivals_lock = 0, threading.Lock()  # completion requests, counted as they arrive
         self.server: ThreadingHTTPServer | None = None
 
     def models(self) -> dict[str, Any]:
@@ -542,6 +543,14 @@ class App:
             pass
 
     def complete(self, h: Handler, body: dict[str, Any], chat: bool) -> None:
+        with self.arrivals_lock:
+            self.arrivals += 1
+            arrived = self.arrivals
+        # STANDIN_FATAL_AT_REQUEST=N: the engine dies as its N-th completion request arrives (that request and
+        # every later one hang, as on a dead vLLM engine): a death inside the night's cells however fast they run
+        if arrived == int(env_float("STANDIN_FATAL_AT_REQUEST", 0)) and not self.dead.is_set():
+            self.dead.set()
+            self.fatal(before_ready=False)
         if chat and body.get("tools") and body.get("tool_choice") != "none":
             self.tool_calls(h, body)
             return

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import fcntl
+import os
 import random
 import shutil
 import tempfile
@@ -113,16 +115,67 @@ def _document(request: RehearsalRequest, scratch: Path) -> tuple[dict[str, Any],
     return document, command
 
 
-def _free_offset(ports: list[int], hosts: int) -> int:
-    """A port offset under which every server port of every twin host (100 apart) is free here."""
-    rng = random.Random()
-    for _ in range(200):
-        offset = rng.randrange(10000, 35000)  # concurrent rehearsals (CI) rarely pick the same
-        if all(not port_in_use("127.0.0.1", p + offset + 100 * h) for p in ports for h in range(hosts)
-               if p + offset + 100 * h < 65536):
+PORT_CLAIMS = "sparklab-rehearse-ports"  # under the temp dir: one lock file per port a rehearsal's servers use
+
+
+def _claim(port: int, claims: contextlib.ExitStack) -> bool:
+    """Hold port's lock file until the rehearsal ends (False: another rehearsal on this machine holds it).
+
+    A bind check alone races: two rehearsals started together (CI runs a dozen) both find a port free before
+    either server binds it, and the second night's client then talks to the first night's server (a 401 for
+    every cell, seen in CI). The lock is the kernel's (flock), so a rehearsal that dies releases its ports."""
+    folder = Path(tempfile.gettempdir()) / PORT_CLAIMS
+    try:
+        folder.mkdir()
+        folder.chmod(0o1777)  # every user's rehearsals claim ports here, as in /tmp itself
+    except FileExistsError:
+        pass
+    try:
+        fd = os.open(folder / f"{port}.lock", os.O_RDWR | os.O_CREAT, 0o666)
+    except OSError:  # another user's lock file we may not open: theirs
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return False
+    claims.callback(os.close, fd)
+    return True
+
+
+def _ephemeral_range() -> range:
+    """The ports the kernel hands to outgoing connections here: a server port among them can be taken, between
+    the bind check and the server's bind, by any client's socket (seen in CI: "port 43278 is still in use")."""
+    try:
+        low, high = (int(x) for x in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    except (OSError, ValueError):
+        low, high = 32768, 60999  # Linux's default
+    return range(low, high + 1)
+
+
+def _free_offset(ports: list[int], hosts: int, claims: contextlib.ExitStack) -> int:
+    """A port offset under which every server port of every twin host (100 apart) is outside the ephemeral range,
+    free here and claimed by this rehearsal alone (the claims last as long as `claims`)."""
+    ephemeral = _ephemeral_range()
+
+    def usable(offset: int) -> bool:
+        return all(0 < p + offset + 100 * h <= 65535 and p + offset + 100 * h not in ephemeral
+                   for p in ports for h in range(hosts))
+
+    candidates = [offset for offset in range(0, 58000, 7) if usable(offset)]  # 7: not on a round number
+    random.Random().shuffle(candidates)  # rehearsals started together rarely try the same first
+    for offset in candidates[:400]:
+        wanted = [p + offset + 100 * h for p in ports for h in range(hosts)]
+        if any(port_in_use("127.0.0.1", port) for port in wanted):
+            continue
+        attempt = contextlib.ExitStack()
+        if all(_claim(port, attempt) for port in wanted):
+            claims.push(attempt.pop_all())
             return offset
+        attempt.close()
     raise SparklabError("no free port range for the twin's servers on this machine",
-                        "Stop what listens on ports 10000-65000, or pass --scale and try again.")
+                        f"Stop what listens on ports outside {ephemeral.start}-{ephemeral.stop - 1} (the kernel's "
+                        "range for outgoing connections) or another rehearsal, then try again.")
 
 
 def _hosts_entries(need: int, offset: int) -> list[dict[str, Any]]:
@@ -134,7 +187,9 @@ def _hosts_entries(need: int, offset: int) -> list[dict[str, Any]]:
              "ib_hca": f"twin{i}"} for i in range(need)]
 
 
-def prepare(request: RehearsalRequest, scratch: Path) -> tuple[Rehearsal, dict[str, TwinRuntime]]:
+def prepare(request: RehearsalRequest, scratch: Path,
+            claims: contextlib.ExitStack) -> tuple[Rehearsal, dict[str, TwinRuntime]]:
+    """The night's plan on its twin hosts (their ports claimed in `claims`), and a twin runtime per host."""
     if request.fault is not None and request.fault not in FAULTS:
         raise RecipeError(f"--fault {request.fault!r} is not a fault the twin knows",
                           f"Use one of: {', '.join(FAULTS)}.")
@@ -148,7 +203,7 @@ def prepare(request: RehearsalRequest, scratch: Path) -> tuple[Rehearsal, dict[s
                           "Rehearse a recipe with `hardware: gb10` (its twin is recipes/hardware.yaml's gb10.twin).")
     twin = load_twin(recipe.hardware)
     need = max(multinode.nodes_of(s.recipe, s.engine) for s in plan.servers)
-    offset = _free_offset(sorted({s.spec.port for s in plan.servers}), need)
+    offset = _free_offset(sorted({s.spec.port for s in plan.servers}), need, claims)
     document["hosts"] = _hosts_entries(need, offset)
     source = scratch / f"{document['name']}.yaml"
     source.write_text(yaml.safe_dump(document, sort_keys=False))
@@ -172,8 +227,9 @@ def rehearse(request: RehearsalRequest, say: Say) -> Iterator[Rehearsal]:
     """Run the night against the twin and yield its record (sparklab.rehearse.verdict reads it; the run directory is
     there until the block ends, then removed unless the request keeps it)."""
     scratch = Path(tempfile.mkdtemp(prefix="sparklab-rehearse-"))
+    claims = contextlib.ExitStack()
     try:
-        rehearsal, runtimes = prepare(request, scratch)
+        rehearsal, runtimes = prepare(request, scratch, claims)
         started = time.monotonic()
 
         def heard(message: str) -> None:
@@ -197,6 +253,7 @@ def rehearse(request: RehearsalRequest, say: Say) -> Iterator[Rehearsal]:
                 rehearsal.counts = store.counts()
         yield rehearsal
     finally:
+        claims.close()
         if not request.keep:
             shutil.rmtree(scratch, ignore_errors=True)
 

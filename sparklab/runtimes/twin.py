@@ -31,7 +31,10 @@ from sparklab.spec import LaunchSpec
 STANDIN = Path(__file__).resolve().parents[2] / "docker" / "standin"
 TWIN_ARCH = "aarch64"  # a DGX Spark's CPU (GB10: 20 Arm cores)
 FAULTS = ("dead-engine", "oom", "slow-download", "disk-full", "host-lost")
-DEAD_AFTER_S = 120.0  # dead-engine: the first server's engine dies this long after ready (night seconds)
+# dead-engine: the first server's engine dies as its 2nd completion request arrives (the warmup's, or a cell's
+# first, then the cell's): a count, not a time, so the death lands inside its cells however fast the machine runs
+# them (a time after ready fell after the last cell of a fast tiny night: the fault then lost nothing)
+DEAD_AT_REQUEST = 2
 LEAK_GIB_PER_S = 0.05  # oom: the first server's engine keeps taking 3 GiB a minute under load
 HOST_LOST_AFTER_S = 60.0  # host-lost: the twin goes away this long after its first server is ready (night seconds)
 
@@ -137,7 +140,7 @@ class TwinRuntime:
             _write_meminfo(meminfo, self.host)
             env |= {"STANDIN_UNIFIED_MEMORY": model.startup_check, "STANDIN_MEMINFO": str(meminfo)}
         if fault == "dead-engine":
-            env["STANDIN_FATAL_AFTER"] = f"{DEAD_AFTER_S * self.host.scale:.3f}"
+            env["STANDIN_FATAL_AT_REQUEST"] = str(DEAD_AT_REQUEST)
         rewritten = dataclasses.replace(spec, runtime="process", entrypoint=_program(spec), env=env, gpus=False)
         worker = bool(spec.entrypoint) and os.path.basename(spec.entrypoint[0]) == "ray"
         if not worker:
