@@ -78,10 +78,11 @@ def parse_block(text: str) -> HostMemory | None:
 
 def helper_spec(image: str, name: str, command: Sequence[str], run_id: str, role: str,
                 mounts: tuple[tuple[str, str], ...] = ()) -> LaunchSpec:
-    from sparklab.spec import Mount
+    from sparklab.spec import SESSION_LABEL, Mount, session
 
+    # the session's label as a server's (recipes/render.py): that session's gc removes a helper a lost host kept
     labels = {"sparklab": "1", "sparklab.version": __version__, "sparklab.run_id": run_id,
-              "sparklab.mode": "sweep", ROLE: role}
+              "sparklab.mode": "sweep", ROLE: role, **({SESSION_LABEL: current} if (current := session()) else {})}
     return LaunchSpec(
         recipe="", recipe_path="", engine="", kind="", method="", image=image, image_alternatives=(), platform=None,
         entrypoint=("/bin/sh", "-c", *command), argv=(), env={}, secret_env=(), host="127.0.0.1", port=0,
@@ -162,17 +163,15 @@ class HelperFacts:
         return latest[1]
 
     def close(self) -> None:
-        """Stop and remove the reader. Over ssh a removal can fail once under load (seen in CI: the reader stopped,
-        exit 143, but left on the host), so a failed teardown is tried once more before it is left to `gc --host`."""
+        """Stop and remove the reader. On a host that is gone this fails: the reader stays there (stopped with its
+        daemon, or running on a host that froze) until `gc --host`, which takes it as the session's own (its label)."""
         server, self._server = self._server, None
         if server is None:
             return
-        for attempt in (1, 2):
-            try:
-                server.stop(2)
-                return
-            except Exception as exc:  # the host may be gone: the sweep goes on, gc --host removes it later
-                log.warning("removing the memory reader on %s (attempt %d): %s", self.where, attempt, exc)
+        try:
+            server.stop(2)
+        except Exception as exc:  # the host may be gone: the sweep goes on, gc --host removes it later
+            log.warning("removing the memory reader on %s: %s", self.where, exc)
 
     # -- what sparklab does there ------------------------------------------------------------------------------
 

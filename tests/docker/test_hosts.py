@@ -93,8 +93,15 @@ def test_a_sweep_over_two_hosts_survives_losing_one_and_the_report_says_where_ea
     assert back.returncode == 0, back.stderr
     ps = cli.run("ps", "--host", "local", "--host", second_host)
     assert ps.returncode == 0 and "HOST" in ps.stdout and name in ps.stdout, ps.stdout + ps.stderr
+    mine = {"label": ["sparklab", "sparklab.run_id"]}
+    left = [c for c in second_client.containers.list(all=True, filters=mine)
+            if c.labels["sparklab.run_id"].startswith("two-hosts")]
+    assert {c.labels.get("sparklab.role", "server") for c in left} == {"server", "meminfo"}, left  # both stopped there
     gc = cli.run("gc", "--host", second_host)
-    assert gc.returncode == 0 and f"on {name}" in gc.stdout and "1 leftover" in gc.stdout, gc.stdout + gc.stderr
+    assert gc.returncode == 0 and f"on {name}" in gc.stdout, gc.stdout + gc.stderr
+    assert f"{len(left)} leftover container(s) removed" in gc.stdout, gc.stdout  # the memory reader too (its label)
+    assert not [c for c in second_client.containers.list(all=True, filters=mine)
+                if c.labels["sparklab.run_id"].startswith("two-hosts")]
 
 
 def _cells_of(doc: Any) -> list[dict[str, Any]]:
