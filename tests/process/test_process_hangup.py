@@ -154,7 +154,8 @@ def test_a_sweep_whose_terminal_closes_tears_down_and_its_run_resumes(host: Host
         code = session.proc.wait(timeout=30)
     finally:
         session.close()
-    assert code == 130, session.text[-3000:]
+    logs = "".join(f"\n--- {log}:\n" + log.read_text()[-3000:] for log in (tmp_path / "runs").glob("*/sweep.log"))
+    assert code == 130, session.text[-3000:] + logs  # the terminal's text stops at the hangup; the run's log goes on
     assert not _ours(port)
     with _store(path) as store:
         assert store.counts()["running"] == 0
