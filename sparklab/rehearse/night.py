@@ -178,6 +178,17 @@ def _free_offset(ports: list[int], hosts: int, claims: contextlib.ExitStack) -> 
                         "range for outgoing connections) or another rehearsal, then try again.")
 
 
+def _free_port(claims: contextlib.ExitStack) -> int:
+    """One port outside the ephemeral range, free here and claimed by this rehearsal alone."""
+    ephemeral = _ephemeral_range()
+    candidates = [port for port in range(20000, 65536) if port not in ephemeral]
+    for port in random.Random().sample(candidates, min(400, len(candidates))):
+        if not port_in_use("127.0.0.1", port) and _claim(port, claims):
+            return port
+    raise SparklabError("no free port for the twin cluster's rendezvous on this machine",
+                        "Stop another rehearsal (or what listens on ports 20000-65535), then try again.")
+
+
 def _hosts_entries(need: int, offset: int) -> list[dict[str, Any]]:
     if need <= 1:
         return [{"docker": "local", "port_offset": offset}]
@@ -205,6 +216,11 @@ def prepare(request: RehearsalRequest, scratch: Path,
     need = max(multinode.nodes_of(s.recipe, s.engine) for s in plan.servers)
     offset = _free_offset(sorted({s.spec.port for s in plan.servers}), need, claims)
     document["hosts"] = _hosts_entries(need, offset)
+    # a cluster's rendezvous (Ray's GCS on 6379, SGLang's --dist-init-addr) binds on the head as a server does: the
+    # twins' head is this machine, so it gets a claimed port too (two pair rehearsals, or a Redis here, on 6379)
+    clustered = sorted({s.engine for s in plan.servers if multinode.nodes_of(s.recipe, s.engine) > 1})
+    document["set"] = [*document.get("set", []),
+                       *(f"engines.{engine}.cluster_port={_free_port(claims)}" for engine in clustered)]
     source = scratch / f"{document['name']}.yaml"
     source.write_text(yaml.safe_dump(document, sort_keys=False))
     plan = build_plan(source)

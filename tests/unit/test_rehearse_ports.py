@@ -53,3 +53,11 @@ def test_no_port_past_65535_nor_among_the_kernels_outgoing_ports(same_draws: Non
 def test_no_usable_offset_is_one_paragraph(same_draws: None) -> None:
     with contextlib.ExitStack() as claims, pytest.raises(night.SparklabError, match="no free port range"):
         night._free_offset([40000, 20000], 1, claims)  # 40000 leaves the outgoing range only where 20000 enters it
+
+
+def test_a_cluster_rendezvous_port_is_claimed_too(same_draws: None) -> None:
+    """A pair rehearsal's head binds its rendezvous (Ray's GCS, 6379 in gb10-pair) on this machine: two at once got
+    the same one."""
+    with contextlib.ExitStack() as first, contextlib.ExitStack() as second:
+        ports = {night._free_port(first) for _ in range(3)} | {night._free_port(second) for _ in range(3)}
+        assert len(ports) == 6 and not any(32768 <= p <= 60999 for p in ports)
