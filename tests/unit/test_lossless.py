@@ -215,3 +215,16 @@ def test_the_very_same_samples_are_consistent_with_lossless(tmp_path: Path) -> N
     (r,) = _results(_run(tmp_path, "vllm", {"none": BASE, "ngram": BASE}))
     assert r.identical and r.checked and not r.flagged
     assert lossless.verdict(r).startswith("consistent with lossless: the same samples as none")
+
+
+def test_every_cpu_vllm_engine_samples_at_temperature_above_zero_without_a_compiler() -> None:
+    """The vllm-cpu-synthetic engine replaced vllm-cpu's env (its own SPARKLAB_VLLM_CPU_SYNTHETIC) and lost
+    TORCHDYNAMO_DISABLE: its first temperature-1.0 request (a sampled sweep, the lossless check's scoring) would
+    have died of InvalidCxxCompiler, the image having no compiler."""
+    from sparklab.recipes.schema import load_recipe, recipes_dir
+
+    recipe = load_recipe(recipes_dir() / "cpu.yaml")
+    vllm = [name for name, spec in recipe.engines.items() if spec.kind == "vllm"]
+    assert len(vllm) >= 2
+    for name in vllm:
+        assert recipe.engines[name].env.get("TORCHDYNAMO_DISABLE") == "1", name
