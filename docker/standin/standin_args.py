@@ -100,6 +100,10 @@ def parse_args(mode: str, argv: list[str]) -> Config:
             cfg.opts[key] = values[0] if values else True
         if key not in KNOWN:
             cfg.unknown.append(tok.split("=", 1)[0])
+    if cfg.opts.get("api-key") is True:  # `--api-key -Xy…`: argparse reads the value as a flag and refuses (vLLM
+        # 0.27.1 vllm/entrypoints/openai/cli_args.py:283 and SGLang 0.5.23 srt/arg_groups/fields/serving.py:160, both
+        # run here); before, the stand-in served with no key and every request got 401
+        raise SystemExit(f"{mode}: error: argument --api-key: expected one argument")
     cfg.model = str(cfg.opts.get("model") or cfg.opts.get("model-path") or (positional or [cfg.model])[0])
     if (mode != "sglang" and len(positional) > 1) or (mode == "sglang" and positional):
         cfg.unknown += positional[0 if mode == "sglang" else 1 :]

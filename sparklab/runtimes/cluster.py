@@ -16,7 +16,6 @@ nodes first and the head last; a host that does not answer does not keep the oth
 from __future__ import annotations
 
 import logging
-import secrets
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -29,7 +28,7 @@ from sparklab.host import preflight
 from sparklab.recipes.multinode import ClusterSpec
 from sparklab.runtimes.base import Lifecycle, PullCallback, Runtime, Server
 from sparklab.runtimes.health import exited_error, wait_ready
-from sparklab.runtimes.launch import Launch, Ready, facts_after_ready, parser_preflight
+from sparklab.runtimes.launch import Launch, Ready, facts_after_ready, parser_preflight, server_api_key
 from sparklab.runtimes.state import state_dir
 
 log = logging.getLogger(__name__)
@@ -193,7 +192,7 @@ def start(p: Launch, cluster: ClusterSpec, runtimes: Sequence[Runtime], *, pull_
     p.check = parser_preflight(p, runtimes[0], images[0])  # the head's command through its image's own parser
     nodes = [caches.bind(spec, spec.image, image.digest, image.id) for spec, image in zip(cluster.nodes, images,
                                                                                               strict=True)]
-    key = (api_key or secrets.token_urlsafe(24)) if head.needs_api_key else None
+    key = server_api_key(api_key) if head.needs_api_key else None
     adapter = engine(head.kind)
     provided = {"api_key": key} if key else {}
     if key and adapter.api_key_env:

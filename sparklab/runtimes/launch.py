@@ -14,7 +14,7 @@ from sparklab.engines import caches, engine
 from sparklab.engines.api import EngineAPI
 from sparklab.engines.logwatch import CAUSE_LINES, DEAD_STOP_GRACE_S, FATAL_GRACE_S, LogWatch, fatal_error, indent
 from sparklab.engines.scrape import StartupFacts
-from sparklab.errors import ImageUnavailableError, MemoryFloorError, NotReadyError
+from sparklab.errors import ImageUnavailableError, MemoryFloorError, NotReadyError, SparklabError
 from sparklab.host import downloads, preflight, watchdog
 from sparklab.host.facts import HostFacts
 from sparklab.recipes import multinode
@@ -38,6 +38,24 @@ class Launch:
     warnings: list[preflight.Finding] = field(default_factory=list)
     sources: tuple[Path, ...] = ()  # files besides the recipe that may write its flags (a sweep file)
     check: imagecheck.Checked | None = None  # the image's own parser on the command, once the image is here
+
+
+def server_api_key(given: str | None) -> str:
+    """The API key a server starts with: the one given (`--api-key`, SPARKLAB_API_KEY), else 48 new hex digits.
+
+    It goes on the engine's command line as the value after `--api-key`, and the engines parse that with argparse,
+    which reads a value that starts with '-' as another flag and refuses the command. Run here against the real
+    parsers: vLLM 0.27.1 (vllm/entrypoints/openai/cli_args.py:283, through FlexibleArgumentParser) exits with
+    "argument --api-key: expected at least one argument"; SGLang 0.5.23 (srt/arg_groups/fields/serving.py:160,
+    through ServerArgs.add_cli_args) with "expected one argument". token_urlsafe's alphabet has '-' (1 key in 64
+    began with it; seen in CI as a stand-in server whose every cell got 401); hex has not."""
+    if given is None or given == "":
+        return secrets.token_hex(24)
+    if given.startswith("-"):
+        raise SparklabError("--api-key: a key that starts with '-' is read as a flag by the engines' argument "
+                            "parsers (argparse), so the server would not start",
+                            "Give a key that does not start with '-' (or leave it out: sparklab makes one).")
+    return given
 
 
 def prepare(spec_text: str, *, target: str | None, engine_name: str | None, overrides: list[str],
@@ -104,7 +122,7 @@ def start(p: Launch, runtime: Runtime, *, pull_policy: str = "missing",
     preflight.raise_errors(preflight.check_image_platform(spec.image, image.architecture, host_arch,
                                                           allow_foreign_platform))
     p.check = parser_preflight(p, runtime, image)
-    key = (api_key or secrets.token_urlsafe(24)) if spec.needs_api_key else None
+    key = server_api_key(api_key) if spec.needs_api_key else None
     provided = {"api_key": key} if key else {}
     adapter = engine(spec.kind)
     api_env = adapter.api_key_env
