@@ -6,7 +6,8 @@ The lossless check flags the lossy control and passes the plain one. It also fla
 on this CPU build, drafting at temperature > 0 does not sample the target's distribution (word salad, e.g.
 "BienfirehoseTYPESceptives taxpay bureaucraticiagnosed" at -15.6 nats per token), while at temperature 0 both are
 identical to none, token for token. (vLLM's synthetic rejection sampling, the lossy method the issue names, does
-not run on this build: sparklab refuses it before launch, tests/unit/test_lossless.py.) Then `sparklab compare` on
+not run on the stock CPU build: sparklab refuses it before launch, tests/unit/test_lossless.py; on the
+vllm-cpu-synthetic image it runs, and tests/e2e/test_synthetic_cpu.py shows the check flag it.) Then `sparklab compare` on
 two real CPU runs: that vLLM run against llama.cpp b11669 on the same suites, sampling and concurrency.
 
 Cheap by sharing: the one quality run (a module fixture) serves both tests, so the comparison adds only two llama.cpp
