@@ -27,6 +27,12 @@ def session() -> str | None:
     return os.environ.get(SESSION_ENV) or None
 
 
+def session_labels() -> dict[str, str]:
+    """The session's label for what this sparklab starts (servers, probes, helpers): none without a session."""
+    current = session()
+    return {SESSION_LABEL: current} if current else {}
+
+
 def in_session(labels: dict[str, str]) -> bool:
     """Whether a server with these labels is this session's to clean up (every server, without a session)."""
     current = session()

@@ -21,12 +21,11 @@ from sparklab.recipes.schema import METHOD_ARGS_MARKER, EngineSpec, Recipe
 from sparklab.spec import (
     API_KEY_PLACEHOLDER,
     PASSTHROUGH_ENV,
-    SESSION_LABEL,
     LaunchSpec,
     Mount,
     endpoint_url,
     is_secret_name,
-    session,
+    session_labels,
 )
 
 
@@ -192,7 +191,7 @@ def render(recipe: Recipe, engine: str | None = None, method: str | None = None,
         "sparklab.method": method,
         "sparklab.mode": options.mode,
         "sparklab.endpoint": endpoint_url(host, port, options.address),
-        **({SESSION_LABEL: current} if (current := session()) else {}),
+        **session_labels(),
     }
     suffix = f"-{options.run_id}" if options.run_id else ""
     safe = re.sub(r"[^a-zA-Z0-9_.-]", "-", f"sparklab-{recipe.name}-{engine_name}-{method}{suffix}")

@@ -45,7 +45,7 @@ from sparklab.runtimes.base import (
 from sparklab.runtimes.container_server import Server, container_secrets, teardown
 from sparklab.runtimes.docker_sandbox import Confined, Confinement
 from sparklab.runtimes.owners import owner_alive, owner_token
-from sparklab.spec import API_KEY_PLACEHOLDER, SESSION_LABEL, LaunchSpec, in_session, session
+from sparklab.spec import API_KEY_PLACEHOLDER, LaunchSpec, in_session, session_labels
 
 
 class Docker:
@@ -137,7 +137,7 @@ class Docker:
         one a crash leaves behind is removed by the next start or `sparklab gc`."""
         labels = {LABEL: "1", "sparklab.mode": "probe", OWNER: owner_token(), DETACHED: "0",
                   USER_ID: str(os.getuid()), USER_NAME: user_name(),
-                  **({SESSION_LABEL: current} if (current := session()) else {})}  # a session's gc takes its own
+                  **session_labels()}  # a session's gc takes its own
         started = time.monotonic()
         container: Container | None = None
         try:

@@ -78,11 +78,11 @@ def parse_block(text: str) -> HostMemory | None:
 
 def helper_spec(image: str, name: str, command: Sequence[str], run_id: str, role: str,
                 mounts: tuple[tuple[str, str], ...] = ()) -> LaunchSpec:
-    from sparklab.spec import SESSION_LABEL, Mount, session
+    from sparklab.spec import Mount, session_labels
 
     # the session's label as a server's (recipes/render.py): that session's gc removes a helper a lost host kept
     labels = {"sparklab": "1", "sparklab.version": __version__, "sparklab.run_id": run_id,
-              "sparklab.mode": "sweep", ROLE: role, **({SESSION_LABEL: current} if (current := session()) else {})}
+              "sparklab.mode": "sweep", ROLE: role, **session_labels()}
     return LaunchSpec(
         recipe="", recipe_path="", engine="", kind="", method="", image=image, image_alternatives=(), platform=None,
         entrypoint=("/bin/sh", "-c", *command), argv=(), env={}, secret_env=(), host="127.0.0.1", port=0,
