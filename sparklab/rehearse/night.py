@@ -143,6 +143,18 @@ def _claim(port: int, claims: contextlib.ExitStack) -> bool:
     return True
 
 
+def _take(ports: list[int], claims: contextlib.ExitStack) -> bool:
+    """Whether every port is free here and now claimed into `claims` (all of them, or none: a partial claim is
+    released at once)."""
+    if any(port_in_use("127.0.0.1", port) for port in ports):
+        return False
+    with contextlib.ExitStack() as attempt:
+        if not all(_claim(port, attempt) for port in ports):
+            return False
+        claims.push(attempt.pop_all())
+    return True
+
+
 def _ephemeral_range() -> range:
     """The ports the kernel hands to outgoing connections here: a server port among them can be taken, between
     the bind check and the server's bind, by any client's socket (seen in CI: "port 43278 is still in use")."""
@@ -165,14 +177,8 @@ def _free_offset(ports: list[int], hosts: int, claims: contextlib.ExitStack) -> 
     candidates = [offset for offset in range(0, 58000, 7) if usable(offset)]  # 7: not on a round number
     random.Random().shuffle(candidates)  # rehearsals started together rarely try the same first
     for offset in candidates[:400]:
-        wanted = [p + offset + 100 * h for p in ports for h in range(hosts)]
-        if any(port_in_use("127.0.0.1", port) for port in wanted):
-            continue
-        attempt = contextlib.ExitStack()
-        if all(_claim(port, attempt) for port in wanted):
-            claims.push(attempt.pop_all())
+        if _take([p + offset + 100 * h for p in ports for h in range(hosts)], claims):
             return offset
-        attempt.close()
     raise SparklabError("no free port range for the twin's servers on this machine",
                         f"Stop what listens on ports outside {ephemeral.start}-{ephemeral.stop - 1} (the kernel's "
                         "range for outgoing connections) or another rehearsal, then try again.")
@@ -183,7 +189,7 @@ def _free_port(claims: contextlib.ExitStack) -> int:
     ephemeral = _ephemeral_range()
     candidates = [port for port in range(20000, 65536) if port not in ephemeral]
     for port in random.Random().sample(candidates, min(400, len(candidates))):
-        if not port_in_use("127.0.0.1", port) and _claim(port, claims):
+        if _take([port], claims):
             return port
     raise SparklabError("no free port for the twin cluster's rendezvous on this machine",
                         "Stop another rehearsal (or what listens on ports 20000-65535), then try again.")
