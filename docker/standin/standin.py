@@ -548,9 +548,8 @@ class App:
             arrived = self.arrivals
         # STANDIN_FATAL_AT_REQUEST=N: the engine dies as its N-th completion request arrives (that request and
         # every later one hang, as on a dead vLLM engine): a death inside the night's cells however fast they run
-        if arrived == int(env_float("STANDIN_FATAL_AT_REQUEST", 0)) and not self.dead.is_set():
-            self.dead.set()
-            self.fatal(before_ready=False)
+        if arrived == int(env_float("STANDIN_FATAL_AT_REQUEST", 0)):
+            self.die()
         if chat and body.get("tools") and body.get("tool_choice") != "none":
             self.tool_calls(h, body)
             return
@@ -780,16 +779,18 @@ class App:
 
         threading.Thread(target=grow, daemon=True).start()
 
+    def die(self) -> None:
+        """The engine dies after ready (STANDIN_FATAL_AFTER, STANDIN_FATAL_AT_REQUEST): its fatal line, once; the
+        API server runs on and every request in flight or to come hangs, as on a dead vLLM engine."""
+        if not self.dead.is_set():
+            self.dead.set()
+            self.fatal(before_ready=False)
+
     def after_ready(self) -> None:
         self.grow_after_ready()
         fatal_after = os.environ.get("STANDIN_FATAL_AFTER")
         if fatal_after:
-
-            def die_quietly() -> None:
-                self.dead.set()
-                self.fatal(before_ready=False)
-
-            threading.Timer(float(fatal_after), die_quietly).start()
+            threading.Timer(float(fatal_after), self.die).start()
         die_after = os.environ.get("STANDIN_DIE_AFTER")
         if not die_after:
             return
