@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from sparklab.engines.parsers import Probe, ProbeRun
-from sparklab.errors import ContainerError, ImageUnavailableError, ServerError
+from sparklab.errors import ContainerError, EngineUnreachable, ImageUnavailableError, ServerError
 from sparklab.host.facts import HostFacts, ThisMachine
 from sparklab.runtimes.base import ImageInfo, Lifecycle, LogListener, PullCallback, ServerInfo, Target
 from sparklab.spec import LaunchSpec
@@ -280,3 +280,15 @@ class FakeFacts:
 
     def close(self) -> None:
         self.closed = True
+
+
+class NoEngineAPI:
+    """An EngineAPI with no engine behind it: every request is unreachable (a sweep's counters then read nothing)."""
+
+    def __init__(self, *a: object) -> None:
+        pass
+
+    def get(self, path: str) -> None:
+        raise EngineUnreachable("no engine here")
+
+    post = get

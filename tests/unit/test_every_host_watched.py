@@ -25,7 +25,7 @@ from sparklab.sweep import fleet, runner
 from sparklab.sweep import serverrun as sweep_mod
 from sparklab.sweep.hoststore import HostStore
 from sparklab.sweep.store import Store
-from tests.fakes import FakeFacts, FakeRuntime, FakeServer
+from tests.fakes import FakeFacts, FakeRuntime, FakeServer, NoEngineAPI
 
 
 def _plan(tmp_path: Path, recipe: str) -> Any:
@@ -34,17 +34,6 @@ def _plan(tmp_path: Path, recipe: str) -> Any:
                                     "requests": 1, "set": ["gpu_memory_utilization=0.85"]}))
     return build_plan(path, run_id="t-1")
 
-
-class NoAPI:
-    def __init__(self, *a: object) -> None:
-        pass
-
-    def get(self, path: str) -> None:
-        from sparklab.errors import EngineUnreachable
-
-        raise EngineUnreachable("no engine here")
-
-    post = get
 
 
 @pytest.fixture
@@ -67,7 +56,7 @@ def started(monkeypatch) -> dict[str, Any]:
     monkeypatch.setattr(sweep_mod.launch, "checked", lambda recipe, spec, **kwargs: type("P", (), {"spec": spec})())
     monkeypatch.setattr(sweep_mod.launch, "start", start)
     monkeypatch.setattr(sweep_mod.cluster, "start", lambda prepared, cluster, runtimes, **k: start(prepared, None))
-    monkeypatch.setattr(sweep_mod, "EngineAPI", NoAPI)
+    monkeypatch.setattr(sweep_mod, "EngineAPI", NoEngineAPI)
     monkeypatch.setattr(sweep_mod.bench, "run", bench_run)
     return box
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from sparklab.engines import engine
 from sparklab.engines.logwatch import LogWatch
 from sparklab.errors import NotReadyError
+from tests.fakes import NoEngineAPI
 
 
 def test_sweep_failure_kinds() -> None:
@@ -49,7 +50,6 @@ def test_a_fatal_line_while_a_cell_runs_fails_the_server_at_once_and_requeues_it
     import yaml
 
     from sparklab.engines.scrape import StartupFacts
-    from sparklab.errors import EngineUnreachable
     from sparklab.recipes.hosts import LOCAL
     from sparklab.recipes.plan import build_plan
     from sparklab.runtimes.base import ImageInfo
@@ -74,16 +74,7 @@ def test_a_fatal_line_while_a_cell_runs_fails_the_server_at_once_and_requeues_it
     monkeypatch.setattr(sweep_mod.launch, "checked", lambda recipe, spec, **kwargs: None)  # kwargs: floor_gib
     monkeypatch.setattr(sweep_mod.launch, "start", lambda *a, **k: ready)
 
-    class NoAPI:
-        def __init__(self, *a: object) -> None:
-            pass
-
-        def get(self, path: str) -> None:
-            raise EngineUnreachable("no engine here")
-
-        post = get
-
-    monkeypatch.setattr(sweep_mod, "EngineAPI", NoAPI)
+    monkeypatch.setattr(sweep_mod, "EngineAPI", NoEngineAPI)
     fatal = "(EngineCore pid=229) ERROR 11-30 15:30:02 [core.py:1351] EngineCore encountered a fatal error."
     hung_for: list[float] = []
 
