@@ -938,6 +938,9 @@ class App:
 
 
 def main(mode: str, argv: list[str] | None = None) -> None:
+    """STANDIN_BOOT_S: wall seconds of silence before anything (unscaled): the stand-in's own boot on a busy
+    machine, which no engine's modelled start includes (a rehearsal must not count it as the night's)."""
+    time.sleep(env_float("STANDIN_BOOT_S", 0.0))
     argv = list(sys.argv[1:] if argv is None else argv)
     if mode == "vllm" and argv[:1] in (["--version"], ["-v"]):
         print(VERSION)

@@ -81,9 +81,13 @@ class Rehearsal:
     wall_s: float = 0.0
     tune_state: dict[str, Any] | None = None
     interrupted: bool = False  # Ctrl-C: the rehearsal stopped, not the night
+    setup: TwinSetup | None = None  # the twins' shared record (the stand-ins' boots)
+    started: float = 0.0  # monotonic, when the night began
 
     def night_s(self, wall: float) -> float:
-        return wall / self.scale
+        """The night's seconds at `wall` seconds after the start: the stand-ins' own boots are not the night's."""
+        booting = self.setup.booting_s(self.started, self.started + wall) if self.setup else 0.0
+        return max(0.0, wall - booting) / self.scale
 
 
 def _document(request: RehearsalRequest, scratch: Path) -> tuple[dict[str, Any], str]:
@@ -240,7 +244,8 @@ def prepare(request: RehearsalRequest, scratch: Path,
                         disk_full_after_ready=request.fault == "disk-full",
                         read_gbps=SLOW_DOWNLOAD_GBPS if request.fault == "slow-download" else None)
         runtimes[name] = TwinRuntime(host, setup, name)
-    rehearsal = Rehearsal(request, command, source, plan, twin, eta, scale, {n: r.host for n, r in runtimes.items()})
+    rehearsal = Rehearsal(request, command, source, plan, twin, eta, scale, {n: r.host for n, r in runtimes.items()},
+                          setup=setup)
     return rehearsal, runtimes
 
 
@@ -252,7 +257,7 @@ def rehearse(request: RehearsalRequest, say: Say) -> Iterator[Rehearsal]:
     claims = contextlib.ExitStack()
     try:
         rehearsal, runtimes = prepare(request, scratch, claims)
-        started = time.monotonic()
+        started = rehearsal.started = time.monotonic()
 
         def heard(message: str) -> None:
             rehearsal.lines.append((time.monotonic() - started, message))

@@ -16,6 +16,7 @@ import dataclasses
 import os
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -36,7 +37,17 @@ FAULTS = ("dead-engine", "oom", "slow-download", "disk-full", "host-lost")
 # them (a time after ready fell after the last cell of a fast tiny night: the fault then lost nothing)
 DEAD_AT_REQUEST = 2
 LEAK_GIB_PER_S = 0.05  # oom: the first server's engine keeps taking 3 GiB a minute under load
+BOOT_WAIT_S = 60.0  # wall seconds a stand-in may take to print its first line before the night's clock starts anyway
 HOST_LOST_AFTER_S = 60.0  # host-lost: the twin goes away this long after its first server is ready (night seconds)
+
+
+def _await_boot(server: ProcessServer, booted: threading.Event) -> None:
+    """Return once the stand-in printed its first line (or exited, or BOOT_WAIT_S passed): its own boot (a Python
+    start, seconds on a busy machine) is no part of the engine's modelled start, so the night's clock - readiness,
+    its stall window, compressed to ~1 s of wall time for seed000 - starts after it."""
+    deadline = time.monotonic() + BOOT_WAIT_S
+    while not booted.wait(0.05) and time.monotonic() < deadline and server.state()[0]:
+        pass
 
 
 def standin_dir() -> Path:
@@ -54,6 +65,18 @@ class TwinSetup:
     scratch: Path
     fault: str | None = None
     head: LaunchSpec | None = None  # the last head node started: a worker joining it holds what the head holds
+    boots: list[tuple[float, float]] = dataclasses.field(default_factory=list)  # stand-ins' boots (monotonic)
+
+    def booting_s(self, since: float, until: float) -> float:
+        """Wall seconds between `since` and `until` (monotonic) that stand-ins spent booting (overlaps once): no
+        night time passes then."""
+        total, reached = 0.0, since
+        for start, end in sorted(self.boots):
+            start, end = max(start, reached), min(end, until)
+            if end > start:
+                total += end - start
+                reached = end
+        return total
 
 
 class TwinRuntime:
@@ -147,7 +170,17 @@ class TwinRuntime:
             self.setup.head = spec
         held = dataclasses.replace(self.setup.head, name=spec.name) if worker and self.setup.head else spec
         self.host.start(held, load_file, leak_gib_per_s=LEAK_GIB_PER_S if fault == "oom" else 0.0)
-        server = self.processes.launch(rewritten, secrets, log_path, detach, on_log)
+        booted = threading.Event()
+
+        def tell(data: bytes) -> None:
+            booted.set()
+            if on_log is not None:
+                on_log(data)
+
+        launched = time.monotonic()
+        server = self.processes.launch(rewritten, secrets, log_path, detach, tell)
+        _await_boot(server, booted)
+        self.setup.boots.append((launched, time.monotonic()))
         self.host.watch(spec.name, lambda: server.state()[0])
         self._servers.append(server)
         if self.setup.fault == "host-lost" and first:
