@@ -46,6 +46,25 @@ Say = Callable[[str], None]
 SLOW_DOWNLOAD_GBPS = 0.005  # slow-download: weights not in the cache, fetched at start at 5 MB/s
 DEFAULT_WALL_S = 90.0  # how long a rehearsal aims to take (the night compressed into it)
 MIN_SCALE = 1e-3  # faster than this, the stand-ins' own work per decode step no longer fits its step
+# the shortest wall time the sweep's load-stall window (a silence detector) may shrink to: below it, a busy machine's
+# own delay in delivering a log line (13 rehearsals on 2 cores) reads as a hung engine and loses a server
+MIN_WINDOW_WALL_S = 2.0
+
+
+def choose_scale(wall_s: float, night_s: float, asked: float | None,
+                 load_stall_s: float | None) -> tuple[float, str | None]:
+    """Wall seconds per night second: `asked` if given, else the night's ETA into wall_s, but never so fast that
+    the load-stall window falls under MIN_WINDOW_WALL_S (then also why, for the verdict) nor slower than real."""
+    if asked:
+        return asked, None
+    scale = min(1.0, max(MIN_SCALE, wall_s / max(1.0, night_s)))
+    floor = MIN_WINDOW_WALL_S / load_stall_s if load_stall_s else 0.0
+    if floor <= scale:
+        return scale, None
+    scale = min(1.0, floor)
+    return scale, (f"compressed less than asked: the sweep's load_stall_s of {load_stall_s:g} s stays "
+                   f"{MIN_WINDOW_WALL_S:g} s of wall time, so that this machine's own delays are not read as a hung "
+                   "engine")
 
 
 @dataclass(frozen=True)
@@ -83,6 +102,7 @@ class Rehearsal:
     interrupted: bool = False  # Ctrl-C: the rehearsal stopped, not the night
     setup: TwinSetup | None = None  # the twins' shared record (the stand-ins' boots)
     started: float = 0.0  # monotonic, when the night began
+    scale_note: str | None = None  # why the night is compressed less than asked
 
     def night_s(self, wall: float) -> float:
         """The night's seconds at `wall` seconds after the start: the stand-ins' own boots are not the night's."""
@@ -235,7 +255,7 @@ def prepare(request: RehearsalRequest, scratch: Path,
     source.write_text(yaml.safe_dump(document, sort_keys=False))
     plan = build_plan(source)
     eta = night_eta(plan, twin)
-    scale = request.scale or min(1.0, max(MIN_SCALE, request.wall_s / max(1.0, eta.night_s)))
+    scale, scale_note = choose_scale(request.wall_s, eta.night_s, request.scale, plan.sweep.load_stall_s)
     setup = TwinSetup(str(document["name"]).removeprefix("up-"), scratch / "twin", request.fault)
     runtimes: dict[str, TwinRuntime] = {}
     for entry in document["hosts"]:
@@ -245,7 +265,7 @@ def prepare(request: RehearsalRequest, scratch: Path,
                         read_gbps=SLOW_DOWNLOAD_GBPS if request.fault == "slow-download" else None)
         runtimes[name] = TwinRuntime(host, setup, name)
     rehearsal = Rehearsal(request, command, source, plan, twin, eta, scale, {n: r.host for n, r in runtimes.items()},
-                          setup=setup)
+                          setup=setup, scale_note=scale_note)
     return rehearsal, runtimes
 
 

@@ -112,7 +112,7 @@ def lines(rehearsal: Rehearsal, verdict: Verdict) -> list[str]:
     out = [f"rehearsal of `sparklab {rehearsal.command} {rehearsal.request.target}` on the {rehearsal.twin.name} twin "
            f"({rehearsal.twin.mem_total_gib:.1f} GiB unified, OS baseline {rehearsal.twin.os_baseline_gib:.1f} GiB): "
            f"{rehearsal.wall_s:.0f} s of wall time for {rehearsal.night_s(rehearsal.wall_s) / 60:.0f} min of the night "
-           f"(1 s = {1 / rehearsal.scale:.0f} s)",
+           f"(1 s = {1 / rehearsal.scale:.0f} s" + (f"; {rehearsal.scale_note}" if rehearsal.scale_note else "") + ")",
            f"the real night: downloads before the clock {clock(eta.download_s)} (images and checkpoints at "
            f"{rehearsal.twin.host.download_mbps:g} MB/s); then {clock(eta.night_s)} by the twin's model"
            + (f", up to {clock(eta.longest_s)} if repeats: auto runs every repeat" if eta.longest_s > eta.night_s
