@@ -17,6 +17,7 @@ be graded again, offline, by a later sparklab.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from collections.abc import Iterable
@@ -33,15 +34,27 @@ _MARKUP = re.compile(r"<tool_call>|</tool_call>|<function=|\[TOOL_CALLS\]|<\|pyt
 
 
 def grade_answers(workload: Any, answers: Iterable[dict[str, Any]], sandbox: Sandbox | None) -> list[Grade]:
-    """Every measured answer of a cell to a graded prompt (warmups are not graded)."""
+    """Every measured answer of a cell to a graded prompt (warmups are not graded). A code answer the cell gave
+    before, word for word, shares that answer's test run (at temperature 0 every repeat is the same answer, and each
+    run is a sandbox container's start); a run cut at the time cap, or one that could not run, is not shared."""
     out = []
+    ran: dict[tuple[str, str], Grade] = {}
     for index, answer in enumerate(answers):
         if answer.get("warmup"):
             continue
         prompt = workload.by_id(str(answer.get("prompt_id")))
         if prompt is None or not prompt.task:
             continue
-        out.append(grade(index, prompt.task, answer, sandbox))
+        key = (str(answer.get("prompt_id")), str(answer.get("content")))
+        first = ran.get(key) if prompt.task.get("kind") == "code" and answer.get("ok") else None
+        if first is not None:
+            shared = f"the same answer as #{first.index}, whose test run this is"
+            out.append(dataclasses.replace(first, index=index, note="; ".join(n for n in (first.note, shared) if n)))
+            continue
+        graded = grade(index, prompt.task, answer, sandbox)
+        if graded.kind == "code" and graded.status == "graded" and "timeout" not in graded.tests.values():
+            ran[key] = graded
+        out.append(graded)
     return out
 
 

@@ -336,3 +336,20 @@ def test_test_ids_come_from_the_test_files_and_results_from_the_nonce_line() -> 
     out = 'SPARKLAB-1 {"t.A.test_x": "pass"}\nnoise\nSPARKLAB-2 {"t.A.test_x": "pass", "t.A.test_y": "weird"}\n'
     assert parse_results(out, "SPARKLAB-2") == {"t.A.test_x": "pass", "t.A.test_y": "error"}
     assert parse_results("no line", "SPARKLAB-2") is None
+
+
+def test_the_same_code_answer_twice_in_a_cell_runs_its_tests_once() -> None:
+    """At temperature 0 every repeat of a code prompt gives the same answer: its tests run once per cell (on a Spark
+    each run is a sandbox container's start), and the copy's grade names the answer whose run it shares. A different
+    answer to the same prompt runs again."""
+    workload = load_workload("code")
+    sandbox = LocalSandbox(per_test_s=2.0)
+    text = "```python\ndef is_palindrome(s):\n    t = [c.lower() for c in s if c.isalnum()]\n    return t == t[::-1]\n```"
+    answers = [_answer("code-palindrome", text), _answer("code-palindrome", text), _answer("code-palindrome", "no"),
+               _answer("code-palindrome", text)]
+    grades = grade_answers(workload, answers, sandbox)
+    assert len(sandbox.runs) == 2  # the three identical answers once, the different one once
+    assert [g.index for g in grades] == [0, 1, 2, 3]
+    assert grades[0].tests == grades[1].tests == grades[3].tests and grades[0].passed == grades[1].passed
+    assert grades[2].passed is False
+    assert "the same answer as #0" in grades[1].note and "the same answer" not in grades[0].note
