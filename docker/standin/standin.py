@@ -305,6 +305,10 @@ def plan(body: dict[str, Any], prompt_tokens: int, max_len: int) -> tuple[int, s
 
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    # TCP_NODELAY, as the engines' servers have it (uvicorn on asyncio or uvloop: asyncio's TCP transports set it,
+    # CPython 3.12 asyncio/selector_events.py:_SelectorSocketTransport.__init__ -> base_events._set_nodelay). With
+    # Nagle on, each SSE chunk after the first waits for the client's delayed ACK (up to 40 ms on Linux).
+    disable_nagle_algorithm = True
     server_version = "standin"
     sys_version = ""
     app: App

@@ -46,13 +46,14 @@ def grade_answers(workload: Any, answers: Iterable[dict[str, Any]], sandbox: San
         if prompt is None or not prompt.task:
             continue
         key = (str(answer.get("prompt_id")), str(answer.get("content")))
-        first = ran.get(key) if prompt.task.get("kind") == "code" and answer.get("ok") else None
+        code = prompt.task.get("kind") == "code"  # the task's kind: instruction, agent or code
+        first = ran.get(key) if code and answer.get("ok") else None
         if first is not None:
             shared = f"the same answer as #{first.index}, whose test run this is"
             out.append(dataclasses.replace(first, index=index, note="; ".join(n for n in (first.note, shared) if n)))
             continue
         graded = grade(index, prompt.task, answer, sandbox)
-        if graded.kind == "code" and graded.status == "graded" and "timeout" not in graded.tests.values():
+        if code and graded.status == "graded" and "timeout" not in graded.tests.values():
             ran[key] = graded
         out.append(graded)
     return out

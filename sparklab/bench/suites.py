@@ -15,6 +15,7 @@ The task spec each prompt carries (`Prompt.task`, part of the workload's content
 
 from __future__ import annotations
 
+import functools
 import importlib.resources
 from pathlib import Path
 from typing import Any, Literal
@@ -136,6 +137,14 @@ def load_suite(spec: str) -> Workload:
             text = read_utf8(Path(spec), allow_bom=True)
         except OSError as exc:
             raise RecipeError(f"{spec}: cannot read the suite file ({exc.strerror or exc})", _HINT) from None
+    return _parse(source, text)
+
+
+@functools.lru_cache(maxsize=32)
+def _parse(source: str, text: str) -> Workload:
+    """The suite in `text` (read fresh by each load, so an edited file is parsed again): parsed and checked once
+    per text - a sweep loads its suites for every cell and every grading, and parsing is ~20 ms each (PyYAML).
+    Workload and Prompt are frozen; callers copy a prompt's task before changing it."""
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:

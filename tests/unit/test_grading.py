@@ -353,3 +353,15 @@ def test_the_same_code_answer_twice_in_a_cell_runs_its_tests_once() -> None:
     assert grades[0].tests == grades[1].tests == grades[3].tests and grades[0].passed == grades[1].passed
     assert grades[2].passed is False
     assert "the same answer as #0" in grades[1].note and "the same answer" not in grades[0].note
+
+
+def test_a_suite_file_edited_between_loads_is_read_again(tmp_path: Path) -> None:
+    """Suites are parsed once per text (a sweep loads them for every cell): an edit between two loads still shows."""
+    text = (Path(__file__).resolve().parents[2] / "sparklab" / "bench" / "tasks" / "tasks-en.yaml").read_text()
+    path = tmp_path / "en.yaml"
+    path.write_text(text)
+    before = load_workload(str(path))
+    assert load_workload(str(path)) is before  # the same text: parsed once
+    path.write_text(text.replace("max_words: 2\n      required: [Paris]", "max_words: 3\n      required: [Paris]"))
+    after = load_workload(str(path))
+    assert after.content_hash != before.content_hash
