@@ -65,7 +65,20 @@ def _save(fig: Any, path: Path) -> Path:
     return path
 
 
+PLOT_TEXT_MAX = 60  # characters per line of a label drawn in a plot; the text report keeps whole names
+
+
+def _shown(text: str) -> str:
+    """A label as drawn: each line cut to PLOT_TEXT_MAX characters by an "…" in its middle, so its start and its end
+    (K=, "(baseline)", what tells two long names apart) stay (a 5000-character name from a crafted store was laid
+    out glyph by glyph, off the canvas, for seconds per plot)."""
+    tail = PLOT_TEXT_MAX // 3
+    return "\n".join(line if len(line) <= PLOT_TEXT_MAX else line[:PLOT_TEXT_MAX - tail - 1] + "…" + line[-tail:]
+                     for line in visible(text).split("\n"))
+
+
 def _config(g: Group) -> str:
+    """A config's series key (whole: two names alike up to the cut stay two series); drawn through _shown."""
     return visible(f"{g.server.engine} {g.server.method_name}")
 
 
@@ -76,12 +89,12 @@ def _engine(g: Group, multi: bool) -> str:
 
 def _tick(g: Group, multi: bool = False) -> str:
     name = (f"{g.server.engine}\n" if multi else "") + g.server.method_name
-    return visible(name + (f"\nK={g.server.k}" if g.server.k is not None else ""))
+    return _shown(name + (f"\nK={g.server.k}" if g.server.k is not None else ""))
 
 
 def _label(g: Group, multi: bool = False) -> str:
     """A one-line bar label (a rotated label cannot hold a line break without overlapping its neighbour)."""
-    return visible(_engine(g, multi) + g.server.method_name + (f" K={g.server.k}" if g.server.k is not None else ""))
+    return _shown(_engine(g, multi) + g.server.method_name + (f" K={g.server.k}" if g.server.k is not None else ""))
 
 
 def _several_engines(report: Report) -> bool:
@@ -105,7 +118,7 @@ def _per_panel(report: Report, workload: str, out: Path, name: str, title: str,
         drew = draw(ax, groups, c) or drew
         ax.set_title(f"C={c}")
         ax.grid(alpha=0.3)
-    fig.suptitle(f"{title} ({visible(workload)})")
+    fig.suptitle(_shown(f"{title} ({workload})"))
     if not drew:
         plt.close(fig)
         return []
@@ -131,7 +144,7 @@ def throughput_vs_k(report: Report, workload: str, out: Path) -> list[Plot]:
             if not series:
                 continue
             line = ax.plot([g.server.k for g in series], [g.headline.mean for g in series if g.headline], marker="o",
-                           label=config)[0]
+                           label=_shown(config))[0]
             measured = [(g, i) for g in series if (i := _interval(g)) is not None]
             if measured:  # whiskers only where repeats measured an interval
                 ax.errorbar([g.server.k for g, _ in measured], [g.headline.mean for g, _ in measured if g.headline],
@@ -142,7 +155,7 @@ def throughput_vs_k(report: Report, workload: str, out: Path) -> list[Plot]:
         for g in groups:
             if g.is_baseline and g.headline:
                 color, dash = _BASELINE_STYLES[engines.index(g.server.engine) % len(_BASELINE_STYLES)]
-                ax.axhline(g.headline.mean, linestyle=dash, color=color, label=f"{_config(g)} (baseline)")
+                ax.axhline(g.headline.mean, linestyle=dash, color=color, label=_shown(f"{_config(g)} (baseline)"))
         _axes(ax, "K (num_speculative_tokens)", headline_metric(c, report.lead), legend=drew)
         return drew
 
@@ -188,7 +201,7 @@ def acceptance(report: Report, workload: str, out: Path) -> list[Plot]:
         drew = False
         for g in groups:
             if g.per_position:
-                ax.plot(range(1, len(g.per_position) + 1), g.per_position, marker="o", label=visible(g.server.label))
+                ax.plot(range(1, len(g.per_position) + 1), g.per_position, marker="o", label=_shown(g.server.label))
                 drew = True
         _axes(ax, "draft position", "acceptance (server counters)", legend=drew)
         ax.set_ylim(0, 1.05)
@@ -268,11 +281,11 @@ def compare_plots(comparison: Any, out: Path) -> list[Plot]:
                 errors.append(0.0 if e.high is None else e.high - e.mean)
             if xs:
                 ax.bar(xs, means, width, yerr=[e or 0.0 for e in errors] if any(errors) else None, capsize=3,
-                       label=run)
+                       label=_shown(run))
         ax.set_xticks(range(len(configs)))
-        ax.set_xticklabels(configs, fontsize=8)
+        ax.set_xticklabels([_shown(c) for c in configs], fontsize=8)
         ax.set_ylabel(headline_metric(cell.key[2], comparison.reports[0].lead))
-        ax.set_title(cell.label, fontsize=9)
+        ax.set_title(_shown(cell.label), fontsize=9)
         ax.legend(fontsize=7)
         plots.append((f"compare: {cell.label}", _save(fig, out / f"compare-{safe_filename(cell.label)}.png")))
         plt.close(fig)

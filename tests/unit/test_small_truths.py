@@ -297,3 +297,30 @@ def test_every_label_of_a_two_engine_runs_plots_names_its_engine(tmp_path: Path,
 def test_a_one_engine_runs_plot_labels_stay_short(tmp_path: Path, monkeypatch) -> None:
     seen = _figures(report.load(cpu_run(tmp_path / "runs")), tmp_path, monkeypatch)
     assert seen["speedup"]["ticks"] and not any("vllm-cpu" in t for t in seen["speedup"]["ticks"])
+
+
+def test_a_plots_labels_are_cut_to_a_readable_length_and_the_text_keeps_the_whole_name(tmp_path: Path,
+                                                                                       monkeypatch) -> None:
+    """A 5000-character engine name (a crafted store, or a generated one) is drawn cut to PLOT_TEXT_MAX characters
+    by an "…" in its middle (matplotlib laid out and rendered every glyph, off the canvas, for seconds per plot);
+    two names that differ only at their end are still two series, told apart. The text report keeps whole names."""
+    from sparklab.report import plots
+
+    path = _two_engine_run(tmp_path)
+    long = "e" * 5000
+    conn = sqlite3.connect(path)
+    try:
+        conn.execute("UPDATE server_configs SET engine = ? WHERE engine = 'llamacpp-cpu'", (long + "A",))
+        conn.execute("UPDATE server_configs SET engine = ? WHERE engine = 'vllm-cpu'", (long + "B",))
+        conn.commit()
+    finally:
+        conn.close()
+    built = report.load(path)
+    seen = _figures(built, tmp_path, monkeypatch)
+    texts = [t for figure in seen.values() for t in figure["ticks"] + figure["legends"]]
+    assert texts and any("…" in t for t in texts)
+    assert all(len(line) <= plots.PLOT_TEXT_MAX for t in texts for line in t.splitlines()), \
+        max(len(t) for t in texts)
+    baselines = [line for line in seen["throughput-vs-k"]["lines"] if "(baseline)" in line[0]]
+    assert len({label for label, _, _ in baselines}) == 2, baselines  # one per engine (in each panel), told apart
+    assert long + "A" in report.render(built, "md")
