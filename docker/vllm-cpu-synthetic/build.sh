@@ -6,6 +6,9 @@
 #     in Python, vllm/v1/sample/rejection_sampler.py:745-756 and :805-827)
 #   + vllm/utils/cpu_triton_utils.py routed to it in place of its two synthetic-mode asserts (:348, :387), only
 #     while SPARKLAB_VLLM_CPU_SYNTHETIC=1 (patch_kernels.py); without the variable the image behaves as the stock one.
+#   + its expand kernel (:408-422) routed to a fixed copy while SPARKLAB_VLLM_CPU_EXPAND_FIX=1: the stock one never
+#     writes the float temperature and top_p it expands for drafted tokens, so drafting at temperature > 0 samples
+#     with garbage (cpu_synthetic.py's expand() says where and what was read).
 # Why: vLLM 0.27.1's CPU build asserts synthetic acceptance away, and `sparklab tune` is proven on acceptance
 # profiles through it on this machine (recipes/cpu.yaml, engine vllm-cpu-synthetic; scripts/bench_tune_vs_grid.py).
 #

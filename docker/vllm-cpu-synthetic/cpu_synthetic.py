@@ -18,10 +18,36 @@ from __future__ import annotations
 import os
 
 SWITCH = "SPARKLAB_VLLM_CPU_SYNTHETIC"
+EXPAND_SWITCH = "SPARKLAB_VLLM_CPU_EXPAND_FIX"
 
 
 def enabled() -> bool:
     return os.environ.get(SWITCH) == "1"
+
+
+def expand_fix_enabled() -> bool:
+    return os.environ.get(EXPAND_SWITCH) == "1"
+
+
+def expand(output, input_val, cu_num_tokens, replace_from, replace_to) -> None:
+    """expand_kernel (vllm/v1/sample/rejection_sampler.py:848-870): request r's value, with replace_from turned into
+    replace_to, written to each of its tokens' places in `output`, whatever the dtype.
+
+    The CPU build's stand-in for it (vllm/utils/cpu_triton_utils.py:408-422, installed by
+    vllm/v1/worker/cpu_model_runner.py:115; the same in 0.32.0 at :390-404, installed by vllm/platforms/cpu.py:711-713)
+    hands the C++ kernel `output.to(torch.int64)`: for the float32 temperature and top_p that
+    apply_sampling_constraints expands (rejection_sampler.py:537-561) that is a copy, never written back, so every
+    drafted position is sampled with whatever `new_empty` held (read: temperature -3.8e-25, 949183.0, 0.0; top_p
+    0.0, 6.1e-38) and the answers at temperature > 0 are not the target's. Temperature 0 never expands (all greedy
+    returns first), which is why equality at temperature 0 holds."""
+    import torch
+
+    source = torch.where(input_val == replace_from, torch.full_like(input_val, replace_to), input_val)
+    ends = cu_num_tokens.to(torch.int64)
+    if ends.numel() == 0:
+        return
+    counts = torch.diff(ends, prepend=ends.new_zeros(1))
+    output[: int(ends[-1])] = torch.repeat_interleave(source, counts).to(output.dtype)
 
 
 def greedy(output_token_ids, cu_num_draft_tokens, draft_token_ids, target_argmax, bonus_token_ids, is_greedy,

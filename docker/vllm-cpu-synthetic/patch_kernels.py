@@ -1,6 +1,7 @@
 """Run inside the vllm-cpu image (docker/vllm-cpu-synthetic/build.sh): route the two CPU rejection kernels'
-synthetic mode to sparklab_cpu_synthetic instead of their assert, when SPARKLAB_VLLM_CPU_SYNTHETIC=1. Fails unless
-each assert is found exactly once, so a different vLLM build is never patched blind."""
+synthetic mode to sparklab_cpu_synthetic instead of their assert, when SPARKLAB_VLLM_CPU_SYNTHETIC=1, and the CPU
+expand kernel to its fixed copy when SPARKLAB_VLLM_CPU_EXPAND_FIX=1 (sparklab_cpu_synthetic.expand says why). Fails
+unless each place is found exactly where expected, so a different vLLM build is never patched blind."""
 
 import sys
 from pathlib import Path
@@ -18,8 +19,17 @@ RANDOM = ("    import sparklab_cpu_synthetic as _synthetic  # sparklab: docker/v
           "                                 recovered_token_ids, uniform_probs, is_greedy,\n"
           "                                 synthetic_conditional_rates)\n")
 
+EXPAND_DEF = ("def _expand_kernel_impl(\n    output,\n    input_val,\n    cu_num_tokens,\n    replace_from,\n"
+              "    replace_to,\n    MAX_NUM_TOKENS=None,\n):\n")
+EXPAND = ("    import sparklab_cpu_synthetic as _synthetic  # sparklab: docker/vllm-cpu-synthetic\n"
+          "    if _synthetic.expand_fix_enabled():\n"
+          "        return _synthetic.expand(output, input_val, cu_num_tokens, replace_from, replace_to)\n")
+
 path = Path(target.__file__)
 text = path.read_text()
+if text.count(EXPAND_DEF) != 1:
+    sys.exit(f"{path}: expected _expand_kernel_impl's signature once, found it {text.count(EXPAND_DEF)} times")
+text = text.replace(EXPAND_DEF, EXPAND_DEF + EXPAND)
 if text.count(ASSERT) != 2:
     sys.exit(f"{path}: expected the synthetic-mode assert twice, found it {text.count(ASSERT)} times")
 first = text.index(ASSERT)

@@ -18,7 +18,7 @@ from sparklab.engines.base import Acceptance, Engine, Finding, RecipeView, check
 from sparklab.engines.counters import spec_delta
 from sparklab.engines.knowledge import Fact, Knowledge
 from sparklab.engines.scrape import StartupFacts, parse_metrics
-from sparklab.engines.vllm_synthetic import check_synthetic, lossy_settings, synthetic_rates
+from sparklab.engines.vllm_synthetic import check_cpu_sampling, check_synthetic, lossy_settings, synthetic_rates
 from sparklab.errors import EngineUnreachable as Unreachable
 from sparklab.errors import RecipeError
 from sparklab.spec import Speculative
@@ -265,7 +265,7 @@ class VLLM(Engine):
             found.append(Finding(
                 "error", f"{here}: --speculative_config.moe_backend {moe!r} is not one vLLM accepts",
                 f"Use one of: {', '.join(SPEC_MOE_BACKENDS)}."))
-        found += check_synthetic(spec, sp)
+        found += check_synthetic(spec, sp) + check_cpu_sampling(spec)
         if sp.method != "ngram" or sp.num_speculative_tokens is not None:
             found += check_k(spec, recipe, sp.num_speculative_tokens, "num_speculative_tokens")
         return found

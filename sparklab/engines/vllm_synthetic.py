@@ -2,7 +2,8 @@
 (exactly one of per-position rates or a mean length, rates in [0, 1] and not increasing, one per draft position),
 and the CPU build that cannot run it unless the image carries sparklab's port (CPU_SYNTHETIC_SWITCH); the rates a
 command sets, as vLLM derives them (synthetic_rates), and why such a run's answers are not the target's
-(lossy_settings). The adapter, sparklab.engines.vllm, parses the command and delegates here.
+(lossy_settings). Also the CPU build's drafting at temperature > 0, which that image fixes (check_cpu_sampling).
+The adapter, sparklab.engines.vllm, parses the command and delegates here.
 """
 
 from __future__ import annotations
@@ -19,6 +20,26 @@ if TYPE_CHECKING:
 # The image docker/vllm-cpu-synthetic reads this switch: with it, the CPU build runs synthetic rejection sampling
 # (the stock CPU kernels assert it away, vllm/utils/cpu_triton_utils.py:348, :387).
 CPU_SYNTHETIC_SWITCH = "SPARKLAB_VLLM_CPU_SYNTHETIC"
+# ... and this one, its fixed CPU expand kernel (docker/vllm-cpu-synthetic/cpu_synthetic.py, expand()).
+CPU_EXPAND_FIX_SWITCH = "SPARKLAB_VLLM_CPU_EXPAND_FIX"
+
+
+def check_cpu_sampling(spec: LaunchSpec) -> list[Finding]:
+    """A server without GPUs that drafts: vLLM's CPU build expands each request's temperature, top_k and top_p to its
+    drafted tokens through an int64 copy it never writes back (0.27.1 vllm/utils/cpu_triton_utils.py:408-422,
+    installed by vllm/v1/worker/cpu_model_runner.py:115; 0.32.0 the same at :390-404 and vllm/platforms/cpu.py:
+    711-713), so at temperature > 0 every drafted position is sampled with uninitialised values. Measured here (ngram
+    K=3, temperature 1, 24 answers each, SmolLM2-135M): -4.07 [-4.53, -3.61] nats per token against none, p 4e-22;
+    with the kernel fixed +0.13 [-0.27, +0.53]. Temperature 0 never expands (all-greedy batches return first)."""
+    if spec.gpus or spec.env.get(CPU_EXPAND_FIX_SWITCH) == "1":
+        return []
+    return [Finding(
+        "warning", f"{where(spec)}: drafting on vLLM's CPU build samples drafted tokens at temperature > 0 with "
+                   "garbage temperature and top_p: its expand kernel never writes them back "
+                   "(vllm/utils/cpu_triton_utils.py:408-422 in 0.27.1, :390-404 in 0.32.0), so its answers are not "
+                   "the target's and the lossless check flags them. At temperature 0 it is exact.",
+        f"Sample at temperature 0, or use the image docker/vllm-cpu-synthetic builds with {CPU_EXPAND_FIX_SWITCH}=1 "
+        "(recipes/cpu.yaml's engine vllm-cpu-synthetic).")]
 
 
 def check_synthetic(spec: LaunchSpec, sp: Speculative) -> list[Finding]:

@@ -4,8 +4,9 @@ every answer is graded after its window (code in the sandbox container), every s
 target on the plain server; the report gives pass rates with intervals, per-task agreement and McNemar p-values.
 The lossless check flags the lossy control and passes the plain one. It also flags ngram and draft_model: measured
 on this CPU build, drafting at temperature > 0 does not sample the target's distribution (word salad, e.g.
-"BienfirehoseTYPESceptives taxpay bureaucraticiagnosed" at -15.6 nats per token), while at temperature 0 both are
-identical to none, token for token. (vLLM's synthetic rejection sampling, the lossy method the issue names, does
+"BienfirehoseTYPESceptives taxpay bureaucraticiagnosed" at -15.6 nats per token: its CPU expand kernel samples drafted
+tokens with garbage temperature and top_p, sparklab.engines.vllm_synthetic.check_cpu_sampling; fixed, ngram passes,
+tests/e2e/test_synthetic_cpu.py), while at temperature 0 both are identical to none, token for token. (vLLM's synthetic rejection sampling, the lossy method the issue names, does
 not run on the stock CPU build: sparklab refuses it before launch, tests/unit/test_lossless.py; on the
 vllm-cpu-synthetic image it runs, and tests/e2e/test_synthetic_cpu.py shows the check flag it.) Then `sparklab compare` on
 two real CPU runs: that vLLM run against llama.cpp b11669 on the same suites, sampling and concurrency.

@@ -199,6 +199,31 @@ def test_synthetic_on_the_cpu_build_is_refused_before_launch() -> None:
     assert not [f for f in engine("vllm").check_spec(gpu, gb10) if "CPU build" in f.message]
 
 
+def test_drafting_on_the_stock_cpu_build_warns_that_it_samples_garbage_above_temperature_0() -> None:
+    """vLLM 0.27.1's (and 0.32.0's) CPU expand kernel never writes the float temperature and top_p it expands for
+    drafted tokens (vllm/utils/cpu_triton_utils.py:408-422): measured on this machine, ngram at temperature 1 was
+    -4.07 [-4.53, -3.61] nats per token against none (p 4e-22), and +0.13 [-0.27, +0.53] with the kernel fixed. A
+    warning (not an error: temperature 0 is exact) on a CPU server that drafts, unless the image's fix is on; none
+    on a plain CPU server, on the fixed engine, or on a GPU server."""
+    from sparklab.recipes.render import LaunchOptions, render
+    from sparklab.recipes.schema import load_recipe, recipes_dir
+
+    recipe = load_recipe(recipes_dir() / "cpu.yaml")
+
+    def said(engine_name: str, method: str, r=recipe) -> list[tuple[str, str]]:
+        spec = render(r, engine_name, method, LaunchOptions())
+        return [(f.level, f.message + " " + f.hint) for f in engine("vllm").check_spec(spec, r)
+                if "temperature" in f.message]
+
+    for method in ("ngram", "draft_model"):
+        (found,) = said("vllm-cpu", method)
+        assert found[0] == "warning" and "cpu_triton_utils.py:408-422" in found[1], found
+        assert "temperature 0" in found[1] and "SPARKLAB_VLLM_CPU_EXPAND_FIX" in found[1], found
+    assert said("vllm-cpu", "none") == [] and said("vllm-cpu-synthetic", "ngram") == []
+    gb10 = load_recipe(recipes_dir() / "gb10.yaml")
+    assert said("vllm", "dspark", gb10) == []
+
+
 def test_the_cpu_builds_known_deaths_are_explained() -> None:
     vllm = engine("vllm")
     said = vllm.explain_failure("RuntimeError: Worker failed with error 'Synthetic acceptance not supported with CPU "
