@@ -228,7 +228,7 @@ def cmd_up(args: UpArgs) -> int:
     shown = len(p.warnings)
     given_key = args.api_key_value or os.environ.get("SPARKLAB_API_KEY")
     memory = _memory_watch(args, p, runtimes[0]) if nodes is None else None  # this machine's memory: its own server
-    with memory or contextlib.nullcontext():
+    with memory or contextlib.nullcontext(), contextlib.ExitStack() as owned:
         try:
             with PullProgress(err) as pull_progress, err.status("waiting for the server…") as status:
                 def on_wait(elapsed: float) -> None:
@@ -244,6 +244,8 @@ def cmd_up(args: UpArgs) -> int:
                                                    on_pull=pull_progress.update, api_key=given_key, on_wait=on_wait,
                                                    stall_s=args.stall_timeout,
                                                    say=lambda message: err.print(message, markup=False))
+                # owned at once: a Ctrl-C while the displays close or the warnings print stops it too
+                owned.enter_context(ready.server)
         except ServerError:
             if memory is not None and memory.tripped is not None:  # the floor stopped it while it loaded
                 raise launch.floor_error(memory) from None
@@ -263,31 +265,30 @@ def _memory_watch(args: UpArgs, p: launch.Launch, runtime: Runtime) -> watchdog.
 def _serve(ready: launch.Ready, args: UpArgs, hosts: int, memory: watchdog.Sampler | None, key_given: bool) -> int:
     """Report the ready server; then leave it (--detach) or serve in the foreground, watched as a sweep watches its
     servers (it exits, its engine logs a fatal line or goes silent, the memory floor), until Ctrl-C, SIGTERM or a
-    hangup stops and removes it."""
-    with ready.server:
-        if memory is not None and memory.tripped is not None:  # before the server existed: nothing was killed yet
-            ready.server.stop(0)
-            raise launch.floor_error(memory)
-        disagree = launch.read_served_version(ready, EngineAPI(ready.server.spec.endpoint, ready.api_key))
-        if disagree:
-            err.print("[yellow]warning:[/] " + escape(disagree), markup=True)
-        _print_ready(ready, key_given=key_given)
-        if args.detach:
-            ready.server.keep()
-            out.print(f"left running (detached). Stop it with: sparklab down {ready.server.name}")
-            return 0
-        try:  # the line is inside: a signal that comes while it is printed still stops the server cleanly
-            out.print("serving in the foreground: Ctrl-C stops and removes it." if hosts == 1 else
-                      f"serving from {hosts} hosts in the foreground: Ctrl-C stops and removes every node.")
-            launch.watch(ready.server, ready.watch, memory=memory,
-                         stall_s=args.stall_timeout or launch.SERVING_STALL_S,
-                         api=EngineAPI(ready.server.spec.endpoint, ready.api_key))
-        except KeyboardInterrupt:
-            err.print("stopping…")
-            seconds = ready.server.stop()
-            others = "" if hosts == 1 else " and its other nodes"
-            err.print(f"stopped and removed {ready.server.name}{others} in {seconds:.1f} s")
-            return 0
+    hangup stops and removes it. The caller owns the server (its context ends it unless kept)."""
+    if memory is not None and memory.tripped is not None:  # before the server existed: nothing was killed yet
+        ready.server.stop(0)
+        raise launch.floor_error(memory)
+    disagree = launch.read_served_version(ready, EngineAPI(ready.server.spec.endpoint, ready.api_key))
+    if disagree:
+        err.print("[yellow]warning:[/] " + escape(disagree), markup=True)
+    _print_ready(ready, key_given=key_given)
+    if args.detach:
+        ready.server.keep()
+        out.print(f"left running (detached). Stop it with: sparklab down {ready.server.name}")
+        return 0
+    try:  # the line is inside: a signal that comes while it is printed still stops the server cleanly
+        out.print("serving in the foreground: Ctrl-C stops and removes it." if hosts == 1 else
+                  f"serving from {hosts} hosts in the foreground: Ctrl-C stops and removes every node.")
+        launch.watch(ready.server, ready.watch, memory=memory,
+                     stall_s=args.stall_timeout or launch.SERVING_STALL_S,
+                     api=EngineAPI(ready.server.spec.endpoint, ready.api_key))
+    except KeyboardInterrupt:
+        err.print("stopping…")
+        seconds = ready.server.stop()
+        others = "" if hosts == 1 else " and its other nodes"
+        err.print(f"stopped and removed {ready.server.name}{others} in {seconds:.1f} s")
+        return 0
     return 0
 
 

@@ -179,7 +179,11 @@ class TwinRuntime:
 
         launched = time.monotonic()
         server = self.processes.launch(rewritten, secrets, log_path, detach, tell)
-        _await_boot(server, booted)
+        try:  # not the caller's yet: a Ctrl-C or SIGTERM during the stand-in's boot must stop it here
+            _await_boot(server, booted)
+        except BaseException:
+            server.stop(0)
+            raise
         self.setup.boots.append((launched, time.monotonic()))
         self.host.watch(spec.name, lambda: server.state()[0])
         self._servers.append(server)

@@ -202,6 +202,28 @@ def _run_server(run: ServerRun) -> None:
         cause = f" — {why.strip().splitlines()[0]}" if why else ""
         say(f"server {server.label}: failed ({kind}): {headline(exc.message, getattr(exc, 'log_tail', None))}{cause}")
         return
+    # Owned from here on: a Ctrl-C, SIGTERM or hangup that lands while the start is recorded (or as "ready in" is
+    # printed) tears the server down like one in a cell. Outside this block it would be left running.
+    with ready.server:
+        try:
+            _record_start(run, ready, start_mark)
+            measured = _run_cells(run, ready)
+        except HostLost:  # its host does not answer: a teardown would wait on it too; `sparklab gc --host` later
+            ready.server.keep()
+            raise
+        except Exception as exc:
+            if not run.lost():  # a fault of this server's: the teardown and serve() deal with it
+                raise
+            ready.server.keep()  # a state check failed because the host went away: as above
+            raise HostLost(failures.one_line(exc)) from exc
+        if measured and server.method == lossless.BASELINE and run.plan.sweep.lossless.enabled:
+            # the plain server as it runs scores the sampled answers under the target (the lossless check)
+            lossless.score_safely(run.plan, store, server, EngineAPI(ready.server.spec.endpoint, ready.api_key), say)
+
+
+def _record_start(run: ServerRun, ready: launch.Ready, start_mark: int) -> None:
+    """The ready server's facts and start, stored and said; its fatal-line watch armed; its image checked."""
+    server, store, say, watch, spec = run.server, run.store, run.say, run.watch, run.server.spec
     api = EngineAPI(spec.endpoint, ready.api_key)
     facts = {**ready.facts.as_dict(), **engine(spec.kind).served_facts(api)}
     if watch is not None:
@@ -225,21 +247,7 @@ def _run_server(run: ServerRun) -> None:
     run.load_id = f"{store_now()}#{server.id}"
     if ready.watch is not None:  # a dead engine's API server may run on: kill it, so in-flight requests fail now
         ready.watch.on_fatal(ready.server.kill)
-    with ready.server:
-        _check_image(store, server, ready.image.digest, run.options.allow_drift, say)
-        try:
-            measured = _run_cells(run, ready)
-        except HostLost:  # its host does not answer: a teardown would wait on it too; `sparklab gc --host` later
-            ready.server.keep()
-            raise
-        except Exception as exc:
-            if not run.lost():  # a fault of this server's: the teardown and serve() deal with it
-                raise
-            ready.server.keep()  # a state check failed because the host went away: as above
-            raise HostLost(failures.one_line(exc)) from exc
-        if measured and server.method == lossless.BASELINE and run.plan.sweep.lossless.enabled:
-            # the plain server as it runs scores the sampled answers under the target (the lossless check)
-            lossless.score_safely(run.plan, store, server, EngineAPI(ready.server.spec.endpoint, ready.api_key), say)
+    _check_image(store, server, ready.image.digest, run.options.allow_drift, say)
 
 
 def _run_cells(run: ServerRun, ready: launch.Ready) -> bool:

@@ -6,7 +6,9 @@ of their time is the stand-ins' sleeping), compressed hard, so the whole module 
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -143,6 +145,53 @@ def test_a_stand_ins_slow_boot_is_not_the_nights_time(nights: dict[str, Night]) 
     night = nights["slow boot"]
     _clean(night)
     assert "stalled" not in night.stdout
+
+
+def _ours(tmp: Path) -> list[int]:
+    """Live stand-ins whose load file is under tmp: this test's twin's, not a parallel night's."""
+    mark = f"STANDIN_LOAD_FILE={tmp}".encode()
+    return [pid for pid in _twin_servers() if mark in _environ(pid)]
+
+
+def _environ(pid: int) -> bytes:
+    try:
+        return (Path("/proc") / str(pid) / "environ").read_bytes()
+    except OSError:
+        return b""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_while_a_stand_in_boots_leaves_none_behind(tmp_path: Path, sig: signal.Signals) -> None:
+    """SIGTERM or Ctrl-C while the twin waits for a stand-in's first line (its boot, up to BOOT_WAIT_S): the stand-in
+    is stopped with the rehearsal, before it exits and says its servers are down. Before, the twin's launch had
+    not handed the process over yet, and it ran on until its boot ended."""
+    tiny = tmp_path / "tiny.yaml"
+    tiny.write_text(yaml.safe_dump(TINY))
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_TOKEN", "SPARKLAB_API_KEY")}
+    env |= {"SPARKLAB_STATE": str(tmp_path / "state"), "HF_HOME": str(tmp_path / "hf"), "STANDIN_BOOT_S": "60",
+            "TMPDIR": str(tmp_path), "PYTHONPATH": os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])}
+    with ctrl_c_raises():
+        proc = subprocess.Popen([sys.executable, "-m", "sparklab", "rehearse", str(tiny), "--minutes", "0.1"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
+    try:
+        deadline = time.monotonic() + 60
+        while not _ours(tmp_path) and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.1)
+        assert _ours(tmp_path), "no stand-in started: " + "".join(proc.communicate(timeout=30))[-3000:]
+        time.sleep(0.5)  # inside its 60 s boot: the twin is waiting for its first line
+        proc.send_signal(sig)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    left = _ours(tmp_path)
+    for pid in left:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    assert proc.returncode == 130 and "Traceback" not in err, err[-3000:]
+    assert "interrupted; the rehearsal's servers are down" in out + err
+    assert not left, f"stand-ins left running after the rehearsal exited: {left}"
 
 
 def test_a_097_fraction_loses_the_server(nights: dict[str, Night]) -> None:

@@ -121,3 +121,24 @@ def test_a_server_across_hosts_is_not_detached(hosts: dict[str, FakeRuntime], tm
                  "--host", f"local,{LINK}", "--host", f"ssh://me@spark-2,{LINK}"]) == 1
     assert "a server across hosts runs in the foreground" in capsys.readouterr().err
     assert not hosts  # refused before any host was reached
+
+
+def test_a_ctrl_c_as_the_wait_display_closes_still_stops_the_server(hosts: dict[str, FakeRuntime], port: int,
+                                                                     tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                     capsys: Any) -> None:
+    """The server is ready and the "waiting for the server…" display is closing (rich joins its refresh thread):
+    a Ctrl-C there, before the foreground watch, still stops and removes the server."""
+    from sparklab.cli.progress import PullProgress
+
+    closing = PullProgress.__exit__
+
+    def interrupted(self: PullProgress, *exc: Any) -> None:
+        closing(self, *exc)
+        if exc[0] is None:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(PullProgress, "__exit__", interrupted)
+    assert main(["up", "cpu:none", "--port", str(port), "--no-download", "--hf-cache", str(tmp_path)]) == 130
+    (server,) = hosts["local"].launched
+    assert not server.running and hosts["local"].events[-1] == f"stop {server.name}"
+    assert "interrupted; everything sparklab started has been removed." in capsys.readouterr().err
