@@ -339,6 +339,12 @@ class Engine:
         plain server: no drafting). Raises ScoringError with a one-line reason when it cannot."""
         raise ScoringError(self.scoring_unsupported or "not supported")
 
+    def sampling_defects(self, spec: LaunchSpec) -> list[str]:
+        """Known defects of the engine build that make this server's sampled answers (temperature > 0) not the
+        target's, each one sentence citing the engine's source; [] for none. Read at plan time and stored with the
+        server config, so the report of the run can name the cause beside the lossless check's verdict."""
+        return []
+
     def lossy_settings(self, spec_argv: Sequence[str]) -> list[str]:
         """Settings in a server's argv that make drafting lossy by design (its answers no longer follow the
         target's distribution), each as one sentence citing the engine's source; [] for none."""

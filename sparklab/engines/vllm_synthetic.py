@@ -24,22 +24,31 @@ CPU_SYNTHETIC_SWITCH = "SPARKLAB_VLLM_CPU_SYNTHETIC"
 CPU_EXPAND_FIX_SWITCH = "SPARKLAB_VLLM_CPU_EXPAND_FIX"
 
 
-def check_cpu_sampling(spec: LaunchSpec) -> list[Finding]:
+CPU_EXPAND_DEFECT = ("drafting on vLLM's CPU build samples drafted tokens at temperature > 0 with garbage "
+                     "temperature and top_p: its expand kernel never writes them back "
+                     "(vllm/utils/cpu_triton_utils.py:408-422 in 0.27.1, :390-404 in 0.32.0), so its sampled answers "
+                     "are not the target's. At temperature 0 it is exact.")
+
+
+def cpu_sampling_defects(spec: LaunchSpec) -> list[str]:
     """A server without GPUs that drafts: vLLM's CPU build expands each request's temperature, top_k and top_p to its
     drafted tokens through an int64 copy it never writes back (0.27.1 vllm/utils/cpu_triton_utils.py:408-422,
     installed by vllm/v1/worker/cpu_model_runner.py:115; 0.32.0 the same at :390-404 and vllm/platforms/cpu.py:
     711-713), so at temperature > 0 every drafted position is sampled with uninitialised values. Measured here (ngram
     K=3, temperature 1, 24 answers each, SmolLM2-135M): -4.07 [-4.53, -3.61] nats per token against none, p 4e-22;
-    with the kernel fixed +0.13 [-0.27, +0.53]. Temperature 0 never expands (all-greedy batches return first)."""
+    with the kernel fixed +0.13 [-0.27, +0.53]. Temperature 0 never expands (all-greedy batches return first).
+    The caller knows the server drafts."""
     if spec.gpus or spec.env.get(CPU_EXPAND_FIX_SWITCH) == "1":
         return []
-    return [Finding(
-        "warning", f"{where(spec)}: drafting on vLLM's CPU build samples drafted tokens at temperature > 0 with "
-                   "garbage temperature and top_p: its expand kernel never writes them back "
-                   "(vllm/utils/cpu_triton_utils.py:408-422 in 0.27.1, :390-404 in 0.32.0), so its answers are not "
-                   "the target's and the lossless check flags them. At temperature 0 it is exact.",
-        f"Sample at temperature 0, or use the image docker/vllm-cpu-synthetic builds with {CPU_EXPAND_FIX_SWITCH}=1 "
-        "(recipes/cpu.yaml's engine vllm-cpu-synthetic).")]
+    return [CPU_EXPAND_DEFECT]
+
+
+def check_cpu_sampling(spec: LaunchSpec) -> list[Finding]:
+    """cpu_sampling_defects as a preflight warning (not an error: temperature 0 is exact)."""
+    return [Finding("warning", f"{where(spec)}: {defect}",
+                    f"Sample at temperature 0, or use the image docker/vllm-cpu-synthetic builds with "
+                    f"{CPU_EXPAND_FIX_SWITCH}=1 (recipes/cpu.yaml's engine vllm-cpu-synthetic).")
+            for defect in cpu_sampling_defects(spec)]
 
 
 def check_synthetic(spec: LaunchSpec, sp: Speculative) -> list[Finding]:

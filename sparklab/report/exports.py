@@ -50,7 +50,8 @@ def _quality(report: Report) -> dict[int, dict[str, Any]]:
             d, n = found.logprob, found.length
             out[id(g)].update(lossless=lossless.verdict(found), logprob_diff=d.difference if d else None,
                               logprob_diff_ci95=[d.low, d.high] if d else None, logprob_p=d.p_value if d else None,
-                              length_diff=n.difference if n else None, length_p=n.p_value if n else None)
+                              length_diff=n.difference if n else None, length_p=n.p_value if n else None,
+                              sampling_defects=list(found.known))
         if g.answers:
             b = thinking.budget(g)
             out[id(g)].update(answer_rate=b.answer_rate, thinking_used_the_whole_budget=b.exhausted,
@@ -95,7 +96,7 @@ def _group_row(g: Group, extra: dict[str, Any] | None = None) -> dict[str, Any]:
 
 QUALITY_COLUMNS = ("graded", "pass_rate", "pass_rate_ci95_low", "pass_rate_ci95_high", "tests_passed", "tests",
                    "ungraded", "same_verdict_as_none", "verdict_pairs", "mcnemar_p", "lossless", "logprob_diff",
-                   "logprob_diff_ci95", "logprob_p", "length_diff", "length_p", "answer_rate",
+                   "logprob_diff_ci95", "logprob_p", "length_diff", "length_p", "sampling_defects", "answer_rate",
                    "thinking_used_the_whole_budget", "cut_after_thinking", "thinking_tokens_per_answer")
 
 

@@ -74,8 +74,14 @@ def _servers(store: Store, overrides: Overrides, notes: list[str]) -> list[Serve
                               tuple(config.get("overrides", ())), tuple(config.get("serve_args", ())), row.image,
                               row.image_digest, row.engine_version, row.ready_s, row.startup_facts or {}, model,
                               device, kind, row.image_check, synthetic, tuple(str(a) for a in row.argv or ()),
-                              row.downloads, row.started_at, config.get("runtime")))
+                              row.downloads, row.started_at, config.get("runtime"),
+                              _texts(config.get("sampling_defects"))))
     return servers
+
+
+def _texts(value: Any) -> tuple[str, ...]:
+    """A stored list of sentences; anything else a crafted file holds there: none."""
+    return tuple(v for v in value if isinstance(v, str)) if isinstance(value, list) else ()
 
 
 def _engine_stated(facts: dict[str, Any], engine: str, method: str, startup: dict[str, Any], overrides: Overrides,

@@ -42,6 +42,7 @@ class Lossless:
     flagged: tuple[str, ...] = ()  # what the test found
     declared: tuple[str, ...] = ()  # lossy by design (the engine adapter)
     identical: bool = False  # every answer scored exactly as none's: the very same samples
+    known: tuple[str, ...] = ()  # the engine build's known defects when sampling (Engine.sampling_defects)
 
     @property
     def checked(self) -> bool:
@@ -116,7 +117,7 @@ def results(report: Report) -> list[Lossless]:
         declared = tuple(server.lossy_settings)
         if not bases:
             out.append(Lossless(server, None, label, 0, 0, None, None, "no `none` config at this sampling in the "
-                                "run", declared=declared))
+                                "run", declared=declared, known=server.sampling_defects))
             continue
         mine, why = _values(groups, report.scores)
         theirs, why_base = _values(bases, report.scores)
@@ -136,7 +137,7 @@ def results(report: Report) -> list[Lossless]:
             elif logprob is None or logprob.p_value is None:
                 reason = "too few scored answers to the same tasks for a test (at least 2 each, with some spread)"
         out.append(Lossless(server, bases[0].server, label, len(mine), len(theirs), logprob, length, reason,
-                            declared=declared, identical=same))
+                            declared=declared, identical=same, known=server.sampling_defects))
     alpha = float(settings.get("alpha") or 0.05)
     tests = 2 * sum(1 for r in out if r.checked) or 1
     return [_judged(r, alpha / tests) for r in out]
@@ -164,7 +165,7 @@ def _judged(r: Lossless, threshold: float) -> Lossless:
             flagged.append(f"{name} differs: {d.difference:+.3f} [{d.low:+.3f}, {d.high:+.3f}], p = {d.p_value:.2g} "
                            f"(< {threshold:.2g})")
     return Lossless(r.server, r.baseline, r.sampling, r.answers, r.baseline_answers, r.logprob, r.length, r.reason,
-                    tuple(flagged), r.declared, r.identical)
+                    tuple(flagged), r.declared, r.identical, r.known)
 
 
 def _diff(d: Difference | None, digits: int) -> str:
@@ -204,6 +205,11 @@ def sections(report: Report) -> list[Section]:
     notes = [f"{r.server.label}: {'; '.join(r.declared)}" for r in found if r.declared]
     if notes:
         blocks += [Para("Lossy by design (the serve command says so):"), Bullets(tuple(notes))]
+    known = list(dict.fromkeys(f"{r.server.label}: {'; '.join(r.known)}" for r in found if r.known))
+    if known:
+        blocks += [Para("Known engine defects at temperature > 0 (the engine adapter named them from the server's "
+                        "command and environment when the sweep was planned; a verdict above is theirs too):"),
+                   Bullets(tuple(known))]
     return [Section("Lossless at temperature > 0: drafting's answers scored under the target", blocks=blocks)]
 
 
@@ -212,9 +218,12 @@ def check(report: Report) -> Check:
     findings = []
     for r in found:
         where = f"{r.server.label} ({r.sampling})"
+        cause = f"a known engine defect: {'; '.join(r.known)}"
         if r.flagged:
             findings.append(f"{where}: " + "; ".join(r.flagged) + " - a lossless config would not move these "
-                            "beyond chance; its answers are not the target's")
+                            "beyond chance; its answers are not the target's" + (f" ({cause})" if r.known else ""))
+        elif r.known:  # too few answers to see it is no proof that the defect did not act
+            findings.append(f"{where}: not flagged at this sample size, but its server ran with {cause}")
         if r.declared:
             findings.append(f"{where}: lossy by design: " + "; ".join(r.declared))
         if not r.checked and not r.declared:

@@ -108,6 +108,8 @@ class Server:
         """Settings of its serve command that make drafting lossy by design (the engine adapter says which)."""
         return engines.ENGINES[self.kind].lossy_settings(self.argv) if self.kind in engines.ENGINES else []
     runtime: str | None = None  # "container" or "process"; None in runs that did not store it
+    # known defects of its engine build at temperature > 0 (Engine.sampling_defects, stored at plan time)
+    sampling_defects: tuple[str, ...] = ()
 
     @property
     def is_process(self) -> bool:

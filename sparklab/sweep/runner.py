@@ -130,7 +130,9 @@ def register(plan: Plan, store: Store, only: Callable[[ServerConfig, Cell], bool
                                 config={"recipe": server.recipe.name, "overrides": list(server.overrides),
                                         "serve_args": list(server.serve_args), "kind": server.spec.kind,
                                         "runtime": server.spec.runtime,
-                                        "label": server.label, **stored_facts(server.recipe, devices, server.engine)},
+                                        "label": server.label, **stored_facts(server.recipe, devices, server.engine),
+                                        # what the engine build is known to get wrong when this server samples
+                                        "sampling_defects": engine(server.spec.kind).sampling_defects(server.spec)},
                                 argv=argv, image=server.spec.image)
     settings = {"warmup": plan.sweep.warmup, "stream": plan.sweep.stream, "duration_s": plan.sweep.duration_s}
     return store.add_cells(

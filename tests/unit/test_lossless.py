@@ -95,7 +95,7 @@ def test_engines_that_cannot_score_say_why(kind: str) -> None:
 
 
 def _run(tmp_path: Path, kind: str, scores: dict[str, list[float]] | None, argv: list[str] | None = None,
-         temperature: float = 1.0) -> Path:
+         temperature: float = 1.0, defects: list[str] | None = None) -> Path:
     """A run with none and ngram at C=1 on the seed workload: 2 repeats x 4 prompts; scores per method, one
     log-likelihood per token per answer (None: no score stored)."""
     path = tmp_path / "run" / "results.sqlite"
@@ -103,7 +103,9 @@ def _run(tmp_path: Path, kind: str, scores: dict[str, list[float]] | None, argv:
     with Store.create(path, {"name": "t", "sampling": sampling, "lossless": {"alpha": 0.05}}, "test") as store:
         for method in ("none", "ngram"):
             store.add_server_config(method, engine="e", method=method, k=None if method == "none" else 3,
-                                    config={"recipe": "cpu", "kind": kind}, argv=argv if method == "ngram" and argv
+                                    config={"recipe": "cpu", "kind": kind,
+                                            **({"sampling_defects": defects} if defects and method == "ngram" else {})},
+                                    argv=argv if method == "ngram" and argv
                                     else [], image="img")
             for repeat in range(2):
                 cell = f"{method}-{repeat}"
@@ -253,3 +255,55 @@ def test_every_cpu_vllm_engine_samples_at_temperature_above_zero_without_a_compi
     assert len(vllm) >= 2
     for name in vllm:
         assert recipe.engines[name].env.get("TORCHDYNAMO_DISABLE") == "1", name
+
+
+DEFECT = ("drafting on vLLM's CPU build samples drafted tokens at temperature > 0 with garbage temperature and top_p "
+          "(vllm/utils/cpu_triton_utils.py:408-422 in 0.27.1)")
+
+
+@pytest.mark.parametrize("shift", [0.5, 0.0], ids=["flagged", "not flagged"])
+def test_a_known_engine_defect_is_named_beside_the_verdict(tmp_path: Path, shift: float) -> None:
+    """The engine adapter knew at plan time that this server's sampling at temperature > 0 is broken (vLLM's CPU
+    expand kernel): the report names that cause where the check flags the config, and warns where it did not (too
+    few answers to see it is no proof of the opposite); the JSON export carries it per group."""
+    ngram = [v + shift + d for v, d in zip(BASE, [0.03, -0.02, 0.01, 0.0, -0.03, 0.02, 0.0, -0.01], strict=True)]
+    path = _run(tmp_path, "vllm", {"none": BASE, "ngram": ngram}, defects=[DEFECT])
+    (r,) = _results(path)
+    assert r.known == (DEFECT,) and bool(r.flagged) == bool(shift)
+    with Store.open(path, readonly=True) as store:
+        built = report.build(store, "run")
+    (finding,) = lossless.check(built).findings
+    assert DEFECT in finding and "known engine defect" in finding, finding
+    assert finding.startswith("e ngram K=3") and (("differs" in finding) == bool(shift)), finding
+    text = report.render(built, "md")
+    assert "Known engine defects at temperature > 0" in text and DEFECT in text
+    exported = json.loads(report.render(built, "json"))
+    (group,) = [g for g in exported["groups"] if g["method"] == "ngram"]
+    assert group["sampling_defects"] == [DEFECT]
+
+
+def test_a_run_without_a_known_defect_says_nothing_of_one(tmp_path: Path) -> None:
+    (r,) = _results(_run(tmp_path, "vllm", {"none": BASE, "ngram": BASE}))
+    assert r.known == ()
+
+
+def test_the_plan_stores_the_engines_known_sampling_defects_per_server(tmp_path: Path) -> None:
+    """vLLM on CPU drafting without the fixed expand kernel: the defect is stored with the server config at plan
+    time (so a report of the run names it, whatever image runs later); none, the fixed engine and GB10 have none."""
+    import yaml
+
+    from sparklab.recipes.plan import build_plan
+    from sparklab.sweep import runner
+
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump({"name": "t", "recipe": "cpu", "engines": ["vllm-cpu", "vllm-cpu-synthetic"],
+                                    "methods": ["none", "ngram"], "num_speculative_tokens": [3],
+                                    "concurrency": [1]}))
+    plan = build_plan(path, run_id="t-1")
+    with Store.create(tmp_path / "results.sqlite", plan.sweep.model_dump(), "test") as store:
+        runner.register(plan, store)
+        stored = {(r.engine, r.method): r.config.get("sampling_defects") for r in store.server_configs()}
+    (defect,) = stored[("vllm-cpu", "ngram")]
+    assert "cpu_triton_utils.py:408-422" in defect and "temperature > 0" in defect
+    assert stored[("vllm-cpu", "none")] == [] and stored[("vllm-cpu-synthetic", "ngram")] == []
+    assert stored[("vllm-cpu-synthetic", "none")] == []
