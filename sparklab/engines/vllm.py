@@ -12,19 +12,13 @@ import shlex
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from sparklab.engines import parsers, scrape, vllm_lines
+from sparklab.engines import parsers, scrape, vllm_lines, vllm_synthetic
 from sparklab.engines.argv import as_int, flag_value, json_or_text, norm_flag
 from sparklab.engines.base import Acceptance, Engine, Finding, RecipeView, check_k, where
 from sparklab.engines.counters import spec_delta
 from sparklab.engines.knowledge import Fact, Knowledge
 from sparklab.engines.scrape import StartupFacts, parse_metrics
-from sparklab.engines.vllm_synthetic import (
-    check_cpu_sampling,
-    check_synthetic,
-    cpu_sampling_defects,
-    lossy_settings,
-    synthetic_rates,
-)
+from sparklab.engines.vllm_synthetic import check_cpu_sampling, check_synthetic, lossy_settings, synthetic_rates
 from sparklab.errors import EngineUnreachable as Unreachable
 from sparklab.errors import RecipeError
 from sparklab.spec import Speculative
@@ -341,7 +335,7 @@ class VLLM(Engine):
         return score_answer(api, model, messages, extra, chat_kwargs, answer_ids)
 
     def sampling_defects(self, spec: LaunchSpec) -> list[str]:
-        return cpu_sampling_defects(spec) if speculative(spec.argv) is not None else []
+        return vllm_synthetic.cpu_sampling_defects(spec) if speculative(spec.argv) is not None else []
 
     def lossy_settings(self, spec_argv: Sequence[str]) -> list[str]:
         return lossy_settings(speculative(spec_argv))  # synthetic rejection sampling: vllm_synthetic

@@ -222,6 +222,7 @@ def test_drafting_on_the_stock_cpu_build_warns_that_it_samples_garbage_above_tem
         assert found[0] == "warning" and "cpu_triton_utils.py:408-422" in found[1], found
         assert "temperature 0" in found[1] and "SPARKLAB_VLLM_CPU_EXPAND_FIX" in found[1], found
     assert said("vllm-cpu", "none") == [] and said("vllm-cpu-synthetic", "ngram") == []
+    assert said("vllm-cpu-synthetic", "draft_model") == []  # the fixed kernel drafts from a model too
     gb10 = load_recipe(recipes_dir() / "gb10.yaml")
     assert said("vllm", "dspark", gb10) == []
 
