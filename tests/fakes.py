@@ -292,3 +292,41 @@ class NoEngineAPI:
         raise EngineUnreachable("no engine here")
 
     post = get
+
+
+@dataclasses.dataclass
+class OneServerSweep:
+    """A planned one-server cpu sweep whose start returns `ready` (a FakeServer) at once: for tests of what a sweep
+    does between the start and the cells (tests/unit/test_interrupt_after_ready.py, test_host_deadlines.py)."""
+
+    plan: Any
+    server: Any
+    store: Any
+    fake: FakeServer
+    ready: Any
+
+
+def one_server_sweep(tmp_path: Path, monkeypatch: Any, concurrency: list[int]) -> OneServerSweep:
+    """The sweep planned and registered in tmp_path, the store created (not entered), the start patched."""
+    import yaml
+
+    from sparklab.engines.scrape import StartupFacts
+    from sparklab.recipes.plan import build_plan
+    from sparklab.runtimes.launch import Ready
+    from sparklab.sweep import runner
+    from sparklab.sweep import serverrun as sweep_mod
+    from sparklab.sweep.store import Store
+
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump({"name": "t", "recipe": "cpu", "methods": ["none"], "concurrency": concurrency,
+                                    "requests": 2}))
+    plan = build_plan(path, run_id="t-1")
+    (server,) = plan.servers
+    store = Store.create(tmp_path / "results.sqlite", plan.sweep.model_dump(), "test")
+    runner.register(plan, store)
+    fake = FakeServer(server.spec)
+    ready = Ready(fake, ImageInfo("img", "id", None, "amd64"), 1.0, None, StartupFacts())
+    monkeypatch.setattr(sweep_mod, "_wait_port_free", lambda *a: None)
+    monkeypatch.setattr(sweep_mod.launch, "checked", lambda recipe, spec, *a, **kw: None)
+    monkeypatch.setattr(sweep_mod.launch, "start", lambda *a, **k: ready)
+    return OneServerSweep(plan, server, store, fake, ready)

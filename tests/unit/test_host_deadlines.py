@@ -188,30 +188,13 @@ def test_a_cell_whose_host_goes_away_runs_again_uncharged_and_no_teardown_waits_
     """The host froze mid-cell (its requests fail, and so does its daemon's ping), or before the next cell (the
     server's state check fails). Before: the cell was charged an attempt as a bench error, and the teardown then
     waited on the silent host (ssh had no timeout: for ever)."""
-    import yaml
-
-    from sparklab.engines.scrape import StartupFacts
-    from sparklab.recipes.plan import build_plan
-    from sparklab.runtimes.base import ImageInfo
-    from sparklab.runtimes.launch import Ready
-    from sparklab.sweep import runner
     from sparklab.sweep import serverrun as sweep_mod
     from sparklab.sweep.hoststore import HostStore
     from sparklab.sweep.store import Store
-    from tests.fakes import FakeServer
+    from tests.fakes import one_server_sweep
 
-    path = tmp_path / "sweep.yaml"
-    path.write_text(yaml.safe_dump({"name": "t", "recipe": "cpu", "methods": ["none"], "concurrency": [1, 2],
-                                    "requests": 2}))
-    plan = build_plan(path, run_id="t-1")
-    (server,) = plan.servers
-    store = Store.create(tmp_path / "results.sqlite", plan.sweep.model_dump(), "test")
-    runner.register(plan, store)
-    fake = FakeServer(server.spec)
-    ready = Ready(fake, ImageInfo("img", "id", None, "amd64"), 1.0, None, StartupFacts())
-    monkeypatch.setattr(sweep_mod, "_wait_port_free", lambda *a: None)
-    monkeypatch.setattr(sweep_mod.launch, "checked", lambda recipe, spec, *a, **kw: None)
-    monkeypatch.setattr(sweep_mod.launch, "start", lambda *a, **k: ready)
+    made = one_server_sweep(tmp_path, monkeypatch, [1, 2])
+    plan, server, store, fake = made.plan, made.server, made.store, made.fake
     monkeypatch.setattr(sweep_mod.engine(server.spec.kind), "served_facts", lambda api: {})
     monkeypatch.setattr(sweep_mod.engine(server.spec.kind), "version", lambda api: None)
     host = parse_hosts(["ssh://r@spark-2"], "t")[0]

@@ -7,18 +7,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import yaml
 
-from sparklab.engines.scrape import StartupFacts
 from sparklab.recipes.hosts import LOCAL
-from sparklab.recipes.plan import build_plan
-from sparklab.runtimes.base import ImageInfo
-from sparklab.runtimes.launch import Ready
-from sparklab.sweep import runner
 from sparklab.sweep import serverrun as sweep_mod
 from sparklab.sweep.hoststore import HostStore
-from sparklab.sweep.store import Store
-from tests.fakes import FakeRuntime, FakeServer, NoEngineAPI
+from tests.fakes import FakeRuntime, NoEngineAPI, one_server_sweep
 
 
 def _interrupted(at: str) -> bool:
@@ -28,18 +21,8 @@ def _interrupted(at: str) -> bool:
 @pytest.mark.parametrize("where", ["served facts", "recorded start", "ready line", "fatal watch"])
 def test_an_interrupt_between_ready_and_the_first_cell_tears_the_server_down(tmp_path: Path, monkeypatch,
                                                                              where: str) -> None:
-    path = tmp_path / "sweep.yaml"
-    path.write_text(yaml.safe_dump({"name": "t", "recipe": "cpu", "methods": ["none"], "concurrency": [1],
-                                    "requests": 2}))
-    plan = build_plan(path, run_id="t-1")
-    (server,) = plan.servers
-    store = Store.create(tmp_path / "results.sqlite", plan.sweep.model_dump(), "test")
-    runner.register(plan, store)
-    fake = FakeServer(server.spec)
-    ready = Ready(fake, ImageInfo("img", "id", None, "amd64"), 1.0, None, StartupFacts())
-    monkeypatch.setattr(sweep_mod, "_wait_port_free", lambda *a: None)
-    monkeypatch.setattr(sweep_mod.launch, "checked", lambda recipe, spec, **kwargs: None)
-    monkeypatch.setattr(sweep_mod.launch, "start", lambda *a, **k: ready)
+    made = one_server_sweep(tmp_path, monkeypatch, [1])
+    plan, server, store, fake = made.plan, made.server, made.store, made.fake
     monkeypatch.setattr(sweep_mod, "EngineAPI", NoEngineAPI)
     ran: list[str] = []
     monkeypatch.setattr(sweep_mod, "_run_cells", lambda run, r: ran.append("cells") or True)
