@@ -140,10 +140,18 @@ def test_port_taken_is_detected_for_real(tmp_path: Path) -> None:
     assert not preflight.port_in_use("127.0.0.1", port)
 
 
-def _listening(host: str) -> tuple[socket.socket, int]:
+def _listening(host: str, free_on: str | None = None) -> tuple[socket.socket, int]:
+    """A listener on host. free_on: its port is one the kernel just gave 127.0.0.1 (or that address) too: a port
+    picked for 127.0.0.2 alone may be held on 127.0.0.1 by another socket of the machine (the CI's unit tier
+    once found 127.0.0.1:39069 taken, by a connection of an earlier tier's)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    port = 0
+    if free_on is not None:
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.bind((free_on, 0))
+            port = probe.getsockname()[1]
     sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.bind((host, 0))
+    sock.bind((host, port))
     sock.listen()
     return sock, sock.getsockname()[1]
 
@@ -158,12 +166,12 @@ def test_a_taken_ipv6_port_is_detected_on_the_ipv6_address() -> None:
 
 def test_the_probe_binds_the_address_the_server_will_bind() -> None:
     """A listener on 127.0.0.2 takes that address's port, not 127.0.0.1's; the wildcard conflicts with both."""
-    sock, port = _listening("127.0.0.2")
+    sock, port = _listening("127.0.0.2", free_on="127.0.0.1")
     with sock:
         assert preflight.port_in_use("127.0.0.2", port)
         assert not preflight.port_in_use("127.0.0.1", port)
         assert preflight.port_in_use("0.0.0.0", port)
-    sock, port = _listening("127.0.0.1")
+    sock, port = _listening("127.0.0.1", free_on="127.0.0.2")
     with sock:
         assert not preflight.port_in_use("127.0.0.2", port)  # a server on 127.0.0.2 binds fine
 
