@@ -38,17 +38,18 @@ TINY = {"name": "tiny", "recipe": "gb10", "engines": ["vllm"], "methods": ["none
         "warmup": 1, "repeats": 1, "sampling": {"max_tokens": 256, "temperature": 0}}
 
 
-def _twin_servers() -> list[int]:
+def _twin_servers(also: bytes = b"") -> list[int]:
     """Live stand-ins a twin started (its knobs in their environment), whatever their command line says
-    (SGLang's is `python -m sglang.launch_server`, with no stand-in path in it)."""
+    (SGLang's is `python -m sglang.launch_server`, with no stand-in path in it); `also`: with that in it too."""
     found = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit() and int(entry.name) != os.getpid():
             try:
-                if b"STANDIN_MODEL=" in (entry / "environ").read_bytes():
-                    found.append(int(entry.name))
+                environ = (entry / "environ").read_bytes()
             except OSError:
                 continue
+            if b"STANDIN_MODEL=" in environ and also in environ:
+                found.append(int(entry.name))
     return found
 
 
@@ -149,15 +150,7 @@ def test_a_stand_ins_slow_boot_is_not_the_nights_time(nights: dict[str, Night]) 
 
 def _ours(tmp: Path) -> list[int]:
     """Live stand-ins whose load file is under tmp: this test's twin's, not a parallel night's."""
-    mark = f"STANDIN_LOAD_FILE={tmp}".encode()
-    return [pid for pid in _twin_servers() if mark in _environ(pid)]
-
-
-def _environ(pid: int) -> bytes:
-    try:
-        return (Path("/proc") / str(pid) / "environ").read_bytes()
-    except OSError:
-        return b""
+    return _twin_servers(f"STANDIN_LOAD_FILE={tmp}".encode())
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
