@@ -29,6 +29,13 @@ def vllm_cpu_next_image(docker_client) -> str:
                           " (build it with docker/vllm-cpu/build.sh --version 0.32.0)")
 
 
+@pytest.fixture(scope="session")
+def vllm_cpu_synthetic_image(docker_client) -> str:
+    """The same vLLM 0.27.1 CPU build with synthetic rejection sampling ported to its CPU kernels and its expand kernel
+    fixed (docker/vllm-cpu-synthetic; recipes/cpu.yaml's engine vllm-cpu-synthetic switches both on)."""
+    return image_from_env("SPARKLAB_TEST_VLLM_CPU_SYNTHETIC_IMAGE", " (build it with docker/vllm-cpu-synthetic/build.sh)")
+
+
 @pytest.fixture
 def engine_cli(vllm_cpu_image: str, tmp_path: Path) -> Cli:
     return make_cli(vllm_cpu_image, tmp_path)

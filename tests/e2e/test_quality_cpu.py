@@ -2,14 +2,14 @@
 suites at temperature 0 and 1.0 with none, ngram, draft_model, a known-lossy control (topk5) and a plain control;
 every answer is graded after its window (code in the sandbox container), every sampled answer scored under the
 target on the plain server; the report gives pass rates with intervals, per-task agreement and McNemar p-values.
-The lossless check flags the lossy control and passes the plain one. It also flags ngram and draft_model: measured
-on this CPU build, drafting at temperature > 0 does not sample the target's distribution (word salad, e.g.
-"BienfirehoseTYPESceptives taxpay bureaucraticiagnosed" at -15.6 nats per token: its CPU expand kernel samples drafted
-tokens with garbage temperature and top_p, sparklab.engines.vllm_synthetic.check_cpu_sampling; fixed, ngram passes,
-tests/e2e/test_synthetic_cpu.py), while at temperature 0 both are identical to none, token for token. (vLLM's synthetic rejection sampling, the lossy method the issue names, does
-not run on the stock CPU build: sparklab refuses it before launch, tests/unit/test_lossless.py; on the
-vllm-cpu-synthetic image it runs, and tests/e2e/test_synthetic_cpu.py shows the check flag it.) Then `sparklab compare` on
-two real CPU runs: that vLLM run against llama.cpp b11669 on the same suites, sampling and concurrency.
+The lossless check flags the lossy control and passes the plain one, ngram and draft_model. It runs on the image whose
+CPU expand kernel is fixed (engine vllm-cpu-synthetic): on the stock build drafting at temperature > 0 does not sample
+the target's distribution (word salad, e.g. "BienfirehoseTYPESceptives taxpay bureaucraticiagnosed" at -15.6 nats per
+token: sparklab.engines.vllm_synthetic.cpu_sampling_defects; the plan storing that defect and the report naming it are
+tests/unit/test_lossless.py's), while at temperature 0 both are identical to none, token for token. vLLM's synthetic
+rejection sampling, the lossy method the issue names, is flagged by tests/e2e/test_synthetic_cpu.py on the same image.
+Then `sparklab compare` on two real CPU runs: that vLLM run against llama.cpp b11669 on the same suites, sampling and
+concurrency.
 
 Cheap by sharing: the one quality run (a module fixture) serves both tests, so the comparison adds only two llama.cpp
 servers (about 1 s to start each) instead of two vLLM ones. Measured: see the timeout marks."""
@@ -48,22 +48,24 @@ class QualityRun:
 SUITES = ["tasks-en", "code", "agent"]  # instruction, code and agent; tasks-ja's checks are the unit tier's
 
 
-def _quality_sweep(root: Path) -> Path:
+def _quality_sweep(root: Path, image: str) -> Path:
     """recipes/sweeps/cpu-quality.yaml as shipped, with one instruction suite instead of two (English: tasks-ja is
     graded by the same checks, tests/unit/test_grading.py), to keep the engine tier short."""
     document = yaml.safe_load((recipes_dir() / "sweeps" / "cpu-quality.yaml").read_text())
-    document.update({"recipe": str(recipes_dir() / "cpu.yaml"), "workloads": SUITES})
+    assert document["engines"] == ["vllm-cpu-synthetic"]  # the fixed expand kernel: lossless drafting at T > 0
+    document.update({"recipe": str(recipes_dir() / "cpu.yaml"), "workloads": SUITES,
+                     "set": [f"engines.vllm-cpu-synthetic.image={image}"]})
     path = root / "cpu-quality.yaml"
     path.write_text(yaml.safe_dump(document))
     return path
 
 
 @pytest.fixture(scope="module")
-def quality_run(vllm_cpu_image: str, tmp_path_factory: pytest.TempPathFactory) -> QualityRun:
-    """The quality sweep once, on the real vLLM CPU engine, for both tests of this module."""
+def quality_run(vllm_cpu_synthetic_image: str, tmp_path_factory: pytest.TempPathFactory) -> QualityRun:
+    """The quality sweep once, on the real vLLM CPU engine (its expand kernel fixed), for both tests of this module."""
     root = tmp_path_factory.mktemp("quality")
-    cli = make_cli(vllm_cpu_image, root)
-    sweep = _quality_sweep(root)
+    cli = make_cli(vllm_cpu_synthetic_image, root)
+    sweep = _quality_sweep(root, vllm_cpu_synthetic_image)
     started = time.monotonic()
     done = subprocess.run([sys.executable, "-m", "sparklab", "sweep", str(sweep), "--runs-dir", str(root / "runs")],
                           capture_output=True, text=True, timeout=QUALITY_TIMEOUT_S, env=cli.env())
@@ -125,26 +127,23 @@ def test_cpu_quality_sweep(quality_run: QualityRun, tmp_path: Path, measured) ->
                 f"p {g['logprob_p']:.2g}; answer tokens diff {g['length_diff']:+.1f} p {g['length_p']:.2g}")
     assert verdicts["plain"]["lossless"] == "consistent with lossless"  # the negative control, its own seed
     assert verdicts["topk5"]["lossless"].startswith("LOSSY") and verdicts["topk5"]["logprob_diff"] > 0  # too likely
-    for method in ("ngram", "draft_model"):  # this CPU build's drafting at T > 0: word salad, less likely or cut short
+    for method in ("ngram", "draft_model"):  # real drafters, the expand kernel fixed: the target's distribution
         g = verdicts[method]
-        # Judged like every config, with its interval and p-values; its verdict is measured, not asserted: on this
-        # CPU build the drafters' answers at T > 0 are not the target's, and the check flagged them in 4 of 5
-        # results (up to -2.9 nats per token, or 27.7 tokens short at p 1.4e-05); once draft_model's shortfall,
-        # -1.19 [-2.33, -0.04] nats per token, was not significant after Bonferroni over the report's 8 tests.
-        assert g["lossless"].startswith(("LOSSY", "consistent with lossless")), g
+        assert not g["sampling_defects"], g  # no known engine defect stored for this image's servers
         low, high = g["logprob_diff_ci95"]
         assert low <= g["logprob_diff"] <= high and 0 <= g["logprob_p"] <= 1 and 0 <= g["length_p"] <= 1, g
-        assert g["lossless"].startswith("consistent") or high < 0 or g["logprob_diff"] > 0 or g["length_p"] < 0.05, g
+        # Passes: the report's verdict tests at 0.05 over its 8 tests (Bonferroni, 0.00625 each), so a lossless
+        # drafter is flagged by chance about 1 time in 80; asserted here at 0.001 per test (1 in 250 for both tests of
+        # both drafters) so CI does not flake on chance, which still fails the stock kernel by far: on that build
+        # this sweep measured ngram -3.318 nats per token, p 5.3e-09, and answers 27.7 tokens short, p 1.4e-05.
+        assert g["logprob_p"] > 1e-3 and g["length_p"] > 1e-3, g
     checks = md[md.index("## Checks on the verdict"):md.index("## How far to trust this")]
     lossless = checks[checks.index("lossless at temperature > 0:"):checks.index("thinking budget:")]
     assert "topk5" in lossless and "plain" not in lossless
     shown = {"draft_model": ("draft model", "draft_model")}  # the report's name for it, or its key
-    defective = {"ngram", "draft_model"}  # the stock CPU build's expand kernel: named beside their verdicts
     assert all(any(name in lossless for name in shown.get(method, (method,)))
-               == (verdicts[method]["lossless"].startswith("LOSSY") or method in defective) for method in verdicts), \
-        lossless
-    assert lossless.count("a known engine defect: drafting on vLLM's CPU build") == 2, lossless
-    assert all(verdicts[m]["sampling_defects"] for m in defective) and not verdicts["topk5"]["sampling_defects"]
+               == verdicts[method]["lossless"].startswith("LOSSY") for method in verdicts), lossless
+    assert "a known engine defect" not in md and not any(verdicts[m]["sampling_defects"] for m in verdicts)
     (Path.home() / ".cache" / "sparklab" / "measurements").mkdir(parents=True, exist_ok=True)
     (Path.home() / ".cache" / "sparklab" / "measurements" / "cpu-quality-report.md").write_text(md)
 

@@ -18,21 +18,16 @@ from sparklab import report
 from sparklab.recipes.schema import recipes_dir
 from sparklab.report import lossless
 from sparklab.sweep.store import Store
-from tests.dockerkit import image_from_env, make_cli
+from tests.dockerkit import make_cli
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(900)]
 
 PROFILE = [0.9, 0.6, 0.3]
 
 
-@pytest.fixture(scope="module")
-def synthetic_image(docker_client) -> str:
-    return image_from_env("SPARKLAB_TEST_VLLM_CPU_SYNTHETIC_IMAGE",
-                          " (build it with docker/vllm-cpu-synthetic/build.sh)")
-
-
-def test_synthetic_acceptance_follows_its_profile_and_is_never_named_best(synthetic_image: str, tmp_path: Path,
-                                                                         measured) -> None:
+def test_synthetic_acceptance_follows_its_profile_and_is_never_named_best(vllm_cpu_synthetic_image: str,
+                                                                         tmp_path: Path, measured) -> None:
+    synthetic_image = vllm_cpu_synthetic_image
     doc = yaml.safe_load((recipes_dir() / "sweeps" / "cpu-tune-dspark.yaml").read_text())
     # none last: its server scores every sampled answer right after its own cells (the lossless check)
     doc.update(name="synthetic-e2e", recipe=str(recipes_dir() / "cpu.yaml"), num_speculative_tokens=[3],
