@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from sparklab.bench.prompts import Prompt, Workload, approx_tokens
 from sparklab.errors import RecipeError
-from sparklab.inputs import read_utf8
+from sparklab.inputs import parse_yaml, read_utf8
 
 # name -> its one-line description (the YAML's own `description`, read when listed)
 BUILTIN: dict[str, str] = {
@@ -146,7 +146,7 @@ def _parse(source: str, text: str) -> Workload:
     per text - a sweep loads its suites for every cell and every grading, and parsing is ~20 ms each (PyYAML).
     Workload and Prompt are frozen; callers copy a prompt's task before changing it."""
     try:
-        data = yaml.safe_load(text)
+        data = parse_yaml(text)
     except yaml.YAMLError as exc:
         raise RecipeError(f"{source}: not valid YAML ({exc})", _HINT) from None
     suite = _validate(Suite, data, source, "")

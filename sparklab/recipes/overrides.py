@@ -10,7 +10,7 @@ from typing import Any
 import yaml
 
 from sparklab.errors import RecipeError
-from sparklab.inputs import check_text
+from sparklab.inputs import check_text, parse_yaml
 
 
 # Any: a --set value is YAML: any YAML type
@@ -20,7 +20,7 @@ def parse_override(text: str) -> tuple[list[str], Any]:
         raise RecipeError(f"--set {text!r}: expected KEY=VALUE",
                           "Example: --set max_model_len=32768 or --set engines.vllm.image=repo/name:tag")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        value = parse_yaml(raw) if raw.strip() else ""
     except yaml.YAMLError:
         value = raw
     check_text({key.strip(): value}, "--set")  # bytes that are not UTF-8 reach argv as lone surrogates

@@ -27,7 +27,7 @@ from pydantic_core import PydanticCustomError
 
 from sparklab.engines import ENGINES
 from sparklab.errors import RecipeError
-from sparklab.inputs import check_text, read_utf8
+from sparklab.inputs import check_text, parse_yaml, read_utf8
 from sparklab.recipes.overrides import apply_overrides
 from sparklab.recipes.validation import ONE_COUNT, ONE_VALUE, PER_CONCURRENCY, VALUES, explain_validation
 
@@ -293,7 +293,7 @@ def read_yaml(path: Path) -> Any:
     except OSError as exc:  # a directory, no permission
         raise RecipeError(f"{path}: cannot read it: {exc.strerror}", "Give the path of a YAML file.") from None
     try:
-        data = yaml.safe_load(text)
+        data = parse_yaml(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
