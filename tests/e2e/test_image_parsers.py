@@ -43,22 +43,23 @@ def test_check_parses_the_cpu_recipe_in_both_images_for_real_and_caches_the_verd
     assert cold.returncode == 0, cold.stdout + cold.stderr
     rows = {line.split()[0]: line for line in cold.stdout.splitlines() if line.startswith("cpu:")}
     # cpu.yaml's every engine and method: issue 26's lossless controls (topk5, plain) and issue 25's synthetic
-    # acceptance engine (its own image, docker/vllm-cpu-synthetic) beside the demo's servers
+    # acceptance engine (its own image, docker/vllm-cpu-synthetic, with both controls: cpu-quality runs there) beside the demo's servers
     assert set(rows) == {"cpu:vllm-cpu/none", "cpu:vllm-cpu/ngram", "cpu:vllm-cpu/draft_model", "cpu:vllm-cpu/topk5",
                          "cpu:vllm-cpu/plain", "cpu:vllm-cpu-synthetic/none", "cpu:vllm-cpu-synthetic/ngram",
-                         "cpu:vllm-cpu-synthetic/draft_model", "cpu:vllm-cpu-synthetic/synthetic",
+                         "cpu:vllm-cpu-synthetic/draft_model", "cpu:vllm-cpu-synthetic/topk5",
+                         "cpu:vllm-cpu-synthetic/plain", "cpu:vllm-cpu-synthetic/synthetic",
                          "cpu:llamacpp-cpu/none", "cpu:llamacpp-cpu/draft_model"}, cold.stdout
     for name, row in rows.items():
         assert " accepted " in row, row
         # the image's package metadata: the distribution vllm-cpu says 0.27.1 (its server adds +cpu, the shim's)
         assert (" 0.27.1 " if "vllm" in name else " b11669 ") in row
         assert re.search(r"sha256:[0-9a-f]{12}", row), row
-    assert "11 server(s): 11 accepted, 0 refused, 0 not checked" in cold.stdout
+    assert "13 server(s): 13 accepted, 0 refused, 0 not checked" in cold.stdout
     started = time.monotonic()
     warm = cli.run("check", "cpu", *_images(vllm_cpu_image, llamacpp_cpu_image), "--pull", "never", timeout=600)
     warm_s = time.monotonic() - started
-    assert warm.returncode == 0 and warm.stdout.count("(cached;") == 11, warm.stdout
-    measured["check cpu (11 servers, 3 images): cold s / cached s (whole command)"] = f"{cold_s:.1f} / {warm_s:.1f}"
+    assert warm.returncode == 0 and warm.stdout.count("(cached;") == 13, warm.stdout
+    measured["check cpu (13 servers, 3 images): cold s / cached s (whole command)"] = f"{cold_s:.1f} / {warm_s:.1f}"
 
 
 def test_up_refuses_a_misspelt_flag_at_preflight_before_any_model_loads(
