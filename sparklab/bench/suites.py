@@ -143,7 +143,8 @@ def load_suite(spec: str) -> Workload:
 @functools.lru_cache(maxsize=32)
 def _parse(source: str, text: str) -> Workload:
     """The suite in `text` (read fresh by each load, so an edited file is parsed again): parsed and checked once
-    per text - a sweep loads its suites for every cell and every grading, and parsing is ~20 ms each (PyYAML).
+    per text - a sweep loads its suites for every cell and every grading (parse_yaml: 0.2-1.5 ms per shipped
+    suite, 2.3-8.7 ms by safe_load; then validation).
     Workload and Prompt are frozen; callers copy a prompt's task before changing it."""
     try:
         data = parse_yaml(text)

@@ -27,18 +27,17 @@ PROFILE = [0.9, 0.6, 0.3]
 
 def test_synthetic_acceptance_follows_its_profile_and_is_never_named_best(vllm_cpu_synthetic_image: str,
                                                                          tmp_path: Path, measured) -> None:
-    synthetic_image = vllm_cpu_synthetic_image
     doc = yaml.safe_load((recipes_dir() / "sweeps" / "cpu-tune-dspark.yaml").read_text())
     # none last: its server scores every sampled answer right after its own cells (the lossless check)
     doc.update(name="synthetic-e2e", recipe=str(recipes_dir() / "cpu.yaml"), num_speculative_tokens=[3],
                methods=["synthetic", "ngram", "draft_model", "none"], concurrency=[4], requests={4: 12}, repeats=1,
                set=[f"synthetic_acceptance_rates={json.dumps(PROFILE)}",
-                    f"engines.vllm-cpu-synthetic.image={synthetic_image}"],
+                    f"engines.vllm-cpu-synthetic.image={vllm_cpu_synthetic_image}"],
                sampling={**doc["sampling"], "max_tokens": 64, "temperature": [0, 1.0]},
                lossless={"enabled": True, "alpha": 0.05})
     sweep = tmp_path / "synthetic-e2e.yaml"
     sweep.write_text(yaml.safe_dump(doc))
-    cli = make_cli(synthetic_image, tmp_path)
+    cli = make_cli(vllm_cpu_synthetic_image, tmp_path)
     done = cli.run("sweep", str(sweep), "--runs-dir", str(tmp_path / "runs"), "--pull", "always", timeout=900)
     assert done.returncode == 0, done.stderr[-3000:] + done.stdout[-2000:]
     (path,) = (tmp_path / "runs").glob("*/results.sqlite")
