@@ -12,7 +12,8 @@ allocation (issue 27 item 7). Per template:
   most MAX_VALUE characters or items, checked before the value is built; integers at most MAX_INT_BITS bits;
 - loop iterations, all loops together: at most MAX_ITERATIONS; recursive loops are refused;
 - calls nested (macros calling macros, `caller()`, `super()`): at most MAX_DEPTH deep;
-- time: at most MAX_SECONDS, checked at every call, operator, attribute, loop iteration and write.
+- time: at most MAX_SECONDS of the render thread's CPU time, checked at every call, operator, attribute, loop
+  iteration and write.
 
 Every hook raises TemplateBudgetError (a SecurityError); render_template turns it, and every other failure of a
 template, into a one-paragraph RecipeError naming the file and the key. The bounds and the checks that hold them
