@@ -115,9 +115,11 @@ def test_one_server_across_two_hosts_takes_the_same_path(hosts: dict[str, FakeRu
     assert hosts["local"].events[-2:] == [f"stop {worker.name}", f"stop {head.name}"]  # every node, the head last
 
 
-def test_a_server_across_hosts_is_not_detached(hosts: dict[str, FakeRuntime], tmp_path: Path, capsys: Any) -> None:
+def test_a_server_across_hosts_is_not_detached(hosts: dict[str, FakeRuntime], port: int, tmp_path: Path,
+                                              capsys: Any) -> None:
+    # a free port of its own: the recipe's 8000 may be taken on this host (a CPU engine serving there failed it)
     assert main(["up", "gb10-pair", "--image", "example/standin:2", "--no-gpus", "--hf-cache", str(tmp_path),
-                 "--no-download", "--set", "gpu_memory_utilization=0.01", "--detach",
+                 "--no-download", "--port", str(port), "--set", "gpu_memory_utilization=0.01", "--detach",
                  "--host", f"local,{LINK}", "--host", f"ssh://me@spark-2,{LINK}"]) == 1
     assert "a server across hosts runs in the foreground" in capsys.readouterr().err
     assert not hosts  # refused before any host was reached
