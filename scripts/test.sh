@@ -7,7 +7,7 @@
 # Phases: host setup (docker, registry) -> base image -> stand-in engine image -> vLLM CPU images, 0.27.1 and
 # 0.32.0 (if their build script exists; 0.32.0 only for the engine tier) -> llama.cpp CPU image -> test venv ->
 # Edge-LLM source -> second Docker host (sshd + dockerd) -> SGLang parser venv -> ruff -> lint-imports -> mypy ->
-# pytest.
+# pytest: the unit tier over every core (pytest-xdist), then the other tiers one test at a time.
 # Every phase is idempotent and fast when up to date. SPARKLAB_SKIP_VLLM_CPU_BUILD=1 skips the (slow) vLLM CPU
 # image builds; images already in the registry are still used. pytest's closing summary gives each tier's wall
 # time (tests/conftest.py).
@@ -201,12 +201,31 @@ paths=()
 for tier in ${tiers[@]+"${tiers[@]}"}; do
   paths+=("${TIER_DIR[$tier]}")
 done
-# pytest speaks last, so its closing lines (the wall time per tier, then "N passed in …") end the run.
+# The unit tier runs first and on its own, its tests spread over the cores with pytest-xdist (-n auto, or
+# SPARKLAB_TEST_WORKERS): it needs nothing shared. Every other tier then runs one test at a time (they share one
+# Docker daemon, the second host, and the CPU engine's two cores, and time what they start). With pytest arguments
+# of your own (a file, -k), one pytest runs them one at a time, as before.
 pytest_rc=0
-"$VENV/bin/python" -m pytest -ra -q --durations=15 ${paths[@]+"${paths[@]}"} ${pytest_args[@]+"${pytest_args[@]}"} \
-  || pytest_rc=$?
-if [ "$pytest_rc" -eq 5 ]; then
-  echo "[test] FAIL: pytest collected no tests (exit 5)" >&2
+pytest_step() {  # pytest_step PYTEST-ARGS...: run pytest, keep its first failing exit status in pytest_rc
+  local rc=0
+  "$VENV/bin/python" -m pytest -ra -q --durations=15 "$@" || rc=$?
+  if [ "$rc" -eq 5 ]; then
+    echo "[test] FAIL: pytest collected no tests (exit 5)" >&2
+  fi
+  if [ "$pytest_rc" -eq 0 ]; then pytest_rc=$rc; fi
+}
+if wants unit && [ "${#pytest_args[@]}" -eq 0 ] && "$VENV/bin/python" -c 'import xdist' 2>/dev/null; then
+  start=$SECONDS
+  pytest_step -n "${SPARKLAB_TEST_WORKERS:-auto}" tests/unit
+  printf '[test] unit tier: %ss wall (pytest-xdist, %s workers)\n' "$((SECONDS - start))" "${SPARKLAB_TEST_WORKERS:-auto}"
+  rest=()
+  for tier in $ALL_TIERS; do
+    if [ "$tier" != unit ] && wants "$tier"; then rest+=("${TIER_DIR[$tier]}"); fi
+  done
+  # pytest speaks last, so its closing lines (the wall time per tier, then "N passed in …") end the run.
+  if [ "${#rest[@]}" -gt 0 ]; then pytest_step "${rest[@]}"; fi
+else
+  pytest_step ${paths[@]+"${paths[@]}"} ${pytest_args[@]+"${pytest_args[@]}"}
 fi
 if [ "$ruff_rc" -ne 0 ] || [ "$imports_rc" -ne 0 ] || [ "$mypy_rc" -ne 0 ] || [ "$pytest_rc" -ne 0 ]; then
   echo "[test] FAIL (ruff exit $ruff_rc, lint-imports exit $imports_rc, mypy exit $mypy_rc, pytest exit $pytest_rc)" >&2

@@ -66,15 +66,22 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
         _tier_outcomes.setdefault(tier, Counter())["error"] += 1
 
 
-def pytest_terminal_summary(terminalreporter: Any) -> None:
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
     if not _tier_seconds:
         return
-    terminalreporter.section("wall time per tier (setup + call + teardown of its tests)")
+    workers = getattr(config.option, "numprocesses", None)  # pytest-xdist's -n (scripts/test.sh: the unit tier)
+    total = time.monotonic() - _session_started
+    if workers:  # tests ran side by side: a tier's sum is its tests' time, the session's wall time is the clock's
+        terminalreporter.section(f"time per tier over {workers} workers (setup + call + teardown, summed)")
+    else:
+        terminalreporter.section("wall time per tier (setup + call + teardown of its tests)")
     for tier in [*TIERS.values(), "other"]:
         if tier in _tier_seconds:
             outcomes = ", ".join(f"{n} {what}" for what, n in sorted(_tier_outcomes.get(tier, Counter()).items()))
             terminalreporter.write_line(f"{tier:<9} {_tier_seconds[tier]:8.1f} s   {outcomes}")
-    total = time.monotonic() - _session_started
+    if workers:
+        terminalreporter.write_line(f"{'all':<9} {total:8.1f} s   wall ({workers} workers)")
+        return
     rest = total - sum(_tier_seconds.values())
     terminalreporter.write_line(f"{'all':<9} {total:8.1f} s   (collection and the rest: {rest:.1f} s)")
 
