@@ -120,13 +120,35 @@ class Cli:
     def run(self, *args: str, timeout: float = 120, env: dict[str, str] | None = None
             ) -> subprocess.CompletedProcess[str]:
         with ctrl_c_raises():  # the CLI takes Ctrl-C as from a terminal, however this run was started
-            return subprocess.run([sys.executable, "-m", "sparklab", *args], capture_output=True, text=True,
-                                  timeout=timeout, env=env or self.env())
+            return run_bounded([sys.executable, "-m", "sparklab", *args], timeout=timeout, env=env or self.env())
 
     def popen(self, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
         with ctrl_c_raises():
             return subprocess.Popen([sys.executable, "-m", "sparklab", *args], stdout=subprocess.PIPE,
                                     stderr=subprocess.PIPE, text=True, env=env or self.env())
+
+
+STOP_GRACE_S = 60.0  # a CLI's own stop after SIGTERM: its servers taken down (a vLLM CPU container stops in ~5 s)
+
+
+def run_bounded(argv: list[str], *, timeout: float, env: dict[str, str] | None = None
+                ) -> subprocess.CompletedProcess[str]:
+    """subprocess.run(argv, capture_output=True, text=True, timeout=timeout), except that a command past its timeout
+    gets SIGTERM first (sparklab's own stop: its servers down, its run files kept) and SIGKILL only STOP_GRACE_S
+    later. subprocess.run kills at once, and a sweep killed so left its engine container running (a quality sweep
+    timed out on a loaded machine, 2026-12-02). Raises subprocess.TimeoutExpired with what the command printed."""
+    with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) as proc:
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.terminate()
+            try:
+                out, err = proc.communicate(timeout=STOP_GRACE_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                out, err = proc.communicate()
+            raise subprocess.TimeoutExpired(argv, timeout, out, err) from None
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
 
 
 def make_cli(image: str, tmp_path: Path) -> Cli:

@@ -16,7 +16,7 @@ import pytest
 
 from sparklab.recipes.schema import recipes_dir
 from sparklab.sweep.store import Store
-from tests.dockerkit import Cli
+from tests.dockerkit import Cli, run_bounded
 
 pytestmark = pytest.mark.engine
 
@@ -25,8 +25,8 @@ pytestmark = pytest.mark.engine
 def test_cpu_demo_sweep(engine_cli: Cli, llamacpp_cpu_image: str, tmp_path: Path, measured) -> None:
     sweep = recipes_dir() / "sweeps" / "cpu-demo.yaml"
     started = time.monotonic()
-    done = subprocess.run([sys.executable, "-m", "sparklab", "sweep", str(sweep), "--runs-dir", str(tmp_path)],
-                          capture_output=True, text=True, timeout=2400, env=engine_cli.env())
+    done = run_bounded([sys.executable, "-m", "sparklab", "sweep", str(sweep), "--runs-dir", str(tmp_path)],
+                       timeout=2400, env=engine_cli.env())
     assert done.returncode == 0, done.stderr[-4000:]
     measured["cpu demo: sweep wall time (s), 5 vLLM servers x 6 cells + 2 llama.cpp servers x 3"] = round(
         time.monotonic() - started, 1)
