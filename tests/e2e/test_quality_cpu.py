@@ -54,12 +54,7 @@ class QualityRun:
 SUITES = ["tasks-en", "code", "agent"]  # instruction, code and agent; tasks-ja's checks are the unit tier's
 PROFILE = [0.9, 0.6, 0.3]  # the synthetic server's per-position acceptance at K=3
 SERVERS = 6  # ngram, draft_model, topk5, plain, synthetic, none
-# Synthetic acceptance does not hold to a grammar: on the agent suite's tool_choice "required" (vLLM constrains the
-# output to a call with xgrammar) vLLM 0.27.1 terminated the request, "grammar rejected tokens [568, 92, 0] ...
-# Terminating request" (its log, v1 scheduler.py:1835, after backend_xgrammar.py:162 "Failed to advance FSM"): it
-# accepts drafts the grammar forbids, and the cell lost a request. So the synthetic server runs tasks-en and code only.
-SYNTHETIC_SUITES = ["tasks-en", "code"]
-CELLS = (SERVERS * len(SUITES) - (len(SUITES) - len(SYNTHETIC_SUITES))) * 2  # two temperatures
+CELLS = SERVERS * len(SUITES) * 2  # two temperatures
 
 
 def _quality_sweep(root: Path, image: str) -> Path:
@@ -71,7 +66,6 @@ def _quality_sweep(root: Path, image: str) -> Path:
     assert document["methods"][-1] == "none"  # none last: its server scores every sampled answer
     document.update({"recipe": str(recipes_dir() / "cpu.yaml"), "workloads": SUITES,
                      "methods": [*document["methods"][:-1], "synthetic", "none"],
-                     "exclude": [{"method": "synthetic", "workload": w} for w in SUITES if w not in SYNTHETIC_SUITES],
                      "set": [f"engines.vllm-cpu-synthetic.image={image}",
                              f"synthetic_acceptance_rates={json.dumps(PROFILE)}"]})
     path = root / "cpu-quality.yaml"
@@ -111,7 +105,7 @@ def test_cpu_quality_sweep(quality_run: QualityRun, tmp_path: Path, measured) ->
     assert len(code) == SERVERS * 2 * 6 and all(len(g["tests"]) >= 4 for g in code)  # ran in the sandbox, per test
     sampled = [c for c in cells if c.settings["sampling"]["temperature"] > 0]
     expected = sum(1 for c in sampled for a in outputs[c.id] if not a["warmup"] and a["ok"])
-    assert len(scores) == expected == CELLS // 2 * 6 and all(s.status == "scored" for s in scores.values())
+    assert len(scores) == expected == SERVERS * len(SUITES) * 6 and all(s.status == "scored" for s in scores.values())
     measured["quality: answers graded / sampled answers scored"] = f"{len(every)} / {len(scores)}"
 
     out = tmp_path / "report"
@@ -177,7 +171,7 @@ def test_synthetic_acceptance_follows_its_profile_and_is_never_named_best(qualit
     with Store.open(quality_run.db, readonly=True) as store:
         built = report.build(store, quality_run.db.parent.name)
     at_zero = [g for g in built.groups if g.server.is_synthetic and g.sampling.get("temperature") == 0]
-    assert len(at_zero) == len(SYNTHETIC_SUITES) and all(g.server.synthetic == tuple(PROFILE) for g in at_zero)
+    assert len(at_zero) == len(SUITES) and all(g.server.synthetic == tuple(PROFILE) for g in at_zero)
     specs = [c.result["speculative"] for g in at_zero for c in g.cells]  # type: ignore[index]
     drafts = sum(spec["drafts"] for spec in specs)  # pooled over the suites: each position's rate weighted by drafts
     rates = [sum(spec["per_position_acceptance"][i] * spec["drafts"] for spec in specs) / drafts
@@ -193,11 +187,11 @@ def test_synthetic_acceptance_follows_its_profile_and_is_never_named_best(qualit
     assert "## Synthetic acceptance: not drafters" in markdown and "(synthetic: expected to differ)" in markdown
     # At temperature 1.0 the lossless check flags it: its serve command as lossy by design, and its answers, scored
     # under the target, as less likely per token than none's (drafts accepted without the target's test are the
-    # ones the target would have rejected). Measured on tasks-en, code and agent (18 answers each, top_p 0.95): -2.14
+    # ones the target would have rejected). Measured on this sweep's suites (18 answers each, top_p 0.95): -2.14
     # [-2.93, -1.36] nats per token, p 3.3e-06 (flagged by the data too); on 12 `seed` answers of 64 tokens -0.95
     # [-1.78, -0.13], p 0.026 against a threshold of 0.025 (flagged by design only), hence the verdict either way.
     (checked,) = [r for r in lossless.results(built) if r.server.is_synthetic]
-    answers = len(SYNTHETIC_SUITES) * 6
+    answers = len(SUITES) * 6
     assert checked.checked and checked.logprob and checked.answers == checked.baseline_answers == answers, checked
     d = checked.logprob
     measured[f"synthetic K=3 at T=1: log-likelihood per token vs none ({answers} answers each)"] = (
