@@ -7,19 +7,16 @@ CPU expand kernel is fixed (engine vllm-cpu-synthetic): on the stock build draft
 the target's distribution (word salad, e.g. "BienfirehoseTYPESceptives taxpay bureaucraticiagnosed" at -15.6 nats per
 token: sparklab.engines.vllm_synthetic.cpu_sampling_defects; the plan storing that defect and the report naming it are
 tests/unit/test_lossless.py's), while at temperature 0 both are identical to none, token for token. vLLM's synthetic
-rejection sampling, the lossy method the issue names, runs in the same sweep as a sixth server (profile 0.9 0.6 0.3 at
-K=3): the engine's counters follow the profile, its answers differ from none's at temperature 0, the report labels it
-and never names it best, and the lossless check flags it. Then `sparklab compare` on two real CPU runs: that vLLM run
-against llama.cpp b11669 on the same suites, sampling and concurrency.
+rejection sampling, the lossy method the issue names, is flagged by tests/e2e/test_synthetic_cpu.py on the same image.
+Then `sparklab compare` on two real CPU runs: that vLLM run against llama.cpp b11669 on the same suites, sampling and
+concurrency.
 
-Cheap by sharing: the one quality run (a module fixture) serves all three tests, so the synthetic check adds one vLLM
-server to it instead of a sweep of four (its own none, ngram and draft_model were this sweep's), and the comparison
-adds only two llama.cpp servers (about 1 s to start each) instead of two vLLM ones. Measured: see the timeout marks."""
+Cheap by sharing: the one quality run (a module fixture) serves both tests, so the comparison adds only two llama.cpp
+servers (about 1 s to start each) instead of two vLLM ones. Measured: see the timeout marks."""
 
 from __future__ import annotations
 
 import json
-import math
 import subprocess
 import sys
 import time
@@ -29,19 +26,16 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sparklab import report
 from sparklab.recipes.schema import recipes_dir
-from sparklab.report import lossless
 from sparklab.sweep.store import Store
-from tests.dockerkit import Cli, make_cli, run_bounded
+from tests.dockerkit import Cli, make_cli
 from tests.e2e.conftest import MEASURED  # the module fixture's figure (the measured fixture is per test)
 
 pytestmark = pytest.mark.engine
-# The quality sweep's own bound. Measured on a 2-core machine (2026-12-01, 19:26 UTC): the module took 540 s, the
-# quality sweep (then 5 servers x 6 cells, grading and scoring) 406 s in the first test's setup, the comparison's own
-# part (2 llama.cpp servers x 4 cells, compare, report) 130 s. On another 2-core host (2026-12-02) the same engine
-# ran about 4x slower (a server's 6 cells in 5.7 min against 1.4): the bound allows that for 6 servers.
-QUALITY_TIMEOUT_S = 2400
+# The quality sweep's own bound. Measured on this 2-core machine (2026-12-01, 19:26 UTC): the module took 540 s, the
+# quality sweep (5 servers x 6 cells, grading and scoring) 406 s in the first test's setup, the comparison's own
+# part (2 llama.cpp servers x 4 cells, compare, report) 130 s.
+QUALITY_TIMEOUT_S = 1200
 
 
 @dataclass(frozen=True)
@@ -52,22 +46,15 @@ class QualityRun:
 
 
 SUITES = ["tasks-en", "code", "agent"]  # instruction, code and agent; tasks-ja's checks are the unit tier's
-PROFILE = [0.9, 0.6, 0.3]  # the synthetic server's per-position acceptance at K=3
-SERVERS = 6  # ngram, draft_model, topk5, plain, synthetic, none
-CELLS = SERVERS * len(SUITES) * 2  # two temperatures
 
 
 def _quality_sweep(root: Path, image: str) -> Path:
     """recipes/sweeps/cpu-quality.yaml as shipped, with one instruction suite instead of two (English: tasks-ja is
-    graded by the same checks, tests/unit/test_grading.py), to keep the engine tier short, and vLLM's synthetic
-    rejection sampling as a sixth server before none (the lossy drafter the check must flag, on the same image)."""
+    graded by the same checks, tests/unit/test_grading.py), to keep the engine tier short."""
     document = yaml.safe_load((recipes_dir() / "sweeps" / "cpu-quality.yaml").read_text())
     assert document["engines"] == ["vllm-cpu-synthetic"]  # the fixed expand kernel: lossless drafting at T > 0
-    assert document["methods"][-1] == "none"  # none last: its server scores every sampled answer
     document.update({"recipe": str(recipes_dir() / "cpu.yaml"), "workloads": SUITES,
-                     "methods": [*document["methods"][:-1], "synthetic", "none"],
-                     "set": [f"engines.vllm-cpu-synthetic.image={image}",
-                             f"synthetic_acceptance_rates={json.dumps(PROFILE)}"]})
+                     "set": [f"engines.vllm-cpu-synthetic.image={image}"]})
     path = root / "cpu-quality.yaml"
     path.write_text(yaml.safe_dump(document))
     return path
@@ -80,10 +67,10 @@ def quality_run(vllm_cpu_synthetic_image: str, tmp_path_factory: pytest.TempPath
     cli = make_cli(vllm_cpu_synthetic_image, root)
     sweep = _quality_sweep(root, vllm_cpu_synthetic_image)
     started = time.monotonic()
-    done = run_bounded([sys.executable, "-m", "sparklab", "sweep", str(sweep), "--runs-dir", str(root / "runs")],
-                       timeout=QUALITY_TIMEOUT_S, env=cli.env())
+    done = subprocess.run([sys.executable, "-m", "sparklab", "sweep", str(sweep), "--runs-dir", str(root / "runs")],
+                          capture_output=True, text=True, timeout=QUALITY_TIMEOUT_S, env=cli.env())
     assert done.returncode == 0, done.stderr[-4000:]
-    MEASURED["quality: sweep wall time (s), 6 servers x 6 cells, grading and scoring included"] = round(
+    MEASURED["quality: sweep wall time (s), 5 servers x 6 cells, grading and scoring included"] = round(
         time.monotonic() - started, 1)
     (db,) = (root / "runs").glob("cpu-quality-*/results.sqlite")
     return QualityRun(cli, root / "runs", db)
@@ -93,19 +80,19 @@ def quality_run(vllm_cpu_synthetic_image: str, tmp_path_factory: pytest.TempPath
 def test_cpu_quality_sweep(quality_run: QualityRun, tmp_path: Path, measured) -> None:
     db = quality_run.db
     with Store.open(db, readonly=True) as store:
-        assert store.counts()["done"] == CELLS and not store.failures()
+        assert store.counts()["done"] == 30 and not store.failures()
         grades = store.grades()
         scores = store.scores()
         cells = store.cells("done")
         outputs = store.outputs()
     every = [g for rows in grades.values() for g in rows]
-    assert len(every) == CELLS * 6 and all(g["status"] == "graded" for g in every), \
+    assert len(every) == 30 * 6 and all(g["status"] == "graded" for g in every), \
         [g["note"] for g in every if g["status"] != "graded"][:3]
     code = [g for g in every if g["kind"] == "code"]
-    assert len(code) == SERVERS * 2 * 6 and all(len(g["tests"]) >= 4 for g in code)  # ran in the sandbox, per test
+    assert len(code) == 5 * 2 * 6 and all(len(g["tests"]) >= 4 for g in code)  # ran in the sandbox, pass/fail per test
     sampled = [c for c in cells if c.settings["sampling"]["temperature"] > 0]
     expected = sum(1 for c in sampled for a in outputs[c.id] if not a["warmup"] and a["ok"])
-    assert len(scores) == expected == SERVERS * len(SUITES) * 6 and all(s.status == "scored" for s in scores.values())
+    assert len(scores) == expected == 5 * 3 * 6 and all(s.status == "scored" for s in scores.values())
     measured["quality: answers graded / sampled answers scored"] = f"{len(every)} / {len(scores)}"
 
     out = tmp_path / "report"
@@ -155,52 +142,10 @@ def test_cpu_quality_sweep(quality_run: QualityRun, tmp_path: Path, measured) ->
     assert "topk5" in lossless and "plain" not in lossless
     shown = {"draft_model": ("draft model", "draft_model")}  # the report's name for it, or its key
     assert all(any(name in lossless for name in shown.get(method, (method,)))
-               == verdicts[method]["lossless"].startswith("LOSSY") for method in verdicts if method != "synthetic"), \
-        lossless  # synthetic: test_synthetic_acceptance_follows_its_profile_and_is_never_named_best
+               == verdicts[method]["lossless"].startswith("LOSSY") for method in verdicts), lossless
     assert "a known engine defect" not in md and not any(verdicts[m]["sampling_defects"] for m in verdicts)
     (Path.home() / ".cache" / "sparklab" / "measurements").mkdir(parents=True, exist_ok=True)
     (Path.home() / ".cache" / "sparklab" / "measurements" / "cpu-quality-report.md").write_text(md)
-
-
-@pytest.mark.timeout(QUALITY_TIMEOUT_S + 300)  # the module's quality sweep runs in the first test's setup
-def test_synthetic_acceptance_follows_its_profile_and_is_never_named_best(quality_run: QualityRun, measured) -> None:
-    """The synthetic server of the quality sweep: at temperature 0 the engine's own counters accept drafts at the
-    profile's per-position rates and its answers differ from none's (accepted drafts the target would not pick); the
-    report labels it and names no synthetic config best; at temperature 1.0 the lossless check flags it, by its serve
-    command and by its answers scored under the target."""
-    with Store.open(quality_run.db, readonly=True) as store:
-        built = report.build(store, quality_run.db.parent.name)
-    at_zero = [g for g in built.groups if g.server.is_synthetic and g.sampling.get("temperature") == 0]
-    assert len(at_zero) == len(SUITES) and all(g.server.synthetic == tuple(PROFILE) for g in at_zero)
-    specs = [c.result["speculative"] for g in at_zero for c in g.cells]  # type: ignore[index]
-    drafts = sum(spec["drafts"] for spec in specs)  # pooled over the suites: each position's rate weighted by drafts
-    rates = [sum(spec["per_position_acceptance"][i] * spec["drafts"] for spec in specs) / drafts
-             for i in range(len(PROFILE))]
-    measured["synthetic K=3 per-position acceptance (profile 0.9 0.6 0.3)"] = (
-        f"{' '.join(f'{r:.3f}' for r in rates)} over {drafts:.0f} drafts")
-    assert drafts >= 100
-    for got, want in zip(rates, PROFILE, strict=True):  # the engine's counters: 4 binomial sd of the profile
-        assert abs(got - want) <= 4 * math.sqrt(want * (1 - want) / drafts) + 0.02, (rates, drafts)
-    assert all(g.equality is not None and g.equality.differs for g in at_zero)  # drafts the target would not accept
-    assert built.best and not any(b.group.server.is_synthetic for b in built.best)
-    markdown = report.render(built, "md")
-    assert "## Synthetic acceptance: not drafters" in markdown and "(synthetic: expected to differ)" in markdown
-    # At temperature 1.0 the lossless check flags it: its serve command as lossy by design, and its answers, scored
-    # under the target, as less likely per token than none's (drafts accepted without the target's test are the
-    # ones the target would have rejected). Measured on this sweep's suites (18 answers each, top_p 0.95): -2.14
-    # [-2.93, -1.36] nats per token, p 3.3e-06 (flagged by the data too); on 12 `seed` answers of 64 tokens -0.95
-    # [-1.78, -0.13], p 0.026 against a threshold of 0.025 (flagged by design only), hence the verdict either way.
-    (checked,) = [r for r in lossless.results(built) if r.server.is_synthetic]
-    answers = len(SUITES) * 6
-    assert checked.checked and checked.logprob and checked.answers == checked.baseline_answers == answers, checked
-    d = checked.logprob
-    measured[f"synthetic K=3 at T=1: log-likelihood per token vs none ({answers} answers each)"] = (
-        f"{d.difference:+.3f} [{d.low:+.3f}, {d.high:+.3f}] p {d.p_value:.2g}; {lossless.verdict(checked)}")
-    assert checked.declared and lossless.verdict(checked) in ("LOSSY: its answers are not the target's",
-                                                              "lossy by design"), checked
-    assert d.difference < 0, checked
-    checks = markdown[markdown.index("lossless at temperature > 0:"):]
-    assert "synthetic K=3" in checks[:checks.index("\n\n", checks.index("- "))]
 
 
 def _llamacpp_sweep(tmp_path: Path) -> Path:
@@ -221,8 +166,9 @@ def _llamacpp_sweep(tmp_path: Path) -> Path:
 def test_compare_vllm_with_llamacpp(quality_run: QualityRun, llamacpp_cpu_image: str, tmp_path: Path,
                                     measured) -> None:
     started = time.monotonic()
-    done = run_bounded([sys.executable, "-m", "sparklab", "sweep", str(_llamacpp_sweep(tmp_path)),
-                        "--runs-dir", str(quality_run.runs)], timeout=600, env=quality_run.cli.env())
+    done = subprocess.run([sys.executable, "-m", "sparklab", "sweep", str(_llamacpp_sweep(tmp_path)),
+                           "--runs-dir", str(quality_run.runs)], capture_output=True, text=True, timeout=600,
+                          env=quality_run.cli.env())
     assert done.returncode == 0, done.stderr[-3000:]
     measured["compare: llama.cpp quality run wall time (s), 2 servers x 4 cells"] = round(time.monotonic() - started, 1)
     (run,) = quality_run.runs.glob("cpu-quality-llamacpp-*")
