@@ -69,7 +69,8 @@ class Stream:
 
 
 # Piped output keeps whole lines (rich would wrap tables at 80 columns) so it can be grepped.
-_WIDTH = None if sys.stdout.isatty() or "COLUMNS" in os.environ else 200
+PIPED_WIDTH = 200
+_WIDTH = None if sys.stdout.isatty() or "COLUMNS" in os.environ else PIPED_WIDTH
 
 
 def _console(name: str) -> Console:

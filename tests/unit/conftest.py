@@ -14,8 +14,6 @@ from sparklab.cli import terminal
 from sparklab.engines.parsers import ProbeRun
 from sparklab.runtimes import containers
 
-PIPED_WIDTH = 200  # sparklab.cli.terminal's width for output that is not a terminal and has no COLUMNS
-
 
 @pytest.fixture(autouse=True)
 def _no_parser_containers_in_the_unit_tier(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -29,4 +27,4 @@ def _no_parser_containers_in_the_unit_tier(monkeypatch: pytest.MonkeyPatch, tmp_
 @pytest.fixture(autouse=True)
 def _piped_console_width(monkeypatch: pytest.MonkeyPatch) -> None:
     for console in (terminal.out, terminal.err):
-        monkeypatch.setattr(console, "_width", PIPED_WIDTH)  # rich's own field behind Console.width
+        monkeypatch.setattr(console, "_width", terminal.PIPED_WIDTH)  # rich's own field behind Console.width
