@@ -8,6 +8,7 @@ bench's clock has stopped before the first check runs; code answers run in the s
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from sparklab.bench import grading
@@ -22,16 +23,18 @@ def needs_sandbox(plan: Plan) -> bool:
     return any(p.task and p.task.get("kind") == "code" for w in plan.sweep.workloads for p in load_workload(w).prompts)
 
 
-def make_sandbox(plan: Plan, docker: Any) -> Any:
+def make_sandbox(plan: Plan, docker: Callable[[], Any]) -> Any:
     """The code suite's sandbox on this machine's Docker engine (its image checked now, before any server), or
-    None when the sweep has no code suite."""
+    None when the sweep has no code suite. `docker` gives that engine (None: the default one) and is called only
+    for a code suite: a host-process engine's sweep runs on a machine without a Docker daemon."""
     if not needs_sandbox(plan):
         return None
     from sparklab.runtimes.containers import Docker
     from sparklab.runtimes.sandbox import DockerSandbox, Limits
 
     g = plan.sweep.grading
-    sandbox = DockerSandbox(docker if docker is not None else Docker(),
+    engine = docker()
+    sandbox = DockerSandbox(engine if engine is not None else Docker(),
                             Limits(image=g.sandbox_image, timeout_s=g.timeout_s, per_test_s=g.per_test_s,
                                    memory_mib=g.memory_mib, cpus=g.cpus))
     sandbox.check(f"{plan.source}: grading.sandbox_image")

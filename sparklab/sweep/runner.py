@@ -261,7 +261,7 @@ def _sweep_locked(request: Request, name: str, say: Say, runtime: HostRuntime | 
             say(f"run {run_dir} ({'continued' if exists else 'new'}; {added} new cell(s)): {store.counts()}")
             options = request.options
             if store.pending_cells():  # a code suite's sandbox image is checked before any server starts
-                options = replace(options, sandbox=grading.make_sandbox(plan, _docker_of(runtime)))
+                options = replace(options, sandbox=grading.make_sandbox(plan, lambda: _docker_of(runtime)))
             try:
                 counts = run(plan, store, runtime, run_dir, options, say, hosts, reach)
             except KeyboardInterrupt:  # Ctrl-C, SIGTERM, or a hangup whose terminal is gone: the log says it

@@ -152,3 +152,27 @@ def test_the_sweep_lock_is_released_with_its_holder(tmp_path: Path) -> None:
     with rundir.SweepLock(runs, "acct"), rundir.SweepLock(tmp_path / "elsewhere", "acct"):  # another runs dir
         pass
     assert not runs.exists()  # the locks live in the state directory: runs/ holds runs only
+
+
+def test_a_sweep_without_a_code_suite_never_reaches_for_docker(tmp_path: Path, monkeypatch) -> None:
+    """A host-process engine runs on a machine without a Docker daemon: only a code suite's sandbox needs one. The
+    sandbox lookup asked this machine's runtime for its Docker engine before knowing whether the sweep grades code,
+    so every host-process sweep failed there with "cannot reach the Docker engine" (tests/process, no dockerd)."""
+    from sparklab.errors import ContainerError
+    from sparklab.runtimes.local import Runtime as LocalRuntime
+
+    class NoDaemon(LocalRuntime):
+        @property
+        def docker(self) -> Any:
+            raise ContainerError("cannot reach the Docker engine: refused", "Start it.")
+
+    seen: list[Any] = []
+
+    def run(plan, store, runtime, run_dir, options, say, hosts, reach):  # the servers themselves are not this test's
+        seen.append(options.sandbox)
+        return store.counts()
+
+    monkeypatch.setattr(runner, "run", run)
+    request = runner.Request(_write(tmp_path, workloads=["seed"]), tmp_path / "runs", download=False)
+    runner.sweep(request, say=lambda line: None, runtime=NoDaemon())
+    assert seen == [None]
