@@ -2,8 +2,10 @@
 synthetic method at K=3, at temperature 0 and 1.0, accepts drafts at the profile's per-position rates (the engine's
 own counters say so), its answers differ from none's, the report labels it and does not name it best, and the
 lossless check at temperature 1.0 flags it (issue 26: its serve command, and its answers scored under the target).
-ngram and draft_model on the same image, whose CPU expand kernel is fixed there, sample the target's distribution at
-temperature 1.0 (the stock kernel's drafting does not: sparklab.engines.vllm_synthetic.cpu_sampling_defects)."""
+That ngram and draft_model on the same image, its CPU expand kernel fixed, sample the target's distribution at
+temperature 1.0 (the stock kernel's drafting does not: sparklab.engines.vllm_synthetic.cpu_sampling_defects) is
+tests/e2e/test_quality_cpu.py's check, on more answers; this sweep ran them too until the suite had to fit CI's 90
+minutes on a slow host (two vLLM starts and four cells fewer)."""
 
 from __future__ import annotations
 
@@ -30,7 +32,7 @@ def test_synthetic_acceptance_follows_its_profile_and_is_never_named_best(vllm_c
     doc = yaml.safe_load((recipes_dir() / "sweeps" / "cpu-tune-dspark.yaml").read_text())
     # none last: its server scores every sampled answer right after its own cells (the lossless check)
     doc.update(name="synthetic-e2e", recipe=str(recipes_dir() / "cpu.yaml"), num_speculative_tokens=[3],
-               methods=["synthetic", "ngram", "draft_model", "none"], concurrency=[4], requests={4: 12}, repeats=1,
+               methods=["synthetic", "none"], concurrency=[4], requests={4: 12}, repeats=1,
                set=[f"synthetic_acceptance_rates={json.dumps(PROFILE)}",
                     f"engines.vllm-cpu-synthetic.image={vllm_cpu_synthetic_image}"],
                sampling={**doc["sampling"], "max_tokens": 64, "temperature": [0, 1.0]},
@@ -71,17 +73,3 @@ def test_synthetic_acceptance_follows_its_profile_and_is_never_named_best(vllm_c
     assert d.difference < 0, checked
     checks = markdown[markdown.index("lossless at temperature > 0:"):]
     assert "synthetic K=3" in checks[:checks.index("\n\n", checks.index("- "))]
-    # ngram on the same image, its expand kernel fixed (recipes/cpu.yaml: SPARKLAB_VLLM_CPU_EXPAND_FIX=1): a real
-    # drafter sampling the target's distribution at temperature 1. On the stock kernel the same run measured
-    # -4.07 [-4.53, -3.61] nats per token (24 answers each, p 4e-22); fixed, +0.13 [-0.27, +0.53]. The bound below
-    # fails the stock kernel by far and holds a lossless drafter's noise on 12 answers (its interval about +-0.6).
-    for method in ("ngram", "draft_model"):
-        (drafted,) = [r for r in lossless.results(built) if r.server.method == method]
-        assert drafted.checked and drafted.logprob and drafted.answers == 12 and not drafted.declared, drafted
-        assert drafted.known == (), drafted  # the fixed kernel: no known defect stored for its servers
-        d = drafted.logprob
-        measured[f"{method} K=3 at T=1, expand kernel fixed: log-likelihood per token vs none (12 answers each)"] = (
-            f"{d.difference:+.3f} [{d.low:+.3f}, {d.high:+.3f}] p {d.p_value:.2g}; {lossless.verdict(drafted)}")
-        assert d.difference > -1.5 and d.high > -0.5, drafted
-        draft_t0 = next(g for g in built.groups if g.server.method == method and g.sampling.get("temperature") == 0)
-        assert draft_t0.equality is not None and not draft_t0.equality.differs  # at temperature 0, token for token
