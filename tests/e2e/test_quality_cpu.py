@@ -1,5 +1,6 @@
 """Beyond speed on the real vLLM 0.27.1 CPU engine (issue 26): recipes/sweeps/cpu-quality.yaml runs the graded
-suites at temperature 0 and 1.0 with none, ngram, draft_model, a known-lossy control (topk5) and a plain control;
+suites (English instructions and code; the agent suite is graded in the unit tier, and ran here until the suite
+had to fit CI's 90 minutes on a slow host) at temperature 0 and 1.0 with none, ngram, draft_model, a known-lossy control (topk5) and a plain control;
 every answer is graded after its window (code in the sandbox container), every sampled answer scored under the
 target on the plain server; the report gives pass rates with intervals, per-task agreement and McNemar p-values.
 The lossless check flags the lossy control and passes the plain one, ngram and draft_model. It runs on the image whose
@@ -35,7 +36,9 @@ pytestmark = pytest.mark.engine
 # The quality sweep's own bound. Measured on this 2-core machine (2026-12-01, 19:26 UTC): the module took 540 s, the
 # quality sweep (5 servers x 6 cells, grading and scoring) 406 s in the first test's setup, the comparison's own
 # part (2 llama.cpp servers x 4 cells, compare, report) 130 s.
-QUALITY_TIMEOUT_S = 1200
+# On a slower 2-core host (AVX2 only, 2026-12-02) vLLM CPU decodes about 4x slower: the same 30 cells took about
+# 300 s per server, so the bound is a slow host's, and the sweep runs two suites (20 cells), not three.
+QUALITY_TIMEOUT_S = 2400
 
 
 @dataclass(frozen=True)
@@ -45,12 +48,12 @@ class QualityRun:
     db: Path
 
 
-SUITES = ["tasks-en", "code", "agent"]  # instruction, code and agent; tasks-ja's checks are the unit tier's
+SUITES = ["tasks-en", "code"]  # instruction and code; tasks-ja's and agent's checks are the unit tier's
 
 
 def _quality_sweep(root: Path, image: str) -> Path:
     """recipes/sweeps/cpu-quality.yaml as shipped, with one instruction suite instead of two (English: tasks-ja is
-    graded by the same checks, tests/unit/test_grading.py), to keep the engine tier short."""
+    graded by the same checks, tests/unit/test_grading.py) and no agent suite, to keep the engine tier short."""
     document = yaml.safe_load((recipes_dir() / "sweeps" / "cpu-quality.yaml").read_text())
     assert document["engines"] == ["vllm-cpu-synthetic"]  # the fixed expand kernel: lossless drafting at T > 0
     document.update({"recipe": str(recipes_dir() / "cpu.yaml"), "workloads": SUITES,
@@ -70,7 +73,7 @@ def quality_run(vllm_cpu_synthetic_image: str, tmp_path_factory: pytest.TempPath
     done = subprocess.run([sys.executable, "-m", "sparklab", "sweep", str(sweep), "--runs-dir", str(root / "runs")],
                           capture_output=True, text=True, timeout=QUALITY_TIMEOUT_S, env=cli.env())
     assert done.returncode == 0, done.stderr[-4000:]
-    MEASURED["quality: sweep wall time (s), 5 servers x 6 cells, grading and scoring included"] = round(
+    MEASURED["quality: sweep wall time (s), 5 servers x 4 cells, grading and scoring included"] = round(
         time.monotonic() - started, 1)
     (db,) = (root / "runs").glob("cpu-quality-*/results.sqlite")
     return QualityRun(cli, root / "runs", db)
@@ -80,19 +83,19 @@ def quality_run(vllm_cpu_synthetic_image: str, tmp_path_factory: pytest.TempPath
 def test_cpu_quality_sweep(quality_run: QualityRun, tmp_path: Path, measured) -> None:
     db = quality_run.db
     with Store.open(db, readonly=True) as store:
-        assert store.counts()["done"] == 30 and not store.failures()
+        assert store.counts()["done"] == 20 and not store.failures()
         grades = store.grades()
         scores = store.scores()
         cells = store.cells("done")
         outputs = store.outputs()
     every = [g for rows in grades.values() for g in rows]
-    assert len(every) == 30 * 6 and all(g["status"] == "graded" for g in every), \
+    assert len(every) == 20 * 6 and all(g["status"] == "graded" for g in every), \
         [g["note"] for g in every if g["status"] != "graded"][:3]
     code = [g for g in every if g["kind"] == "code"]
     assert len(code) == 5 * 2 * 6 and all(len(g["tests"]) >= 4 for g in code)  # ran in the sandbox, pass/fail per test
     sampled = [c for c in cells if c.settings["sampling"]["temperature"] > 0]
     expected = sum(1 for c in sampled for a in outputs[c.id] if not a["warmup"] and a["ok"])
-    assert len(scores) == expected == 5 * 3 * 6 and all(s.status == "scored" for s in scores.values())
+    assert len(scores) == expected == 5 * 2 * 6 and all(s.status == "scored" for s in scores.values())
     measured["quality: answers graded / sampled answers scored"] = f"{len(every)} / {len(scores)}"
 
     out = tmp_path / "report"
@@ -151,18 +154,18 @@ def test_cpu_quality_sweep(quality_run: QualityRun, tmp_path: Path, measured) ->
 def _llamacpp_sweep(tmp_path: Path) -> Path:
     """cpu-quality's suites, sampling and concurrency on llama.cpp b11669: its none and its Q4_0 draft (none last, so
     it takes the lossless check's turn right after its cells: llama.cpp cannot score, and the report says why).
-    Not the agent suite: the comparison must refuse the cells only one run has before --force sets the rest side by
+    Not the code suite: the comparison must refuse the cells only one run has before --force sets the rest side by
     side."""
     document = yaml.safe_load((recipes_dir() / "sweeps" / "cpu-quality.yaml").read_text())
     document.update({"name": "cpu-quality-llamacpp", "recipe": str(recipes_dir() / "cpu.yaml"),
                      "engines": ["llamacpp-cpu"], "methods": ["draft_model", "none"],
-                     "workloads": ["tasks-en", "code"], "overrides": []})
+                     "workloads": ["tasks-en"], "overrides": []})
     path = tmp_path / "llamacpp-quality.yaml"
     path.write_text(yaml.safe_dump(document))
     return path
 
 
-@pytest.mark.timeout(QUALITY_TIMEOUT_S + 900)  # its own part: two llama.cpp servers, 8 cells (+ the sweep, run alone)
+@pytest.mark.timeout(QUALITY_TIMEOUT_S + 900)  # its own part: two llama.cpp servers, 4 cells (+ the sweep, run alone)
 def test_compare_vllm_with_llamacpp(quality_run: QualityRun, llamacpp_cpu_image: str, tmp_path: Path,
                                     measured) -> None:
     started = time.monotonic()
@@ -170,13 +173,13 @@ def test_compare_vllm_with_llamacpp(quality_run: QualityRun, llamacpp_cpu_image:
                            "--runs-dir", str(quality_run.runs)], capture_output=True, text=True, timeout=600,
                           env=quality_run.cli.env())
     assert done.returncode == 0, done.stderr[-3000:]
-    measured["compare: llama.cpp quality run wall time (s), 2 servers x 4 cells"] = round(time.monotonic() - started, 1)
+    measured["compare: llama.cpp quality run wall time (s), 2 servers x 2 cells"] = round(time.monotonic() - started, 1)
     (run,) = quality_run.runs.glob("cpu-quality-llamacpp-*")
     runs = [quality_run.db.parent.name, run.name]
     compare = [sys.executable, "-m", "sparklab", "compare", *runs, "--runs-dir", str(quality_run.runs)]
     refused = subprocess.run(compare, capture_output=True, text=True, timeout=300)
     assert refused.returncode != 0 and "Traceback" not in refused.stderr
-    assert "do not measure the same cells" in refused.stderr and "agent" in refused.stderr, refused.stderr
+    assert "do not measure the same cells" in refused.stderr and "code" in refused.stderr, refused.stderr
     out = tmp_path / "compare"
     shown = subprocess.run([*compare, "--force", "-o", str(out)], capture_output=True, text=True, timeout=300)
     assert shown.returncode == 0, shown.stderr[-3000:]
@@ -187,7 +190,7 @@ def test_compare_vllm_with_llamacpp(quality_run: QualityRun, llamacpp_cpu_image:
     doc = json.loads((out / "compare.json").read_text())
     rows = {(r["cell"], r["config"], r["run"]): r for r in doc["rows"]}
     cells = {cell for cell, _, _ in rows}
-    assert len(cells) == 4 and not any(cell.startswith("agent") for cell in cells), cells  # 2 suites x 2 temperatures
+    assert len(cells) == 2 and not any(cell.startswith("code") for cell in cells), cells  # 1 suite x 2 temperatures
     for cell in cells:  # llama.cpp's none against vLLM's; pass rates where both graded
         theirs, ours = rows[(cell, "none", runs[1])], rows[(cell, "none", runs[0])]
         # one run per cell (repeats: 1): a ratio without an interval, as the report gives one run no interval
