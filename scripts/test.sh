@@ -202,9 +202,14 @@ for tier in ${tiers[@]+"${tiers[@]}"}; do
   paths+=("${TIER_DIR[$tier]}")
 done
 # The unit tier runs first and on its own, its tests spread over the cores with pytest-xdist (-n auto, or
-# SPARKLAB_TEST_WORKERS): it needs nothing shared. Every other tier then runs one test at a time (they share one
-# Docker daemon, the second host, and the CPU engine's two cores, and time what they start). With pytest arguments
-# of your own (a file, -k), one pytest runs them one at a time, as before.
+# SPARKLAB_TEST_WORKERS): it needs nothing shared. The docker tier's stand-in tests mostly wait on their engines'
+# clocks, so they run two at a time (xdist -n 2; each worker labels what it starts with its own session, and
+# checks and cleans only that), the tests on the second host one after another in their own group (one of them
+# freezes that host), and last, one at a time, the two files that touch the whole machine: a Docker daemon restart
+# and a disk that fills (test_sweep_faults.py), the page cache filled and dropped (test_memory_standin.py). Every
+# other tier runs one test at a time (they share the CPU engine's two cores, and time what they start). With pytest
+# arguments of your own (a file, -k), one pytest runs them one at a time, as before.
+DOCKER_ALONE=(tests/docker/test_sweep_faults.py tests/docker/test_memory_standin.py)
 pytest_rc=0
 pytest_step() {  # pytest_step PYTEST-ARGS...: run pytest, keep its first failing exit status in pytest_rc
   local rc=0
@@ -214,13 +219,25 @@ pytest_step() {  # pytest_step PYTEST-ARGS...: run pytest, keep its first failin
   fi
   if [ "$pytest_rc" -eq 0 ]; then pytest_rc=$rc; fi
 }
-if wants unit && [ "${#pytest_args[@]}" -eq 0 ] && "$VENV/bin/python" -c 'import xdist' 2>/dev/null; then
-  start=$SECONDS
-  pytest_step -n "${SPARKLAB_TEST_WORKERS:-auto}" tests/unit
-  printf '[test] unit tier: %ss wall (pytest-xdist, %s workers)\n' "$((SECONDS - start))" "${SPARKLAB_TEST_WORKERS:-auto}"
+if [ "${#pytest_args[@]}" -eq 0 ] && "$VENV/bin/python" -c 'import xdist' 2>/dev/null; then
+  if wants unit; then
+    start=$SECONDS
+    pytest_step -n "${SPARKLAB_TEST_WORKERS:-auto}" tests/unit
+    printf '[test] unit tier: %ss wall (pytest-xdist, %s workers)\n' "$((SECONDS - start))" \
+      "${SPARKLAB_TEST_WORKERS:-auto}"
+  fi
+  if wants process; then pytest_step "${TIER_DIR[process]}"; fi
+  if wants docker; then
+    start=$SECONDS
+    pytest_step -n "${SPARKLAB_DOCKER_WORKERS:-2}" --dist loadgroup "${TIER_DIR[docker]}" \
+      "${DOCKER_ALONE[@]/#/--ignore=}"
+    pytest_step "${DOCKER_ALONE[@]}"
+    printf '[test] docker tier: %ss wall (%s workers, then %s files alone)\n' "$((SECONDS - start))" \
+      "${SPARKLAB_DOCKER_WORKERS:-2}" "${#DOCKER_ALONE[@]}"
+  fi
   rest=()
-  for tier in $ALL_TIERS; do
-    if [ "$tier" != unit ] && wants "$tier"; then rest+=("${TIER_DIR[$tier]}"); fi
+  for tier in engine contract; do
+    if wants "$tier"; then rest+=("${TIER_DIR[$tier]}"); fi
   done
   # pytest speaks last, so its closing lines (the wall time per tier, then "N passed in …") end the run.
   if [ "${#rest[@]}" -gt 0 ]; then pytest_step "${rest[@]}"; fi

@@ -37,6 +37,31 @@ def tier_of(path: str | Path) -> str | None:
     return TIERS.get(parts[0]) if len(parts) > 1 else None
 
 
+# The docker tier's files that use the second host (tests/docker/conftest.py refuses a test on it elsewhere): under
+# pytest-xdist they run one after another on one worker (one freezes that host, another stops it, others count its
+# containers), while the tier's other tests spread over the workers one by one.
+SECOND_HOST_FILES = frozenset(f"tests/docker/{name}" for name in (
+    "test_dead_hosts.py", "test_hosts.py", "test_pair.py", "test_second_host_watched.py"))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """`--dist loadgroup` (scripts/test.sh, the docker tier): the second host's files as one group, every other test
+    on its own. xdist's own loadgroup reads `@group` suffixes that it can no longer add to node ids under pytest 9.2
+    (Node.nodeid now comes from `_id`; xdist 3.8.0's remote.py sets `_nodeid`), so its groups were silently ignored:
+    the second host's freeze and the other workers' use of that host met, and one test failed."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SecondHostTogether(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return "second-host" if path in SECOND_HOST_FILES else nodeid
+
+    return SecondHostTogether(config, log)
+
+
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
