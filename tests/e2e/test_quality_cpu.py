@@ -1,9 +1,10 @@
 """Beyond speed on the real vLLM 0.27.1 CPU engine (issue 26): recipes/sweeps/cpu-quality.yaml runs the graded
 suites (English instructions and code; the agent suite is graded in the unit tier, and ran here until the suite
-had to fit CI's 90 minutes on a slow host) at temperature 0 and 1.0 with none, ngram, draft_model, a known-lossy control (topk5) and a plain control;
-every answer is graded after its window (code in the sandbox container), every sampled answer scored under the
-target on the plain server; the report gives pass rates with intervals, per-task agreement and McNemar p-values.
-The lossless check flags the lossy control and passes the plain one, ngram and draft_model. It runs on the image whose
+had to fit CI's 90 minutes on a slow host) at temperature 0 and 1.0 with none, ngram, draft_model and a known-lossy
+control (topk5; the shipped file's negative control, plain, is left out for the same reason: ngram and draft_model
+must pass the check too); every answer is graded after its window (code in the sandbox container), every sampled
+answer scored under the target on none's server; the report gives pass rates with intervals, per-task agreement and McNemar p-values.
+The lossless check flags the lossy control and passes ngram and draft_model. It runs on the image whose
 CPU expand kernel is fixed (engine vllm-cpu-synthetic): on the stock build drafting at temperature > 0 does not sample
 the target's distribution (word salad, e.g. "BienfirehoseTYPESceptives taxpay bureaucraticiagnosed" at -15.6 nats per
 token: sparklab.engines.vllm_synthetic.cpu_sampling_defects; the plan storing that defect and the report naming it are
@@ -37,7 +38,8 @@ pytestmark = pytest.mark.engine
 # quality sweep (5 servers x 6 cells, grading and scoring) 406 s in the first test's setup, the comparison's own
 # part (2 llama.cpp servers x 4 cells, compare, report) 130 s.
 # On a slower 2-core host (AVX2 only, 2026-12-02) vLLM CPU decodes about 4x slower: the same 30 cells took about
-# 300 s per server, so the bound is a slow host's, and the sweep runs two suites (20 cells), not three.
+# 300 s per server, so the bound is a slow host's, and the sweep runs two suites and four methods (16 cells, not 30).
+# There, 20 cells (five methods) took 1371 s, in a fresh-clone CI run that ended 2 min inside its 90.
 QUALITY_TIMEOUT_S = 2400
 
 
@@ -48,15 +50,18 @@ class QualityRun:
     db: Path
 
 
+METHODS = ["ngram", "draft_model", "topk5", "none"]  # none last: it scores every sampled answer
 SUITES = ["tasks-en", "code"]  # instruction and code; tasks-ja's and agent's checks are the unit tier's
 
 
 def _quality_sweep(root: Path, image: str) -> Path:
     """recipes/sweeps/cpu-quality.yaml as shipped, with one instruction suite instead of two (English: tasks-ja is
-    graded by the same checks, tests/unit/test_grading.py) and no agent suite, to keep the engine tier short."""
+    graded by the same checks, tests/unit/test_grading.py), no agent suite and no plain control, to keep the engine
+    tier short."""
     document = yaml.safe_load((recipes_dir() / "sweeps" / "cpu-quality.yaml").read_text())
     assert document["engines"] == ["vllm-cpu-synthetic"]  # the fixed expand kernel: lossless drafting at T > 0
-    document.update({"recipe": str(recipes_dir() / "cpu.yaml"), "workloads": SUITES,
+    assert document["methods"] == ["ngram", "draft_model", "topk5", "plain", "none"]
+    document.update({"recipe": str(recipes_dir() / "cpu.yaml"), "workloads": SUITES, "methods": METHODS,
                      "set": [f"engines.vllm-cpu-synthetic.image={image}"]})
     path = root / "cpu-quality.yaml"
     path.write_text(yaml.safe_dump(document))
@@ -73,7 +78,7 @@ def quality_run(vllm_cpu_synthetic_image: str, tmp_path_factory: pytest.TempPath
     done = subprocess.run([sys.executable, "-m", "sparklab", "sweep", str(sweep), "--runs-dir", str(root / "runs")],
                           capture_output=True, text=True, timeout=QUALITY_TIMEOUT_S, env=cli.env())
     assert done.returncode == 0, done.stderr[-4000:]
-    MEASURED["quality: sweep wall time (s), 5 servers x 4 cells, grading and scoring included"] = round(
+    MEASURED["quality: sweep wall time (s), 4 servers x 4 cells, grading and scoring included"] = round(
         time.monotonic() - started, 1)
     (db,) = (root / "runs").glob("cpu-quality-*/results.sqlite")
     return QualityRun(cli, root / "runs", db)
@@ -83,19 +88,19 @@ def quality_run(vllm_cpu_synthetic_image: str, tmp_path_factory: pytest.TempPath
 def test_cpu_quality_sweep(quality_run: QualityRun, tmp_path: Path, measured) -> None:
     db = quality_run.db
     with Store.open(db, readonly=True) as store:
-        assert store.counts()["done"] == 20 and not store.failures()
+        assert store.counts()["done"] == 16 and not store.failures()
         grades = store.grades()
         scores = store.scores()
         cells = store.cells("done")
         outputs = store.outputs()
     every = [g for rows in grades.values() for g in rows]
-    assert len(every) == 20 * 6 and all(g["status"] == "graded" for g in every), \
+    assert len(every) == 16 * 6 and all(g["status"] == "graded" for g in every), \
         [g["note"] for g in every if g["status"] != "graded"][:3]
     code = [g for g in every if g["kind"] == "code"]
-    assert len(code) == 5 * 2 * 6 and all(len(g["tests"]) >= 4 for g in code)  # ran in the sandbox, pass/fail per test
+    assert len(code) == 4 * 2 * 6 and all(len(g["tests"]) >= 4 for g in code)  # ran in the sandbox, pass/fail per test
     sampled = [c for c in cells if c.settings["sampling"]["temperature"] > 0]
     expected = sum(1 for c in sampled for a in outputs[c.id] if not a["warmup"] and a["ok"])
-    assert len(scores) == expected == 5 * 2 * 6 and all(s.status == "scored" for s in scores.values())
+    assert len(scores) == expected == 4 * 2 * 6 and all(s.status == "scored" for s in scores.values())
     measured["quality: answers graded / sampled answers scored"] = f"{len(every)} / {len(scores)}"
 
     out = tmp_path / "report"
@@ -128,7 +133,6 @@ def test_cpu_quality_sweep(quality_run: QualityRun, tmp_path: Path, measured) ->
             measured[f"quality: lossless {g['method']} (T=1)"] = (
                 f"{g['lossless']}; log-likelihood/token diff {g['logprob_diff']:+.3f} [{low:+.3f}, {high:+.3f}] "
                 f"p {g['logprob_p']:.2g}; answer tokens diff {g['length_diff']:+.1f} p {g['length_p']:.2g}")
-    assert verdicts["plain"]["lossless"] == "consistent with lossless"  # the negative control, its own seed
     assert verdicts["topk5"]["lossless"].startswith("LOSSY") and verdicts["topk5"]["logprob_diff"] > 0  # too likely
     for method in ("ngram", "draft_model"):  # real drafters, the expand kernel fixed: the target's distribution
         g = verdicts[method]
@@ -142,7 +146,7 @@ def test_cpu_quality_sweep(quality_run: QualityRun, tmp_path: Path, measured) ->
         assert g["logprob_p"] > 1e-3 and g["length_p"] > 1e-3, g
     checks = md[md.index("## Checks on the verdict"):md.index("## How far to trust this")]
     lossless = checks[checks.index("lossless at temperature > 0:"):checks.index("thinking budget:")]
-    assert "topk5" in lossless and "plain" not in lossless
+    assert "topk5" in lossless
     shown = {"draft_model": ("draft model", "draft_model")}  # the report's name for it, or its key
     assert all(any(name in lossless for name in shown.get(method, (method,)))
                == verdicts[method]["lossless"].startswith("LOSSY") for method in verdicts), lossless
