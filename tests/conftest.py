@@ -37,7 +37,7 @@ def tier_of(path: str | Path) -> str | None:
     return TIERS.get(parts[0]) if len(parts) > 1 else None
 
 
-# The docker tier's files that use the second host (tests/docker/conftest.py refuses a test on it elsewhere): under
+# The docker tier's files that use the second host (tests/unit/test_docker_tier_workers.py: every one is listed): under
 # pytest-xdist they run one after another on one worker (one freezes that host, another stops it, others count its
 # containers), while the tier's other tests spread over the workers one by one.
 SECOND_HOST_FILES = frozenset(f"tests/docker/{name}" for name in (

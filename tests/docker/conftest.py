@@ -10,7 +10,6 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import SECOND_HOST_FILES
 from tests.dockerkit import OURS, Cli, _missing, docker_client, image_from_env, make_cli, no_container_left_behind
 
 __all__ = ["docker_client", "no_container_left_behind"]
@@ -60,14 +59,3 @@ def second_client(second_host: str) -> Iterator[Any]:
     for name in left:
         client.containers.get(name).remove(force=True)
     assert not left, f"containers left on the second host: {sorted(left)}"
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """A test on the second host must sit in one of tests.conftest.SECOND_HOST_FILES: under pytest-xdist those run
-    one after another on one worker (scripts/test.sh runs this tier on two)."""
-    for item in items:
-        where = item.nodeid.split("::", 1)[0]
-        if {"second_host", "second_client"} & set(getattr(item, "fixturenames", ())) and where not in SECOND_HOST_FILES:
-            raise pytest.UsageError(f"{item.nodeid} uses the second host but {where} is not in "
-                                    "tests/conftest.py's SECOND_HOST_FILES: add it there, so that xdist runs it with "
-                                    "the other tests on that host, one at a time")

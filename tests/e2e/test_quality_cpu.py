@@ -1,13 +1,13 @@
-"""Beyond speed on the real vLLM 0.27.1 CPU engine (issue 26): recipes/sweeps/cpu-quality.yaml runs the graded
-suites (English instructions and code; the agent suite is graded in the unit tier, and ran here until the suite
-had to fit CI's 90 minutes on a slow host) at temperature 0 and 1.0 with none, ngram, draft_model and a known-lossy
-control (topk5; the shipped file's negative control, plain, is left out for the same reason: ngram and draft_model
-must pass the check too); every answer is graded after its window (code in the sandbox container), every sampled
-answer scored under the target on none's server; the report gives pass rates with intervals, per-task agreement and McNemar p-values.
-The lossless check flags the lossy control and passes ngram and draft_model. It runs on the image whose
-CPU expand kernel is fixed (engine vllm-cpu-synthetic): on the stock build drafting at temperature > 0 does not sample
-the target's distribution (word salad, e.g. "BienfirehoseTYPESceptives taxpay bureaucraticiagnosed" at -15.6 nats per
-token: sparklab.engines.vllm_synthetic.cpu_sampling_defects; the plan storing that defect and the report naming it are
+"""Beyond speed on the real vLLM 0.27.1 CPU engine (issue 26): recipes/sweeps/cpu-quality.yaml runs the graded suites
+(English instructions and code; the agent suite is graded in the unit tier, and ran here until the suite had to fit CI's
+90 minutes on a slow host) at temperature 0 and 1.0 with none, ngram, draft_model and a known-lossy control (topk5; the
+shipped file's negative control, plain, is left out for the same reason: ngram and draft_model must pass the check too);
+every answer is graded after its window (code in the sandbox container), every sampled answer scored under the target on
+none's server; the report gives pass rates with intervals, per-task agreement and McNemar p-values. The lossless check
+flags the lossy control and passes ngram and draft_model. It runs on the image whose CPU expand kernel is fixed (engine
+vllm-cpu-synthetic): on the stock build drafting at temperature > 0 does not sample the target's distribution (word
+salad, e.g. "BienfirehoseTYPESceptives taxpay bureaucraticiagnosed" at -15.6 nats per token:
+sparklab.engines.vllm_synthetic.cpu_sampling_defects; the plan storing that defect and the report naming it are
 tests/unit/test_lossless.py's), while at temperature 0 both are identical to none, token for token. vLLM's synthetic
 rejection sampling, the lossy method the issue names, is flagged by tests/e2e/test_synthetic_cpu.py on the same image.
 Then `sparklab compare` on two real CPU runs: that vLLM run against llama.cpp b11669 on the same suites, sampling and

@@ -38,8 +38,8 @@ def test_cpu_demo_sweep(engine_cli: Cli, llamacpp_cpu_image: str, tmp_path: Path
     done = run_bounded([sys.executable, "-m", "sparklab", "sweep", str(sweep), "--runs-dir", str(tmp_path / "runs")],
                        timeout=2200, env=engine_cli.env())
     assert done.returncode == 0, done.stderr[-4000:]
-    measured[f"cpu demo: sweep wall time (s), 5 vLLM servers x {3 * REPEATS} cells + 2 llama.cpp servers x {REPEATS}"] = round(
-        time.monotonic() - started, 1)
+    servers = f"5 vLLM servers x {3 * REPEATS} cells + 2 llama.cpp servers x {REPEATS}"
+    measured[f"cpu demo: sweep wall time (s), {servers}"] = round(time.monotonic() - started, 1)
     (db,) = (tmp_path / "runs").glob("cpu-demo-*/results.sqlite")
     with Store.open(db) as store:
         assert store.counts()["done"] == 12 * REPEATS and not store.failures()
@@ -113,8 +113,8 @@ def test_cpu_demo_sweep(engine_cli: Cli, llamacpp_cpu_image: str, tmp_path: Path
             measured[f"cpu demo: identical to none, {group['engine']} {group['method']} K={group['k']} "
                      f"c={group['concurrency']}"] = (
                 f"{group['identical_to_none']:.2f} of {group['outputs_compared']}")
-            assert group["equality"] == "checked" and group["outputs_compared"] == REPEATS * (2 if group["concurrency"] == 1
-                                                                                         else 4)
+            per_window = 2 if group["concurrency"] == 1 else 4
+            assert group["equality"] == "checked" and group["outputs_compared"] == REPEATS * per_window
             assert group["identical_to_none"] == 1.0, group
     assert {b["concurrency"] for b in doc["best"]} == {1, 4}
     md = (out / "report.md").read_text()

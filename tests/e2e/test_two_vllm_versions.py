@@ -33,10 +33,9 @@ def _sweep(tmp_path: Path, image: str, name: str) -> Path:
     return path
 
 
-@pytest.mark.parametrize("which", ["0.32.0"])
 def test_one_recipe_two_vllm_versions_each_parsed_versioned_and_measured(
-        which: str, vllm_cpu_next_image: str, tmp_path: Path, measured) -> None:
-    image = vllm_cpu_next_image
+        vllm_cpu_next_image: str, tmp_path: Path, measured) -> None:
+    which, image = "0.32.0", vllm_cpu_next_image
     cli = make_cli(image, tmp_path)
     runs = tmp_path / "runs"
     started = time.monotonic()
