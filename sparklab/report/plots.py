@@ -60,6 +60,10 @@ def _save(fig: Any, path: Path) -> Path:
     with warnings.catch_warnings():  # labels too long to fit (a name from the store): drawn as they are
         warnings.filterwarnings("ignore", message="Tight layout not applied")
         fig.tight_layout()
+    # tight_layout leaves a placeholder layout engine behind, and savefig lays out every artist once more (a draw
+    # with rendering disabled) whenever a figure has an engine: the same pixels for twice the text layout. Without
+    # it a plot is drawn once (matplotlib 3.11 backend_bases.print_figure).
+    fig.set_layout_engine(None)
     fig.savefig(path, dpi=110, metadata={"Software": None})
     fig.clear()
     return path

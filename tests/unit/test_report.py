@@ -457,3 +457,24 @@ def test_provenance_names_each_cells_engine_version_and_marks_acceptance_read_fr
     rows = [line for line in text.splitlines() if line.startswith("| vllm-cpu ngram |")]  # the all-metrics rows
     assert {line.startswith("| vllm-cpu ngram | 3 |") for line in rows if " ‡" in line} == {True}
     assert [line for line in rows if line.startswith("| vllm-cpu ngram | 1 |") and " ‡" not in line]
+
+
+def test_each_plot_is_laid_out_and_drawn_once(tmp_path: Path, monkeypatch) -> None:
+    """tight_layout then one draw per PNG: a layout engine left on the figure made savefig lay out every artist a
+    second time (a draw with rendering disabled) for the same pixels, a quarter of a report's plotting time."""
+    from matplotlib.figure import Figure
+
+    from sparklab.report.plots import all_plots
+
+    draws: list[int] = []
+    original = Figure.draw
+
+    def counted(self: Figure, renderer: object) -> None:
+        draws.append(id(self))
+        original(self, renderer)
+
+    monkeypatch.setattr(Figure, "draw", counted)
+    plots = all_plots(report.load(cpu_run(tmp_path / "runs")), tmp_path / "out")
+    assert len(plots) >= 4  # tok/s against K, speed-ups, acceptance, TTFT
+    assert all(path.stat().st_size > 0 for _, path in plots)
+    assert len(draws) == len(plots) == len(set(draws)), (len(draws), len(plots))
