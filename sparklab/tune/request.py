@@ -27,6 +27,7 @@ class TuneRequest:
     download: bool = True
     ulimits: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()  # what tune took from the sweep file, or left out of it, and why
+    source: str = ""  # the space as given (a sweep file's path or name, or a recipe): what errors name
 
 
 
@@ -117,4 +118,4 @@ def request_for(choices: TuneChoices) -> TuneRequest:
                                "grid" if choices.grid else "search")
     return TuneRequest(space, settings, objective, choices.runs_dir, choices.resume, choices.new,
                        runner.Options(choices.pull_policy), download=choices.download, ulimits=choices.ulimits,
-                       notes=tuple(notes))
+                       notes=tuple(notes), source=choices.space)

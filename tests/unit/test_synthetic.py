@@ -10,8 +10,12 @@ from types import ModuleType
 
 import numpy as np
 import pytest
+import yaml
 
+from sparklab.cli.main import main
 from sparklab.engines import engine
+from sparklab.errors import RecipeError
+from sparklab.recipes.plan import build_plan
 from sparklab.recipes.render import LaunchOptions, render
 from sparklab.recipes.schema import load_recipe, recipes_dir
 
@@ -112,3 +116,87 @@ def test_synthetic_rates_without_synthetic_sampling_are_refused_and_a_gpu_image_
         "--speculative_config.rejection_sample_method", "synthetic",
         "--speculative_config.synthetic_acceptance_length", "3")))
     assert not [f for f in engine("vllm").check_spec(gpu, gb10) if "synthetic" in f.message]
+
+
+def _sweep(tmp_path: Path, workloads: list[str], **more: object) -> Path:
+    """cpu-tune-steep (synthetic acceptance on the CPU engine) with other workloads and two K."""
+    doc = yaml.safe_load((recipes_dir() / "sweeps" / "cpu-tune-steep.yaml").read_text())
+    doc.update(workloads=workloads, num_speculative_tokens=[1, 2], **more)
+    path = tmp_path / "synthetic-tools.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+@pytest.mark.parametrize(("workload", "prompt"), [("agent", "agent-required-runaway"),
+                                                  ("toolcall-probe", "tools-required")])
+def test_synthetic_acceptance_with_a_grammar_constrained_request_is_refused_before_any_start(
+        tmp_path: Path, workload: str, prompt: str) -> None:
+    # vLLM 0.27.1 accepted drafts its grammar forbids and terminated the request (engine log, README): a sweep
+    # pairing the two would lose that cell on every synthetic server, after each one's model load.
+    path = _sweep(tmp_path, ["seed", workload])
+    with pytest.raises(RecipeError) as info:
+        build_plan(path)
+    message = info.value.message
+    assert message.startswith(f"{path}: workloads[1]: {workload!r}"), message
+    assert prompt in message and 'tool_choice "required"' in message, message
+    assert "synthetic" in message and "vllm-cpu-synthetic" in message, message
+    assert f"workload: {workload}" in (info.value.hint or ""), info.value.hint
+
+
+def test_the_hint_excludes_the_pair_and_the_baseline_keeps_the_workload(tmp_path: Path) -> None:
+    path = _sweep(tmp_path, ["seed", "agent"], exclude=[{"method": "synthetic", "workload": "agent"}])
+    plan = build_plan(path)
+    by_method = {(s.method, c.workload) for s in plan.servers for c in s.cells}
+    assert ("none", "agent") in by_method and ("synthetic", "seed") in by_method
+    assert ("synthetic", "agent") not in by_method
+
+
+def test_tool_choice_auto_is_not_grammar_constrained(tmp_path: Path) -> None:
+    # vLLM 0.27.1 builds a JSON schema from the tools only for "required" or a named function
+    # (vllm/tool_parsers/utils.py:380-420); "auto" leaves the answer free, so synthetic acceptance may run it.
+    suite = tmp_path / "auto-only.yaml"
+    suite.write_text(yaml.safe_dump({
+        "name": "auto-only", "description": "one tool question, tool_choice auto", "kind": "agent",
+        "toolsets": {"weather": {"get_weather": ["Weather for a city.", {"city": "string"}]}},
+        "tasks": [{"id": "weather", "prompt": "Weather in Oslo?", "tools": "weather", "tool_choice": "auto",
+                   "expect": {"tool": "get_weather"}}]}))
+    plan = build_plan(_sweep(tmp_path, [str(suite)]))
+    assert any(s.method == "synthetic" for s in plan.servers)
+
+
+@pytest.mark.parametrize(("extra", "why"), [
+    ({"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "required"},
+     'tool_choice "required"'),
+    ({"tools": [{"type": "function", "function": {"name": "f"}}],
+      "tool_choice": {"type": "function", "function": {"name": "f"}}}, "tool_choice naming function 'f'"),
+    ({"response_format": {"type": "json_object"}}, 'response_format "json_object"'),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}},
+     'response_format "json_schema"'),
+    ({"structured_outputs": {"regex": "a+"}}, "structured_outputs"),
+])
+def test_every_request_field_that_makes_vllm_constrain_the_answer_is_named(extra: dict[str, object],
+                                                                           why: str) -> None:
+    vllm = engine("vllm")
+    argv = ["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 3, '
+            '"rejection_sample_method": "synthetic", "synthetic_acceptance_rates": [0.5, 0.2]}']
+    reason = vllm.request_conflict(argv, extra)
+    assert reason is not None and why in reason, reason
+    assert vllm.request_conflict(argv, {"tools": extra.get("tools", []), "tool_choice": "auto"}) is None
+    assert vllm.request_conflict(argv, {"response_format": {"type": "text"}}) is None
+    plain = ["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 3}']
+    assert vllm.request_conflict(plain, extra) is None  # real rejection sampling verifies against the grammar
+    assert engine("llamacpp").request_conflict(argv, extra) is None
+
+
+@pytest.mark.parametrize("dry", [True, False])
+def test_tune_refuses_the_pairing_naming_the_users_file_and_leaves_no_run_behind(tmp_path: Path, capsys,
+                                                                                  dry: bool) -> None:
+    path = _sweep(tmp_path, ["seed", "agent"])
+    runs = tmp_path / "runs"
+    code = main(["tune", str(path), "--workload", "agent", "--runs-dir", str(runs), *(["--dry-run"] if dry else [])])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert err.startswith(f"error: tune {path} (the space it searches): workloads[0]: 'agent': prompt "
+                          "'agent-required-runaway'"), err
+    assert "Traceback" not in err and "tune.yaml" not in err, err
+    assert not runs.exists() or not any(runs.iterdir())  # no run directory made for a space that cannot run
