@@ -461,7 +461,8 @@ def test_provenance_names_each_cells_engine_version_and_marks_acceptance_read_fr
 
 def test_each_plot_is_laid_out_and_drawn_once(tmp_path: Path, monkeypatch) -> None:
     """tight_layout then one draw per PNG: a layout engine left on the figure made savefig lay out every artist a
-    second time (a draw with rendering disabled) for the same pixels, a quarter of a report's plotting time."""
+    second time (a draw with rendering disabled) for the same pixels: 12% of a report's plotting time
+    (scripts/bench_report_plots.py, 1.243 s against 1.095 s per report)."""
     from matplotlib.figure import Figure
 
     from sparklab.report.plots import all_plots
