@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from sparklab.engines import engine
+from sparklab.engines import api, engine
 from sparklab.engines.logwatch import LogWatch
 from sparklab.errors import NotReadyError
 from sparklab.host import downloads
@@ -30,6 +30,20 @@ BUILDING = ("12:00:05 INFO     experimental.builder.core.builder: Building seria
             "several minutes)...")
 WRITTEN = ("12:25:05 INFO     experimental.builder.core.builder: Engine written to /root/.cache/tensorrt-edgellm/"
            "engines/model-1/i-b1-kv-none-0/llm/llm.engine (17000000000 bytes)")
+
+
+@pytest.fixture(autouse=True)
+def refused(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every readiness try is refused without a socket: these waits run an hour of fake clock, one try a second
+    (3600 real connection attempts cost ~3 s of CPU; tests/unit/test_engine_log.py keeps the real refused port)."""
+    tries: list[str] = []
+
+    def probe(url: str, headers: dict[str, str] | None, timeout_s: float = 5.0) -> int:
+        tries.append(url)
+        raise api.Unreachable(f"connection to {url} refused")
+
+    monkeypatch.setattr(api, "probe", probe)
+    return tries
 
 
 def _trtedge_wait(script: dict[float, list[str]], timeout_s: float, stall_s: float) -> tuple[Clock, NotReadyError]:
@@ -52,11 +66,12 @@ def _trtedge_wait(script: dict[float, list[str]], timeout_s: float, stall_s: flo
     return clock, exc.value
 
 
-def test_a_silent_tensorrt_build_is_not_a_stall_and_runs_to_the_ready_deadline() -> None:
+def test_a_silent_tensorrt_build_is_not_a_stall_and_runs_to_the_ready_deadline(refused: list[str]) -> None:
     """Before: load_stall_s (600 s) killed the first start ~600 s into TensorRT's silent build."""
     clock, error = _trtedge_wait({1.0: ["loading checkpoint", BUILDING]}, timeout_s=3600, stall_s=600)
     assert error.kind is None and "not ready after 3600 s" in error.message
     assert clock.now - 1000.0 >= 3600
+    assert len(refused) >= 3500  # it kept trying, about once a second, all the way to the deadline
 
 
 def test_after_the_build_silence_is_a_stall_again() -> None:
