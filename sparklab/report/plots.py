@@ -28,13 +28,19 @@ def safe_filename(name: str) -> str:
     return f"{safe[:60]}-{hashlib.sha256(name.encode()).hexdigest()[:8]}"
 
 
-def _pyplot() -> Any:
-    import matplotlib
+DPI = 110  # of the PNGs
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    return plt
+def _figure(width: float, height: float) -> Any:
+    """A figure of its own on an Agg canvas, outside pyplot (no global registry of figures to close it from), at
+    the DPI it is saved at: tight_layout and the draw then share one renderer, so the text measured for the layout
+    is not measured again (matplotlib caches a text's layout per renderer)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width, height), dpi=DPI)
+    FigureCanvasAgg(fig)
+    return fig
 
 
 def _axes(ax: Any, xlabel: str, ylabel: str, legend: bool) -> None:
@@ -48,11 +54,11 @@ def _axes(ax: Any, xlabel: str, ylabel: str, legend: bool) -> None:
         ax.legend(fontsize=7)
 
 
-def _panels(plt: Any, count: int, bars: int = 0) -> tuple[Any, list[Any]]:
+def _panels(count: int, bars: int = 0) -> tuple[Any, list[Any]]:
     """One panel per concurrency, wide enough for `bars` labelled bars each."""
     width = max(4.6, 0.55 * bars + 1.5)
-    fig, axes = plt.subplots(1, count, figsize=(max(5.0, width * count), 4.3), squeeze=False)
-    return fig, list(axes[0])
+    fig = _figure(max(5.0, width * count), 4.3)
+    return fig, list(fig.subplots(1, count, squeeze=False)[0])
 
 
 def _save(fig: Any, path: Path) -> Path:
@@ -64,8 +70,7 @@ def _save(fig: Any, path: Path) -> Path:
     # with rendering disabled) whenever a figure has an engine: the same pixels for twice the text layout. Without
     # it a plot is drawn once (matplotlib 3.11 backend_bases.print_figure).
     fig.set_layout_engine(None)
-    fig.savefig(path, dpi=110, metadata={"Software": None})
-    fig.clear()
+    fig.savefig(path, dpi=DPI, metadata={"Software": None})
     return path
 
 
@@ -111,11 +116,10 @@ _BASELINE_STYLES = (("dimgrey", "--"), ("tab:brown", ":"), ("black", "-."), ("ta
 
 def _per_panel(report: Report, workload: str, out: Path, name: str, title: str,
                draw: Callable[[Any, list[Group], int], bool]) -> list[Plot]:
-    plt = _pyplot()
     concs = report.concurrencies(workload)
     most = max((sum(1 for g in report.groups if g.workload == workload and g.concurrency == c) for c in concs),
                default=0)
-    fig, axes = _panels(plt, len(concs), most)
+    fig, axes = _panels(len(concs), most)
     drew = False
     for ax, c in zip(axes, concs, strict=True):
         groups = [g for g in report.groups if g.workload == workload and g.concurrency == c]
@@ -124,10 +128,8 @@ def _per_panel(report: Report, workload: str, out: Path, name: str, title: str,
         ax.grid(alpha=0.3)
     fig.suptitle(_shown(f"{title} ({workload})"))
     if not drew:
-        plt.close(fig)
         return []
     path = _save(fig, out / f"{name}-{safe_filename(workload)}.png")
-    plt.close(fig)
     return [(f"{title}, workload {workload}", path)]
 
 
@@ -235,8 +237,8 @@ def loss_bars(report: Report, out: Path) -> list[Plot]:
     rows = losses(report)
     if not rows:
         return []
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(max(5.0, 0.7 * len(rows) + 2.5), 4.5))
+    fig = _figure(max(5.0, 0.7 * len(rows) + 2.5), 4.5)
+    ax = fig.subplots()
     labels = [_label(x.group, _several_engines(report)) + f"\nC={x.group.concurrency}" for x in rows]
     bottoms = [0.0] * len(rows)
     for part in PARTS:
@@ -251,7 +253,6 @@ def loss_bars(report: Report, out: Path) -> list[Plot]:
     ax.set_title("Why acceptance does not become speed", fontsize=9)
     ax.legend(fontsize=7)
     path = _save(fig, out / "losses.png")
-    plt.close(fig)
     return [("Why acceptance does not become speed: one stacked bar per drafting config", path)]
 
 
@@ -266,12 +267,11 @@ def all_plots(report: Report, out: Path) -> list[Plot]:
 def compare_plots(comparison: Any, out: Path) -> list[Plot]:
     """`sparklab compare`: per matched cell, each config's headline in each run (bars side by side), with the 95%
     interval over repeats as whiskers where repeats measured one."""
-    plt = _pyplot()
     plots: list[Plot] = []
     runs = comparison.run_ids
     for cell in comparison.cells:
         configs = list(dict.fromkeys(c for groups in cell.groups for c in groups))
-        fig, (ax,) = _panels(plt, 1, len(configs) * len(runs))
+        fig, (ax,) = _panels(1, len(configs) * len(runs))
         width = 0.8 / len(runs)
         for i, run in enumerate(runs):
             means, errors, xs = [], [], []
@@ -292,5 +292,4 @@ def compare_plots(comparison: Any, out: Path) -> list[Plot]:
         ax.set_title(_shown(cell.label), fontsize=9)
         ax.legend(fontsize=7)
         plots.append((f"compare: {cell.label}", _save(fig, out / f"compare-{safe_filename(cell.label)}.png")))
-        plt.close(fig)
     return plots
