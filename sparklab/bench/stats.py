@@ -111,7 +111,7 @@ def mcnemar_exact(pairs: Sequence[tuple[bool, bool]]) -> McNemar:
     neither = len(pairs) - both - only_first - only_second
     discordant = only_first + only_second
     p = binomial_half_two_sided(only_first, discordant) if discordant else 1.0
-    return McNemar(both, only_first, only_second, neither, min(1.0, p))
+    return McNemar(both, only_first, only_second, neither, p)
 
 
 @dataclass(frozen=True)
