@@ -202,16 +202,16 @@ for tier in ${tiers[@]+"${tiers[@]}"}; do
   paths+=("${TIER_DIR[$tier]}")
 done
 # The unit tier runs first and on its own, its tests spread with pytest-xdist over two workers per core (or
-# SPARKLAB_TEST_WORKERS), handed out as workers free up (--dist worksteal): it needs nothing shared, and about a
-# third of its tests' wall time is spent waiting on real clocks and sockets (stall, deadline and grace-period
-# tests), time in which a second worker on the same core computes. On this 2-core machine, quiet: 2 workers 82 s,
-# 3 workers 71 s, 4 workers 66 s (1609 tests, the same run of pytest otherwise). The docker tier's stand-in tests mostly wait on their engines'
-# clocks, so they run two at a time (xdist -n 2; each worker labels what it starts with its own session, and
-# checks and cleans only that), the tests on the second host one after another in their own group (one of them
-# freezes that host), and last, one at a time, the two files that touch the whole machine: a Docker daemon restart
-# and a disk that fills (test_sweep_faults.py), the page cache filled and dropped (test_memory_standin.py). Every
-# other tier runs one test at a time (they share the CPU engine's two cores, and time what they start). With pytest
-# arguments of your own (a file, -k), one pytest runs them one at a time, as before.
+# SPARKLAB_TEST_WORKERS), handed out as workers free up (--dist worksteal): it needs nothing shared, and about a third
+# of its tests' wall time is spent waiting on real clocks and sockets (stall, deadline and grace-period tests), time in
+# which a second worker on the same core computes. On this 2-core machine, quiet: 2 workers 82 s, 3 workers 71 s, 4
+# workers 66 s (1609 tests, the same run of pytest otherwise). The docker tier's stand-in tests mostly wait on their
+# engines' clocks, so they run two at a time (xdist -n 2; each worker labels what it starts with its own session, and
+# checks and cleans only that), the tests on the second host one after another in their own group (one of them freezes
+# that host), and last, one at a time, the two files that touch the whole machine: a Docker daemon restart and a disk
+# that fills (test_sweep_faults.py), the page cache filled and dropped (test_memory_standin.py). Every other tier runs
+# one test at a time (they share the CPU engine's two cores, and time what they start). With pytest arguments of your
+# own (a file, -k), one pytest runs them one at a time, as before.
 DOCKER_ALONE=(tests/docker/test_sweep_faults.py tests/docker/test_memory_standin.py)
 pytest_rc=0
 pytest_step() {  # pytest_step PYTEST-ARGS...: run pytest, keep its first failing exit status in pytest_rc
