@@ -15,10 +15,12 @@ engine that cannot score gets a row per answer saying why, so the report can say
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
-from sparklab.bench.workloads import load_workload
+from sparklab.bench.workloads import Workload, load_workload
 from sparklab.engines import engine
 from sparklab.engines.api import EngineAPI
 from sparklab.engines.base import ScoringError
@@ -27,6 +29,9 @@ from sparklab.sweep.store_rows import CellRow, Score
 
 BASELINE = "none"
 BATCH = 20  # scores written per transaction
+# Answers scored at a time. Scoring is one prefill per answer (no decode), which an engine batches: sent one by one on
+# the CPU engine, vLLM's API server and its engine core took turns; on a GPU one prefill leaves it mostly idle.
+CONCURRENCY = 4
 
 
 def sampled(settings: dict[str, Any] | None) -> bool:
@@ -59,8 +64,13 @@ def engines_with_pending(plan: Plan, store: Any) -> list[str]:
             if next(pending(plan, store, name), None) is not None]
 
 
-def score_pending(plan: Plan, store: Any, server: ServerConfig, api: EngineAPI, say: Callable[[str], None]) -> int:
-    """Score what is pending for this (plain) server's engine on it; returns how many answers got a row."""
+def score_pending(plan: Plan, store: Any, server: ServerConfig, api: EngineAPI, say: Callable[[str], None],
+                  concurrency: int = CONCURRENCY) -> int:
+    """Score what is pending for this (plain) server's engine on it; returns how many answers got a row.
+
+    `concurrency` answers are scored at a time (the engine batches them; sent one by one, each waits for the one
+    before it), and the rows are written in the order of the answers. Interrupted, the rows scored so far are
+    written, nothing more is sent, and the interrupt goes on (the rest stays pending for the next run)."""
     items = list(pending(plan, store, server.engine))
     if not items:
         return 0
@@ -72,22 +82,59 @@ def score_pending(plan: Plan, store: Any, server: ServerConfig, api: EngineAPI, 
         say(f"lossless check: {server.label} cannot score answers ({adapter.scoring_unsupported})")
         return len(items)
     model = api.first_model()
+    workloads: dict[str, Workload] = {}  # each workload read once, not once per answer
+    jobs = [_job(workloads, server.id, cell, idx, answer) for cell, idx, answer in items]
+
+    def run(job: Score | _Job) -> Score:
+        return job if isinstance(job, Score) else job.score(adapter, api, model)
+
     rows: list[Score] = []
     scored = 0
-    for cell, idx, answer in items:
-        rows.append(_score(adapter, api, model, server.id, cell, idx, answer))
-        scored += rows[-1].status == "scored"
-        if len(rows) >= BATCH:
-            store.add_scores(rows)
-            rows = []
+    pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="sparklab-score")
+    try:
+        for row in pool.map(run, jobs):
+            rows.append(row)
+            scored += row.status == "scored"
+            if len(rows) >= BATCH:
+                store.add_scores(rows)
+                rows = []
+    except KeyboardInterrupt:
+        pool.shutdown(wait=False, cancel_futures=True)  # the queued ones are never sent
+        store.add_scores(rows)
+        raise
+    except BaseException:
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown()
     store.add_scores(rows)
     say(f"lossless check: scored {scored} of {len(items)} sampled answers under {server.label} in "
         f"{time.monotonic() - started:.1f} s")
     return len(items)
 
 
-def _score(adapter: Any, api: EngineAPI, model: str, scorer: str, cell: CellRow, idx: int,
-           answer: dict[str, Any]) -> Score:
+@dataclass(frozen=True)
+class _Job:
+    """One answer to score: what the engine is sent (read in the main thread; only the HTTP runs in the pool)."""
+
+    cell: str
+    idx: int
+    scorer: str
+    messages: Sequence[dict[str, Any]]
+    extra: dict[str, Any] | None
+    chat_kwargs: dict[str, Any] | None
+    ids: list[int]
+
+    # Any: the engine adapter (sparklab.engines.base.Engine), whose score_answer this calls
+    def score(self, adapter: Any, api: EngineAPI, model: str) -> Score:
+        try:
+            total = adapter.score_answer(api, model, self.messages, self.extra, self.chat_kwargs, self.ids)
+        except ScoringError as exc:
+            return Score(self.cell, self.idx, self.scorer, "unscorable", None, None, str(exc)[:300])
+        return Score(self.cell, self.idx, self.scorer, "scored", len(self.ids), total)
+
+
+def _job(workloads: dict[str, Workload], scorer: str, cell: CellRow, idx: int, answer: dict[str, Any]) -> Score | _Job:
+    """The answer's scoring request, or its row already when it cannot be scored."""
     ids = answer.get("token_ids")
     if not ids:
         return Score(cell.id, idx, scorer, "unscorable", None, None, "the answer has no token ids (the engine sent "
@@ -95,7 +142,9 @@ def _score(adapter: Any, api: EngineAPI, model: str, scorer: str, cell: CellRow,
     if answer.get("ids_len") is not None and answer["ids_len"] != len(ids):
         return Score(cell.id, idx, scorer, "unscorable", None, None,
                      f"only the first {len(ids)} of {answer['ids_len']} token ids were kept")
-    workload = load_workload(cell.workload)
+    if cell.workload not in workloads:
+        workloads[cell.workload] = load_workload(cell.workload)
+    workload = workloads[cell.workload]
     stored = ((cell.result or {}).get("workload") or {}).get("content_hash")
     if stored and stored != workload.content_hash:
         return Score(cell.id, idx, scorer, "unscorable", None, None, f"the workload {cell.workload} changed since the "
@@ -105,11 +154,7 @@ def _score(adapter: Any, api: EngineAPI, model: str, scorer: str, cell: CellRow,
         return Score(cell.id, idx, scorer, "unscorable", None, None, "its prompt is no longer in the workload")
     thinking = ((cell.settings or {}).get("sampling") or {}).get("enable_thinking")
     chat_kwargs = {"enable_thinking": thinking} if thinking is not None else None
-    try:
-        total = adapter.score_answer(api, model, prompt.messages, prompt.extra, chat_kwargs, ids)
-    except ScoringError as exc:
-        return Score(cell.id, idx, scorer, "unscorable", None, None, str(exc)[:300])
-    return Score(cell.id, idx, scorer, "scored", len(ids), total)
+    return _Job(cell.id, idx, scorer, prompt.messages, prompt.extra, chat_kwargs, list(ids))
 
 
 def score_safely(plan: Plan, store: Any, server: ServerConfig, api: EngineAPI, say: Callable[[str], None]) -> None:

@@ -61,7 +61,8 @@ class Engine:
 
     def script(self, body: dict[str, Any]) -> list[Step]:
         if "prompt" in body:  # /v1/completions, prompt_logprobs: the lossless check's scoring
-            self.scored += 1
+            with self.lock:  # the lossless check scores several answers at once
+                self.scored += 1
             return [(0.0, {"choices": [{"prompt_logprobs": [None] + [{str(t): {"logprob": _score(t)}}
                                                                      for t in body["prompt"][1:]]}]})]
         if not body.get("stream"):  # /tokenize
