@@ -20,6 +20,7 @@ from typing import Any
 from sparklab import __version__, engines
 from sparklab.bench import metrics
 from sparklab.bench.client import TRANSPORT, ChatClient
+from sparklab.bench.ownthread import in_own_thread
 from sparklab.bench.workloads import Workload
 from sparklab.engines.api import COUNTERS_BUDGET_S, Budget, EngineAPI
 from sparklab.errors import SparklabError
@@ -182,16 +183,18 @@ async def _measure(endpoint: Endpoint, model: str, workload: Workload, sampling:
         # sequential, like seed 000's bench.py
         warmup = [await _send(client, workload, sampling, load, i, warmup=True) for i in range(load.warmup)]
         if warmup and endpoint.kind is not None:  # warmup answers the first prompts: not from cache in the window
-            await asyncio.to_thread(engines.engine(endpoint.kind).reset_prefix_cache, endpoint.api)
+            adapter = engines.engine(endpoint.kind)
+            await in_own_thread(lambda: adapter.reset_prefix_cache(endpoint.api))
         await client.warm(load.concurrency)
         budget = Budget(patience.counters_budget_s)
-        before = await asyncio.to_thread(engines.snapshot, endpoint.api, endpoint.kind, budget)
+        # in threads of their own: a cell cut short (stop()) never waits for a call its engine does not answer
+        before = await in_own_thread(lambda: engines.snapshot(endpoint.api, endpoint.kind, budget))
         window_start = time.perf_counter()
         window_wall = time.time()
         runner = _poisson if load.rate else _closed_loop
         measured = await runner(client, workload, sampling, load, on_done)
         window_end = max([r.end for r in measured], default=time.perf_counter())
-        after = await asyncio.to_thread(engines.snapshot, endpoint.api, endpoint.kind, budget)
+        after = await in_own_thread(lambda: engines.snapshot(endpoint.api, endpoint.kind, budget))
         connections = client.connections()
     finally:
         await client.close()

@@ -26,14 +26,13 @@ response must end within a grace period, or the request ends there and its conne
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import inspect
-import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from time import perf_counter as _perf_counter
 from typing import Literal, TypeVar, cast
 
+from sparklab.bench.ownthread import in_own_thread
 from sparklab.records import Alive
 
 # (arrival time of the read that completed the event, the event's data payload) -> whether the answer is now
@@ -344,35 +343,12 @@ async def ask_alive(alive: Alive) -> bool:
         if inspect.iscoroutinefunction(alive):
             answer = await asyncio.wait_for(alive(), HEALTH_CHECK_TIMEOUT_S)
         else:
-            answer = await asyncio.wait_for(_in_own_thread(alive), HEALTH_CHECK_TIMEOUT_S)
+            answer = await asyncio.wait_for(in_own_thread(alive, "health-check"), HEALTH_CHECK_TIMEOUT_S)
             if inspect.isawaitable(answer):
                 answer = await asyncio.wait_for(answer, HEALTH_CHECK_TIMEOUT_S)
         return bool(answer)
     except Exception:
         return False
-
-
-def _in_own_thread(call: Callable[[], T]) -> asyncio.Future[T]:
-    """call() in a daemon thread of its own, not the loop's executor: asyncio.run joins the executor's threads when
-    it ends, so a check that hangs there (a host that stopped answering) would hold the cell after its answer."""
-    loop = asyncio.get_running_loop()
-    future: asyncio.Future[T] = loop.create_future()
-
-    def deliver(settle: Callable[[], object]) -> None:
-        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nobody waits for the answer
-            loop.call_soon_threadsafe(lambda: None if future.done() else settle())  # done: the wait gave up on it
-
-    def run() -> None:
-        try:
-            value = call()
-        except Exception as exc:  # handed to the loop, where ask_alive reads it as "no"
-            error = exc
-            deliver(lambda: future.set_exception(error))
-        else:
-            deliver(lambda: future.set_result(value))
-
-    threading.Thread(target=run, name="health-check", daemon=True).start()
-    return future
 
 
 async def wait_watched(done: asyncio.Future[T], timeout_s: float, last_read: Callable[[], float],

@@ -117,6 +117,7 @@ def serve(run: ServerRun) -> None:
     server, options = run.server, run.options
     rundir.check_free_space(run.run_dir, options.min_free_mib, run.controller)
     readers: list[HostFacts] = []
+    lost = False
     try:
         configured = (options.memory_floor_gib if options.memory_floor_gib is not None
                       else run.plan.sweep.memory_floor_gib)
@@ -141,6 +142,7 @@ def serve(run: ServerRun) -> None:
         raise
     except Exception as exc:  # one fault ends this server's work, never the sweep
         if isinstance(exc, HostLost) or run.lost():
+            lost = True
             for cell_id in run.store.host_lost(server.id, run.store.host or "", failures.one_line(exc)):
                 run.say(f"cell {cell_id} was running when the host was lost; it runs again")
             if isinstance(exc, HostLost):
@@ -148,9 +150,17 @@ def serve(run: ServerRun) -> None:
             raise HostLost(failures.one_line(exc)) from exc
         failures.contain(run, exc, [c.id for c in run.cells if c.id not in run.attempted])
     finally:
-        for facts in readers:
-            with contextlib.suppress(Exception):
-                facts.close()
+        if lost:  # removing a reader waits on the host that went away (an ssh connect): the sweep does not
+            threading.Thread(target=_close, args=(readers,), name="close-readers", daemon=True).start()
+        else:
+            _close(readers)
+
+
+def _close(readers: list[HostFacts]) -> None:
+    """Remove the memory readers; one that cannot be removed (its host gone) stays for `sparklab gc --host`."""
+    for facts in readers:
+        with contextlib.suppress(Exception):
+            facts.close()
 
 
 

@@ -235,7 +235,11 @@ def _frozen(second_client: Any, run_prefix: str) -> Iterator[None]:
 def test_a_host_that_freezes_mid_sweep_is_lost_in_seconds_and_the_other_host_finishes(
         cli: Cli, tmp_path: Path, second_host: str, second_client: Any) -> None:
     """Before: the frozen host's thread waited for ever on its ssh (a state check, a teardown), so the sweep
-    never ended. Now each check gives up in seconds, the host is lost, and its work goes back to the queue."""
+    never ended. Now each check gives up in seconds, the host is lost, and its work goes back to the queue.
+    Measured here, freeze to "lost": 54-57 s until 2026-12-03, of which 25 s the cut-short cell waited for its
+    prefix-cache reset to the paused engine to time out (asyncio.run joined that thread) and 10 s the removal of the
+    host's memory reader; 19.6 s since: the stall timeout (5 s), the engine's /health (5 s), one ping of the
+    host's daemon (deadlines.ALIVE_S, 10 s)."""
     name = second_host.split("@", 1)[1]
     path = _two_host_sweep(tmp_path, cli.image, second_host, methods=["none", "dspark"], num_speculative_tokens=[3],
                            concurrency=[1], requests={1: 4}, stall_timeout_s=5)
@@ -263,7 +267,7 @@ def test_a_host_that_freezes_mid_sweep_is_lost_in_seconds_and_the_other_host_fin
     _keep("sweep: a host frozen mid-cell, freeze to lost (s)", seconds)
     assert "Traceback" not in output
     assert proc.returncode == 0, output
-    assert seconds < 90, f"{seconds:.0f} s from the freeze to the host's loss:\n{output}"
+    assert seconds < 40, f"{seconds:.0f} s from the freeze to the host's loss:\n{output}"
     assert "goes back to the queue" in output and lost.count("\n") == 1
     (db,) = sorted((tmp_path / "runs").glob("*/results.sqlite"))
     with Store.open(db) as store:

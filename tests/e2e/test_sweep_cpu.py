@@ -38,7 +38,7 @@ def test_cpu_demo_sweep(engine_cli: Cli, llamacpp_cpu_image: str, tmp_path: Path
     done = run_bounded([sys.executable, "-m", "sparklab", "sweep", str(sweep), "--runs-dir", str(tmp_path / "runs")],
                        timeout=2200, env=engine_cli.env())
     assert done.returncode == 0, done.stderr[-4000:]
-    servers = f"5 vLLM servers x {3 * REPEATS} cells + 2 llama.cpp servers x {REPEATS}"
+    servers = f"5 vLLM servers x {2 * REPEATS} cells + 2 llama.cpp servers x {REPEATS}"
     measured[f"cpu demo: sweep wall time (s), {servers}"] = round(time.monotonic() - started, 1)
     (db,) = (tmp_path / "runs").glob("cpu-demo-*/results.sqlite")
     with Store.open(db) as store:

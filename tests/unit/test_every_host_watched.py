@@ -10,6 +10,7 @@ tested is the sweep's own watching (sparklab/sweep/serverrun.py and watch.py).""
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -126,3 +127,44 @@ def test_a_host_that_cannot_be_read_runs_unwatched_and_says_so(tmp_path: Path, s
         sweep_mod.serve(run)
     assert "memory on spark-3: not watched (its memory cannot be read from here)" in said
     assert not any(line.startswith("memory floor") for line in said)
+
+
+def test_a_lost_hosts_memory_reader_is_not_waited_for(tmp_path: Path, started: dict[str, Any], monkeypatch) -> None:
+    """The host froze mid-cell: removing its memory reader would wait on it (an ssh connect, 10 s measured in
+    tests/docker/test_dead_hosts.py). The server's work goes back to the queue at once; the removal is tried
+    meanwhile, and what it cannot remove stays for `sparklab gc --host`. Before: serve() returned after the removal
+    gave up."""
+    plan = _plan(tmp_path, "gb10")
+    (server,) = plan.servers
+    release = threading.Event()
+
+    class FrozenFacts(FakeFacts):
+        def close(self) -> None:
+            release.wait(10)
+            super().close()
+
+    facts = FrozenFacts("spark-2", free=110.0, available=112.0, cached=0.0)
+    runtime = FakeRuntime("spark-2", facts=facts)
+
+    def lost_mid_cell(*args: object, **kwargs: object) -> None:
+        raise fleet.HostLost("the Docker host stopped answering during cell vllm/none")
+
+    monkeypatch.setattr(sweep_mod.bench, "run", lost_mid_cell)
+    store = Store.create(tmp_path / "results.sqlite", plan.sweep.model_dump(), "test")
+    runner.register(plan, store)
+    said: list[str] = []
+    with store:
+        run = sweep_mod.ServerRun(plan, HostStore(store, host="spark-2"), runtime, tmp_path, sweep_mod.Options(),
+                                  said.append, Host("spark-2", "ssh://me@spark-2", "spark-2"), server,
+                                  list(server.cells), lost=lambda: True)
+        began = time.monotonic()
+        with pytest.raises(fleet.HostLost):
+            sweep_mod.serve(run)
+        took = time.monotonic() - began
+    release.set()
+    assert took < 3, f"serve() returned {took:.1f} s after the loss, when the reader's removal gave up"
+    assert any("was running when the host was lost" in line for line in said), said
+    deadline = time.monotonic() + 5
+    while not facts.closed and time.monotonic() < deadline:  # the removal, tried in the background, ends
+        time.sleep(0.02)
+    assert facts.closed

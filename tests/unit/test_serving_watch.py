@@ -121,6 +121,38 @@ def test_a_cell_ends_within_a_moment_of_its_stop_and_raises_the_reason() -> None
     assert time.monotonic() - began < 3
 
 
+@pytest.mark.parametrize("hangs", ["prefix-cache reset", "counter snapshot"])
+def test_a_cell_stopped_while_it_waits_on_a_blocking_call_ends_without_waiting_for_it(
+        hangs: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A host that froze: the cell's reset of the prefix cache (after its warmup) or its counter snapshot hangs on the
+    engine (up to its own 10-30 s timeout), and stop() gives a reason meanwhile. Before: the cell was cancelled at
+    once, but asyncio.run then joined the thread of that call, so the cell ended only when the call gave up (25 s
+    of a frozen host's loss, tests/docker/test_dead_hosts.py)."""
+    release = threading.Event()
+
+    def hang(*args: Any, **kwargs: Any) -> Any:
+        release.wait(10)
+        return {}
+
+    if hangs == "prefix-cache reset":
+        monkeypatch.setattr(type(engine("vllm")), "reset_prefix_cache", lambda self, api: hang())
+    else:
+        monkeypatch.setattr(cell.engines, "snapshot", hang)
+    server = Scripted(lambda body: [(0.0, chunk("a")), (0.0, chunk("b", finish="stop"))])
+    began = time.monotonic()
+    reason = ServerError("the host stopped answering")
+    try:
+        with pytest.raises(ServerError, match="the host stopped answering"):
+            cell.run(cell.Endpoint(server.root, model="scripted-model", kind="vllm"), load_workload("seed"),
+                     Sampling(max_tokens=4), cell.Load(concurrency=1, requests=2, warmup=1), stall_timeout_s=None,
+                     stop=lambda: reason if time.monotonic() - began > 0.5 else None)
+        took = time.monotonic() - began
+    finally:
+        release.set()
+        server.close()
+    assert took < 3, f"the cell ended {took:.1f} s in, after the hung call"
+
+
 # -- up in the foreground ----------------------------------------------------------------------------------------
 
 
