@@ -14,6 +14,7 @@ engine that cannot score gets a row per answer saying why, so the report can say
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -88,25 +89,26 @@ def score_pending(plan: Plan, store: Any, server: ServerConfig, api: EngineAPI, 
     def run(job: Score | _Job) -> Score:
         return job if isinstance(job, Score) else job.score(adapter, api, model)
 
-    rows: list[Score] = []
-    scored = 0
+    scored = written = 0
     pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="sparklab-score")
+    futures = [pool.submit(run, job) for job in jobs]
     try:
-        for row in pool.map(run, jobs):
-            rows.append(row)
-            scored += row.status == "scored"
-            if len(rows) >= BATCH:
-                store.add_scores(rows)
-                rows = []
+        while written < len(futures):
+            rows = [future.result() for future in futures[written:written + BATCH]]
+            store.add_scores(rows)
+            scored += sum(row.status == "scored" for row in rows)
+            written += len(rows)
     except KeyboardInterrupt:
         pool.shutdown(wait=False, cancel_futures=True)  # the queued ones are never sent
-        store.add_scores(rows)
+        # every answer scored before the interrupt, in order, however far this thread had read them
+        finished = itertools.takewhile(lambda f: f.done() and not f.cancelled() and f.exception() is None,
+                                       futures[written:])
+        store.add_scores(future.result() for future in finished)  # a row already there is kept
         raise
     except BaseException:
         pool.shutdown(wait=False, cancel_futures=True)
         raise
     pool.shutdown()
-    store.add_scores(rows)
     say(f"lossless check: scored {scored} of {len(items)} sampled answers under {server.label} in "
         f"{time.monotonic() - started:.1f} s")
     return len(items)
