@@ -20,8 +20,6 @@ import time
 from types import SimpleNamespace
 from typing import Any
 
-import requests
-
 from sparklab.bench.workloads import load_workload
 from sparklab.engines.api import EngineAPI
 from sparklab.sweep import lossless
@@ -48,9 +46,8 @@ class Memory:
         self.rows.extend(rows)
 
 
-def sample(url: str, key: str, model: str, suites: list[str], max_tokens: int) -> tuple[list[Any], dict[str, Any]]:
+def sample(api: EngineAPI, model: str, suites: list[str], max_tokens: int) -> tuple[list[Any], dict[str, Any]]:
     """One sampled answer per prompt of each suite, as a sweep's cell stores it (token ids included)."""
-    headers = {"Authorization": f"Bearer {key}"} if key else {}
     cells, outputs = [], {}
     for suite in suites:
         workload = load_workload(suite)
@@ -59,10 +56,10 @@ def sample(url: str, key: str, model: str, suites: list[str], max_tokens: int) -
         for prompt in workload.prompts:
             body = {"model": model, "messages": list(prompt.messages), "max_tokens": max_tokens, "temperature": 1.0,
                     "return_token_ids": True}
-            reply = requests.post(f"{url}/v1/chat/completions", json=body, headers=headers, timeout=300).json()
+            reply = api.post_json("/v1/chat/completions", body, timeout_s=300).json()
             ids = reply["choices"][0].get("token_ids")
             if not ids:
-                raise SystemExit(f"{url} returned no token ids (vLLM's return_token_ids): cannot score")
+                raise SystemExit(f"{api.root} returned no token ids (vLLM's return_token_ids): cannot score")
             answers.append({"ok": True, "warmup": False, "prompt_id": prompt.id, "token_ids": ids})
         outputs[cell_id] = answers
         cells.append(SimpleNamespace(id=cell_id, server_config_id="drafting", workload=suite,
@@ -82,7 +79,7 @@ def main() -> None:
     api = EngineAPI(args.url, args.api_key or None)
     model = api.first_model()
     started = time.monotonic()
-    cells, outputs = sample(args.url, args.api_key, model, ["tasks-en", "code"], args.max_tokens)
+    cells, outputs = sample(api, model, ["tasks-en", "code"], args.max_tokens)
     answers = sum(len(a) for a in outputs.values())
     print(f"sampled {answers} answers in {time.monotonic() - started:.1f} s")
     # copies: the same answers again under other cell ids, so a round scores a sweep's worth (the CPU engine tier's

@@ -98,15 +98,12 @@ def score_pending(plan: Plan, store: Any, server: ServerConfig, api: EngineAPI, 
             store.add_scores(rows)
             scored += sum(row.status == "scored" for row in rows)
             written += len(rows)
-    except KeyboardInterrupt:
+    except BaseException as exc:
         pool.shutdown(wait=False, cancel_futures=True)  # the queued ones are never sent
-        # every answer scored before the interrupt, in order, however far this thread had read them
-        finished = itertools.takewhile(lambda f: f.done() and not f.cancelled() and f.exception() is None,
-                                       futures[written:])
-        store.add_scores(future.result() for future in finished)  # a row already there is kept
-        raise
-    except BaseException:
-        pool.shutdown(wait=False, cancel_futures=True)
+        if isinstance(exc, KeyboardInterrupt):  # every answer scored before it, in order, read here or not
+            finished = itertools.takewhile(lambda f: f.done() and not f.cancelled() and f.exception() is None,
+                                           futures[written:])
+            store.add_scores(future.result() for future in finished)  # a row already there is kept
         raise
     pool.shutdown()
     say(f"lossless check: scored {scored} of {len(items)} sampled answers under {server.label} in "

@@ -36,6 +36,17 @@ def _plan(tmp_path: Path, recipe: str) -> Any:
     return build_plan(path, run_id="t-1")
 
 
+def _server_run(tmp_path: Path, plan: Any, server: Any, host: Host, runtime: FakeRuntime, options: Any = None,
+                **kwargs: Any) -> tuple[Store, Any, list[str]]:
+    """(the run's store, not yet entered; the ServerRun of `server` on `host`; what it says)."""
+    store = Store.create(tmp_path / "results.sqlite", plan.sweep.model_dump(), "test")
+    runner.register(plan, store)
+    said: list[str] = []
+    run = sweep_mod.ServerRun(plan, HostStore(store, host=host.name), runtime, tmp_path, options or sweep_mod.Options(),
+                              said.append, host, server, list(server.cells), **kwargs)
+    return store, run, said
+
+
 
 @pytest.fixture
 def started(monkeypatch) -> dict[str, Any]:
@@ -70,12 +81,8 @@ def test_a_server_on_another_docker_host_is_watched_there(tmp_path: Path, starte
     runtime.kill = lambda name: started["server"].kill()  # type: ignore[method-assign]
     started["during_cell"] = lambda: facts.set(available=2.5)  # the engine climbs past the floor there
     host = Host("spark-2", "ssh://me@spark-2", "spark-2")
-    store = Store.create(tmp_path / "results.sqlite", plan.sweep.model_dump(), "test")
-    runner.register(plan, store)
-    said: list[str] = []
+    store, run, said = _server_run(tmp_path, plan, server, host, runtime, sweep_mod.Options(time_scale=0.01))
     with store:
-        run = sweep_mod.ServerRun(plan, HostStore(store, host="spark-2"), runtime, tmp_path,
-                                  sweep_mod.Options(time_scale=0.01), said.append, host, server, list(server.cells))
         sweep_mod.serve(run)
         (failure,) = store.failures()
     assert facts.evicted == [server.spec.name]  # the model's page cache was dropped on that host
@@ -97,13 +104,9 @@ def test_every_node_of_a_pair_is_watched_and_either_stops_the_server(tmp_path: P
     killed = threading.Event()
     local.kill = remote.kill = lambda name: (killed.set(), started["server"].kill())  # type: ignore[method-assign]
     started["during_cell"] = lambda: worker.set(available=1.0)  # the worker's Spark runs out, not the head's
-    store = Store.create(tmp_path / "results.sqlite", plan.sweep.model_dump(), "test")
-    runner.register(plan, store)
-    said: list[str] = []
+    store, run, said = _server_run(tmp_path, plan, server, hosts[0], local, sweep_mod.Options(time_scale=0.01),
+                                   partners=[remote], partner_names=["spark-2"])
     with store:
-        run = sweep_mod.ServerRun(plan, HostStore(store, host="local"), local, tmp_path,
-                                  sweep_mod.Options(time_scale=0.01), said.append, hosts[0], server, list(server.cells),
-                                  partners=[remote], partner_names=["spark-2"])
         sweep_mod.serve(run)
         (failure,) = store.failures()
     assert worker.evicted == [server.spec.name] and head.evicted == []  # MemFree was short only on spark-2
@@ -117,13 +120,8 @@ def test_a_host_that_cannot_be_read_runs_unwatched_and_says_so(tmp_path: Path, s
     (server,) = plan.servers
     runtime = FakeRuntime("spark-3", facts=None)
     started["during_cell"] = lambda: started["server"].kill()  # the cell ends without the watchdog
-    store = Store.create(tmp_path / "results.sqlite", plan.sweep.model_dump(), "test")
-    runner.register(plan, store)
-    said: list[str] = []
+    store, run, said = _server_run(tmp_path, plan, server, Host("spark-3", "ssh://me@spark-3", "spark-3"), runtime)
     with store:
-        run = sweep_mod.ServerRun(plan, HostStore(store, host="spark-3"), runtime, tmp_path, sweep_mod.Options(),
-                                  said.append, Host("spark-3", "ssh://me@spark-3", "spark-3"), server,
-                                  list(server.cells))
         sweep_mod.serve(run)
     assert "memory on spark-3: not watched (its memory cannot be read from here)" in said
     assert not any(line.startswith("memory floor") for line in said)
@@ -150,13 +148,9 @@ def test_a_lost_hosts_memory_reader_is_not_waited_for(tmp_path: Path, started: d
         raise fleet.HostLost("the Docker host stopped answering during cell vllm/none")
 
     monkeypatch.setattr(sweep_mod.bench, "run", lost_mid_cell)
-    store = Store.create(tmp_path / "results.sqlite", plan.sweep.model_dump(), "test")
-    runner.register(plan, store)
-    said: list[str] = []
+    store, run, said = _server_run(tmp_path, plan, server, Host("spark-2", "ssh://me@spark-2", "spark-2"),
+                                   runtime, lost=lambda: True)
     with store:
-        run = sweep_mod.ServerRun(plan, HostStore(store, host="spark-2"), runtime, tmp_path, sweep_mod.Options(),
-                                  said.append, Host("spark-2", "ssh://me@spark-2", "spark-2"), server,
-                                  list(server.cells), lost=lambda: True)
         began = time.monotonic()
         with pytest.raises(fleet.HostLost):
             sweep_mod.serve(run)
