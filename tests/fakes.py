@@ -49,7 +49,8 @@ class FakeServer(Lifecycle):
         self.events = events if events is not None else []
         self.log_path: Path | None = None
         self.lines = [f"{self.name}: last lines", "Application startup complete."]
-        self.running, self.code = True, None
+        self.running = True
+        self.code: int | None = None
         self.port_after = port_after
         self.fail_stop = False
         self.oom = False

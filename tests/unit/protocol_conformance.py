@@ -1,5 +1,5 @@
 """Type-checked, never run: every server and runtime, and the tests' fakes, passed where their Protocol is expected.
-tests/unit/test_runtime_protocols.py runs mypy --strict over this file (a structural mismatch fails it)."""
+tests/unit/test_runtime_protocols.py runs mypy over it, strict (pyproject.toml): a structural mismatch fails it."""
 
 from __future__ import annotations
 
