@@ -53,6 +53,13 @@ def _twin_servers(also: bytes = b"") -> list[int]:
     return found
 
 
+def _environ_has(pid: int, text: bytes) -> bool:
+    try:
+        return text in Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return False
+
+
 def _has_twin(sweep: Path) -> bool:
     recipe = load_recipe(recipe_file(load_sweep(sweep), sweep))
     return recipe.hardware == "gb10"
@@ -102,7 +109,10 @@ def nights(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Night
             out, err = proc.communicate()
         done[name] = Night(args, proc.returncode, out, err, time.monotonic() - at)
     yield done
-    left = sorted({*processes_of(str(STANDIN)), *_twin_servers()})
+    # the nights' own stand-ins (their environment holds the nights' state directories): the tier may run another
+    # test's stand-in beside this module (scripts/test.sh runs it over two workers)
+    ours = f"SPARKLAB_STATE={tmp}".encode()
+    left = sorted({*(pid for pid in processes_of(str(STANDIN)) if _environ_has(pid, ours)), *_twin_servers(ours)})
     assert not left, f"stand-in processes left behind: {left}"
     assert not list(tmp.glob("state*/processes/*.json")), "run files left behind"
     assert not list(tmp.glob("runs")), "a rehearsal wrote into ./runs"
