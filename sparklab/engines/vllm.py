@@ -18,13 +18,6 @@ from sparklab.engines.base import Acceptance, Engine, Finding, RecipeView, check
 from sparklab.engines.counters import spec_delta
 from sparklab.engines.knowledge import Fact, Knowledge
 from sparklab.engines.scrape import StartupFacts, parse_metrics
-from sparklab.engines.vllm_synthetic import (
-    check_cpu_sampling,
-    check_synthetic,
-    lossy_settings,
-    synthetic_rates,
-    synthetic_request_conflict,
-)
 from sparklab.errors import EngineUnreachable as Unreachable
 from sparklab.errors import RecipeError
 from sparklab.spec import Speculative
@@ -271,7 +264,7 @@ class VLLM(Engine):
             found.append(Finding(
                 "error", f"{here}: --speculative_config.moe_backend {moe!r} is not one vLLM accepts",
                 f"Use one of: {', '.join(SPEC_MOE_BACKENDS)}."))
-        found += check_synthetic(spec, sp) + check_cpu_sampling(spec)
+        found += vllm_synthetic.check_synthetic(spec, sp) + vllm_synthetic.check_cpu_sampling(spec)
         if sp.method != "ngram" or sp.num_speculative_tokens is not None:
             found += check_k(spec, recipe, sp.num_speculative_tokens, "num_speculative_tokens")
         return found
@@ -344,10 +337,10 @@ class VLLM(Engine):
         return vllm_synthetic.cpu_sampling_defects(spec) if speculative(spec.argv) is not None else []
 
     def lossy_settings(self, spec_argv: Sequence[str]) -> list[str]:
-        return lossy_settings(speculative(spec_argv))  # synthetic rejection sampling: vllm_synthetic
+        return vllm_synthetic.lossy_settings(speculative(spec_argv))  # synthetic rejection sampling
 
     def request_conflict(self, spec_argv: Sequence[str], extra: Mapping[str, Any]) -> str | None:
-        return synthetic_request_conflict(speculative(spec_argv), extra)  # a grammar under synthetic acceptance
+        return vllm_synthetic.synthetic_request_conflict(speculative(spec_argv), extra)  # a grammar, synthetic
 
     def version(self, api: EngineAPI) -> str | None:
         """GET /version: {"version": VLLM_VERSION}."""
@@ -374,7 +367,7 @@ class VLLM(Engine):
         return self._k_schedule_version(version) or ""
 
     def synthetic_acceptance(self, argv: Sequence[str]) -> tuple[float, ...] | None:
-        return synthetic_rates(speculative(argv))
+        return vllm_synthetic.synthetic_rates(speculative(argv))
 
     @staticmethod
     def _k_schedule_version(version: str | None) -> str | None:
