@@ -208,6 +208,21 @@ def test_at_most_three_modules_are_over_400_lines() -> None:
     assert len(long) <= 3, f"{len(long)} modules over 400 lines: {', '.join(long)}"
 
 
+def test_no_import_cycle_and_at_most_ten_modules_at_the_root() -> None:
+    """Issue 22's bounds for the graph. import-linter's layers contract keeps packages from importing upward, but
+    two modules of one package may still import each other (the house had two such cycles): none may, and the
+    package root stays the shared vocabulary (at most 10 modules; the stages live in packages)."""
+    import grimp
+
+    graph = grimp.build_graph("sparklab")
+    ours = {m for m in graph.modules if m.startswith("sparklab.")}
+    cycles = sorted(f"{a} <-> {b}" for a in ours for b in graph.find_modules_directly_imported_by(a)
+                    if b in ours and a < b and graph.chain_exists(importer=b, imported=a))
+    assert cycles == [], f"import cycles (each pair imports the other, directly or through others): {cycles}"
+    root = sorted(m for m in ours if m.count(".") == 1 and not graph.find_children(m))
+    assert len(root) <= 10, f"{len(root)} modules at the package root: {root}"
+
+
 def test_host_processes_are_started_and_signalled_in_one_place() -> None:
     """The process runtime is the one door to host processes, as containers.py is to Docker: only processes.py
     (with runfiles.py, and its keeper keeper.py) starts an engine or signals a process group."""
