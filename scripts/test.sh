@@ -240,6 +240,13 @@ pytest_step() {  # pytest_step PYTEST-ARGS...: run pytest, keep its first failin
   fi
   if [ "$pytest_rc" -eq 0 ]; then pytest_rc=$rc; fi
 }
+paired_then_alone() {  # paired_then_alone TIER WORKERS FILE...: the tier over WORKERS workers, then FILEs alone
+  local tier=$1 workers=$2 start=$SECONDS
+  shift 2
+  pytest_step -n "$workers" --dist loadgroup "${TIER_DIR[$tier]}" "${@/#/--ignore=}"
+  pytest_step "$@"
+  printf '[test] %s tier: %ss wall (%s workers, then %s file(s) alone)\n' "$tier" "$((SECONDS - start))" "$workers" "$#"
+}
 if [ "${#pytest_args[@]}" -eq 0 ] && "$VENV/bin/python" -c 'import xdist' 2>/dev/null; then
   if wants unit; then
     start=$SECONDS
@@ -248,20 +255,10 @@ if [ "${#pytest_args[@]}" -eq 0 ] && "$VENV/bin/python" -c 'import xdist' 2>/dev
     printf '[test] unit tier: %ss wall (pytest-xdist, %s workers)\n' "$((SECONDS - start))" "$unit_workers"
   fi
   if wants process; then
-    start=$SECONDS
-    pytest_step -n "${SPARKLAB_PROCESS_WORKERS:-2}" --dist loadgroup "${TIER_DIR[process]}" \
-      "${PROCESS_ALONE[@]/#/--ignore=}"
-    pytest_step "${PROCESS_ALONE[@]}"
-    printf '[test] process tier: %ss wall (%s workers, then %s file alone)\n' "$((SECONDS - start))" \
-      "${SPARKLAB_PROCESS_WORKERS:-2}" "${#PROCESS_ALONE[@]}"
+    paired_then_alone process "${SPARKLAB_PROCESS_WORKERS:-2}" "${PROCESS_ALONE[@]}"
   fi
   if wants docker; then
-    start=$SECONDS
-    pytest_step -n "${SPARKLAB_DOCKER_WORKERS:-2}" --dist loadgroup "${TIER_DIR[docker]}" \
-      "${DOCKER_ALONE[@]/#/--ignore=}"
-    pytest_step "${DOCKER_ALONE[@]}"
-    printf '[test] docker tier: %ss wall (%s workers, then %s files alone)\n' "$((SECONDS - start))" \
-      "${SPARKLAB_DOCKER_WORKERS:-2}" "${#DOCKER_ALONE[@]}"
+    paired_then_alone docker "${SPARKLAB_DOCKER_WORKERS:-2}" "${DOCKER_ALONE[@]}"
   fi
   rest=()
   for tier in engine contract; do
