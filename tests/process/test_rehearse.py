@@ -21,7 +21,8 @@ import yaml
 
 from sparklab.recipes.plan import load_sweep, recipe_file
 from sparklab.recipes.schema import load_recipe
-from tests.process.conftest import REPO, STANDIN, processes_of
+from tests.dockerkit import SESSION
+from tests.process.conftest import REPO, STANDIN, leftovers
 from tests.signals import ctrl_c_raises
 
 SWEEPS = sorted((REPO / "recipes" / "sweeps").glob("*.yaml"))
@@ -51,13 +52,6 @@ def _twin_servers(also: bytes = b"") -> list[int]:
             if b"STANDIN_MODEL=" in environ and also in environ:
                 found.append(int(entry.name))
     return found
-
-
-def _environ_has(pid: int, text: bytes) -> bool:
-    try:
-        return text in Path(f"/proc/{pid}/environ").read_bytes()
-    except OSError:
-        return False
 
 
 def _has_twin(sweep: Path) -> bool:
@@ -92,7 +86,8 @@ def nights(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Night
     started: dict[str, tuple[subprocess.Popen[str], float, tuple[str, ...]]] = {}
     for i, (name, args) in enumerate(_nights(tmp).items()):
         env = {k: v for k, v in os.environ.items() if k not in ("HF_TOKEN", "SPARKLAB_API_KEY")}
-        env |= {"SPARKLAB_STATE": str(tmp / f"state{i}"), "COLUMNS": "250", "HF_HOME": str(tmp / "hf"),
+        env |= {"SPARKLAB_STATE": str(tmp / f"state{i}"), "SPARKLAB_SESSION": SESSION, "COLUMNS": "250",
+                "HF_HOME": str(tmp / "hf"),
                 "PYTHONPATH": os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])}
         if name == "slow boot":
             env["STANDIN_BOOT_S"] = str(SLOW_BOOT_S)
@@ -109,10 +104,9 @@ def nights(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Night
             out, err = proc.communicate()
         done[name] = Night(args, proc.returncode, out, err, time.monotonic() - at)
     yield done
-    # the nights' own stand-ins (their environment holds the nights' state directories): the tier may run another
-    # test's stand-in beside this module (scripts/test.sh runs it over two workers)
-    ours = f"SPARKLAB_STATE={tmp}".encode()
-    left = sorted({*(pid for pid in processes_of(str(STANDIN)) if _environ_has(pid, ours)), *_twin_servers(ours)})
+    # this session's stand-ins only (they inherit SPARKLAB_SESSION, as every engine the tier starts): another
+    # worker's test may run its own beside this module
+    left = sorted({*leftovers(str(STANDIN)), *_twin_servers(f"SPARKLAB_SESSION={SESSION}".encode())})
     assert not left, f"stand-in processes left behind: {left}"
     assert not list(tmp.glob("state*/processes/*.json")), "run files left behind"
     assert not list(tmp.glob("runs")), "a rehearsal wrote into ./runs"
