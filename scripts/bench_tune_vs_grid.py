@@ -1,7 +1,10 @@
 """`sparklab tune` against the full grid on acceptance profiles, with the real engine: per profile, tune's pick per
 concurrency against the grid's (the same pick or not, inside the grid best's interval or not, significantly
 different or not), the wall-time ratio, the model loads, and the error of tune's predicted tok/s for the K it did
-not load (against the grid's measurement of that K).
+not load (against the grid's measurement of that K). That error is split into acceptance length (tune's prediction
+against the grid server's counters: no clock in it) and decode steps per second (the step cost, and the machine
+during the two loads); for a synthetic profile, both sides' counted lengths are set against the told one, beside the
+error that the draws alone give a predictor (every load of a config repeats its server's draws: same seed).
 
     python scripts/bench_tune_vs_grid.py                          # every profile, grid then tune, then compare
     python scripts/bench_tune_vs_grid.py --profiles dspark steep  # some of them
@@ -41,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from sparklab.bench import noise
+from sparklab.engines import engine
 from sparklab.recipes.plan import build_plan
 from sparklab.recipes.schema import recipes_dir
 from sparklab.sweep.store import Store
@@ -149,6 +153,80 @@ def run_drift(grid: search.State, tuned: search.State) -> dict[int, float]:
     return drift
 
 
+def told_rates(runs: Path, side: str) -> dict[search.Config, tuple[float, ...]]:
+    """Per synthetic config of that side's space, the per-position acceptance rates its server is told to produce
+    (p_1 … p_K, from its argv, read by the engine adapter as tune reads them to mark a synthetic pick)."""
+    plan = build_plan(_store(runs, side).parent / driver.SPACE_FILE)
+    out: dict[search.Config, tuple[float, ...]] = {}
+    for server in plan.servers:
+        rates = engine(server.spec.kind).synthetic_acceptance(server.spec.argv)
+        if rates is not None and server.num_speculative_tokens is not None:
+            out[(server.method, server.num_speculative_tokens)] = tuple(rates[:server.num_speculative_tokens])
+    return out
+
+
+def drafts_per_load(runs: Path, side: str, state: search.State) -> dict[tuple[search.Config, int], float]:
+    """Per (config, C), the drafts its server's counters saw over one load's runs (the total over its loads divided
+    by their number: every load of a config repeats the same draws, as the same sampling seed gives the same
+    uniforms, so a reload adds no independent draft)."""
+    with Store.open(_store(runs, side), readonly=True) as store:
+        configs = {row.id: (row.method, row.k) for row in store.server_configs()}
+        totals: dict[tuple[search.Config, int], float] = {}
+        for cell in store.cells("done"):
+            drafts = ((cell.result or {}).get("speculative") or {}).get("drafts")
+            if drafts:
+                key = (configs[cell.server_config_id], cell.concurrency)
+                totals[key] = totals.get(key, 0.0) + float(drafts)
+    return {key: total / max(1, len(state.cell(*key).by_load())) for key, total in totals.items()}
+
+
+def draw_variance(rates: tuple[float, ...]) -> float:
+    """The variance of one draft's accepted count when its first i tokens are all accepted with probability p_i
+    (unconditional rates, non-increasing): X = sum over i of [X >= i], so E[X^2] = sum of (2i - 1) p_i."""
+    return sum((2 * i + 1) * p for i, p in enumerate(rates)) - sum(rates) ** 2
+
+
+def draw_floor(rates: tuple[float, ...], grid_drafts: float, probe_drafts: float | None) -> tuple[float, float]:
+    """The mean |relative error| in acceptance length that the draws alone give a predictor, normal approximation
+    (E|N(0, sd)| = sd sqrt(2 / pi)): against a grid length counted over grid_drafts drafts, for a predictor that knew
+    the told rates (first) and for one that, like tune, reads them off a probe's probe_drafts drafts (second)."""
+    length, v = 1 + sum(rates), draw_variance(rates)
+    knew = math.sqrt(v / grid_drafts) / length
+    read = math.sqrt(v / grid_drafts + v / probe_drafts) / length if probe_drafts else knew
+    return knew * math.sqrt(2 / math.pi), read * math.sqrt(2 / math.pi)
+
+
+@dataclass(frozen=True)
+class Split:
+    """One unloaded point's error, split by tok/s = acceptance length x decode steps per second: the acceptance part
+    compares tune's predicted length with the length the grid's server counted (no clock in it), the step part is
+    what is left (the step cost the model extended, and the machine's speed during the two loads). Each is a ratio - 1;
+    (1 + acceptance) x (1 + steps) = 1 + the tok/s error. For a synthetic server (None for a real drafter), `told` is
+    the grid's counted length against the one the server was told to produce, and `predicted_told` tune's predicted
+    length against it (tune predicts from the per-position rates its probe's server counted)."""
+
+    concurrency: int
+    k: int | None
+    tok_s: float
+    acceptance: float
+    steps: float
+    told: float | None
+    predicted_told: float | None
+    floor_knew: float | None = None  # draw_floor's two figures at this point (synthetic only)
+    floor_read: float | None = None
+
+
+def split_error(predicted: float, predicted_length: float, measured: float, measured_length: float,
+                told_length: float | None, concurrency: int, k: int | None,
+                floor: tuple[float, float] | None = None) -> Split:
+    tok_s = predicted / measured - 1
+    acceptance = predicted_length / measured_length - 1
+    return Split(concurrency, k, tok_s, acceptance, (1 + tok_s) / (1 + acceptance) - 1,
+                 None if told_length is None else measured_length / told_length - 1,
+                 None if told_length is None else predicted_length / told_length - 1,
+                 *(floor or (None, None)))
+
+
 def compare(profile: str, runs: Path) -> dict[str, Any]:
     """Per concurrency: the grid's pick and its best's interval against tune's pick; the wall times and the
     prediction error of tune's unloaded (K, C) against the grid's measurement."""
@@ -206,7 +284,9 @@ def compare(profile: str, runs: Path) -> dict[str, Any]:
               f"{pick['label']}{' (tie-break)' if pick.get('tie_break') else ''}{verdict}")
     drift = run_drift(grid, tuned)
     out["drift"] = {str(c): d for c, d in drift.items()}
-    errors, corrected = [], []
+    errors, corrected, splits = [], [], []
+    told = told_rates(runs, "grid")
+    grid_drafts, tune_drafts = drafts_per_load(runs, "grid", grid), drafts_per_load(runs, "tune", tuned)
     for row in tune_state.get("predictions", []):
         if row["measured"] is not None:
             continue  # tune loaded it: its prediction is a leave-one-out check, not what this measures
@@ -216,6 +296,15 @@ def compare(profile: str, runs: Path) -> dict[str, Any]:
             errors.append(row["predicted"] / truth.mean - 1)
             if row["concurrency"] in drift:
                 corrected.append(row["predicted"] * drift[row["concurrency"]] / truth.mean - 1)
+            counted = grid.cell(config, row["concurrency"]).acceptance_length
+            if row.get("acceptance_length") and counted:
+                rates, c = told.get(config), row["concurrency"]
+                probe = max((k for (m, k) in tuned.obs if m == row["method"] and k is not None
+                             and tuned.cell((m, k), c).values), default=None)
+                floor = (draw_floor(rates, grid_drafts[(config, c)], tune_drafts.get(((row["method"], probe), c)))
+                         if rates and (config, c) in grid_drafts else None)
+                splits.append(split_error(row["predicted"], row["acceptance_length"], truth.mean, counted,
+                                          None if rates is None else 1 + sum(rates), c, row["k"], floor))
     out["prediction_errors"] = errors
     out["prediction_errors_drift_corrected"] = corrected
     if errors:
@@ -228,6 +317,31 @@ def compare(profile: str, runs: Path) -> dict[str, Any]:
         print("  the same, tune's run scaled to the grid's by the configs both measured at that C (drift "
               + ", ".join(f"C={c} x{d:.3f}" for c, d in sorted(drift.items())) + "): mean |error| "
               f"{out['prediction_error_mean_drift_corrected']:.1%}, max {max(abs(e) for e in corrected):.1%}")
+    out["prediction_split"] = [vars(x) for x in splits]
+    if splits:
+        def mean(values: list[float]) -> str:
+            return f"{sum(abs(v) for v in values) / len(values):.1%}"
+        print(f"  the same error split by tok/s = acceptance length x steps/s over {len(splits)} points: acceptance "
+              f"(tune's predicted length against the grid server's counters) mean |error| "
+              f"{mean([x.acceptance for x in splits])}, steps/s (the step cost, and the machine during the two loads) "
+              f"{mean([x.steps for x in splits])}; per (C, K): "
+              + ", ".join(f"C={x.concurrency} K={x.k} {x.tok_s:+.0%} = {x.acceptance:+.0%} x {x.steps:+.0%}"
+                          for x in splits))
+        told_dev = [x.told for x in splits if x.told is not None]
+        if told_dev:
+            predicted_dev = [x.predicted_told for x in splits if x.predicted_told is not None]
+            print(f"  against the acceptance length the synthetic servers were told (1 + p_1 + ... + p_K) at those "
+                  f"points: the grid's counted length mean |deviation| {mean(told_dev)} (max "
+                  f"{max(abs(v) for v in told_dev):.1%}), tune's predicted one {mean(predicted_dev)} (max "
+                  f"{max(abs(v) for v in predicted_dev):.1%}); both are the draws of one sampling seed, which every "
+                  "load of a config repeats")
+        floors = [x for x in splits if x.floor_knew is not None and x.floor_read is not None]
+        if floors:
+            print(f"  the draws alone (normal approximation, from the told rates and the drafts counted in one load) "
+                  f"give a predictor a mean |acceptance error| of "
+                  f"{sum(x.floor_knew or 0 for x in floors) / len(floors):.1%} at these points if it knew the told "
+                  f"rates, {sum(x.floor_read or 0 for x in floors) / len(floors):.1%} if, like tune, it reads them "
+                  "off its probe's counters")
     for side, state in (("grid", grid_state), ("tune", tune_state)):
         schedule = state.get("schedule") or {}
         if schedule.get("verdict"):

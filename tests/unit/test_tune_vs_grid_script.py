@@ -1,0 +1,73 @@
+"""scripts/bench_tune_vs_grid.py's split of a prediction error into acceptance and decode steps (the script itself runs
+real engines for an hour and is not part of the suite; its arithmetic is)."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_tune_vs_grid.py"
+
+
+@pytest.fixture(scope="module")
+def script() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("bench_tune_vs_grid", SCRIPT)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_an_error_splits_into_acceptance_times_steps(script: ModuleType) -> None:
+    # the second full-size dspark run's C=1 K=6 point: tune predicted 40.33 tok/s at acceptance length 4.014; the
+    # grid's one load measured 30.27 at a counted 3.458; the server was told 1 + 0.867 + ... + 0.053 = 3.728
+    told = 1 + 0.867 + 0.752 + 0.652 + 0.282 + 0.122 + 0.053
+    x = script.split_error(40.33, 4.014, 30.27, 3.458, told, 1, 6)
+    assert x.tok_s == pytest.approx(40.33 / 30.27 - 1)
+    assert x.acceptance == pytest.approx(4.014 / 3.458 - 1)
+    assert (1 + x.acceptance) * (1 + x.steps) == pytest.approx(1 + x.tok_s)
+    assert x.acceptance == pytest.approx(0.161, abs=0.001) and x.steps == pytest.approx(0.148, abs=0.001)
+    assert x.told == pytest.approx(3.458 / told - 1) and x.told < -0.07
+    assert x.predicted_told == pytest.approx(4.014 / told - 1) and x.predicted_told > 0.07
+
+
+def test_a_real_drafter_has_no_told_length_and_a_right_length_leaves_the_steps(script: ModuleType) -> None:
+    x = script.split_error(50.0, 2.0, 40.0, 2.0, None, 4, 3)
+    assert x.acceptance == 0 and x.steps == pytest.approx(0.25) and x.told is None and x.predicted_told is None
+    y = script.split_error(40.0, 2.2, 40.0, 2.0, None, 4, 3)  # acceptance over by 10%, steps under by as much
+    assert y.tok_s == 0 and math.isclose((1 + y.acceptance) * (1 + y.steps), 1)
+
+
+def test_the_draw_variance_is_that_of_a_drafts_accepted_count(script: ModuleType) -> None:
+    assert script.draw_variance((1.0, 1.0, 1.0)) == pytest.approx(0)  # always 3 accepted
+    assert script.draw_variance((0.5,)) == pytest.approx(0.25)  # one Bernoulli(0.5)
+    # the dspark profile at K=6, against the count drawn as the engine draws it: position i kept while u_i < c_i
+    import random
+    rates = (0.867, 0.752, 0.652, 0.282, 0.122, 0.053)
+    conditional = [rates[0]] + [rates[i] / rates[i - 1] for i in range(1, len(rates))]
+    draw = random.Random(7)
+    counts = []
+    for _ in range(40000):
+        n = 0
+        while n < len(conditional) and draw.random() < conditional[n]:
+            n += 1
+        counts.append(n)
+    mean = sum(counts) / len(counts)
+    variance = sum((x - mean) ** 2 for x in counts) / (len(counts) - 1)
+    assert mean == pytest.approx(sum(rates), rel=0.01)
+    assert variance == pytest.approx(script.draw_variance(rates), rel=0.03)
+
+
+def test_the_draw_floor_shrinks_with_drafts_and_grows_when_read_off_a_probe(script: ModuleType) -> None:
+    rates = (0.867, 0.752, 0.652, 0.282, 0.122, 0.053)
+    knew, read = script.draw_floor(rates, 100, 100)
+    assert read == pytest.approx(knew * math.sqrt(2))  # two independent sets of draws of one size
+    sd = math.sqrt(script.draw_variance(rates) / 100) / (1 + sum(rates))
+    assert knew == pytest.approx(sd * math.sqrt(2 / math.pi))
+    assert script.draw_floor(rates, 400, None) == pytest.approx((knew / 2, knew / 2))
