@@ -372,14 +372,17 @@ def main() -> None:
             results.append(compare(profile, runs))
     if len(results) > 1:
         print("== summary: profile | same pick at every C | tune inside the grid best's interval at every C | wall "
-              "share | loads grid/tune | mean prediction error (drift-corrected)")
+              "share | loads grid/tune | mean prediction error (drift-corrected) | of it, acceptance / steps/s")
         for r in results:
             same = all(row.get("same") for row in r["concurrency"])
             error = f"{r['prediction_error_mean']:.1%}" if "prediction_error_mean" in r else "-"
             if "prediction_error_mean_drift_corrected" in r:
                 error += f" ({r['prediction_error_mean_drift_corrected']:.1%})"
+            split = r.get("prediction_split") or []
+            parts = (f"{sum(abs(x['acceptance']) for x in split) / len(split):.1%} / "
+                     f"{sum(abs(x['steps']) for x in split) / len(split):.1%}" if split else "-")
             print(f"  {r['profile']} | {'yes' if same else 'no'} | {'yes' if r['inside_everywhere'] else 'NO'} | "
-                  f"{r['share']:.0%} | {r['grid_loads']}/{r['tune_loads']} | {error}")
+                  f"{r['share']:.0%} | {r['grid_loads']}/{r['tune_loads']} | {error} | {parts}")
         (args.runs_dir / "summary.json").write_text(json.dumps(results, indent=1))
 
 
