@@ -39,6 +39,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -180,6 +181,12 @@ def drafts_per_load(runs: Path, side: str, state: search.State) -> dict[tuple[se
     return {key: total / max(1, len(state.cell(*key).by_load())) for key, total in totals.items()}
 
 
+def mean_abs(values: Iterable[float]) -> float:
+    """The mean |value| (of relative errors, each a ratio - 1)."""
+    found = [abs(v) for v in values]
+    return sum(found) / len(found)
+
+
 def draw_variance(rates: tuple[float, ...]) -> float:
     """The variance of one draft's accepted count when its first i tokens are all accepted with probability p_i
     (unconditional rates, non-increasing): X = sum over i of [X >= i], so E[X^2] = sum of (2i - 1) p_i."""
@@ -299,9 +306,8 @@ def compare(profile: str, runs: Path) -> dict[str, Any]:
             counted = grid.cell(config, row["concurrency"]).acceptance_length
             if row.get("acceptance_length") and counted:
                 rates, c = told.get(config), row["concurrency"]
-                probe = max((k for (m, k) in tuned.obs if m == row["method"] and k is not None
-                             and tuned.cell((m, k), c).values), default=None)
-                floor = (draw_floor(rates, grid_drafts[(config, c)], tune_drafts.get(((row["method"], probe), c)))
+                probe = search._probe(tuned, row["method"])  # the config whose counted rates tune predicted from
+                floor = (draw_floor(rates, grid_drafts[(config, c)], tune_drafts.get((probe, c)) if probe else None)
                          if rates and (config, c) in grid_drafts else None)
                 splits.append(split_error(row["predicted"], row["acceptance_length"], truth.mean, counted,
                                           None if rates is None else 1 + sum(rates), c, row["k"], floor))
@@ -319,29 +325,26 @@ def compare(profile: str, runs: Path) -> dict[str, Any]:
               f"{out['prediction_error_mean_drift_corrected']:.1%}, max {max(abs(e) for e in corrected):.1%}")
     out["prediction_split"] = [vars(x) for x in splits]
     if splits:
-        def mean(values: list[float]) -> str:
-            return f"{sum(abs(v) for v in values) / len(values):.1%}"
         print(f"  the same error split by tok/s = acceptance length x steps/s over {len(splits)} points: acceptance "
               f"(tune's predicted length against the grid server's counters) mean |error| "
-              f"{mean([x.acceptance for x in splits])}, steps/s (the step cost, and the machine during the two loads) "
-              f"{mean([x.steps for x in splits])}; per (C, K): "
+              f"{mean_abs(x.acceptance for x in splits):.1%}, steps/s (the step cost, and the machine during the two "
+              f"loads) {mean_abs(x.steps for x in splits):.1%}; per (C, K): "
               + ", ".join(f"C={x.concurrency} K={x.k} {x.tok_s:+.0%} = {x.acceptance:+.0%} x {x.steps:+.0%}"
                           for x in splits))
         told_dev = [x.told for x in splits if x.told is not None]
         if told_dev:
             predicted_dev = [x.predicted_told for x in splits if x.predicted_told is not None]
             print(f"  against the acceptance length the synthetic servers were told (1 + p_1 + ... + p_K) at those "
-                  f"points: the grid's counted length mean |deviation| {mean(told_dev)} (max "
-                  f"{max(abs(v) for v in told_dev):.1%}), tune's predicted one {mean(predicted_dev)} (max "
+                  f"points: the grid's counted length mean |deviation| {mean_abs(told_dev):.1%} (max "
+                  f"{max(abs(v) for v in told_dev):.1%}), tune's predicted one {mean_abs(predicted_dev):.1%} (max "
                   f"{max(abs(v) for v in predicted_dev):.1%}); both are the draws of one sampling seed, which every "
                   "load of a config repeats")
-        floors = [x for x in splits if x.floor_knew is not None and x.floor_read is not None]
+        floors = [(x.floor_knew, x.floor_read) for x in splits if x.floor_knew is not None and x.floor_read is not None]
         if floors:
             print(f"  the draws alone (normal approximation, from the told rates and the drafts counted in one load) "
-                  f"give a predictor a mean |acceptance error| of "
-                  f"{sum(x.floor_knew or 0 for x in floors) / len(floors):.1%} at these points if it knew the told "
-                  f"rates, {sum(x.floor_read or 0 for x in floors) / len(floors):.1%} if, like tune, it reads them "
-                  "off its probe's counters")
+                  f"give a predictor a mean |acceptance error| of {mean_abs(k for k, _ in floors):.1%} at these "
+                  f"points if it knew the told rates, {mean_abs(r for _, r in floors):.1%} if, like tune, it reads "
+                  "them off its probe's counters")
     for side, state in (("grid", grid_state), ("tune", tune_state)):
         schedule = state.get("schedule") or {}
         if schedule.get("verdict"):
@@ -379,8 +382,8 @@ def main() -> None:
             if "prediction_error_mean_drift_corrected" in r:
                 error += f" ({r['prediction_error_mean_drift_corrected']:.1%})"
             split = r.get("prediction_split") or []
-            parts = (f"{sum(abs(x['acceptance']) for x in split) / len(split):.1%} / "
-                     f"{sum(abs(x['steps']) for x in split) / len(split):.1%}" if split else "-")
+            parts = (f"{mean_abs(x['acceptance'] for x in split):.1%} / {mean_abs(x['steps'] for x in split):.1%}"
+                     if split else "-")
             print(f"  {r['profile']} | {'yes' if same else 'no'} | {'yes' if r['inside_everywhere'] else 'NO'} | "
                   f"{r['share']:.0%} | {r['grid_loads']}/{r['tune_loads']} | {error} | {parts}")
         (args.runs_dir / "summary.json").write_text(json.dumps(results, indent=1))
