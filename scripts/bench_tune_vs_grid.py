@@ -49,7 +49,7 @@ from sparklab.engines import engine
 from sparklab.recipes.plan import build_plan
 from sparklab.recipes.schema import recipes_dir
 from sparklab.sweep.store import Store
-from sparklab.tune import driver, search
+from sparklab.tune import driver, prediction, search
 
 LOCK = Path("/tmp/sparklab-docker-tests.lock")
 PROFILES = {"dspark": "cpu-tune-dspark", "mtp": "cpu-tune-mtp", "steep": "cpu-tune-steep", "deep": "cpu-tune-deep",
@@ -306,7 +306,7 @@ def compare(profile: str, runs: Path) -> dict[str, Any]:
             counted = grid.cell(config, row["concurrency"]).acceptance_length
             if row.get("acceptance_length") and counted:
                 rates, c = told.get(config), row["concurrency"]
-                probe = search._probe(tuned, row["method"])  # the config whose counted rates tune predicted from
+                probe = prediction.probe_of(tuned, row["method"])  # the config whose counted rates tune predicted from
                 floor = (draw_floor(rates, grid_drafts[(config, c)], tune_drafts.get((probe, c)) if probe else None)
                          if rates and (config, c) in grid_drafts else None)
                 splits.append(split_error(row["predicted"], row["acceptance_length"], truth.mean, counted,

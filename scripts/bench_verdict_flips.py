@@ -14,7 +14,11 @@ none. OVERHEAD and SLOPE are a stand-in shaped on the CPU demo's measured step t
 table: ngram K=1's step 16% above none's at C=1, K=3's no dearer than K=1's; dearer per K at higher C); they set
 where the best K lies, not how noisy the verdict is. The noise is the measured kind: every load of a config draws
 one relative offset (sd --between, README: 11-19% between loads on this machine) and every run another (sd
---within, README: 2-7% within a load).
+--within, README: 2-7% within a load). With --drafts, acceptance is drawn too, the way vLLM's synthetic rejection
+sampling draws it on the real engine: each run of a config counts its own drafts (--drafts per load at C=1, twice
+that at C=4, split over the runs), and every load of the config repeats the same draws (the engine's seed is the
+same on every start, README "Where that prediction error comes from"), so a reload resamples the machine but not the
+acceptance; the search sees the counted per-position rates, as it does on the engine.
 
 Per profile it prints, for tune and for the grid (the reference, measured in the same run under the same noise):
 - how often the pick is the true best, and the pick's true speed as a share of the true best's (mean, worst);
@@ -60,35 +64,77 @@ def true_speed(rates: tuple[float, ...], config: search.Config, c: int) -> float
     return 100.0 * search.acceptance_length(list(rates), k) / (OVERHEAD + SLOPE[c] * k)
 
 
+def counted_rates(rates: tuple[float, ...], k: int, drafts: int, rng: random.Random) -> tuple[float, ...]:
+    """Per-position shares accepted over `drafts` drafts of K tokens, drawn at the unconditional rates (position i
+    is accepted with its first i-1 when a draft's uniform falls under rates[i-1]; the rates fall with i)."""
+    counts = [0] * k
+    for _ in range(drafts):
+        u = rng.random()
+        for i in range(k):
+            if u >= rates[i]:
+                break
+            counts[i] += 1
+    return tuple(n / drafts for n in counts)
+
+
 @dataclass
 class Servers:
-    """Simulated servers: one offset per load (the machine's state when it started), one per run."""
+    """Simulated servers: one offset per load (the machine's state when it started), one per run; with drafts, the
+    acceptance each run counts, the same on every load of a config."""
 
     rates: tuple[float, ...]
     within: float
     between: float
-    rng: random.Random
+    key: str  # the trial's and side's: every random number is a function of it and of what it is for, so two
+    # versions of the search meet the same servers (common random numbers), and both sides the same draws
+    drafts: int = 0  # per load at C=1 (0: acceptance exactly at the rates)
+    repeats: int = 3
     loads: int = 0
     cells: dict[tuple[search.Config, int], list[tuple[float, str]]] = field(default_factory=dict)
+    draws: dict[tuple[search.Config, int, int], tuple[float, ...]] = field(default_factory=dict)
+    counted: dict[tuple[search.Config, int], list[tuple[float, ...]]] = field(default_factory=dict)
+    loaded: dict[search.Config, int] = field(default_factory=dict)  # loads so far per config
+
+    def run_rates(self, config: search.Config, c: int, j: int) -> tuple[float, ...]:
+        k = config[1] or 0
+        if not self.drafts:
+            return self.rates[:k]
+        key = (config, c, j)
+        if key not in self.draws:
+            per_run = max(1, round(self.drafts * (2 if c > 1 else 1) / self.repeats))
+            # the engine's seed: the same draws for the grid and for tune, as on the real engine
+            draws = random.Random(f"{self.key.rsplit('|', 1)[0]}|draws|{config}|{c}|{j}")
+            self.draws[key] = counted_rates(self.rates, k, per_run, draws)
+        return self.draws[key]
 
     def run(self, decision: search.Measure) -> None:
         for load in decision.loads:
             self.loads += 1
-            offset = self.rng.gauss(0.0, self.between)
+            nth = self.loaded[load.config] = self.loaded.get(load.config, 0) + 1
+            offset = random.Random(f"{self.key}|load|{load.config}|{nth}").gauss(0.0, self.between)
             for c, upto in load.upto:
                 have = self.cells.setdefault((load.config, c), [])
+                counted = self.counted.setdefault((load.config, c), [])
+                j = 0  # the run's index within this load: its draws are the same on every load
                 while len(have) < upto:
-                    value = true_speed(self.rates, load.config, c) * (1 + offset + self.rng.gauss(0.0, self.within))
+                    run_noise = random.Random(f"{self.key}|run|{load.config}|{c}|{nth}|{j}").gauss(0.0, self.within)
+                    value = true_speed(self.rates, load.config, c) * (1 + offset + run_noise)
+                    if (k := load.config[1]) and self.drafts:
+                        mine = self.run_rates(load.config, c, j)
+                        value *= search.acceptance_length(mine, k) / search.acceptance_length(list(self.rates), k)
+                    counted.append(self.run_rates(load.config, c, j))
                     have.append((value, f"{self.loads:04d}"))
+                    j += 1
 
     def obs(self) -> search.Observations:
         out: dict[search.Config, dict[int, CellObs]] = {}
         for (config, c), runs in self.cells.items():
             k = config[1]
-            per_position = self.rates[:k] if k else ()
+            counted = self.counted[(config, c)]
+            per_position = tuple(statistics.mean(r[i] for r in counted) for i in range(k)) if k else ()
             out.setdefault(config, {})[c] = CellObs(
-                tuple(v for v, _ in runs), (100.0,) * len(runs), tuple(per_position),
-                search.acceptance_length(list(self.rates), k) if k else None, len(runs),
+                tuple(v for v, _ in runs), (100.0,) * len(runs), per_position,
+                search.acceptance_length(per_position, k) if k else None, len(runs),
                 tuple(lid for _, lid in runs))
         return out
 
@@ -112,8 +158,8 @@ class Side:
 
 
 def trial(profile_rates: tuple[float, ...], space: Space, settings: Settings, args: argparse.Namespace,
-          rng: random.Random, side: Side) -> None:
-    servers = Servers(profile_rates, args.within, args.between, rng)
+          key: str, side: Side) -> None:
+    servers = Servers(profile_rates, args.within, args.between, key, args.drafts, settings.repeats)
     done = drive(servers, space, settings)
     picks = {p.concurrency: p.config for p in done.picks}
     side.picks.append(picks)
@@ -154,6 +200,22 @@ def inside_share(tune: Side, grid: Side, space: Space) -> float:
     return hits / total if total else float("nan")
 
 
+def prediction_errors(tune: Side, grid: Side, rates: tuple[float, ...]) -> tuple[float, float]:
+    """Mean |error| of tune's predictions at the points it never loaded, against the grid run of the same trial's
+    measured mean (as scripts/bench_tune_vs_grid.py scores it on the real engine) and against the true speed."""
+    vs_grid, vs_truth = [], []
+    for state, grid_state in zip(tune.states, grid.states, strict=True):
+        for guess, measured in search.predictions(state.space, state.settings, state.obs):
+            if measured is not None:
+                continue
+            cell = grid_state.cell(guess.config, guess.concurrency)
+            if cell.values:
+                vs_grid.append(abs(guess.value / statistics.mean(cell.values) - 1))
+            vs_truth.append(abs(guess.value / true_speed(rates, guess.config, guess.concurrency) - 1))
+    return (statistics.mean(vs_grid) if vs_grid else float("nan"), statistics.mean(vs_truth) if vs_truth
+            else float("nan"))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--profiles", nargs="+", choices=[*PROFILES, "ngram"], default=[*PROFILES, "ngram"])
@@ -163,25 +225,29 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--max-repeats", type=int, default=9)
     parser.add_argument("--seed", type=int, default=25)
+    parser.add_argument("--drafts", type=int, default=0,
+                        help="drafts one load counts at C=1 (twice at C=4), drawn the same on every load of a config "
+                             "(the real CPU engine's C=1 cell: about 100); 0: acceptance exactly at the rates")
     args = parser.parse_args()
     ks, cs = tuple(range(1, 9)), (1, 4)
+    draws = f"{args.drafts} drafts per load at C=1, drawn once per config" if args.drafts else "acceptance exact"
     print(f"simulated servers (see the docstring): within-load sd {args.within:.0%}, between-load sd "
-          f"{args.between:.0%}; {args.repeats} runs per load, --max-repeats {args.max_repeats}; K 1-8, C 1 and 4; "
-          f"{args.trials} runs of each side per profile")
+          f"{args.between:.0%}; {draws}; {args.repeats} runs per load, --max-repeats {args.max_repeats}; K 1-8, "
+          f"C 1 and 4; {args.trials} runs of each side per profile")
     print("profile | side | true best picked | pick's true speed / true best: mean, worst | flip rate between two "
           f"runs (any; by more than {MATERIAL:.0%} in true speed) | tune inside grid best's interval | loads "
-          "(tune / grid)")
+          "(tune / grid) | tune's prediction error at unloaded points, mean |error| against the grid's measured mean; "
+          "against the true speed")
     for profile in args.profiles:
         rates = rates_of(profile)
         method = "ngram" if profile == "ngram" else "synthetic"
         space = Space(("none", method), ks, cs, {"none": False, method: True})
-        rng = random.Random(f"{args.seed}-{profile}")
         sides = {"tune": Side(), "grid": Side()}
         started = time.monotonic()
-        for _ in range(args.trials):
+        for n in range(args.trials):
             for name, side in sides.items():
                 settings = Settings(args.repeats, args.max_repeats, explore="grid" if name == "grid" else "search")
-                trial(rates, space, settings, args, rng, side)
+                trial(rates, space, settings, args, f"{args.seed}|{profile}|{n}|{name}", side)
         tune, grid = sides["tune"], sides["grid"]
         truth = {c: max(space.every(), key=lambda x, c=c: true_speed(rates, x, c)) for c in cs}
         print(f"{profile} (true best: " + ", ".join(f"C={c} {search.label(x)}" for c, x in truth.items())
@@ -195,7 +261,8 @@ def main() -> None:
             flips, material = flip_rates(side.picks, rates, {c: true_speed(rates, x, c) for c, x in truth.items()})
             print(f"  {name}: {side.right}/{n} | {statistics.mean(side.shares):.1%}, {min(side.shares):.1%} | "
                   f"{flips:.0%}; {material:.0%} | " + (f"{inside:.0%}" if name == "tune" else "-")
-                  + f" | {loads:.1f} loads ({ratio})")
+                  + f" | {loads:.1f} loads ({ratio})"
+                  + (" | {:.1%}; {:.1%}".format(*prediction_errors(tune, grid, rates)) if name == "tune" else ""))
 
 
 if __name__ == "__main__":

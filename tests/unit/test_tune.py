@@ -13,7 +13,7 @@ from sparklab.cli.main import build_parser
 from sparklab.cli.sweep import TuneArgs
 from sparklab.engines import engine
 from sparklab.errors import RecipeError
-from sparklab.tune import search
+from sparklab.tune import prediction, search
 from sparklab.tune.driver import request_for
 from sparklab.tune.search import CellObs, Done, Measure, Settings, Space
 
@@ -321,3 +321,61 @@ def test_single_runs_pick_the_highest_mean_and_say_there_is_no_interval() -> Non
     assert {p.concurrency: p.config for p in done.picks} == {c: best_in_grid(world, sp, c) for c in CS}
     assert all("no interval" in p.note for p in done.picks)
     assert next(p for p in done.picks if p.concurrency == 4).config == ("ngram", 2)  # ties K=3: smaller K
+
+
+def test_acceptance_is_pooled_over_every_loaded_k_that_drafted_the_position_not_read_off_the_probe_alone() -> None:
+    # The probe's load counted position 1 high (0.9 against a true 0.8: its draws, repeated on every reload) and the
+    # K=1 load counted it low (0.7); K=2 is predicted from both loads' counts, each weighted by its runs (3 and 1).
+    sp = space(ks=(1, 2, 4))
+    step = 0.02
+    obs = {("none", None): {1: CellObs((50.0,) * 3, (100.0,) * 3, (), None, 3)},
+           ("ngram", 4): {1: CellObs((2.5 / (step * 1.3),) * 3, (100.0,) * 3, (0.9, 0.5, 0.3, 0.1), 2.8, 3)},
+           ("ngram", 1): {1: CellObs((1.7 / step,), (100.0,), (0.7,), 1.7, 1)}}
+    state = search.State(sp, Settings(), obs)
+    assert prediction.pooled_rates(state, "ngram", 1) == pytest.approx((0.85, 0.5, 0.3, 0.1))
+    assert prediction.pooled_rates(state, "ngram", 1, leave_out=1) == pytest.approx((0.9, 0.5, 0.3, 0.1))
+    assert prediction.pooled_rates(state, "ngram", 4) == ()  # nothing loaded at C=4: nothing to pool
+    (k2,) = [p for p in prediction.predict(state, "ngram", 1).values() if p.config == ("ngram", 2)]
+    assert k2.acceptance_length == pytest.approx(1 + 0.85 + 0.5)
+    # leave-one-out (how tune scores its own error) leaves the left-out load's counts out of the rates too
+    left_out = prediction.predict(state, "ngram", 1, leave_out=1)[1]
+    assert left_out.acceptance_length == pytest.approx(1.9)
+
+
+def _spread(value: float) -> tuple[float, ...]:
+    return (value * 1.1, value * 0.9, value)  # three runs, mean exact, 10% apart: intervals far wider than 4%
+
+
+def _wide_world_obs(measured_ks: tuple[int, ...]) -> dict[search.Config, dict[int, CellObs]]:
+    """C=1 only; none at 55 tok/s; ngram's step costs 0.020 + 0.0032 K s (dearer than none's 1/55 at K=0: the
+    drafter's own cost), rates 0.6 0.3 0.2 0.1; so K=1 69.0, K=2 72.0, K=3 71.1, K=4 67.1 tok/s."""
+    rates = (0.6, 0.3, 0.2, 0.1)
+    obs: dict[search.Config, dict[int, CellObs]] = {("none", None): {1: CellObs(_spread(55.0), (100.0,) * 3, (),
+                                                                                  None, 3)}}
+    for k in measured_ks:
+        al = search.acceptance_length(rates, k)
+        obs[("ngram", k)] = {1: CellObs(_spread(al / (0.020 + 0.0032 * k)), (100.0,) * 3, rates[:k], al, 3)}
+    return obs
+
+
+def test_a_leave_one_out_error_leaning_on_the_baseline_is_not_a_predictions_own_error() -> None:
+    sp = space(ks=(1, 2, 3, 4), cs=(1,))
+    two = search.State(sp, Settings(), _wide_world_obs((1, 4)))
+    # K=1 predicted from K=4 through the baseline as K=0 misses by 6% (none's step lacks the drafter's cost); the
+    # predictions that error would bound interpolate between K=1 and K=4, a model it never tested: the default
+    assert prediction.prediction_error_of(two, "ngram", 1) == prediction.DEFAULT_PREDICTION_ERROR
+    three = search.State(sp, Settings(), _wide_world_obs((1, 3, 4)))
+    # K=3 left out is predicted between K=1 and K=4, the model in use, and the world is linear there: no miss
+    assert prediction.prediction_error_of(three, "ngram", 1) == pytest.approx(0.0, abs=0.01)
+
+
+def test_a_k_predicted_faster_than_the_best_by_more_than_a_tie_is_loaded_however_wide_the_noise() -> None:
+    sp = space(ks=(1, 2, 3, 4), cs=(1,))
+    obs = _wide_world_obs((1, 4))
+    state = search.State(sp, Settings(), obs)
+    assert search.noise_margin(state, 1) > 0.10  # runs 10% apart: K=2's 4% cannot clear the noise
+    guesses = prediction.predict(state, "ngram", 1)
+    assert guesses[2].value / state.incumbent(1) - 1 == pytest.approx(0.0435, abs=0.002)
+    decision = search.decide(sp, Settings(), obs)
+    assert isinstance(decision, Measure) and decision.configs == (("ngram", 2),)
+    assert "predicted to beat the best" in decision.why
