@@ -141,8 +141,8 @@ def tune_summary(report: Any, state: dict[str, Any]) -> str:
             lines.append(f"  no config meets it at C={', '.join(map(str, state['slo_missed']))}")
     predicted = state.get("predictions", [])
     if predicted:
-        lines.append("predicted vs measured (acceptance from the largest K's per-position rates, step cost "
-                     "interpolated between the measured K; a measured K's prediction was made without it):")
+        lines.append("predicted vs measured (acceptance from the per-position rates pooled over the loaded K, step "
+                     "cost interpolated between the measured K; a measured K's prediction was made without it):")
         for row in predicted:
             measured = row["measured"]
             after = (f"measured {measured:.2f} ({row['predicted'] / measured - 1:+.1%})" if measured
