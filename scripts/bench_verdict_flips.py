@@ -85,8 +85,9 @@ class Servers:
     rates: tuple[float, ...]
     within: float
     between: float
-    key: str  # the trial's and side's: every random number is a function of it and of what it is for, so two
-    # versions of the search meet the same servers (common random numbers), and both sides the same draws
+    trial: str  # every random number is a function of the trial, the side and what it is for, so two versions of
+    side: str  # the search meet the same servers (common random numbers); the draws are the trial's alone (the
+    # engine's seed: the grid and tune count the same draws, as on the real engine)
     drafts: int = 0  # per load at C=1 (0: acceptance exactly at the rates)
     repeats: int = 3
     loads: int = 0
@@ -102,8 +103,7 @@ class Servers:
         key = (config, c, j)
         if key not in self.draws:
             per_run = max(1, round(self.drafts * (2 if c > 1 else 1) / self.repeats))
-            # the engine's seed: the same draws for the grid and for tune, as on the real engine
-            draws = random.Random(f"{self.key.rsplit('|', 1)[0]}|draws|{config}|{c}|{j}")
+            draws = random.Random(f"{self.trial}|draws|{config}|{c}|{j}")
             self.draws[key] = counted_rates(self.rates, k, per_run, draws)
         return self.draws[key]
 
@@ -111,18 +111,19 @@ class Servers:
         for load in decision.loads:
             self.loads += 1
             nth = self.loaded[load.config] = self.loaded.get(load.config, 0) + 1
-            offset = random.Random(f"{self.key}|load|{load.config}|{nth}").gauss(0.0, self.between)
+            offset = random.Random(f"{self.trial}|{self.side}|load|{load.config}|{nth}").gauss(0.0, self.between)
             for c, upto in load.upto:
                 have = self.cells.setdefault((load.config, c), [])
                 counted = self.counted.setdefault((load.config, c), [])
                 j = 0  # the run's index within this load: its draws are the same on every load
                 while len(have) < upto:
-                    run_noise = random.Random(f"{self.key}|run|{load.config}|{c}|{nth}|{j}").gauss(0.0, self.within)
+                    run_rng = random.Random(f"{self.trial}|{self.side}|run|{load.config}|{c}|{nth}|{j}")
+                    run_noise = run_rng.gauss(0.0, self.within)
                     value = true_speed(self.rates, load.config, c) * (1 + offset + run_noise)
+                    mine = self.run_rates(load.config, c, j)
                     if (k := load.config[1]) and self.drafts:
-                        mine = self.run_rates(load.config, c, j)
                         value *= search.acceptance_length(mine, k) / search.acceptance_length(list(self.rates), k)
-                    counted.append(self.run_rates(load.config, c, j))
+                    counted.append(mine)
                     have.append((value, f"{self.loads:04d}"))
                     j += 1
 
@@ -158,8 +159,8 @@ class Side:
 
 
 def trial(profile_rates: tuple[float, ...], space: Space, settings: Settings, args: argparse.Namespace,
-          key: str, side: Side) -> None:
-    servers = Servers(profile_rates, args.within, args.between, key, args.drafts, settings.repeats)
+          trial_key: str, side_name: str, side: Side) -> None:
+    servers = Servers(profile_rates, args.within, args.between, trial_key, side_name, args.drafts, settings.repeats)
     done = drive(servers, space, settings)
     picks = {p.concurrency: p.config for p in done.picks}
     side.picks.append(picks)
@@ -247,7 +248,7 @@ def main() -> None:
         for n in range(args.trials):
             for name, side in sides.items():
                 settings = Settings(args.repeats, args.max_repeats, explore="grid" if name == "grid" else "search")
-                trial(rates, space, settings, args, f"{args.seed}|{profile}|{n}|{name}", side)
+                trial(rates, space, settings, args, f"{args.seed}|{profile}|{n}", name, side)
         tune, grid = sides["tune"], sides["grid"]
         truth = {c: max(space.every(), key=lambda x, c=c: true_speed(rates, x, c)) for c in cs}
         print(f"{profile} (true best: " + ", ".join(f"C={c} {search.label(x)}" for c, x in truth.items())

@@ -147,7 +147,8 @@ def _beats(state: _State, value: float | None, c: int, error: float) -> bool:
     reason to measure, not to stop. Measured on simulated servers (scripts/bench_verdict_flips.py, 200 runs per
     profile, the CPU engine's noise and acceptance draws): with noise and error alone, tune stopped short of a
     K predicted 5% faster (ngram at C=1 kept its probe, K=8, 91 times in 200); with the tie margin as well it picks
-    the true best more often on every profile but steep and deep (already 400/400), for 0.7-1.7 more loads."""
+    the true best more often on dspark, mtp and ngram (steep and deep: 398-400 of 400 either way), for 0.0-1.7
+    more loads, measured together with pooled acceptance and the leave-one-out rule (README)."""
     best = state.incumbent(c)
     margin = min(noise_margin(state, c), error, TIE_MARGIN)
     return value is not None and (best is None or value > best * (1 + margin))
