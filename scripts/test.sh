@@ -240,12 +240,17 @@ pytest_step() {  # pytest_step PYTEST-ARGS...: run pytest, keep its first failin
   fi
   if [ "$pytest_rc" -eq 0 ]; then pytest_rc=$rc; fi
 }
-paired_then_alone() {  # paired_then_alone TIER WORKERS FILE...: the tier over WORKERS workers, then FILEs alone
+paired() {  # paired TIER WORKERS FILE...: the tier over WORKERS workers but for FILEs (they run alone, later)
   local tier=$1 workers=$2 start=$SECONDS
   shift 2
   pytest_step -n "$workers" --dist loadgroup "${TIER_DIR[$tier]}" "${@/#/--ignore=}"
+  printf '[test] %s tier: %ss wall (%s workers, %s file(s) left to run alone)\n' "$tier" "$((SECONDS - start))" "$workers" "$#"
+}
+alone() {  # alone TIER FILE...: FILEs one test at a time, nothing else running
+  local tier=$1 start=$SECONDS
+  shift
   pytest_step "$@"
-  printf '[test] %s tier: %ss wall (%s workers, then %s file(s) alone)\n' "$tier" "$((SECONDS - start))" "$workers" "$#"
+  printf '[test] %s tier, alone: %ss wall (%s file(s))\n' "$tier" "$((SECONDS - start))" "$#"
 }
 if [ "${#pytest_args[@]}" -eq 0 ] && "$VENV/bin/python" -c 'import xdist' 2>/dev/null; then
   if wants unit; then
@@ -254,18 +259,41 @@ if [ "${#pytest_args[@]}" -eq 0 ] && "$VENV/bin/python" -c 'import xdist' 2>/dev
     pytest_step -n "$unit_workers" --dist worksteal tests/unit
     printf '[test] unit tier: %ss wall (pytest-xdist, %s workers)\n' "$((SECONDS - start))" "$unit_workers"
   fi
-  if wants process; then
-    paired_then_alone process "${SPARKLAB_PROCESS_WORKERS:-2}" "${PROCESS_ALONE[@]}"
-  fi
-  if wants docker; then
-    paired_then_alone docker "${SPARKLAB_DOCKER_WORKERS:-2}" "${DOCKER_ALONE[@]}"
-  fi
   rest=()
   for tier in engine contract; do
     if wants "$tier"; then rest+=("${TIER_DIR[$tier]}"); fi
   done
-  # pytest speaks last, so its closing lines (the wall time per tier, then "N passed in …") end the run.
-  if [ "${#rest[@]}" -gt 0 ]; then pytest_step "${rest[@]}"; fi
+  # The engine and contract tiers (one test at a time) run beside the process and docker tiers' paired tests: vLLM's
+  # CPU worker holds one core, and the stand-in tests mostly wait on their clocks. Their output is kept in a file and
+  # printed when they end.
+  engine_pid= engine_log=
+  if [ "${#rest[@]}" -gt 0 ]; then
+    engine_log=$(mktemp)
+    (
+      start=$SECONDS rc=0
+      "$VENV/bin/python" -m pytest -ra -q --durations=15 "${rest[@]}" >"$engine_log" 2>&1 || rc=$?
+      printf '[test] engine and contract tiers: %ss wall (beside the process and docker tiers)\n' \
+        "$((SECONDS - start))" >>"$engine_log"
+      exit "$rc"
+    ) &
+    engine_pid=$!
+  fi
+  if wants process; then
+    paired process "${SPARKLAB_PROCESS_WORKERS:-2}" "${PROCESS_ALONE[@]}"
+  fi
+  if wants docker; then
+    paired docker "${SPARKLAB_DOCKER_WORKERS:-2}" "${DOCKER_ALONE[@]}"
+  fi
+  if [ -n "$engine_pid" ]; then
+    engine_rc=0
+    wait "$engine_pid" || engine_rc=$?
+    cat "$engine_log"
+    rm -f "$engine_log"
+    if [ "$engine_rc" -eq 5 ]; then echo "[test] FAIL: pytest collected no tests (exit 5)" >&2; fi
+    if [ "$pytest_rc" -eq 0 ]; then pytest_rc=$engine_rc; fi
+  fi
+  if wants process; then alone process "${PROCESS_ALONE[@]}"; fi
+  if wants docker; then alone docker "${DOCKER_ALONE[@]}"; fi
 else
   pytest_step ${paths[@]+"${paths[@]}"} ${pytest_args[@]+"${pytest_args[@]}"}
 fi
