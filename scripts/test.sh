@@ -7,7 +7,8 @@
 # Phases: host setup (docker, registry) -> base image -> stand-in engine image -> vLLM CPU images, 0.27.1 and
 # 0.32.0 (if their build script exists; 0.32.0 only for the engine tier) -> llama.cpp CPU image -> test venv ->
 # Edge-LLM source -> second Docker host (sshd + dockerd) -> SGLang parser venv -> ruff -> lint-imports -> mypy ->
-# pytest: the unit tier over every core (pytest-xdist), then the other tiers one test at a time.
+# pytest: the unit tier over every core (pytest-xdist); then the engine and contract tiers one test at a time, beside
+# the process and docker tiers two at a time; last, alone, the files that touch the whole machine.
 # Every phase is idempotent and fast when up to date. SPARKLAB_SKIP_VLLM_CPU_BUILD=1 skips the (slow) vLLM CPU
 # image builds; images already in the registry are still used. pytest's closing summary gives each tier's wall
 # time (tests/conftest.py).
@@ -79,7 +80,18 @@ summary() {
   printf '\n[test] phase timings:\n'
   printf '[test]   %s\n' "${timings[@]}"
 }
-trap 'rc=$?; [ "$rc" -eq 0 ] || summary; exit "$rc"' EXIT
+engine_pid= engine_log=
+stop_engine_lane() {  # the script ends before its engine lane (a failure, SIGTERM): Ctrl-C the lane's pytest, so its
+  # tests tear down what they started, then print what it wrote
+  if [ -n "$engine_pid" ]; then
+    if kill -0 "$engine_pid" 2>/dev/null; then
+      pkill -INT -P "$engine_pid" 2>/dev/null || true
+      wait "$engine_pid" 2>/dev/null || true
+    fi
+    if [ -n "$engine_log" ]; then cat "$engine_log"; rm -f "$engine_log"; fi
+  fi
+}
+trap 'rc=$?; stop_engine_lane; [ "$rc" -eq 0 ] || summary; exit "$rc"' EXIT
 
 setup_venv() {
   local stamp="$VENV/.sparklab-stamp" want
@@ -219,20 +231,23 @@ summary
 # SPARKLAB_TEST_WORKERS), handed out as workers free up (--dist worksteal): it needs nothing shared, and about a third
 # of its tests' wall time is spent waiting on real clocks and sockets (stall, deadline and grace-period tests), time in
 # which a second worker on the same core computes. On this 2-core machine, quiet: 2 workers 82 s, 3 workers 71 s, 4
-# workers 66 s (1609 tests, the same run of pytest otherwise). The docker tier's stand-in tests mostly wait on their
-# engines' clocks, so they run two at a time (xdist -n 2; each worker labels what it starts with its own session, and
-# checks and cleans only that), the tests on the second host one after another in their own group (one of them freezes
-# that host), and last, one at a time, the two files that touch the whole machine: a Docker daemon restart and a disk
-# that fills (test_sweep_faults.py), the page cache filled and dropped (test_memory_standin.py). The process tier runs
-# the same way (below). The engine and contract tiers run one test at a time (they share the CPU engine's two cores,
-# and time what they start). With pytest arguments of your own (a file, -k), one pytest runs them one at a time.
-# test_second_host_watched.py sets its memory floor from what the host has free when it starts: beside the engine tier
-# (vLLM servers of ~3 GiB starting and stopping) a second server crossed it too (seen once, 2026-12-04).
+# workers 66 s (1609 tests, the same run of pytest otherwise).
+# Then two lanes at once. The engine and contract tiers run one test at a time in the background (they share the CPU
+# engine's cores and time what they start; their output is printed when they end). Beside them, the process and
+# docker tiers' tests, which mostly wait on their stand-ins' clocks, run two at a time (xdist -n 2; each worker labels
+# what it starts with its own session, and checks and cleans only that), the docker tier's tests on the second host
+# one after another in their own group (one of them freezes that host). Measured from fresh clones on this quiet 2-core
+# host: one lane after the other (2026-12-03), 34 min of pytest, engine and contract 1407 s after 161 + 441 s; beside
+# each other, vLLM decoding on both cores (recipes/cpu.yaml; 2026-12-04), 24 min: the engine lane 1173 s, the other
+# 88 + 439 s. The engine tier's quality sweep took 424 s of it against 292 s alone: both lanes want the CPU then.
+# Last, one file at a time with nothing beside them, the files that touch the whole machine: the rehearsal module
+# (every shipped night at once, about 100 s of both cores: beside it a 10 s test took 84 s), a Docker daemon restart
+# and a disk that fills (test_sweep_faults.py), the page cache filled and dropped (test_memory_standin.py), and a
+# memory floor set from what the host has free (test_second_host_watched.py: beside the engine tier, its vLLM servers
+# of ~3 GiB starting and stopping, a second server crossed that floor too, seen 2026-12-04).
+# With pytest arguments of your own (a file, -k), one pytest runs everything one test at a time.
 DOCKER_ALONE=(tests/docker/test_sweep_faults.py tests/docker/test_memory_standin.py
               tests/docker/test_second_host_watched.py)
-# The process tier: its tests mostly wait on their stand-ins' clocks, so two at a time (each worker's session labels
-# what it starts), except the rehearsal module, which runs every shipped night at once (about 100 s of both cores) and
-# so runs alone, after: beside it, the other worker's tests got a sliver of the CPU (a 10 s test took 84 s).
 PROCESS_ALONE=(tests/process/test_rehearse.py)
 pytest_rc=0
 pytest_step() {  # pytest_step PYTEST-ARGS...: run pytest, keep its first failing exit status in pytest_rc
@@ -266,10 +281,7 @@ if [ "${#pytest_args[@]}" -eq 0 ] && "$VENV/bin/python" -c 'import xdist' 2>/dev
   for tier in engine contract; do
     if wants "$tier"; then rest+=("${TIER_DIR[$tier]}"); fi
   done
-  # The engine and contract tiers (one test at a time) run beside the process and docker tiers' paired tests: vLLM's
-  # CPU worker holds one core, and the stand-in tests mostly wait on their clocks. Their output is kept in a file and
-  # printed when they end.
-  engine_pid= engine_log=
+  # The engine lane in the background (see above), its output kept in a file and printed when it ends.
   if [ "${#rest[@]}" -gt 0 ]; then
     engine_log=$(mktemp)
     (
@@ -290,8 +302,10 @@ if [ "${#pytest_args[@]}" -eq 0 ] && "$VENV/bin/python" -c 'import xdist' 2>/dev
   if [ -n "$engine_pid" ]; then
     engine_rc=0
     wait "$engine_pid" || engine_rc=$?
+    engine_pid=
     cat "$engine_log"
     rm -f "$engine_log"
+    engine_log=
     if [ "$engine_rc" -eq 5 ]; then echo "[test] FAIL: pytest collected no tests (exit 5)" >&2; fi
     if [ "$pytest_rc" -eq 0 ]; then pytest_rc=$engine_rc; fi
   fi

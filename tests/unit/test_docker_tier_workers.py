@@ -33,3 +33,21 @@ def test_every_file_on_the_second_host_is_in_the_group() -> None:
             if re.search(r"\bsecond_(host|client)\b", p.read_text())}
     assert uses and uses <= SECOND_HOST_FILES, sorted(uses - SECOND_HOST_FILES)
     assert all((TESTS.parent / path).is_file() for path in SECOND_HOST_FILES)
+
+
+def _alone(script: str, name: str) -> set[str]:
+    """The files scripts/test.sh runs alone, after both lanes (its NAME=(...) array)."""
+    match = re.search(rf"^{name}=\(([^)]*)\)", script, re.MULTILINE)
+    assert match, f"no {name}=(...) in scripts/test.sh"
+    return set(match.group(1).split())
+
+
+def test_every_docker_test_that_reads_the_hosts_memory_runs_alone() -> None:
+    """A test that sets a memory floor from what the host has free, or drops its page cache, runs with nothing beside
+    it: the engine lane's vLLM servers (~3 GiB each) start and stop meanwhile (a second server crossed such a floor)."""
+    script = (TESTS.parent / "scripts" / "test.sh").read_text()
+    reads = {f"tests/docker/{p.name}" for p in (TESTS / "docker").glob("test_*.py")
+             if re.search(r"read_meminfo|drop[-_]caches", p.read_text())}
+    alone = _alone(script, "DOCKER_ALONE")
+    assert reads and reads <= alone, sorted(reads - alone)
+    assert all((TESTS.parent / path).is_file() for path in alone | _alone(script, "PROCESS_ALONE"))
