@@ -10,6 +10,7 @@ since `up` to `down` is what it checks.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import time
 from collections.abc import Iterator
@@ -159,7 +160,7 @@ REQUESTS, MAX_TOKENS, ROUNDS = len(PROMPTS), 32, 4
 
 def _vllm_bench(image: str, port: int, key: str, prompts: Path, out: Path) -> dict:
     done = subprocess.run(
-        ["docker", "run", "--rm", "--network", "host", "-e", f"OPENAI_API_KEY={key}",
+        ["docker", "run", "--rm", "--network", "host", "-e", "OPENAI_API_KEY",  # its value from env=, not argv (ps)
          "-v", f"{prompts.parent}:/data:ro", "-v", f"{out}:/out", "--entrypoint", "vllm", image,
          "bench", "serve", "--backend", "openai-chat", "--endpoint", "/v1/chat/completions",
          "--base-url", f"http://127.0.0.1:{port}", "--model", "smollm2-135m",
@@ -168,7 +169,7 @@ def _vllm_bench(image: str, port: int, key: str, prompts: Path, out: Path) -> di
          "--num-prompts", str(REQUESTS), "--max-concurrency", "1", "--num-warmups", "0",
          "--ignore-eos", "--temperature", "0", "--save-result", "--result-dir", "/out",
          "--result-filename", "vllm.json", "--disable-tqdm"],
-        capture_output=True, text=True, timeout=900)
+        capture_output=True, text=True, timeout=900, env={**os.environ, "OPENAI_API_KEY": key})
     assert done.returncode == 0, f"vllm bench serve failed:\n{done.stderr[-4000:]}"
     return json.loads((out / "vllm.json").read_text())
 
