@@ -81,15 +81,16 @@ summary() {
   printf '[test]   %s\n' "${timings[@]}"
 }
 engine_pid= engine_log=
+engine_lane_output() {  # print what the engine lane wrote, once
+  if [ -n "$engine_log" ]; then cat "$engine_log"; rm -f "$engine_log"; engine_log=; fi
+}
 stop_engine_lane() {  # the script ends before its engine lane (a failure, SIGTERM): Ctrl-C the lane's pytest, so its
   # tests tear down what they started, then print what it wrote
-  if [ -n "$engine_pid" ]; then
-    if kill -0 "$engine_pid" 2>/dev/null; then
-      pkill -INT -P "$engine_pid" 2>/dev/null || true
-      wait "$engine_pid" 2>/dev/null || true
-    fi
-    if [ -n "$engine_log" ]; then cat "$engine_log"; rm -f "$engine_log"; fi
+  if [ -n "$engine_pid" ] && kill -0 "$engine_pid" 2>/dev/null; then
+    pkill -INT -P "$engine_pid" 2>/dev/null || true
+    wait "$engine_pid" 2>/dev/null || true
   fi
+  engine_lane_output
 }
 trap 'rc=$?; stop_engine_lane; [ "$rc" -eq 0 ] || summary; exit "$rc"' EXIT
 
@@ -285,12 +286,12 @@ if [ "${#pytest_args[@]}" -eq 0 ] && "$VENV/bin/python" -c 'import xdist' 2>/dev
   if [ "${#rest[@]}" -gt 0 ]; then
     engine_log=$(mktemp)
     (
-      start=$SECONDS rc=0
-      "$VENV/bin/python" -m pytest -ra -q --durations=15 "${rest[@]}" >"$engine_log" 2>&1 || rc=$?
+      start=$SECONDS pytest_rc=0
+      pytest_step "${rest[@]}"
       printf '[test] engine and contract tiers: %ss wall (beside the process and docker tiers)\n' \
-        "$((SECONDS - start))" >>"$engine_log"
-      exit "$rc"
-    ) &
+        "$((SECONDS - start))"
+      exit "$pytest_rc"
+    ) >"$engine_log" 2>&1 &
     engine_pid=$!
   fi
   if wants process; then
@@ -303,10 +304,7 @@ if [ "${#pytest_args[@]}" -eq 0 ] && "$VENV/bin/python" -c 'import xdist' 2>/dev
     engine_rc=0
     wait "$engine_pid" || engine_rc=$?
     engine_pid=
-    cat "$engine_log"
-    rm -f "$engine_log"
-    engine_log=
-    if [ "$engine_rc" -eq 5 ]; then echo "[test] FAIL: pytest collected no tests (exit 5)" >&2; fi
+    engine_lane_output
     if [ "$pytest_rc" -eq 0 ]; then pytest_rc=$engine_rc; fi
   fi
   if wants process; then alone process "${PROCESS_ALONE[@]}"; fi
