@@ -1,8 +1,11 @@
 """A run belongs to one sweep and is one set of images, recipes and sampling: what a resumed run must still match.
 
-A run stores a fingerprint when it is created: a hash of the recipe file's content and the sampling settings.
-Resuming with a changed recipe or sampling, or on a server whose image digest differs from the one its
-earlier cells ran on, would mix two experiments in one table; sparklab refuses unless told (`--allow-drift`),
+A run stores a fingerprint when it is created: a hash of the recipe file's content and the sampling settings. Each
+server config keeps what its launch sets beside its argv and image (which its id hashes): its environment (as
+digests), IPC mode, shared memory, ulimits, GPUs, platform and runtime, so a sweep file's `set:` that changes only
+the environment is seen too. Resuming with a changed recipe or sampling, a server whose launch changed after it
+measured cells, or on a server whose image digest differs from the one its earlier cells ran on, would mix two
+experiments in one table; sparklab refuses unless told (`--allow-drift`),
 and then the run keeps a 'drift' failure row and the report marks cells from different digests.
 
 Before any of that, the run must be this sweep's: its stored sweep name is compared (read-only, so a file that
@@ -18,6 +21,7 @@ from typing import Any
 
 from sparklab.errors import SparklabError
 from sparklab.inputs import MAX_TEXT_BYTES, read_bounded
+from sparklab.spec import LaunchSpec
 from sparklab.sweep.store import Store
 
 META_KEY = "provenance"
@@ -51,6 +55,22 @@ def drift(stored: dict[str, Any] | None, current: dict[str, Any]) -> list[str]:
         changes.append("sampling changed: " + ", ".join(
             f"{k} {(stored.get('sampling') or {}).get(k)!r} -> {current['sampling'].get(k)!r}" for k in keys))
     return changes
+
+
+# Any: JSON stored with the server config
+def launch_facts(spec: LaunchSpec) -> dict[str, Any]:
+    """What a server's launch sets beside its argv and image. Environment values are kept as digests: a token
+    written into a recipe's environment never reaches results.sqlite, and a changed value is still seen."""
+    return {"env": {name: hashlib.sha256(value.encode()).hexdigest()[:16] for name, value in sorted(spec.env.items())},
+            "ipc": spec.ipc, "shm_size": spec.shm_size, "gpus": spec.gpus, "platform": spec.platform,
+            "runtime": spec.runtime, "ulimits": {name: list(limits) for name, limits in sorted(spec.ulimits.items())}}
+
+
+def launch_changes(stored: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """The launch settings that differ, by name (environment values never shown: only their names)."""
+    before, after = stored.get("env") or {}, current["env"]
+    changed = [f"environment {name}" for name in sorted({*before, *after}) if before.get(name) != after.get(name)]
+    return changed + [key for key in current if key != "env" and stored.get(key) != current[key]]
 
 
 def refuse(run: str, changes: list[str]) -> DriftError:

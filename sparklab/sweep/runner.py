@@ -132,7 +132,9 @@ def register(plan: Plan, store: Store, only: Callable[[ServerConfig, Cell], bool
                                         "runtime": server.spec.runtime,
                                         "label": server.label, **stored_facts(server.recipe, devices, server.engine),
                                         # what the engine build is known to get wrong when this server samples
-                                        "sampling_defects": engine(server.spec.kind).sampling_defects(server.spec)},
+                                        "sampling_defects": engine(server.spec.kind).sampling_defects(server.spec),
+                                        # a resume compares it (provenance: the environment is not in the id)
+                                        "launch": provenance.launch_facts(server.spec)},
                                 argv=argv, image=server.spec.image)
     settings = {"warmup": plan.sweep.warmup, "stream": plan.sweep.stream, "duration_s": plan.sweep.duration_s}
     return store.add_cells(
@@ -304,9 +306,11 @@ def fingerprint(plan: Plan) -> dict[str, Any]:
 
 
 def _check_drift(plan: Plan, store: Store, exists: bool, allow: bool, say: Say) -> None:
-    """Before anything is added to a resumed run: the recipe and sampling its cells measured, unchanged."""
+    """Before anything is added to a resumed run: the recipe, sampling and each server's launch its cells
+    measured, unchanged."""
     current = fingerprint(plan)
     changes = provenance.drift(provenance.from_meta(store.meta()), current) if exists else []
+    fixed = _launch_drift(plan, store, changes) if exists else {}
     counts = store.counts()
     tried = exists and (bool(store.failures()) or any(c.attempts for c in store.cells()))
     if changes and tried and not counts["done"] + counts["partial"]:  # its attempts measured nothing: a fix
@@ -321,6 +325,34 @@ def _check_drift(plan: Plan, store: Store, exists: bool, allow: bool, say: Say) 
         say(f"drift allowed: {'; '.join(changes)}")
     if not changes or not store.meta().get(provenance.META_KEY):
         store.set_meta(provenance.META_KEY, current)
+    for server_id, (label, what, launch) in fixed.items():
+        say(f"server {label}: {', '.join(what)} changed; none of its cells had finished, so it runs with the new "
+            "setup")
+        store.set_server_launch(server_id, launch)
+
+
+# Any: JSON stored with the server config
+def _launch_drift(plan: Plan, store: Store, changes: list[str]) -> dict[str, tuple[str, list[str], dict[str, Any]]]:
+    """Servers whose launch (environment, IPC, shared memory, ulimits …) differs from the one stored with them: a
+    change after cells were measured is added to `changes`; one whose cells measured nothing is returned (a fix)."""
+    stored = {row.id: row.config.get("launch") for row in store.server_configs()}
+    measured: dict[str, int] = {}
+    for cell in store.cells():
+        if cell.status in ("done", "partial"):
+            measured[cell.server_config_id] = measured.get(cell.server_config_id, 0) + 1
+    fixed = {}
+    for server in plan.servers:
+        before = stored.get(server.id)
+        if not before:  # a new server, or a run from before launches were stored
+            continue
+        launch = provenance.launch_facts(server.spec)
+        what = provenance.launch_changes(before, launch)
+        if what and measured.get(server.id):
+            changes.append(f"server {server.label}'s {', '.join(what)} changed ({measured[server.id]} measured "
+                           "cell(s) ran with the earlier setup)")
+        elif what:
+            fixed[server.id] = (server.label, what, launch)
+    return fixed
 
 
 def _hosts(request: Request, plan: Plan) -> list[Host] | None:

@@ -18,7 +18,7 @@ from typing import Any
 from sparklab.errors import DiskFullError, SparklabError
 from sparklab.host.disk import free_bytes
 from sparklab.sweep.store_reads import StoreReader
-from sparklab.sweep.store_rows import HOST_LOST, PlannedCell, Score, to_json, utc_now
+from sparklab.sweep.store_rows import HOST_LOST, PlannedCell, Score, from_json, to_json, utc_now
 from sparklab.sweep.store_schema import (
     SCHEMA_VERSION,
     UNUSABLE_HINT,
@@ -121,6 +121,15 @@ class Store(StoreReader):
                 "INSERT OR IGNORE INTO server_configs (id, seq, engine, method, k, config_json, argv_json, image)"
                 " VALUES (?, (SELECT COALESCE(MAX(seq), 0) + 1 FROM server_configs), ?, ?, ?, ?, ?, ?)",
                 (id, engine, method, k, to_json(config), to_json(argv), image))
+
+    # Any: JSON stored with the server config (sweep.provenance.launch_facts)
+    def set_server_launch(self, id: str, launch: dict[str, Any]) -> None:
+        """A server that measured nothing was started again with another launch (a fix): that launch is its setup."""
+        with self._transaction() as conn:
+            row = conn.execute("SELECT config_json FROM server_configs WHERE id = ?", (id,)).fetchone()
+            if row is not None:
+                conn.execute("UPDATE server_configs SET config_json = ? WHERE id = ?",
+                             (to_json({**from_json(row[0]), "launch": launch}), id))
 
     def add_cells(self, cells: Iterable[PlannedCell]) -> int:
         """Idempotent: cells already stored keep their status and results. Returns how many were new."""

@@ -66,6 +66,33 @@ def test_an_engine_binary_changed_between_stop_and_resume_is_drift(host: HostCli
         assert [f.kind for f in store.failures()] == ["drift"]
 
 
+def test_an_environment_changed_by_the_sweep_files_set_between_stop_and_resume_is_drift(
+        host: HostCli, tmp_path: Path) -> None:
+    """A `set:` that changes only the engine's environment kept the server's id (argv and image) and the run's
+    fingerprint (the recipe file): the resumed cells ran under the new environment beside the old, unmarked."""
+    standin = _copy_of_the_standin(tmp_path)
+    port = free_port()
+
+    def sweep(delay: str, **changes: Any) -> Path:
+        return _sweep(tmp_path, standin, port, set=[f"standin_dir={standin}", f"engines.edgellm.port={port}",
+                                                   f"engines.edgellm.env={{STANDIN_TOKEN_DELAY: '{delay}'}}"],
+                      **changes)
+
+    first = _run(host, sweep("0.0"))
+    assert first.returncode == 0, first.stderr
+    (db,) = sorted((tmp_path / "runs").glob("*/results.sqlite"))
+    resumed = _run(host, sweep("0.01", repeats=2))
+    assert resumed.returncode == 8, resumed.stderr  # DriftError, one paragraph
+    assert "environment STANDIN_TOKEN_DELAY changed (1 measured cell(s)" in " ".join(resumed.stderr.split())
+    assert "Traceback" not in resumed.stderr and "0.01" not in resumed.stderr  # names, never values
+    with Store.open(db, readonly=True) as store:
+        assert store.counts()["done"] == 1  # nothing measured under the new environment
+    assert not processes_of(str(standin / "bin"))
+    assert _run(host, sweep("0.0", repeats=2)).returncode == 0  # put back: it resumes
+    with Store.open(db, readonly=True) as store:
+        assert store.counts()["done"] == 2 and store.failures() == []
+
+
 def test_two_sweeps_of_one_name_started_together_make_one_run(host: HostCli, tmp_path: Path) -> None:
     """Both found no run and each made one (two run ids), then fought over the recipe's port."""
     standin = _copy_of_the_standin(tmp_path)

@@ -73,6 +73,95 @@ def test_a_server_on_another_image_digest_stops_the_resume(tmp_path: Path) -> No
         assert [f.kind for f in store.failures()] == ["drift"]
 
 
+def _with_set(tmp_path: Path, *entries: str) -> Path:
+    """The drift sweep with the sweep file's own `set:` overrides (the recipe file untouched)."""
+    path = _files(tmp_path)
+    path.write_text(path.read_text() + "set: [" + ", ".join(f'"{e}"' for e in entries) + "]\n")
+    return path
+
+
+def _measured(store: Store, plan_path: Path) -> None:
+    (server,) = build_plan(plan_path).servers
+    store.start_cell(server.cells[0].id)
+    store.finish_cell(server.cells[0].id, {}, {})
+
+
+def test_an_environment_changed_by_the_sweeps_set_stops_the_resume(tmp_path: Path) -> None:
+    """The server's id hashes its argv and image, and the run's fingerprint its recipe file: a `set:` entry that
+    changes only the engine's environment kept the same server and cells, so a resume measured the rest of them under
+    the new environment beside cells measured under the old one, with no word of it."""
+    sweep = _with_set(tmp_path, "engines.vllm-cpu.env.VLLM_CPU_KVCACHE_SPACE='2'")
+    plan = build_plan(sweep)
+    with Store.create(tmp_path / "run" / "results.sqlite", plan.sweep.model_dump(), "test") as store:
+        runner._check_drift(plan, store, False, False, print)
+        runner.register(plan, store)
+        _measured(store, sweep)
+        changed = build_plan(_with_set(tmp_path, "engines.vllm-cpu.env.VLLM_CPU_KVCACHE_SPACE='3'"))
+        assert [s.id for s in changed.servers] == [s.id for s in plan.servers]  # the same server and cells
+        with pytest.raises(DriftError) as caught:
+            runner._check_drift(changed, store, True, False, print)
+        message = caught.value.message
+        assert "server vllm-cpu/none" in message and "environment VLLM_CPU_KVCACHE_SPACE" in message, message
+        assert "1 measured cell" in message and "--allow-drift" in (caught.value.hint or "")
+        said: list[str] = []
+        runner._check_drift(changed, store, True, True, said.append)  # allowed: said and kept as a drift row
+        assert [f.kind for f in store.failures()] == ["drift"] and "VLLM_CPU_KVCACHE_SPACE" in said[0]
+        runner._check_drift(build_plan(_with_set(tmp_path, "engines.vllm-cpu.env.VLLM_CPU_KVCACHE_SPACE='2'")),
+                            store, True, False, print)  # put back: resumes
+
+
+def test_a_server_that_measured_nothing_takes_the_changed_environment_as_a_fix(tmp_path: Path) -> None:
+    """A server whose cells never finished may change (that is how a broken setup is fixed); the run then keeps the
+    new setup, so the cells it measures next are compared with that one, not the first."""
+    sweep = _with_set(tmp_path, "engines.vllm-cpu.env.VLLM_CPU_KVCACHE_SPACE='2'")
+    plan = build_plan(sweep)
+    with Store.create(tmp_path / "run" / "results.sqlite", plan.sweep.model_dump(), "test") as store:
+        runner._check_drift(plan, store, False, False, print)
+        runner.register(plan, store)
+        fixed = _with_set(tmp_path, "engines.vllm-cpu.env.VLLM_CPU_KVCACHE_SPACE='3'")
+        said: list[str] = []
+        runner._check_drift(build_plan(fixed), store, True, False, said.append)
+        assert store.failures() == [] and any("VLLM_CPU_KVCACHE_SPACE" in line for line in said), said
+        runner.register(build_plan(fixed), store)
+        _measured(store, fixed)
+        runner._check_drift(build_plan(fixed), store, True, False, print)  # the fix is the setup now
+        with pytest.raises(DriftError, match="environment VLLM_CPU_KVCACHE_SPACE"):
+            runner._check_drift(build_plan(_with_set(tmp_path, "engines.vllm-cpu.env.VLLM_CPU_KVCACHE_SPACE='2'")),
+                                store, True, False, print)
+
+
+def test_the_stored_environment_holds_no_value(tmp_path: Path) -> None:
+    """What a server's launch is compared by is stored as digests: a token written into a recipe's environment
+    never reaches results.sqlite through it."""
+    token = "hf_" + "x7Qp" * 8
+    sweep = _files(tmp_path)
+    recipe = tmp_path / "mine.yaml"
+    text = recipe.read_text()
+    assert text.count('VLLM_CPU_KVCACHE_SPACE: "2"') >= 1
+    recipe.write_text(text.replace('VLLM_CPU_KVCACHE_SPACE: "2"', f'VLLM_CPU_KVCACHE_SPACE: "2"\n      HF_TOKEN: "{token}"', 1))
+    with _created_from(tmp_path, sweep) as store:
+        (row,) = store.server_configs()
+        assert "HF_TOKEN" in row.config["launch"]["env"]
+    assert token.encode() not in (tmp_path / "run" / "results.sqlite").read_bytes()
+
+
+def test_a_run_from_before_launch_settings_were_stored_resumes(tmp_path: Path) -> None:
+    with _created(tmp_path) as store:
+        store._conn.execute("UPDATE server_configs SET config_json = json_remove(config_json, '$.launch')")
+        _measured(store, tmp_path / "sweep.yaml")
+        runner._check_drift(build_plan(_with_set(tmp_path, "engines.vllm-cpu.env.VLLM_CPU_KVCACHE_SPACE='3'")),
+                            store, True, False, print)
+        assert store.failures() == []
+
+
+def _created_from(tmp_path: Path, sweep: Path) -> Store:
+    plan = build_plan(sweep)
+    store = Store.create(tmp_path / "run" / "results.sqlite", plan.sweep.model_dump(), "test")
+    runner._check_drift(plan, store, False, False, print)
+    runner.register(plan, store)
+    return store
+
+
 def test_a_workload_that_cannot_load_fails_the_dry_run_before_any_model_loads(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     import sys
