@@ -25,7 +25,7 @@ from sparklab.spec import LaunchSpec
 from sparklab.sweep.store import Store
 
 META_KEY = "provenance"
-_FIX = ("Start a new run for the changed setup (`sparklab sweep FILE --new`), put the old recipe or sampling back, "
+FIX = ("Start a new run for the changed setup (`sparklab sweep FILE --new`), put the old recipe or sampling back, "
         "or add `--allow-drift` to mix them in this run knowingly (the report then marks the cells).")
 
 
@@ -73,9 +73,9 @@ def launch_changes(stored: dict[str, Any], current: dict[str, Any]) -> list[str]
     return changed + [key for key in current if key != "env" and stored.get(key) != current[key]]
 
 
-def refuse(run: str, changes: list[str]) -> DriftError:
+def refuse(run: str, changes: list[str], fix: str = FIX) -> DriftError:
     return DriftError(f"run {run}: {'; '.join(changes)} since its earlier cells ran; resuming would mix two "
-                      "setups in one report.", _FIX)
+                      "setups in one report.", fix)
 
 
 def image_changes(label: str, earlier: set[str], digest: str | None) -> list[str]:

@@ -248,7 +248,7 @@ def _sweep_locked(request: Request, name: str, say: Say, runtime: HostRuntime | 
         path = run_dir / "results.sqlite"
         store = Store.open(path) if exists else Store.create(path, plan.sweep.model_dump(), __version__)
         with store:
-            _check_drift(plan, store, exists, request.options.allow_drift, say)
+            check_drift(plan, store, exists, request.options.allow_drift, say)
             added = register(plan, store)
             if not exists:
                 facts = host_facts(controller_of(runtime))
@@ -305,9 +305,9 @@ def fingerprint(plan: Plan) -> dict[str, Any]:
     return provenance.fingerprint(recipe_file(plan.sweep, Path(plan.source)), plan.sweep.sampling.model_dump())
 
 
-def _check_drift(plan: Plan, store: Store, exists: bool, allow: bool, say: Say) -> None:
-    """Before anything is added to a resumed run: the recipe, sampling and each server's launch its cells
-    measured, unchanged."""
+def check_drift(plan: Plan, store: Store, exists: bool, allow: bool, say: Say, fix: str = provenance.FIX) -> None:
+    """Before anything is added to a resumed run (a sweep's or a tune's): the recipe, sampling and each server's
+    launch its cells measured, unchanged. fix: the refusal's hint (the command's own way out)."""
     current = fingerprint(plan)
     changes = provenance.drift(provenance.from_meta(store.meta()), current) if exists else []
     fixed = _launch_drift(plan, store, changes) if exists else {}
@@ -319,7 +319,7 @@ def _check_drift(plan: Plan, store: Store, exists: bool, allow: bool, say: Say) 
         store.set_meta(provenance.META_KEY, current)
         return
     if changes and not allow:
-        raise provenance.refuse(store.path.parent.name, changes)
+        raise provenance.refuse(store.path.parent.name, changes, fix)
     if changes:
         store.record_failure("drift", "; ".join(changes) + " (--allow-drift)")
         say(f"drift allowed: {'; '.join(changes)}")

@@ -38,6 +38,8 @@ __all__ = ["TuneChoices", "TuneRequest", "dry_run", "load_space", "request_for",
 
 SPACE_FILE = "tune.yaml"
 MAX_ROUNDS = 64
+_DRIFT_FIX = ("Start a new tune for the changed setup (`sparklab tune SPACE --new`), or put the old recipe back to "
+              "continue this one.")
 
 
 @dataclass
@@ -175,6 +177,8 @@ def run_tune(request: TuneRequest, say: runner.Say, runtime: HostRuntime | None 
             if not state:
                 raise SparklabError(f"{path}: a sweep's results, not a tune's", "Give a tune run to --resume.")
             plan = build_plan(run_dir / SPACE_FILE, run_id=run_dir.name, ulimits=request.ulimits)
+            # the stored space fixes the sampling and overrides, but the servers render from the recipe file
+            runner.check_drift(plan, store, exists, False, say, _DRIFT_FIX)
             hosts = hosts_of(plan)
             if exists:
                 say(f"continuing {run_dir} with its stored space and settings ({run_dir / SPACE_FILE})")

@@ -47,3 +47,32 @@ def test_tune_runs_a_host_process_engine_where_its_recipe_says(host: HostCli, tm
     assert len(done_cells) == 2 and all(c.result["summary"]["requests"]["ok"] == 3 for c in done_cells)
     assert [p["concurrency"] for p in state["picks"]] == [1]
     assert "C=1: sparklab up" in done.stdout, done.stdout  # the winner's command
+
+
+def test_a_tune_continued_after_its_recipe_changed_is_refused(host: HostCli, tmp_path: Path) -> None:
+    """A tune continues from the space it stored, but its servers render from the recipe file: an edit of that
+    file between stop and resume (here the engine's environment, which no server id covers) would add cells of
+    another setup to the search's, as a sweep's resume would without its drift check."""
+    recipe = tmp_path / "standin-trtedge.yaml"
+    recipe.write_text(RECIPE.read_text())
+    path = _space(tmp_path)
+    path.write_text(path.read_text().replace(str(RECIPE), str(recipe)))
+    argv = ("tune", str(path), "--runs-dir", str(tmp_path / "runs"), "--no-download", "--repeats", "1",
+            "--max-repeats", "2", "--objective", "decode")
+    first = host.run(*argv, timeout=240, cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    (db,) = sorted((tmp_path / "runs").glob("tune-process-tune-*/results.sqlite"))
+    with Store.open(db, readonly=True) as store:
+        before = len(store.cells("done"))
+    text = recipe.read_text()
+    assert 'STANDIN_TOKEN_DELAY: "0.002"' in text
+    recipe.write_text(text.replace('STANDIN_TOKEN_DELAY: "0.002"', 'STANDIN_TOKEN_DELAY: "0.004"'))
+    again = host.run(*argv, "--resume", db.parent.name, timeout=240, cwd=tmp_path)
+    said = " ".join(again.stderr.split())
+    assert again.returncode == 8, again.stderr  # DriftError: one paragraph, the fix named
+    assert f"the recipe {recipe} changed" in said and "--new" in said and "Traceback" not in said, said
+    assert "--allow-drift" not in said  # tune has no such flag
+    with Store.open(db, readonly=True) as store:
+        assert len(store.cells("done")) == before
+    recipe.write_text(text)  # put back: it continues
+    assert host.run(*argv, "--resume", db.parent.name, timeout=240, cwd=tmp_path).returncode == 0
