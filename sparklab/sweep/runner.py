@@ -215,6 +215,9 @@ def dry_run(request: Request) -> tuple[Plan, float, TimingModel, list[Host] | No
     plan = build_plan(request.file, run_id=run_dir.name, ulimits=request.ulimits)
     if exists:
         provenance.check_owner(run_dir / "results.sqlite", plan.sweep.name, request.file)
+        refusal = None if request.options.allow_drift else drift_refusal(plan, run_dir / "results.sqlite")
+        if refusal:
+            raise refusal
     hosts = _hosts(request, plan)
     model = timing_model(plan, sorted(request.runs_dir.glob("*/results.sqlite")))
     return plan, estimate_seconds(plan, model), model, hosts
@@ -309,15 +312,11 @@ def check_drift(plan: Plan, store: Store, exists: bool, allow: bool, say: Say, f
     """Before anything is added to a resumed run (a sweep's or a tune's): the recipe, sampling and each server's
     launch its cells measured, unchanged. fix: the refusal's hint (the command's own way out)."""
     current = fingerprint(plan)
-    changes = provenance.drift(provenance.from_meta(store.meta()), current) if exists else []
-    fixed = _launch_drift(plan, store, changes) if exists else {}
-    counts = store.counts()
-    tried = exists and (bool(store.failures()) or any(c.attempts for c in store.cells()))
-    if changes and tried and not counts["done"] + counts["partial"]:  # its attempts measured nothing: a fix
+    changes, fixed = _drift(plan, store) if exists else ([], {})
+    if changes and _measured_nothing(store):  # its attempts measured nothing: a fix
         say(f"{'; '.join(changes)} since the run's last attempt; no cell had finished, so the run goes on with "
             "the new setup")
-        store.set_meta(provenance.META_KEY, current)
-        return
+        changes = []
     if changes and not allow:
         raise provenance.refuse(store.path.parent.name, changes, fix)
     if changes:
@@ -329,6 +328,29 @@ def check_drift(plan: Plan, store: Store, exists: bool, allow: bool, say: Say, f
         say(f"server {label}: {', '.join(what)} changed; none of its cells had finished, so it runs with the new "
             "setup")
         store.set_server_launch(server_id, launch)
+
+
+def drift_refusal(plan: Plan, results: Path, fix: str = provenance.FIX) -> provenance.DriftError | None:
+    """The refusal check_drift would raise on resuming this run without --allow-drift (None: it would go on);
+    read-only, for a dry run."""
+    with Store.open(results, readonly=True) as store:
+        changes, _ = _drift(plan, store)
+        return provenance.refuse(results.parent.name, changes, fix) if changes and not _measured_nothing(store) \
+            else None
+
+
+def _measured_nothing(store: Store) -> bool:
+    """The run was attempted and no cell finished: a changed setup is a fix, not two setups in one table."""
+    counts = store.counts()
+    tried = bool(store.failures()) or any(c.attempts for c in store.cells())
+    return tried and not counts["done"] + counts["partial"]
+
+
+# Any: JSON stored with the server config
+def _drift(plan: Plan, store: Store) -> tuple[list[str], dict[str, tuple[str, list[str], dict[str, Any]]]]:
+    """(what changed under cells already measured, the servers whose launch changed before they measured any)."""
+    changes = provenance.drift(provenance.from_meta(store.meta()), fingerprint(plan))
+    return changes, _launch_drift(plan, store, changes)
 
 
 # Any: JSON stored with the server config

@@ -223,6 +223,9 @@ def dry_run(request: TuneRequest) -> DryRun:
     with tempfile.TemporaryDirectory() as scratch:
         if exists:
             plan = build_plan(run_dir / SPACE_FILE, run_id=run_dir.name, ulimits=request.ulimits)
+            refusal = runner.drift_refusal(plan, run_dir / "results.sqlite", _DRIFT_FIX)
+            if refusal:  # what continuing it would meet
+                raise refusal
             with Store.open(run_dir / "results.sqlite", readonly=True) as store:
                 state = _state(store)
                 if state:

@@ -72,6 +72,8 @@ def test_a_tune_continued_after_its_recipe_changed_is_refused(host: HostCli, tmp
     assert again.returncode == 8, again.stderr  # DriftError: one paragraph, the fix named
     assert f"the recipe {recipe} changed" in said and "--new" in said and "Traceback" not in said, said
     assert "--allow-drift" not in said  # tune has no such flag
+    dry = host.run(*argv, "--resume", db.parent.name, "--dry-run", timeout=240, cwd=tmp_path)
+    assert dry.returncode == 8 and f"the recipe {recipe} changed" in " ".join(dry.stderr.split()), dry.stderr
     with Store.open(db, readonly=True) as store:
         assert len(store.cells("done")) == before
     recipe.write_text(text)  # put back: it continues

@@ -130,6 +130,25 @@ def test_a_server_that_measured_nothing_takes_the_changed_environment_as_a_fix(t
                                 store, True, False, print)
 
 
+def test_a_recipe_fixed_after_an_attempt_that_measured_nothing_keeps_the_fixed_launch(tmp_path: Path) -> None:
+    """The recipe edited after a failed first attempt is a fix (the run takes it); its servers' launches are the
+    fixed ones from then on, so the next resume, after cells were measured, is not refused for the same edit."""
+    with _created(tmp_path) as store:
+        store.record_failure("server", "the engine died before it was ready")  # an attempt that measured nothing
+        recipe = tmp_path / "mine.yaml"
+        text = recipe.read_text()
+        recipe.write_text(text.replace('VLLM_CPU_KVCACHE_SPACE: "2"', 'VLLM_CPU_KVCACHE_SPACE: "3"', 1))
+        said: list[str] = []
+        runner.check_drift(build_plan(tmp_path / "sweep.yaml"), store, True, False, said.append)
+        assert any("no cell had finished" in line for line in said), said
+        runner.register(build_plan(tmp_path / "sweep.yaml"), store)
+        _measured(store, tmp_path / "sweep.yaml")
+        runner.check_drift(build_plan(tmp_path / "sweep.yaml"), store, True, False, print)  # not refused
+        recipe.write_text(text)
+        with pytest.raises(DriftError, match="environment VLLM_CPU_KVCACHE_SPACE"):
+            runner.check_drift(build_plan(tmp_path / "sweep.yaml"), store, True, False, print)
+
+
 def test_the_stored_environment_holds_no_value(tmp_path: Path) -> None:
     """What a server's launch is compared by is stored as digests: a token written into a recipe's environment
     never reaches results.sqlite through it."""
@@ -152,6 +171,30 @@ def test_a_run_from_before_launch_settings_were_stored_resumes(tmp_path: Path) -
         runner.check_drift(build_plan(_with_set(tmp_path, "engines.vllm-cpu.env.VLLM_CPU_KVCACHE_SPACE='3'")),
                             store, True, False, print)
         assert store.failures() == []
+
+
+def test_the_dry_run_of_a_resume_says_it_would_be_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`sweep --dry-run` is the same path as a run up to the first start: a resume the run would refuse for drift is
+    refused there too, before the night is spent finding out."""
+    from sparklab.cli.main import main
+
+    sweep = _with_set(tmp_path, "engines.vllm-cpu.env.VLLM_CPU_KVCACHE_SPACE='2'")
+    runs = tmp_path / "runs"
+    plan = build_plan(sweep)
+    with Store.create(runs / "drift-20261204-010203-abcdef" / "results.sqlite", plan.sweep.model_dump(), "t") as store:
+        runner.check_drift(plan, store, False, False, print)
+        runner.register(plan, store)
+        _measured(store, sweep)
+    argv = ["sweep", str(sweep), "--dry-run", "--runs-dir", str(runs)]
+    assert main(argv) == 0
+    capsys.readouterr()
+    _with_set(tmp_path, "engines.vllm-cpu.env.VLLM_CPU_KVCACHE_SPACE='3'")
+    assert main(argv) == 8
+    err = " ".join(capsys.readouterr().err.split())
+    assert "environment VLLM_CPU_KVCACHE_SPACE changed" in err and "--allow-drift" in err and "Traceback" not in err
+    assert main([*argv, "--allow-drift"]) == 0
+    with Store.open(runs / "drift-20261204-010203-abcdef" / "results.sqlite", readonly=True) as store:
+        assert store.failures() == []  # a dry run writes nothing
 
 
 def _created_from(tmp_path: Path, sweep: Path) -> Store:
