@@ -16,17 +16,22 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from sparklab.errors import SparklabError
 from sparklab.inputs import MAX_TEXT_BYTES, read_bounded
+from sparklab.recipes.plan import Plan, recipe_file
 from sparklab.spec import LaunchSpec
 from sparklab.sweep.store import Store
 
+# Any: fingerprints and launches are JSON documents stored with the run and its server configs
+
 META_KEY = "provenance"
+Say = Callable[[str], None]
 FIX = ("Start a new run for the changed setup (`sparklab sweep FILE --new`), put the old recipe or sampling back, "
-        "or add `--allow-drift` to mix them in this run knowingly (the report then marks the cells).")
+       "or add `--allow-drift` to mix them in this run knowingly (the report then marks the cells).")
 
 
 class DriftError(SparklabError):
@@ -110,3 +115,77 @@ def check_owner(results: Path, sweep_name: str, sweep_file: Path | str) -> None:
                             "would add this sweep's cells to another sweep's run.",
                             f"Resume it with sweep {stored!r}'s own file, or leave out --resume to continue (or start) "
                             f"a run of {sweep_name!r}.")
+
+
+# Any: JSON stored with the run, which a resumed run must still match
+def plan_fingerprint(plan: Plan) -> dict[str, Any]:
+    return fingerprint(recipe_file(plan.sweep, Path(plan.source)), plan.sweep.sampling.model_dump())
+
+
+def check_drift(plan: Plan, store: Store, exists: bool, allow: bool, say: Say, fix: str = FIX) -> None:
+    """Before anything is added to a resumed run (a sweep's or a tune's): the recipe, sampling and each server's
+    launch its cells measured, unchanged. fix: the refusal's hint (the command's own way out)."""
+    current = plan_fingerprint(plan)
+    changes, fixed = _drift(plan, store) if exists else ([], {})
+    if changes and _measured_nothing(store):  # its attempts measured nothing: a fix
+        say(f"{'; '.join(changes)} since the run's last attempt; no cell had finished, so the run goes on with "
+            "the new setup")
+        changes = []
+    if changes and not allow:
+        raise refuse(store.path.parent.name, changes, fix)
+    if changes:
+        store.record_failure("drift", "; ".join(changes) + " (--allow-drift)")
+        say(f"drift allowed: {'; '.join(changes)}")
+    if not changes or not store.meta().get(META_KEY):
+        store.set_meta(META_KEY, current)
+    for server_id, (label, what, launch) in fixed.items():
+        say(f"server {label}: {', '.join(what)} changed; none of its cells had finished, so it runs with the new "
+            "setup")
+        store.set_server_launch(server_id, launch)
+
+
+def drift_refusal(plan: Plan, results: Path, fix: str = FIX) -> DriftError | None:
+    """The refusal check_drift would raise on resuming this run without --allow-drift (None: it would go on);
+    read-only, for a dry run."""
+    with Store.open(results, readonly=True) as store:
+        changes, _ = _drift(plan, store)
+        return refuse(results.parent.name, changes, fix) if changes and not _measured_nothing(store) \
+            else None
+
+
+def _measured_nothing(store: Store) -> bool:
+    """The run was attempted and no cell finished: a changed setup is a fix, not two setups in one table."""
+    counts = store.counts()
+    tried = bool(store.failures()) or any(c.attempts for c in store.cells())
+    return tried and not counts["done"] + counts["partial"]
+
+
+# Any: JSON stored with the server config
+def _drift(plan: Plan, store: Store) -> tuple[list[str], dict[str, tuple[str, list[str], dict[str, Any]]]]:
+    """(what changed under cells already measured, the servers whose launch changed before they measured any)."""
+    changes = drift(from_meta(store.meta()), plan_fingerprint(plan))
+    return changes, _launch_drift(plan, store, changes)
+
+
+# Any: JSON stored with the server config
+def _launch_drift(plan: Plan, store: Store, changes: list[str]) -> dict[str, tuple[str, list[str], dict[str, Any]]]:
+    """Servers whose launch (environment, IPC, shared memory, ulimits …) differs from the one stored with them: a
+    change after cells were measured is added to `changes`; one whose cells measured nothing is returned (a fix)."""
+    stored = {row.id: row.config.get("launch") for row in store.server_configs()}
+    measured: dict[str, int] = {}
+    for cell in store.cells():
+        if cell.status in ("done", "partial"):
+            measured[cell.server_config_id] = measured.get(cell.server_config_id, 0) + 1
+    fixed = {}
+    for server in plan.servers:
+        before = stored.get(server.id)
+        if not before:  # a new server, or a run from before launches were stored
+            continue
+        launch = launch_facts(server.spec)
+        what = launch_changes(before, launch)
+        if what and measured.get(server.id):
+            changes.append(f"server {server.label}'s {', '.join(what)} changed ({measured[server.id]} measured "
+                           "cell(s) ran with the earlier setup)")
+        elif what:
+            fixed[server.id] = (server.label, what, launch)
+    return fixed

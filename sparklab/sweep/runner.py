@@ -31,7 +31,6 @@ from sparklab.recipes.plan import (
     TimingModel,
     build_plan,
     estimate_seconds,
-    recipe_file,
 )
 from sparklab.recipes.schema import load_hardware, stored_facts
 from sparklab.recipes.sweep_file import load_sweep
@@ -215,7 +214,7 @@ def dry_run(request: Request) -> tuple[Plan, float, TimingModel, list[Host] | No
     plan = build_plan(request.file, run_id=run_dir.name, ulimits=request.ulimits)
     if exists:
         provenance.check_owner(run_dir / "results.sqlite", plan.sweep.name, request.file)
-        refusal = None if request.options.allow_drift else drift_refusal(plan, run_dir / "results.sqlite")
+        refusal = None if request.options.allow_drift else provenance.drift_refusal(plan, run_dir / "results.sqlite")
         if refusal:
             raise refusal
     hosts = _hosts(request, plan)
@@ -251,7 +250,7 @@ def _sweep_locked(request: Request, name: str, say: Say, runtime: HostRuntime | 
         path = run_dir / "results.sqlite"
         store = Store.open(path) if exists else Store.create(path, plan.sweep.model_dump(), __version__)
         with store:
-            check_drift(plan, store, exists, request.options.allow_drift, say)
+            provenance.check_drift(plan, store, exists, request.options.allow_drift, say)
             added = register(plan, store)
             if not exists:
                 facts = host_facts(controller_of(runtime))
@@ -301,80 +300,6 @@ def _log_line(path: Path, message: str) -> None:
             log_file.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {message}\n")
     except OSError as exc:  # the run's disk: its own check stops the sweep before the next server
         log.debug("run log %s: %s", path, exc)
-
-
-# Any: JSON stored with the run, which a resumed run must still match
-def fingerprint(plan: Plan) -> dict[str, Any]:
-    return provenance.fingerprint(recipe_file(plan.sweep, Path(plan.source)), plan.sweep.sampling.model_dump())
-
-
-def check_drift(plan: Plan, store: Store, exists: bool, allow: bool, say: Say, fix: str = provenance.FIX) -> None:
-    """Before anything is added to a resumed run (a sweep's or a tune's): the recipe, sampling and each server's
-    launch its cells measured, unchanged. fix: the refusal's hint (the command's own way out)."""
-    current = fingerprint(plan)
-    changes, fixed = _drift(plan, store) if exists else ([], {})
-    if changes and _measured_nothing(store):  # its attempts measured nothing: a fix
-        say(f"{'; '.join(changes)} since the run's last attempt; no cell had finished, so the run goes on with "
-            "the new setup")
-        changes = []
-    if changes and not allow:
-        raise provenance.refuse(store.path.parent.name, changes, fix)
-    if changes:
-        store.record_failure("drift", "; ".join(changes) + " (--allow-drift)")
-        say(f"drift allowed: {'; '.join(changes)}")
-    if not changes or not store.meta().get(provenance.META_KEY):
-        store.set_meta(provenance.META_KEY, current)
-    for server_id, (label, what, launch) in fixed.items():
-        say(f"server {label}: {', '.join(what)} changed; none of its cells had finished, so it runs with the new "
-            "setup")
-        store.set_server_launch(server_id, launch)
-
-
-def drift_refusal(plan: Plan, results: Path, fix: str = provenance.FIX) -> provenance.DriftError | None:
-    """The refusal check_drift would raise on resuming this run without --allow-drift (None: it would go on);
-    read-only, for a dry run."""
-    with Store.open(results, readonly=True) as store:
-        changes, _ = _drift(plan, store)
-        return provenance.refuse(results.parent.name, changes, fix) if changes and not _measured_nothing(store) \
-            else None
-
-
-def _measured_nothing(store: Store) -> bool:
-    """The run was attempted and no cell finished: a changed setup is a fix, not two setups in one table."""
-    counts = store.counts()
-    tried = bool(store.failures()) or any(c.attempts for c in store.cells())
-    return tried and not counts["done"] + counts["partial"]
-
-
-# Any: JSON stored with the server config
-def _drift(plan: Plan, store: Store) -> tuple[list[str], dict[str, tuple[str, list[str], dict[str, Any]]]]:
-    """(what changed under cells already measured, the servers whose launch changed before they measured any)."""
-    changes = provenance.drift(provenance.from_meta(store.meta()), fingerprint(plan))
-    return changes, _launch_drift(plan, store, changes)
-
-
-# Any: JSON stored with the server config
-def _launch_drift(plan: Plan, store: Store, changes: list[str]) -> dict[str, tuple[str, list[str], dict[str, Any]]]:
-    """Servers whose launch (environment, IPC, shared memory, ulimits …) differs from the one stored with them: a
-    change after cells were measured is added to `changes`; one whose cells measured nothing is returned (a fix)."""
-    stored = {row.id: row.config.get("launch") for row in store.server_configs()}
-    measured: dict[str, int] = {}
-    for cell in store.cells():
-        if cell.status in ("done", "partial"):
-            measured[cell.server_config_id] = measured.get(cell.server_config_id, 0) + 1
-    fixed = {}
-    for server in plan.servers:
-        before = stored.get(server.id)
-        if not before:  # a new server, or a run from before launches were stored
-            continue
-        launch = provenance.launch_facts(server.spec)
-        what = provenance.launch_changes(before, launch)
-        if what and measured.get(server.id):
-            changes.append(f"server {server.label}'s {', '.join(what)} changed ({measured[server.id]} measured "
-                           "cell(s) ran with the earlier setup)")
-        elif what:
-            fixed[server.id] = (server.label, what, launch)
-    return fixed
 
 
 def _hosts(request: Request, plan: Plan) -> list[Host] | None:

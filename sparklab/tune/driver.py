@@ -27,7 +27,7 @@ from sparklab.recipes.hosts import Host, parse_hosts
 from sparklab.recipes.multinode import require_hosts
 from sparklab.recipes.plan import Plan, ServerConfig, TimingModel, build_plan, estimate_seconds, variant
 from sparklab.runtimes.base import HostRuntime
-from sparklab.sweep import downloads, fleet, rundir, runner
+from sparklab.sweep import downloads, fleet, provenance, rundir, runner
 from sparklab.sweep.store import Store
 from sparklab.tune import search, verdict
 from sparklab.tune.request import TuneChoices, TuneRequest, request_for
@@ -178,7 +178,7 @@ def run_tune(request: TuneRequest, say: runner.Say, runtime: HostRuntime | None 
                 raise SparklabError(f"{path}: a sweep's results, not a tune's", "Give a tune run to --resume.")
             plan = build_plan(run_dir / SPACE_FILE, run_id=run_dir.name, ulimits=request.ulimits)
             # the stored space fixes the sampling and overrides, but the servers render from the recipe file
-            runner.check_drift(plan, store, exists, False, say, _DRIFT_FIX)
+            provenance.check_drift(plan, store, exists, False, say, _DRIFT_FIX)
             hosts = hosts_of(plan)
             if exists:
                 say(f"continuing {run_dir} with its stored space and settings ({run_dir / SPACE_FILE})")
@@ -223,7 +223,7 @@ def dry_run(request: TuneRequest) -> DryRun:
     with tempfile.TemporaryDirectory() as scratch:
         if exists:
             plan = build_plan(run_dir / SPACE_FILE, run_id=run_dir.name, ulimits=request.ulimits)
-            refusal = runner.drift_refusal(plan, run_dir / "results.sqlite", _DRIFT_FIX)
+            refusal = provenance.drift_refusal(plan, run_dir / "results.sqlite", _DRIFT_FIX)
             if refusal:  # what continuing it would meet
                 raise refusal
             with Store.open(run_dir / "results.sqlite", readonly=True) as store:

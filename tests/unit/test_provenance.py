@@ -11,7 +11,7 @@ import pytest
 
 from sparklab.recipes.plan import build_plan
 from sparklab.recipes.schema import recipes_dir
-from sparklab.sweep import runner, serverrun
+from sparklab.sweep import provenance, runner, serverrun
 from sparklab.sweep.provenance import DriftError
 from sparklab.sweep.store import Store
 
@@ -27,7 +27,7 @@ def _files(tmp_path: Path, temperature: float = 0) -> Path:
 def _created(tmp_path: Path) -> Store:
     plan = build_plan(_files(tmp_path))
     store = Store.create(tmp_path / "run" / "results.sqlite", plan.sweep.model_dump(), "test")
-    runner.check_drift(plan, store, False, False, print)
+    provenance.check_drift(plan, store, False, False, print)
     runner.register(plan, store)
     return store
 
@@ -38,11 +38,11 @@ def test_a_changed_recipe_stops_the_resume_and_names_the_fix(tmp_path: Path) -> 
         recipe.write_text(recipe.read_text() + "\n# edited\n")
         plan = build_plan(tmp_path / "sweep.yaml")
         with pytest.raises(DriftError) as caught:
-            runner.check_drift(plan, store, True, False, print)
+            provenance.check_drift(plan, store, True, False, print)
         assert f"the recipe {recipe} changed" in caught.value.message
         assert "--allow-drift" in (caught.value.hint or "") and "--new" in (caught.value.hint or "")
         said: list[str] = []
-        runner.check_drift(plan, store, True, True, said.append)
+        provenance.check_drift(plan, store, True, True, said.append)
         assert [f.kind for f in store.failures()] == ["drift"] and "allowed" in said[0]
 
 
@@ -50,12 +50,12 @@ def test_changed_sampling_stops_the_resume(tmp_path: Path) -> None:
     with _created(tmp_path) as store:
         _files(tmp_path, temperature=0.7)
         with pytest.raises(DriftError, match=re.escape("sampling changed: temperature 0.0 -> 0.7")):
-            runner.check_drift(build_plan(tmp_path / "sweep.yaml"), store, True, False, print)
+            provenance.check_drift(build_plan(tmp_path / "sweep.yaml"), store, True, False, print)
 
 
 def test_an_unchanged_run_resumes(tmp_path: Path) -> None:
     with _created(tmp_path) as store:
-        runner.check_drift(build_plan(tmp_path / "sweep.yaml"), store, True, False, print)
+        provenance.check_drift(build_plan(tmp_path / "sweep.yaml"), store, True, False, print)
         assert store.failures() == []
 
 
@@ -93,20 +93,20 @@ def test_an_environment_changed_by_the_sweeps_set_stops_the_resume(tmp_path: Pat
     sweep = _with_set(tmp_path, "engines.vllm-cpu.env.VLLM_CPU_KVCACHE_SPACE='2'")
     plan = build_plan(sweep)
     with Store.create(tmp_path / "run" / "results.sqlite", plan.sweep.model_dump(), "test") as store:
-        runner.check_drift(plan, store, False, False, print)
+        provenance.check_drift(plan, store, False, False, print)
         runner.register(plan, store)
         _measured(store, sweep)
         changed = build_plan(_with_set(tmp_path, "engines.vllm-cpu.env.VLLM_CPU_KVCACHE_SPACE='3'"))
         assert [s.id for s in changed.servers] == [s.id for s in plan.servers]  # the same server and cells
         with pytest.raises(DriftError) as caught:
-            runner.check_drift(changed, store, True, False, print)
+            provenance.check_drift(changed, store, True, False, print)
         message = caught.value.message
         assert "server vllm-cpu/none" in message and "environment VLLM_CPU_KVCACHE_SPACE" in message, message
         assert "1 measured cell" in message and "--allow-drift" in (caught.value.hint or "")
         said: list[str] = []
-        runner.check_drift(changed, store, True, True, said.append)  # allowed: said and kept as a drift row
+        provenance.check_drift(changed, store, True, True, said.append)  # allowed: said and kept as a drift row
         assert [f.kind for f in store.failures()] == ["drift"] and "VLLM_CPU_KVCACHE_SPACE" in said[0]
-        runner.check_drift(build_plan(_with_set(tmp_path, "engines.vllm-cpu.env.VLLM_CPU_KVCACHE_SPACE='2'")),
+        provenance.check_drift(build_plan(_with_set(tmp_path, "engines.vllm-cpu.env.VLLM_CPU_KVCACHE_SPACE='2'")),
                             store, True, False, print)  # put back: resumes
 
 
@@ -116,17 +116,17 @@ def test_a_server_that_measured_nothing_takes_the_changed_environment_as_a_fix(t
     sweep = _with_set(tmp_path, "engines.vllm-cpu.env.VLLM_CPU_KVCACHE_SPACE='2'")
     plan = build_plan(sweep)
     with Store.create(tmp_path / "run" / "results.sqlite", plan.sweep.model_dump(), "test") as store:
-        runner.check_drift(plan, store, False, False, print)
+        provenance.check_drift(plan, store, False, False, print)
         runner.register(plan, store)
         fixed = _with_set(tmp_path, "engines.vllm-cpu.env.VLLM_CPU_KVCACHE_SPACE='3'")
         said: list[str] = []
-        runner.check_drift(build_plan(fixed), store, True, False, said.append)
+        provenance.check_drift(build_plan(fixed), store, True, False, said.append)
         assert store.failures() == [] and any("VLLM_CPU_KVCACHE_SPACE" in line for line in said), said
         runner.register(build_plan(fixed), store)
         _measured(store, fixed)
-        runner.check_drift(build_plan(fixed), store, True, False, print)  # the fix is the setup now
+        provenance.check_drift(build_plan(fixed), store, True, False, print)  # the fix is the setup now
         with pytest.raises(DriftError, match="environment VLLM_CPU_KVCACHE_SPACE"):
-            runner.check_drift(build_plan(_with_set(tmp_path, "engines.vllm-cpu.env.VLLM_CPU_KVCACHE_SPACE='2'")),
+            provenance.check_drift(build_plan(_with_set(tmp_path, "engines.vllm-cpu.env.VLLM_CPU_KVCACHE_SPACE='2'")),
                                 store, True, False, print)
 
 
@@ -139,14 +139,14 @@ def test_a_recipe_fixed_after_an_attempt_that_measured_nothing_keeps_the_fixed_l
         text = recipe.read_text()
         recipe.write_text(text.replace('VLLM_CPU_KVCACHE_SPACE: "2"', 'VLLM_CPU_KVCACHE_SPACE: "3"', 1))
         said: list[str] = []
-        runner.check_drift(build_plan(tmp_path / "sweep.yaml"), store, True, False, said.append)
+        provenance.check_drift(build_plan(tmp_path / "sweep.yaml"), store, True, False, said.append)
         assert any("no cell had finished" in line for line in said), said
         runner.register(build_plan(tmp_path / "sweep.yaml"), store)
         _measured(store, tmp_path / "sweep.yaml")
-        runner.check_drift(build_plan(tmp_path / "sweep.yaml"), store, True, False, print)  # not refused
+        provenance.check_drift(build_plan(tmp_path / "sweep.yaml"), store, True, False, print)  # not refused
         recipe.write_text(text)
         with pytest.raises(DriftError, match="environment VLLM_CPU_KVCACHE_SPACE"):
-            runner.check_drift(build_plan(tmp_path / "sweep.yaml"), store, True, False, print)
+            provenance.check_drift(build_plan(tmp_path / "sweep.yaml"), store, True, False, print)
 
 
 def test_the_stored_environment_holds_no_value(tmp_path: Path) -> None:
@@ -168,7 +168,7 @@ def test_a_run_from_before_launch_settings_were_stored_resumes(tmp_path: Path) -
     with _created(tmp_path) as store:
         store._conn.execute("UPDATE server_configs SET config_json = json_remove(config_json, '$.launch')")
         _measured(store, tmp_path / "sweep.yaml")
-        runner.check_drift(build_plan(_with_set(tmp_path, "engines.vllm-cpu.env.VLLM_CPU_KVCACHE_SPACE='3'")),
+        provenance.check_drift(build_plan(_with_set(tmp_path, "engines.vllm-cpu.env.VLLM_CPU_KVCACHE_SPACE='3'")),
                             store, True, False, print)
         assert store.failures() == []
 
@@ -182,7 +182,7 @@ def test_the_dry_run_of_a_resume_says_it_would_be_refused(tmp_path: Path, capsys
     runs = tmp_path / "runs"
     plan = build_plan(sweep)
     with Store.create(runs / "drift-20261204-010203-abcdef" / "results.sqlite", plan.sweep.model_dump(), "t") as store:
-        runner.check_drift(plan, store, False, False, print)
+        provenance.check_drift(plan, store, False, False, print)
         runner.register(plan, store)
         _measured(store, sweep)
     argv = ["sweep", str(sweep), "--dry-run", "--runs-dir", str(runs)]
@@ -200,7 +200,7 @@ def test_the_dry_run_of_a_resume_says_it_would_be_refused(tmp_path: Path, capsys
 def _created_from(tmp_path: Path, sweep: Path) -> Store:
     plan = build_plan(sweep)
     store = Store.create(tmp_path / "run" / "results.sqlite", plan.sweep.model_dump(), "test")
-    runner.check_drift(plan, store, False, False, print)
+    provenance.check_drift(plan, store, False, False, print)
     runner.register(plan, store)
     return store
 

@@ -13,7 +13,7 @@ import yaml
 
 from sparklab.errors import SparklabError
 from sparklab.recipes.plan import build_plan
-from sparklab.sweep import rundir, runner
+from sparklab.sweep import provenance, rundir, runner
 from sparklab.sweep.store import Store
 from tests.reportkit import CPU_RUN_ID, cpu_run
 
@@ -36,7 +36,7 @@ def _run_of(tmp_path: Path, runs: Path, name: str, run_id: str, tune: bool = Fal
     path = runs / run_id / "results.sqlite"
     with Store.create(path, plan.sweep.model_dump(), "test") as store:
         runner.register(plan, store)
-        store.set_meta("provenance", runner.fingerprint(plan))
+        store.set_meta("provenance", provenance.plan_fingerprint(plan))
         if tune:
             store.set_meta("tune", {"rounds": []})
     return path

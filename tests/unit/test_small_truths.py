@@ -185,7 +185,7 @@ def _store_with_fingerprint(tmp_path: Path) -> tuple[Path, Any, Store]:
     plan = build_plan(_sweep_file(tmp_path, recipe=str(recipe)), run_id="truths-1")
     store = Store.create(tmp_path / "run" / "results.sqlite", plan.sweep.model_dump(), "test")
     runner.register(plan, store)
-    store.set_meta(provenance.META_KEY, runner.fingerprint(plan))
+    store.set_meta(provenance.META_KEY, provenance.plan_fingerprint(plan))
     return recipe, plan, store
 
 
@@ -196,9 +196,9 @@ def test_a_recipe_fixed_after_an_attempt_that_ran_no_cell_is_not_drift(tmp_path:
         store.fail_server_config(server.id, "exited", "bad flag", max_attempts=3)  # the first attempt: no cell ran
         recipe.write_text(recipe.read_text().replace("--enforce-eager,", "--enforce-eager, --fixed-flag,"))
         said: list[str] = []
-        runner.check_drift(plan, store, True, False, said.append)
+        provenance.check_drift(plan, store, True, False, said.append)
         stored = provenance.from_meta(store.meta())
-        assert stored is not None and stored["recipe_sha256"] == runner.fingerprint(plan)["recipe_sha256"]
+        assert stored is not None and stored["recipe_sha256"] == provenance.plan_fingerprint(plan)["recipe_sha256"]
         assert any("no cell had finished" in s for s in said), said
         assert [f.kind for f in store.failures()] == ["exited"]  # no drift row: nothing was mixed
 
@@ -211,7 +211,7 @@ def test_a_recipe_changed_after_a_cell_finished_is_still_drift(tmp_path: Path) -
         store.finish_cell(cell.id, {"requests": {"ok": 2}}, {"summary": {}})
         recipe.write_text(recipe.read_text().replace("--enforce-eager,", "--enforce-eager, --fixed-flag,"))
         with pytest.raises(provenance.DriftError):
-            runner.check_drift(plan, store, True, False, lambda line: None)
+            provenance.check_drift(plan, store, True, False, lambda line: None)
 
 
 # -- a two-engine run's plots name the engine of every bar and line -----------------------------------------------------
