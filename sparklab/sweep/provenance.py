@@ -30,6 +30,7 @@ from sparklab.sweep.store import Store
 
 META_KEY = "provenance"
 Say = Callable[[str], None]
+_Fix = tuple[str, list[str], dict[str, Any]]  # a server's label, the launch settings that changed, its new launch
 FIX = ("Start a new run for the changed setup (`sparklab sweep FILE --new`), put the old recipe or sampling back, "
        "or add `--allow-drift` to mix them in this run knowingly (the report then marks the cells).")
 
@@ -126,7 +127,7 @@ def check_drift(plan: Plan, store: Store, exists: bool, allow: bool, say: Say, f
     """Before anything is added to a resumed run (a sweep's or a tune's): the recipe, sampling and each server's
     launch its cells measured, unchanged. fix: the refusal's hint (the command's own way out)."""
     current = plan_fingerprint(plan)
-    changes, fixed = _drift(plan, store) if exists else ([], {})
+    changes, fixed = _drift(plan, store, current) if exists else ([], {})
     if changes and _measured_nothing(store):  # its attempts measured nothing: a fix
         say(f"{'; '.join(changes)} since the run's last attempt; no cell had finished, so the run goes on with "
             "the new setup")
@@ -144,38 +145,27 @@ def check_drift(plan: Plan, store: Store, exists: bool, allow: bool, say: Say, f
         store.set_server_launch(server_id, launch)
 
 
-def drift_refusal(plan: Plan, results: Path, fix: str = FIX) -> DriftError | None:
+def drift_refusal(plan: Plan, store: Store, fix: str = FIX) -> DriftError | None:
     """The refusal check_drift would raise on resuming this run without --allow-drift (None: it would go on);
-    read-only, for a dry run."""
-    with Store.open(results, readonly=True) as store:
-        changes, _ = _drift(plan, store)
-        return refuse(results.parent.name, changes, fix) if changes and not _measured_nothing(store) \
-            else None
+    it only reads, for a dry run."""
+    changes, _ = _drift(plan, store, plan_fingerprint(plan))
+    return refuse(store.path.parent.name, changes, fix) if changes and not _measured_nothing(store) else None
 
 
 def _measured_nothing(store: Store) -> bool:
     """The run was attempted and no cell finished: a changed setup is a fix, not two setups in one table."""
     counts = store.counts()
-    tried = bool(store.failures()) or any(c.attempts for c in store.cells())
+    tried = bool(store.failures()) or store.attempted()
     return tried and not counts["done"] + counts["partial"]
 
 
 # Any: JSON stored with the server config
-def _drift(plan: Plan, store: Store) -> tuple[list[str], dict[str, tuple[str, list[str], dict[str, Any]]]]:
-    """(what changed under cells already measured, the servers whose launch changed before they measured any)."""
-    changes = drift(from_meta(store.meta()), plan_fingerprint(plan))
-    return changes, _launch_drift(plan, store, changes)
-
-
-# Any: JSON stored with the server config
-def _launch_drift(plan: Plan, store: Store, changes: list[str]) -> dict[str, tuple[str, list[str], dict[str, Any]]]:
-    """Servers whose launch (environment, IPC, shared memory, ulimits …) differs from the one stored with them: a
-    change after cells were measured is added to `changes`; one whose cells measured nothing is returned (a fix)."""
+def _drift(plan: Plan, store: Store, current: dict[str, Any]) -> tuple[list[str], dict[str, _Fix]]:
+    """(what changed under cells already measured: the recipe, the sampling, a server's launch; the servers whose
+    launch (environment, IPC, shared memory, ulimits …) changed before they measured anything: a fix)."""
+    changes = drift(from_meta(store.meta()), current)
     stored = {row.id: row.config.get("launch") for row in store.server_configs()}
-    measured: dict[str, int] = {}
-    for cell in store.cells():
-        if cell.status in ("done", "partial"):
-            measured[cell.server_config_id] = measured.get(cell.server_config_id, 0) + 1
+    measured = store.measured_per_server()
     fixed = {}
     for server in plan.servers:
         before = stored.get(server.id)
@@ -188,4 +178,4 @@ def _launch_drift(plan: Plan, store: Store, changes: list[str]) -> dict[str, tup
                            "cell(s) ran with the earlier setup)")
         elif what:
             fixed[server.id] = (server.label, what, launch)
-    return fixed
+    return changes, fixed

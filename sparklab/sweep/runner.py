@@ -214,9 +214,11 @@ def dry_run(request: Request) -> tuple[Plan, float, TimingModel, list[Host] | No
     plan = build_plan(request.file, run_id=run_dir.name, ulimits=request.ulimits)
     if exists:
         provenance.check_owner(run_dir / "results.sqlite", plan.sweep.name, request.file)
-        refusal = None if request.options.allow_drift else provenance.drift_refusal(plan, run_dir / "results.sqlite")
-        if refusal:
-            raise refusal
+        if not request.options.allow_drift:
+            with Store.open(run_dir / "results.sqlite", readonly=True) as store:
+                refusal = provenance.drift_refusal(plan, store)
+            if refusal:
+                raise refusal
     hosts = _hosts(request, plan)
     model = timing_model(plan, sorted(request.runs_dir.glob("*/results.sqlite")))
     return plan, estimate_seconds(plan, model), model, hosts

@@ -123,6 +123,15 @@ class StoreReader:
         counts.update(self._conn.execute("SELECT status, COUNT(*) FROM cells GROUP BY status").fetchall())
         return counts
 
+    def measured_per_server(self) -> dict[str, int]:
+        """Done and partial cells per server config id, without reading their results."""
+        return dict(self._conn.execute("SELECT server_config_id, COUNT(*) FROM cells"
+                                       " WHERE status IN ('done', 'partial') GROUP BY server_config_id").fetchall())
+
+    def attempted(self) -> bool:
+        """Whether any cell was ever started."""
+        return self._conn.execute("SELECT 1 FROM cells WHERE attempts > 0 LIMIT 1").fetchone() is not None
+
     def host_facts(self) -> dict[str, Any]:
         return {key: json.loads(value) for key, value in self._conn.execute("SELECT key, value FROM host")}
 

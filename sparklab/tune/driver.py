@@ -223,10 +223,10 @@ def dry_run(request: TuneRequest) -> DryRun:
     with tempfile.TemporaryDirectory() as scratch:
         if exists:
             plan = build_plan(run_dir / SPACE_FILE, run_id=run_dir.name, ulimits=request.ulimits)
-            refusal = provenance.drift_refusal(plan, run_dir / "results.sqlite", _DRIFT_FIX)
-            if refusal:  # what continuing it would meet
-                raise refusal
             with Store.open(run_dir / "results.sqlite", readonly=True) as store:
+                refusal = provenance.drift_refusal(plan, store, _DRIFT_FIX)
+                if refusal:  # what continuing it would meet
+                    raise refusal
                 state = _state(store)
                 if state:
                     settings, objective = _settings(state), state["objective"]

@@ -25,11 +25,7 @@ def _files(tmp_path: Path, temperature: float = 0) -> Path:
 
 
 def _created(tmp_path: Path) -> Store:
-    plan = build_plan(_files(tmp_path))
-    store = Store.create(tmp_path / "run" / "results.sqlite", plan.sweep.model_dump(), "test")
-    provenance.check_drift(plan, store, False, False, print)
-    runner.register(plan, store)
-    return store
+    return _created_from(tmp_path, _files(tmp_path))
 
 
 def test_a_changed_recipe_stops_the_resume_and_names_the_fix(tmp_path: Path) -> None:
@@ -91,13 +87,11 @@ def test_an_environment_changed_by_the_sweeps_set_stops_the_resume(tmp_path: Pat
     changes only the engine's environment kept the same server and cells, so a resume measured the rest of them under
     the new environment beside cells measured under the old one, with no word of it."""
     sweep = _with_set(tmp_path, "engines.vllm-cpu.env.VLLM_CPU_KVCACHE_SPACE='2'")
-    plan = build_plan(sweep)
-    with Store.create(tmp_path / "run" / "results.sqlite", plan.sweep.model_dump(), "test") as store:
-        provenance.check_drift(plan, store, False, False, print)
-        runner.register(plan, store)
+    with _created_from(tmp_path, sweep) as store:
+        first = [s.id for s in build_plan(sweep).servers]
         _measured(store, sweep)
         changed = build_plan(_with_set(tmp_path, "engines.vllm-cpu.env.VLLM_CPU_KVCACHE_SPACE='3'"))
-        assert [s.id for s in changed.servers] == [s.id for s in plan.servers]  # the same server and cells
+        assert [s.id for s in changed.servers] == first  # the same server and cells
         with pytest.raises(DriftError) as caught:
             provenance.check_drift(changed, store, True, False, print)
         message = caught.value.message
@@ -114,10 +108,7 @@ def test_a_server_that_measured_nothing_takes_the_changed_environment_as_a_fix(t
     """A server whose cells never finished may change (that is how a broken setup is fixed); the run then keeps the
     new setup, so the cells it measures next are compared with that one, not the first."""
     sweep = _with_set(tmp_path, "engines.vllm-cpu.env.VLLM_CPU_KVCACHE_SPACE='2'")
-    plan = build_plan(sweep)
-    with Store.create(tmp_path / "run" / "results.sqlite", plan.sweep.model_dump(), "test") as store:
-        provenance.check_drift(plan, store, False, False, print)
-        runner.register(plan, store)
+    with _created_from(tmp_path, sweep) as store:
         fixed = _with_set(tmp_path, "engines.vllm-cpu.env.VLLM_CPU_KVCACHE_SPACE='3'")
         said: list[str] = []
         provenance.check_drift(build_plan(fixed), store, True, False, said.append)
@@ -180,10 +171,7 @@ def test_the_dry_run_of_a_resume_says_it_would_be_refused(tmp_path: Path, capsys
 
     sweep = _with_set(tmp_path, "engines.vllm-cpu.env.VLLM_CPU_KVCACHE_SPACE='2'")
     runs = tmp_path / "runs"
-    plan = build_plan(sweep)
-    with Store.create(runs / "drift-20261204-010203-abcdef" / "results.sqlite", plan.sweep.model_dump(), "t") as store:
-        provenance.check_drift(plan, store, False, False, print)
-        runner.register(plan, store)
+    with _created_from(tmp_path, sweep, runs / "drift-20261204-010203-abcdef" / "results.sqlite") as store:
         _measured(store, sweep)
     argv = ["sweep", str(sweep), "--dry-run", "--runs-dir", str(runs)]
     assert main(argv) == 0
@@ -197,9 +185,10 @@ def test_the_dry_run_of_a_resume_says_it_would_be_refused(tmp_path: Path, capsys
         assert store.failures() == []  # a dry run writes nothing
 
 
-def _created_from(tmp_path: Path, sweep: Path) -> Store:
+def _created_from(tmp_path: Path, sweep: Path, results: Path | None = None) -> Store:
+    """A new run of `sweep` (at tmp_path/run unless `results` is given), its fingerprint and servers stored."""
     plan = build_plan(sweep)
-    store = Store.create(tmp_path / "run" / "results.sqlite", plan.sweep.model_dump(), "test")
+    store = Store.create(results or tmp_path / "run" / "results.sqlite", plan.sweep.model_dump(), "test")
     provenance.check_drift(plan, store, False, False, print)
     runner.register(plan, store)
     return store
