@@ -14,6 +14,7 @@ import itertools
 import json
 import math
 import os
+import queue
 import random
 import signal
 import socket
@@ -152,11 +153,31 @@ MODEL = Model(os.environ["STANDIN_MODEL"]) if os.environ.get("STANDIN_MODEL") el
 class Log:
     def __init__(self, mode: str) -> None:
         self.mode, self.pid = mode, os.getpid()
+        # STANDIN_LOG_LAG: each line reaches the log this many seconds after it was written, in order, as a busy
+        # dockerd's log copier stamps and stores it late (its stamp is taken when it reads the pipe)
+        self.lag = env_float("STANDIN_LOG_LAG", 0.0)
+        self.lock = threading.Lock()
+        self.late: queue.SimpleQueue[tuple[float, str, bool]] = queue.SimpleQueue()
+        if self.lag > 0:
+            threading.Thread(target=self._late, daemon=True).start()
 
     def emit(self, line: str, err: bool = False) -> None:
+        if self.lag > 0:
+            self.late.put((time.monotonic() + self.lag, line, err))
+        else:
+            self._write(line, err)
+
+    def _late(self) -> None:
+        while True:
+            due, line, err = self.late.get()
+            time.sleep(max(0.0, due - time.monotonic()))
+            self._write(line, err)
+
+    def _write(self, line: str, err: bool) -> None:
         stream = sys.stderr if err else sys.stdout
-        stream.write(line + "\n")
-        stream.flush()
+        with self.lock:
+            stream.write(line + "\n")
+            stream.flush()
 
     def vllm(self, proc: str, level: str, where: str, msg: str) -> None:
         stamp = time.strftime("%m-%d %H:%M:%S")

@@ -153,6 +153,9 @@ class Patience:
     # wall seconds per second of the measured night: 1 for a real server; a rehearsal's stand-ins run its night
     # compressed, and its records are read back on the night's clock (times / scale), so its tables are the night's
     time_scale: float = 1.0
+    # called after the warmup, before the window opens: waits until the engine's log holds the warmup's lines
+    # (settle_log), so that lines a busy log copier stamps late are not read as the window's
+    before_window: Callable[[], object] | None = None
 
 
 async def _run(endpoint: Endpoint, model: str, workload: Workload, sampling: Sampling, load: Load,
@@ -185,6 +188,8 @@ async def _measure(endpoint: Endpoint, model: str, workload: Workload, sampling:
         if warmup and endpoint.kind is not None:  # warmup answers the first prompts: not from cache in the window
             adapter = engines.engine(endpoint.kind)
             await in_own_thread(lambda: adapter.reset_prefix_cache(endpoint.api))
+        if patience.before_window is not None:
+            await in_own_thread(patience.before_window, "log-settle")
         await client.warm(load.concurrency)
         budget = Budget(patience.counters_budget_s)
         # in threads of their own: a cell cut short (stop()) never waits for a call its engine does not answer
@@ -209,13 +214,54 @@ async def _measure(endpoint: Endpoint, model: str, workload: Workload, sampling:
     return result
 
 
+# A line reaches a container's log when dockerd's copier reads it from the engine's pipe, and is stamped then: a
+# moment after the engine wrote it (here 0.1-0.2 ms median, up to 29 ms while other containers flooded their logs;
+# more on a loaded host). A window's log is read once no new acceptance line has come for LOG_QUIET_S.
+LOG_QUIET_S = 0.3
+LOG_SETTLE_BUDGET_S = 3.0  # an engine that keeps printing acceptance lines is read as it stands after this
+LOG_POLL_S = 0.1
+
+
+def settle_log(kind: str | None, log_text: Callable[[], str], scale: float = 1.0,
+               clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], object] = time.sleep) -> str:
+    """The log once its engine's acceptance lines stopped arriving: none new for LOG_QUIET_S (at most
+    LOG_SETTLE_BUDGET_S), both times `scale` (a rehearsal's wall seconds per night second, Patience.time_scale, so
+    that its night is not lengthened by a wait the real night does not have). Other lines (a health check's access
+    line) do not hold it up. For an engine that states acceptance elsewhere, the log as it is."""
+    adapter = engines.engine(kind) if kind is not None else None
+    text = log_text()
+    if adapter is None or not adapter.reads_log_acceptance:
+        return text
+
+    def lines(text: str) -> int:
+        return int((adapter.log_acceptance(text) or {}).get("samples") or 0)
+
+    quiet_s, poll_s = LOG_QUIET_S * scale, LOG_POLL_S * scale
+    seen, quiet_from, deadline = lines(text), clock(), clock() + LOG_SETTLE_BUDGET_S * scale
+    while clock() - quiet_from < quiet_s and clock() < deadline:
+        sleep(poll_s)
+        text = log_text()
+        if (now := lines(text)) != seen:
+            seen, quiet_from = now, clock()
+    return text
+
+
+def log_settler(kind: str | None, log_text: Callable[[], str], scale: float = 1.0) -> Callable[[], object] | None:
+    """Patience.before_window for an engine whose acceptance is read from its log (settle_log); None for the
+    others."""
+    adapter = engines.engine(kind) if kind is not None else None
+    if adapter is None or not adapter.reads_log_acceptance:
+        return None
+    return lambda: settle_log(kind, log_text, scale)
+
+
 def add_log_acceptance(result: BenchResult, kind: str | None, log_text: Callable[[], str],
-                       version: str | None = None) -> None:
+                       version: str | None = None, scale: float = 1.0) -> None:
     """For engines that state acceptance only in their log (SGLang), the window's lines into the result, read as the
-    engine's version (when known) prints them."""
+    engine's version (when known) prints them, once the log has caught up with the window's end (settle_log)."""
     adapter = engines.engine(kind) if kind is not None else None
     if adapter is not None and adapter.reads_log_acceptance:
-        result["speculative_log"] = adapter.log_acceptance(log_text(), version)
+        result["speculative_log"] = adapter.log_acceptance(settle_log(kind, log_text, scale), version)
 
 
 def discover_model(endpoint: Endpoint) -> str:
@@ -258,18 +304,18 @@ def run(endpoint: Endpoint, workload: Workload, sampling: Sampling, load: Load,
         on_done: Progress | None = None, request_timeout_s: float = 1800, stall_timeout_s: float | None = 60,
         alive: Alive | None = None, finish_grace_s: float = 2.0,
         counters_budget_s: float = COUNTERS_BUDGET_S, stop: Stop | None = None,
-        time_scale: float = 1.0) -> BenchResult:
+        time_scale: float = 1.0, before_window: Callable[[], object] | None = None) -> BenchResult:
     """One cell. A request ends at request_timeout_s; earlier when it has received no byte for stall_timeout_s
     while `alive()` fails (default: the endpoint's /health; stall_timeout_s=None turns the detector off). The
     server-counter snapshots before and after the window take counters_budget_s at most, together. The whole cell
     ends as soon as `stop()` gives a reason (an error), which it raises. time_scale: wall seconds per second of a
-    rehearsal's night (Patience.time_scale)."""
+    rehearsal's night (Patience.time_scale). before_window: called once the warmup is done (Patience)."""
     ensure_open_files(load.concurrency)
     if endpoint.kind:
         sampling = engines.engine(endpoint.kind).request_sampling(sampling)
     model = endpoint.model or discover_model(endpoint)
     patience = Patience(request_timeout_s, stall_timeout_s, alive or endpoint.api.alive, finish_grace_s,
-                        counters_budget_s, stop, time_scale)
+                        counters_budget_s, stop, time_scale, before_window)
     return asyncio.run(_run(endpoint, model, workload, sampling, load, on_done, patience))
 
 

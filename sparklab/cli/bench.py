@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -120,9 +121,12 @@ def cmd_bench(args: BenchArgs) -> int:
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=err, transient=True) as progress:
         task = progress.add_task(f"{workload.name} c={load.concurrency}", total=load.requests)
+        started = time.time()
+        settle = (cell.log_settler(endpoint.kind, lambda: runtime.log_text(target.name, since=started))
+                  if runtime is not None and target is not None else None)
         result = cell.run(endpoint, workload, sampling, load, on_done=lambda r: progress.advance(task),
                            request_timeout_s=args.request_timeout, stall_timeout_s=args.stall_timeout,
-                           stop=watch.problem if watch is not None else None)
+                           stop=watch.problem if watch is not None else None, before_window=settle)
     if runtime is not None and target is not None:  # a sparklab server: its log may say more (SGLang's lines)
         since = result["measurement"]["window_started_at"]
         cell.add_log_acceptance(result, endpoint.kind, lambda: runtime.log_text(target.name, since=since))

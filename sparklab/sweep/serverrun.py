@@ -369,19 +369,21 @@ def _run_cell(run: ServerRun, ready: launch.Ready, cell: Cell) -> None:
     def stop() -> HostLost | None:
         return HostLost(f"the Docker host stopped answering during cell {name}") if host_gone.is_set() else None
 
-    loadavg = _loadavg()
+    loadavg, started = _loadavg(), time.time()
+    settle = bench.log_settler(spec.kind, lambda: ready.server.log_since(started), run.scale)  # SGLang's lines
     try:
         stall = sweep.stall_timeout_s * run.scale if sweep.stall_timeout_s else None
         result = bench.run(endpoint, load_workload(cell.workload), sampling, load,
                            request_timeout_s=sweep.request_timeout_s * run.scale, stall_timeout_s=stall,
-                           time_scale=run.scale, alive=alive, stop=stop)
+                           time_scale=run.scale, alive=alive, stop=stop, before_window=settle)
         since = result["measurement"]["window_started_at"]
         result["server_load"] = {"id": run.load_id}
         result["host_load"] = {
             "loadavg_start": loadavg, "loadavg_end": _loadavg(), "cpus": os.cpu_count(),
             "source": "os.getloadavg() (1, 5, 15 min) on the machine running the bench client, at the cell's "
                       "start and end"}
-        bench.add_log_acceptance(result, spec.kind, lambda: ready.server.log_since(since), launch.image_version(ready))
+        bench.add_log_acceptance(result, spec.kind, lambda: ready.server.log_since(since), launch.image_version(ready),
+                                 run.scale)
         result["engine"] = {"version": launch.image_version(ready), "served_version": ready.served_version,
                             "image_digest": ready.image.digest}
         if watch is not None:

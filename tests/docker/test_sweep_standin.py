@@ -73,8 +73,8 @@ def test_sglang_sweep_keeps_the_accept_len_lines_and_reports_them(cli: Cli, tmp_
     report (offline, from the results file alone) shows them, their source, and a speedup per repeat set."""
     sglang = [f"engines.sglang.image={cli.image}", "engines.sglang.gpus=none", "engines.sglang.mount_hf_cache=false",
               "engines.sglang.ulimits={stack: 67108864}", f"engines.sglang.port={free_port()}",
-              "engines.sglang.env={STANDIN_TOKENS_PER_CHUNK: '1,3,2', STANDIN_TOKEN_DELAY: '0.002'}",
-              "unified_memory=false"]
+              "engines.sglang.env={STANDIN_TOKENS_PER_CHUNK: '1,3,2', STANDIN_TOKEN_DELAY: '0.002', "
+              "STANDIN_LOG_LAG: '0.1'}", "unified_memory=false"]
     path = _sweep(tmp_path, cli.image, engines=["sglang"], num_speculative_tokens=[3], concurrency=[1],
                   requests={1: 4}, repeats=2, set=sglang)
     done = _run(cli, path)
