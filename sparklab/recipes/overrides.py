@@ -11,6 +11,7 @@ import yaml
 
 from sparklab.errors import RecipeError
 from sparklab.inputs import check_text, parse_yaml
+from sparklab.spec import PASSTHROUGH_ENV, is_secret_name
 
 
 # Any: a --set value is YAML: any YAML type
@@ -28,17 +29,46 @@ def parse_override(text: str) -> tuple[list[str], Any]:
 
 
 # Any: YAML as loaded, before pydantic validates it
-def apply_overrides(data: Any, overrides: list[str], source: str, keys: Collection[str]) -> dict[str, Any]:
-    """Apply `--set` overrides to the raw recipe document.
+def secret_value_error(where: str, name: str) -> RecipeError:
+    """A secret-named environment variable (HF_TOKEN, VLLM_API_KEY, …: sparklab.spec.is_secret_name) given a value
+    in a recipe, a sweep file or --set: that text is stored with the run and printed in its commands."""
+    if name in PASSTHROUGH_ENV:
+        fix = (f"Remove it, and export {name} where sparklab runs: it passes through to the engine (up, sweep and "
+               f"tune) without being printed or stored.")
+    else:
+        fix = (f"Remove it: `sparklab up --env {name}` passes the host's {name} to the engine without printing or "
+               f"storing it (sweeps and tune pass only {' and '.join(PASSTHROUGH_ENV)} this way).")
+    return RecipeError(f"{where}: a secret's value written here is kept in the run's results (the sweep file, each "
+                       f"server's overrides) and shown in every printed command", fix)
+
+
+# Any: a --set value is YAML: any YAML type
+def _secret_in_env(path: list[str], value: Any) -> str | None:
+    """The secret-named variable an override gives a value in an `env` mapping (engines.E.env.NAME, a method's, or
+    a whole `env` given as a mapping), else None."""
+    if "env" not in path:
+        return None
+    i = path.index("env")
+    names = path[i + 1:i + 2] if len(path) > i + 1 else list(value) if isinstance(value, dict) else []
+    return next((str(n) for n in names if is_secret_name(str(n))), None)
+
+
+def apply_overrides(data: Any, overrides: list[str], source: str, keys: Collection[str],
+                    origin: str = "--set") -> dict[str, Any]:
+    """Apply `--set` overrides to the raw recipe document (origin: where they were written, for the errors).
 
     A key naming a template variable sets it (vars.<key>); `model` sets model.id; any other key is a
-    dotted path into the recipe (one of `keys`, its top-level fields) and is validated like the file itself.
+    dotted path into the recipe (one of `keys`, its top-level fields) and is validated like the file itself. A
+    secret's value in an `env` is refused (secret_value_error), and never repeated in the error.
     """
     doc: dict[str, Any] = copy.deepcopy(data) if isinstance(data, dict) else {}
     variables = doc.setdefault("vars", {}) or {}
     doc["vars"] = variables
     for text in overrides:
         path, value = parse_override(text)
+        if (name := _secret_in_env(path, value)) is not None:
+            key = ".".join(path if path[-1] != "env" else [*path, name])
+            raise secret_value_error(f"{origin} {key}", name)
         if path == ["model"]:
             path = ["model", "id"]
         elif path[0] in variables:

@@ -126,7 +126,7 @@ def build_plan(path: Path, run_id: str = "plan", ulimits: tuple[str, ...] = ()) 
                           "Give auto_repeats.min <= auto_repeats.max.")
     loaded = _check_workloads(sweep, src)
     recipe_path = recipe_file(sweep, path)
-    base = load_recipe(recipe_path, list(sweep.set))
+    base = load_recipe(recipe_path, list(sweep.set), f"{src}: set:")
     engines = sweep.engines or [base.default_engine]
     servers: list[ServerConfig] = []
     for i, engine in enumerate(engines):
@@ -145,7 +145,7 @@ def build_plan(path: Path, run_id: str = "plan", ulimits: tuple[str, ...] = ()) 
                 axes = {"engine": engine, "method": method, "num_speculative_tokens": k}
                 if any(m.matches(axes) for m in sweep.exclude):
                     continue
-                servers.append(_server(sweep, recipe_path, engine, method, k, axes, run_id, ulimits))
+                servers.append(_server(sweep, src, recipe_path, engine, method, k, axes, run_id, ulimits))
     if not servers:
         raise RecipeError(f"{src}: the matrix is empty after exclusions", "Check exclude:.")
     _check_requests(sweep, src, servers, loaded)
@@ -157,17 +157,17 @@ def variant(plan: Plan, server: ServerConfig, extra_serve_args: tuple[str, ...],
     """The server config with more serve arguments (its own id and cells), e.g. the K schedule `sparklab tune`
     measures before it recommends it: the same sweep file, recipe, overrides and loads."""
     axes = {"engine": server.engine, "method": server.method, "num_speculative_tokens": server.num_speculative_tokens}
-    return _server(plan.sweep, recipe_file(plan.sweep, Path(plan.source)), server.engine, server.method,
-                   server.num_speculative_tokens, axes, run_id, ulimits, extra_serve_args)
+    return _server(plan.sweep, plan.source, recipe_file(plan.sweep, Path(plan.source)), server.engine,
+                   server.method, server.num_speculative_tokens, axes, run_id, ulimits, extra_serve_args)
 
 
-def _server(sweep: SweepFile, recipe_path: Path, engine: str, method: str, k: int | None,
+def _server(sweep: SweepFile, src: str, recipe_path: Path, engine: str, method: str, k: int | None,
             axes: dict[str, Any], run_id: str, ulimits: tuple[str, ...],
             extra_serve_args: tuple[str, ...] = ()) -> ServerConfig:
     chosen = [o for o in sweep.overrides if o.match.matches(axes)]
     overrides = tuple(sweep.set) + tuple(s for o in chosen for s in o.set)
     serve_args = tuple(a for o in chosen for a in o.serve_args) + extra_serve_args
-    recipe = load_recipe(recipe_path, list(overrides))
+    recipe = load_recipe(recipe_path, list(overrides), f"{src}: set: or overrides: set:")
     env = engine_adapter(recipe.engines[engine].kind).sweep_env()
     options = LaunchOptions(num_speculative_tokens=k, extra_args=serve_args, run_id=run_id, mode="sweep", env=env,
                             ulimits=ulimits)

@@ -28,8 +28,9 @@ from pydantic_core import PydanticCustomError
 from sparklab.engines import ENGINES
 from sparklab.errors import RecipeError
 from sparklab.inputs import check_text, parse_yaml, read_utf8
-from sparklab.recipes.overrides import apply_overrides
+from sparklab.recipes.overrides import apply_overrides, secret_value_error
 from sparklab.recipes.validation import ONE_COUNT, ONE_VALUE, PER_CONCURRENCY, VALUES, explain_validation
+from sparklab.spec import is_secret_name
 
 METHOD_ARGS_MARKER = "$method_args"
 Scalar = str | int | float | bool
@@ -274,6 +275,12 @@ def _check_references(recipe: Recipe) -> None:
     src = recipe.source
     for name, spec in recipe.engines.items():
         _check_runtime(src, name, spec)
+        envs = [(f"engines.{name}.env", spec.env)] + [(f"engines.{name}.methods.{m}.env", method.env)
+                                                      for m, method in spec.methods.items()]
+        for where, env in envs:
+            for var in env:
+                if is_secret_name(var):
+                    raise secret_value_error(f"{src}: {where}.{var}", var)
     if recipe.default_engine not in recipe.engines:
         raise RecipeError(f"{src}: default_engine: {recipe.default_engine!r} is not under engines",
                           f"Use one of: {', '.join(recipe.engines)}.")
@@ -304,11 +311,12 @@ def read_yaml(path: Path) -> Any:
     return data
 
 
-def load_recipe(path: Path, overrides: list[str] | None = None) -> Recipe:
+def load_recipe(path: Path, overrides: list[str] | None = None, origin: str = "--set") -> Recipe:
+    """The recipe file with its overrides (origin: where they were written, for the errors), validated."""
     path = display_path(path)
     data = read_yaml(path)
     if overrides:
-        data = apply_overrides(data, overrides, str(path), Recipe.model_fields)
+        data = apply_overrides(data, overrides, str(path), Recipe.model_fields, origin)
     return parse_recipe(data, str(path))
 
 

@@ -16,6 +16,7 @@ from sparklab.cli.main import main
 from sparklab.errors import RecipeError
 from sparklab.recipes.hosts import parse_hosts
 from sparklab.recipes.schema import load_recipe, recipes_dir
+from tests.dockerkit import free_port
 from tests.tmpfs import tmpfs
 
 
@@ -198,3 +199,66 @@ def test_the_sweep_refuses_the_same_sampling(tmp_path: Path, capsys, key: str, v
     path.write_text(json.dumps(doc).replace("NaN", ".nan"))
     code, text = _cli(capsys, "sweep", str(path), "--dry-run", "--runs-dir", str(tmp_path / "runs"))
     assert code == 2 and f"sampling.{key}" in text, text
+
+
+# -- a secret's value written into a file or an override -------------------------------------------------------------
+
+SECRET = "hf_live_d3adb33fd3adb33fd3adb33f"  # a token-shaped value that must appear nowhere
+
+
+@pytest.mark.parametrize("sets", [
+    ["engines.vllm-cpu.env.HF_TOKEN=" + SECRET],
+    ["engines.vllm-cpu.methods.ngram.env.VLLM_API_KEY=" + SECRET],
+    ["engines.vllm-cpu.env={HF_TOKEN: " + SECRET + "}"],
+], ids=["engine-env", "method-env", "whole-env"])
+def test_a_sweep_files_set_holding_a_secret_is_refused_before_anything_is_stored(tmp_path: Path, capsys,
+                                                                                 sets: list[str]) -> None:
+    """A token in a sweep file's `set:` went into results.sqlite (the sweep document, each server's overrides) and
+    into every printed command. It is refused, naming the sweep file, the key and the way to pass a secret; the value
+    is printed nowhere, and no run is made."""
+    path = _sweep(tmp_path, methods=["none", "ngram"], num_speculative_tokens=[1], set=sets)
+    for dry in (["--dry-run"], []):
+        code, text = _cli(capsys, "sweep", str(path), "--runs-dir", str(tmp_path / "runs"), *dry)
+        assert code == 2, text
+        assert SECRET not in text and str(path) in text, text
+        name = "VLLM_API_KEY" if "VLLM_API_KEY" in sets[0] else "HF_TOKEN"
+        assert f"{name}: a secret" in text and ("passes through" if name == "HF_TOKEN" else f"--env {name}") in text
+        _one_paragraph(text)
+        assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").rglob("results.sqlite"))
+
+
+@pytest.mark.parametrize("where", ["engine", "method"])
+def test_a_recipe_holding_a_secret_in_env_is_refused_naming_the_key(tmp_path: Path, where: str) -> None:
+    doc = yaml.safe_load((recipes_dir() / "cpu.yaml").read_text())
+    engine = doc["engines"]["vllm-cpu"]
+    (engine if where == "engine" else engine["methods"]["ngram"]).setdefault("env", {})["HF_TOKEN"] = SECRET
+    path = tmp_path / "mine.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    key = "engines.vllm-cpu.env.HF_TOKEN" if where == "engine" else "engines.vllm-cpu.methods.ngram.env.HF_TOKEN"
+    with pytest.raises(RecipeError) as exc:
+        load_recipe(path)
+    text = str(exc.value) + " " + (exc.value.hint or "")
+    assert f"{path}: {key}: a secret" in text and SECRET not in text, text
+
+
+def test_up_set_holding_a_secret_is_refused_and_not_echoed(tmp_path: Path, capsys) -> None:
+    code, text = _cli(capsys, "up", "cpu:none", "--dry-run", "--port", str(free_port()),
+                      "--set", "engines.vllm-cpu.env.HF_TOKEN=" + SECRET)
+    assert code == 2 and SECRET not in text and "HF_TOKEN: a secret" in text, text
+    _one_paragraph(text)
+
+
+def test_a_name_that_only_ends_like_a_secret_word_is_not_one(tmp_path: Path, capsys) -> None:
+    """STANDIN_REASONING_TOKENS, VLLM_MAX_TOKENS_PER_KEYS: plain settings, passed and shown as before."""
+    code, text = _cli(capsys, "up", "cpu:none", "--dry-run", "--port", str(free_port()), "--set",
+                      "engines.vllm-cpu.env.STANDIN_REASONING_TOKENS='3'")
+    assert code == 0 and "STANDIN_REASONING_TOKENS=3" in text, text
+
+
+def test_a_secret_in_one_match_of_a_sweeps_overrides_is_refused_naming_where(tmp_path: Path, capsys) -> None:
+    path = _sweep(tmp_path, methods=["none", "ngram"], num_speculative_tokens=[1],
+                  overrides=[{"match": {"method": "ngram"}, "set": ["engines.vllm-cpu.env.HF_TOKEN=" + SECRET]}])
+    code, text = _cli(capsys, "sweep", str(path), "--dry-run", "--runs-dir", str(tmp_path / "runs"))
+    assert code == 2 and SECRET not in text, text
+    assert f"{path}: set: or overrides: set: engines.vllm-cpu.env.HF_TOKEN: a secret" in text, text
+    _one_paragraph(text)

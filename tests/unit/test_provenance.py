@@ -140,19 +140,20 @@ def test_a_recipe_fixed_after_an_attempt_that_measured_nothing_keeps_the_fixed_l
             provenance.check_drift(build_plan(tmp_path / "sweep.yaml"), store, True, False, print)
 
 
-def test_the_stored_environment_holds_no_value(tmp_path: Path) -> None:
-    """What a server's launch is compared by is stored as digests: a token written into a recipe's environment
-    never reaches results.sqlite through it."""
-    token = "hf_" + "x7Qp" * 8
+def test_the_stored_environment_holds_digests_not_values(tmp_path: Path) -> None:
+    """What a server's launch is compared by is stored as digests: an environment value never reaches
+    results.sqlite through it (a secret's value is refused before, tests/unit/test_input_faults.py)."""
+    value = "private-" + "x7Qp" * 8
     sweep = _files(tmp_path)
     recipe = tmp_path / "mine.yaml"
     text = recipe.read_text()
     assert text.count('VLLM_CPU_KVCACHE_SPACE: "2"') >= 1
-    recipe.write_text(text.replace('VLLM_CPU_KVCACHE_SPACE: "2"', f'VLLM_CPU_KVCACHE_SPACE: "2"\n      HF_TOKEN: "{token}"', 1))
+    recipe.write_text(text.replace('VLLM_CPU_KVCACHE_SPACE: "2"',
+                                   f'VLLM_CPU_KVCACHE_SPACE: "2"\n      MY_LAB_SETTING: "{value}"', 1))
     with _created_from(tmp_path, sweep) as store:
         (row,) = store.server_configs()
-        assert "HF_TOKEN" in row.config["launch"]["env"]
-    assert token.encode() not in (tmp_path / "run" / "results.sqlite").read_bytes()
+        stored = row.config["launch"]["env"]["MY_LAB_SETTING"]
+        assert value not in stored and re.fullmatch(r"[0-9a-f]{16}", stored)
 
 
 def test_a_run_from_before_launch_settings_were_stored_resumes(tmp_path: Path) -> None:
