@@ -76,9 +76,9 @@ def apply_overrides(data: Any, overrides: list[str], source: str, keys: Collecti
         elif path[0] not in keys or path[0] == "source":
             known = ", ".join(sorted(variables)) or "(none)"
             raise RecipeError(
-                f"--set {text}: {path[0]!r} is neither a variable of {source} nor a recipe key",
+                f"{origin} {text}: {path[0]!r} is neither a variable of {source} nor a recipe key",
                 f"Variables: {known}; model; or a dotted recipe path such as engines.vllm.image.")
-        _set_path(doc, path, value, text)
+        _set_path(doc, path, value, f"{origin} {text}")
     return doc
 
 
@@ -91,6 +91,6 @@ def _set_path(doc: dict[str, Any], path: list[str], value: Any, text: str) -> No
             node[part] = nxt
         if not isinstance(nxt, dict):
             where = ".".join(path[: i + 1])
-            raise RecipeError(f"--set {text}: {where} is not a mapping, so it has no key {path[i + 1]!r}")
+            raise RecipeError(f"{text}: {where} is not a mapping, so it has no key {path[i + 1]!r}")
         node = nxt
     node[path[-1]] = value

@@ -262,3 +262,10 @@ def test_a_secret_in_one_match_of_a_sweeps_overrides_is_refused_naming_where(tmp
     assert code == 2 and SECRET not in text, text
     assert f"{path}: set: or overrides: set: engines.vllm-cpu.env.HF_TOKEN: a secret" in text, text
     _one_paragraph(text)
+
+
+def test_a_sweep_files_set_naming_no_key_names_the_sweep_file(tmp_path: Path, capsys) -> None:
+    path = _sweep(tmp_path, set=["max_len=5"])
+    code, text = _cli(capsys, "sweep", str(path), "--dry-run", "--runs-dir", str(tmp_path / "runs"))
+    assert code == 2 and f"{path}: set: max_len=5: 'max_len' is neither a variable" in text, text
+    _one_paragraph(text)
