@@ -30,8 +30,8 @@ def parse_override(text: str) -> tuple[list[str], Any]:
 
 # Any: YAML as loaded, before pydantic validates it
 def secret_value_error(where: str, name: str) -> RecipeError:
-    """A secret-named environment variable (HF_TOKEN, VLLM_API_KEY, …: sparklab.spec.is_secret_name) given a value
-    in a recipe, a sweep file or --set: that text is stored with the run and printed in its commands."""
+    """A secret-named environment variable (HF_TOKEN, an API key, a password: sparklab.spec.is_secret_name) given
+    a value in a recipe, a sweep file or --set: that text is stored with the run and printed in its commands."""
     if name in PASSTHROUGH_ENV:
         fix = (f"Remove it, and export {name} where sparklab runs: it passes through to the engine (up, sweep and "
                f"tune) without being printed or stored.")
