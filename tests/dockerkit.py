@@ -88,6 +88,15 @@ def sparklab_containers(client) -> set[str]:
     return {c.name for c in client.containers.list(all=True, filters=OURS)}
 
 
+def run_containers(client, runs_dir: Path) -> list[str]:
+    """The containers of the one sweep run under `runs_dir` (its directory's name is the run id), this session's
+    only: another test's sweep of the same name, on the other worker, is not this run (seen in CI: a `standin-`
+    prefix matched the neighbour's server)."""
+    (run_dir,) = [d for d in runs_dir.iterdir() if d.is_dir()]
+    mine = {"label": [*OURS["label"], f"sparklab.run_id={run_dir.name}"]}
+    return [c.name for c in client.containers.list(all=True, filters=mine)]
+
+
 @pytest.fixture(autouse=True)
 def no_container_left_behind(request, docker_client) -> Iterator[None]:
     """Every Docker test must leave no sparklab container it started; containers others start meanwhile (a

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from tests.docker.test_sweep_standin import _run, _store, _sweep, ulimit_flags
-from tests.dockerkit import Cli, Lines, free_port
+from tests.dockerkit import OURS, Cli, Lines, free_port, run_containers
 from tests.signals import hangup_ends
 from tests.terminals import Session
 
@@ -21,7 +21,7 @@ pytestmark = pytest.mark.docker
 
 
 def _ours(docker_client, port: int) -> list[str]:
-    return [c.name for c in docker_client.containers.list(all=True, filters={"label": "sparklab"})
+    return [c.name for c in docker_client.containers.list(all=True, filters=OURS)
             if c.labels.get("sparklab.endpoint", "").endswith(f":{port}")]
 
 
@@ -60,9 +60,7 @@ def test_a_sweep_whose_terminal_closes_removes_its_container_and_resumes(cli: Cl
     finally:
         session.close()
     assert code == 130
-    run = [c for c in docker_client.containers.list(all=True, filters={"label": "sparklab"})
-           if c.labels.get("sparklab.run_id", "").startswith("standin-")]
-    assert not run, [c.name for c in run]
+    assert not run_containers(docker_client, tmp_path / "runs")
     with _store(path) as store:
         assert store.counts()["running"] == 0 and store.counts()["done"] < 2
     resumed = _run(cli, path)

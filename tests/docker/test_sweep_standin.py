@@ -17,7 +17,7 @@ import yaml
 
 from sparklab.recipes.plan import build_plan
 from sparklab.sweep.store import Store
-from tests.dockerkit import OURS, Cli, Lines, free_port, sparklab_containers, ulimit_args
+from tests.dockerkit import Cli, Lines, free_port, run_containers, sparklab_containers, ulimit_args
 
 pytestmark = pytest.mark.docker
 
@@ -181,8 +181,7 @@ def test_sigkill_then_restart_removes_the_orphan_and_finishes(cli: Cli, tmp_path
     finally:
         proc.kill()
         proc.wait(timeout=10)
-    assert any(c.labels.get("sparklab.mode") == "sweep" for c in
-               docker_client.containers.list(filters=OURS))  # the orphan
+    assert run_containers(docker_client, tmp_path / "runs")  # the orphan
     resumed = _run(cli, path)
     assert resumed.returncode == 0, resumed.stderr
     assert "removed leftover container" in resumed.stderr and "was in flight" in resumed.stderr
