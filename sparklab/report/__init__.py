@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sparklab.errors import SparklabError
+from sparklab.errors import RecipeError
 from sparklab.report.content import document
 from sparklab.report.document import json_visible, markdown, to_html, visible
 from sparklab.report.exports import to_csv, to_json
@@ -62,7 +62,8 @@ def write_all(report: Report, out: Path) -> list[Path]:
 
 def overrides_from(hardware: str | None, bandwidth_gbps: float | None, facts: list[str],
                    slo: str | None = None) -> Overrides:
-    """The report-time corrections `--hardware`, `--bandwidth-gbps`, `--fact KEY=VALUE` and `--slo`, checked."""
+    """The report-time corrections `--hardware`, `--bandwidth-gbps`, `--fact KEY=VALUE` and `--slo`, checked: a bad
+    value is a RecipeError (exit 2), as the same mistake is in tune and sweep."""
     from sparklab.recipes.schema import ModelFacts, load_hardware
     from sparklab.report.roofline import Device
 
@@ -70,13 +71,13 @@ def overrides_from(hardware: str | None, bandwidth_gbps: float | None, facts: li
     if hardware:
         devices = load_hardware()
         if hardware not in devices:
-            raise SparklabError(f"--hardware {hardware}: no such device in recipes/hardware.yaml",
+            raise RecipeError(f"--hardware {hardware}: no such device in recipes/hardware.yaml",
                                 f"Known: {', '.join(devices) or 'none'}; add it there, or give --bandwidth-gbps.")
         known = devices[hardware]
         device = Device(hardware, known.bandwidth_gbps, known.usable_bandwidth_gbps, known.usable_source)
     if bandwidth_gbps is not None:
         if not bandwidth_gbps > 0:
-            raise SparklabError(f"--bandwidth-gbps must be positive, got {bandwidth_gbps:g}")
+            raise RecipeError(f"--bandwidth-gbps must be positive, got {bandwidth_gbps:g}")
         device = Device(f"{hardware or 'given'} at --bandwidth-gbps", bandwidth_gbps)
     values: dict[str, float] = {}
     for text in facts:
@@ -86,7 +87,7 @@ def overrides_from(hardware: str | None, bandwidth_gbps: float | None, facts: li
         except ValueError:
             value = -1.0
         if key.strip() not in ModelFacts.model_fields or not value >= 0:
-            raise SparklabError(f"--fact {text!r}: expected KEY=NUMBER (not negative), KEY one of "
+            raise RecipeError(f"--fact {text!r}: expected KEY=NUMBER (not negative), KEY one of "
                                 f"{', '.join(ModelFacts.model_fields)}", "Example: --fact active_params_b=3")
         values[key.strip()] = value
     if slo is not None:
@@ -95,5 +96,5 @@ def overrides_from(hardware: str | None, bandwidth_gbps: float | None, facts: li
         try:
             slos.parse(slo)
         except slos.SloError as exc:
-            raise SparklabError(f"--slo: {exc}", f"Example: --slo '{slos.EXAMPLE}'") from None
+            raise RecipeError(f"--slo: {exc}", f"Example: --slo '{slos.EXAMPLE}'") from None
     return Overrides(device, values, slo)
