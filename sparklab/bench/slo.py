@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from sparklab.bench.metrics import estimate
+from sparklab.errors import RecipeError
 
 METRICS = {
     "ttft": "time to first token (first token - start)",
@@ -50,6 +51,15 @@ class Term:
 
 class SloError(ValueError):
     """A bad SLO text; the message says which term and how to write it."""
+
+
+def check_flag(text: str | None, where: str = "") -> None:
+    """`--slo TEXT` as a command line gives it (tune, report): a bad text is a RecipeError (exit 2) naming the flag,
+    `where` (e.g. the space file) before it, and an example."""
+    try:
+        parse(text)
+    except SloError as exc:
+        raise RecipeError(f"{where}--slo: {exc}", f"Example: --slo '{EXAMPLE}'") from None
 
 
 def parse(text: str | None) -> tuple[Term, ...]:

@@ -72,7 +72,7 @@ def overrides_from(hardware: str | None, bandwidth_gbps: float | None, facts: li
         devices = load_hardware()
         if hardware not in devices:
             raise RecipeError(f"--hardware {hardware}: no such device in recipes/hardware.yaml",
-                                f"Known: {', '.join(devices) or 'none'}; add it there, or give --bandwidth-gbps.")
+                              f"Known: {', '.join(devices) or 'none'}; add it there, or give --bandwidth-gbps.")
         known = devices[hardware]
         device = Device(hardware, known.bandwidth_gbps, known.usable_bandwidth_gbps, known.usable_source)
     if bandwidth_gbps is not None:
@@ -88,13 +88,10 @@ def overrides_from(hardware: str | None, bandwidth_gbps: float | None, facts: li
             value = -1.0
         if key.strip() not in ModelFacts.model_fields or not value >= 0:
             raise RecipeError(f"--fact {text!r}: expected KEY=NUMBER (not negative), KEY one of "
-                                f"{', '.join(ModelFacts.model_fields)}", "Example: --fact active_params_b=3")
+                              f"{', '.join(ModelFacts.model_fields)}", "Example: --fact active_params_b=3")
         values[key.strip()] = value
     if slo is not None:
         from sparklab.bench import slo as slos
 
-        try:
-            slos.parse(slo)
-        except slos.SloError as exc:
-            raise RecipeError(f"--slo: {exc}", f"Example: --slo '{slos.EXAMPLE}'") from None
+        slos.check_flag(slo)
     return Overrides(device, values, slo)

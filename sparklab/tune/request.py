@@ -110,10 +110,7 @@ def request_for(choices: TuneChoices) -> TuneRequest:
     objective = choices.objective or ("decode" if space.get("headline") == "decode" else "aggregate")
     slo = choices.slo if choices.slo is not None else space.pop("slo", None)
     space.pop("slo", None)
-    try:
-        slos.parse(slo)
-    except slos.SloError as exc:
-        raise RecipeError(f"tune {choices.space}: --slo: {exc}", f"Example: --slo '{slos.EXAMPLE}'") from None
+    slos.check_flag(slo, f"tune {choices.space}: ")
     settings = search.Settings(repeats, max_repeats, choices.tolerance, choices.ttft_max_ms, slo,
                                "grid" if choices.grid else "search")
     return TuneRequest(space, settings, objective, choices.runs_dir, choices.resume, choices.new,
