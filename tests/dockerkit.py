@@ -88,13 +88,18 @@ def sparklab_containers(client) -> set[str]:
     return {c.name for c in client.containers.list(all=True, filters=OURS)}
 
 
-def run_containers(client, runs_dir: Path) -> list[str]:
-    """The containers of the one sweep run under `runs_dir` (its directory's name is the run id), this session's
-    only: another test's sweep of the same name, on the other worker, is not this run (seen in CI: a `standin-`
-    prefix matched the neighbour's server)."""
+def run_containers(client, runs_dir: Path) -> list:
+    """The containers (any state) of the one sweep run under `runs_dir` (its directory's name is the run id), this
+    session's only: another test's sweep of the same name, on the other worker, is not this run (seen in CI: a
+    `standin-` prefix matched the neighbour's server)."""
     (run_dir,) = [d for d in runs_dir.iterdir() if d.is_dir()]
-    mine = {"label": [*OURS["label"], f"sparklab.run_id={run_dir.name}"]}
-    return [c.name for c in client.containers.list(all=True, filters=mine)]
+    return client.containers.list(all=True, filters={"label": [*OURS["label"], f"sparklab.run_id={run_dir.name}"]})
+
+
+def port_containers(client, port: int) -> list:
+    """This session's containers (any state) serving on `port` (a test's own free_port())."""
+    return [c for c in client.containers.list(all=True, filters=OURS)
+            if c.labels.get("sparklab.endpoint", "").endswith(f":{port}")]
 
 
 @pytest.fixture(autouse=True)

@@ -13,16 +13,12 @@ import pytest
 import yaml
 
 from tests.docker.test_sweep_standin import _run, _store, _sweep, ulimit_flags
-from tests.dockerkit import OURS, Cli, Lines, free_port, run_containers
+from tests.dockerkit import Cli, Lines, free_port, port_containers, run_containers
 from tests.signals import hangup_ends
 from tests.terminals import Session
 
 pytestmark = pytest.mark.docker
 
-
-def _ours(docker_client, port: int) -> list[str]:
-    return [c.name for c in docker_client.containers.list(all=True, filters=OURS)
-            if c.labels.get("sparklab.endpoint", "").endswith(f":{port}")]
 
 
 def test_a_hangup_stops_a_foreground_up_and_removes_its_container(cli: Cli, docker_client) -> None:
@@ -32,7 +28,7 @@ def test_a_hangup_stops_a_foreground_up_and_removes_its_container(cli: Cli, dock
     lines = Lines(proc)
     try:
         lines.wait_for("serving in the foreground", timeout=90)
-        assert len(_ours(docker_client, port)) == 1
+        assert len(port_containers(docker_client, port)) == 1
         began = time.monotonic()
         proc.send_signal(signal.SIGHUP)
         code = proc.wait(timeout=15)
@@ -42,7 +38,7 @@ def test_a_hangup_stops_a_foreground_up_and_removes_its_container(cli: Cli, dock
             proc.kill()
     assert code == 0, proc.stderr.read() if proc.stderr else ""
     assert seconds < 15
-    assert _ours(docker_client, port) == []
+    assert port_containers(docker_client, port) == []
 
 
 def test_a_sweep_whose_terminal_closes_removes_its_container_and_resumes(cli: Cli, tmp_path: Path,
@@ -60,7 +56,8 @@ def test_a_sweep_whose_terminal_closes_removes_its_container_and_resumes(cli: Cl
     finally:
         session.close()
     assert code == 130
-    assert not run_containers(docker_client, tmp_path / "runs")
+    left = run_containers(docker_client, tmp_path / "runs")
+    assert not left, [c.name for c in left]
     with _store(path) as store:
         assert store.counts()["running"] == 0 and store.counts()["done"] < 2
     resumed = _run(cli, path)

@@ -16,14 +16,10 @@ import openai
 import pytest
 import requests
 
-from tests.dockerkit import OUR_PROBES, OURS, Cli, Lines, field, free_port, sparklab_containers
+from tests.dockerkit import OUR_PROBES, Cli, Lines, field, free_port, port_containers, sparklab_containers
 
 pytestmark = pytest.mark.docker
 
-
-def _ours(docker_client, port: int) -> list:
-    return [c for c in docker_client.containers.list(all=True, filters=OURS)
-            if c.labels.get("sparklab.endpoint", "").endswith(f":{port}")]
 
 
 def test_up_detached_pulls_from_the_registry_then_ps_logs_chat_down(cli: Cli, docker_client) -> None:
@@ -98,7 +94,7 @@ def test_foreground_up_stops_on_signal_within_15_s(cli: Cli, docker_client, sig:
     lines = Lines(proc)
     try:
         lines.wait_for("serving in the foreground", timeout=90)
-        assert len(_ours(docker_client, port)) == 1
+        assert len(port_containers(docker_client, port)) == 1
         started = time.monotonic()
         proc.send_signal(sig)
         code = proc.wait(timeout=15)
@@ -108,7 +104,7 @@ def test_foreground_up_stops_on_signal_within_15_s(cli: Cli, docker_client, sig:
             proc.kill()
     assert code == 0, proc.stderr.read() if proc.stderr else ""
     assert elapsed < 15
-    assert _ours(docker_client, port) == []
+    assert port_containers(docker_client, port) == []
 
 
 # A Ctrl-C that lands inside `up`'s own start calls: the container exists on the daemon but sparklab may not
@@ -159,7 +155,7 @@ def test_ctrl_c_inside_the_start_call_leaves_no_container(cli: Cli, docker_clien
     assert proc.returncode == 130, proc.stderr
     assert "interrupted" in proc.stderr
     assert "Traceback" not in proc.stderr
-    assert _ours(docker_client, port) == []
+    assert port_containers(docker_client, port) == []
     left = {c.id for c in docker_client.containers.list(all=True, filters=OUR_PROBES)}
     assert left <= probes  # nor the parser check's throwaway container
 
@@ -169,9 +165,9 @@ def test_ctrl_c_during_startup_removes_the_container(cli: Cli, docker_client) ->
     proc = cli.popen("up", "none", *cli.launch_args(port, "-e", "STANDIN_START_DELAY=60"))
     try:
         deadline = time.monotonic() + 60
-        while not _ours(docker_client, port) and time.monotonic() < deadline:
+        while not port_containers(docker_client, port) and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert _ours(docker_client, port), "the container never appeared"
+        assert port_containers(docker_client, port), "the container never appeared"
         proc.send_signal(signal.SIGINT)
         code = proc.wait(timeout=20)
     finally:
@@ -179,7 +175,7 @@ def test_ctrl_c_during_startup_removes_the_container(cli: Cli, docker_client) ->
             proc.kill()
     assert code == 130
     assert "interrupted" in (proc.stderr.read() if proc.stderr else "")
-    assert _ours(docker_client, port) == []
+    assert port_containers(docker_client, port) == []
 
 
 def test_exit_at_start_fails_with_code_and_log_tail(cli: Cli) -> None:
@@ -261,7 +257,7 @@ def _sigkilled_foreground_up(cli: Cli, docker_client, port: int):
     finally:
         proc.kill()  # SIGKILL: no chance to clean up
         proc.wait(timeout=10)
-    orphan = _ours(docker_client, port)
+    orphan = port_containers(docker_client, port)
     assert len(orphan) == 1 and orphan[0].status == "running"
     return orphan[0]
 
@@ -277,14 +273,14 @@ def test_sigkill_of_the_cli_leaves_an_orphan_that_gc_removes_but_not_a_detached_
         gc = cli.run("gc")
         assert gc.returncode == 0
         assert orphan.name in gc.stdout and kept_name not in gc.stdout
-        assert _ours(docker_client, port) == []
+        assert port_containers(docker_client, port) == []
 
         # The next start cleans up too, without an explicit gc.
         orphan = _sigkilled_foreground_up(cli, docker_client, port)
         again = cli.run("up", "none", "--detach", *cli.launch_args(free_port()))
         assert again.returncode == 0, again.stderr
         assert f"removed leftover container {orphan.name}" in again.stderr
-        assert _ours(docker_client, port) == []
+        assert port_containers(docker_client, port) == []
         assert cli.run("down", field(again.stdout, "container")).returncode == 0
         assert docker_client.containers.get(kept_name).status == "running"
     finally:

@@ -181,7 +181,7 @@ def test_sigkill_then_restart_removes_the_orphan_and_finishes(cli: Cli, tmp_path
     finally:
         proc.kill()
         proc.wait(timeout=10)
-    assert run_containers(docker_client, tmp_path / "runs")  # the orphan
+    assert [c.status for c in run_containers(docker_client, tmp_path / "runs")] == ["running"]  # the orphan
     resumed = _run(cli, path)
     assert resumed.returncode == 0, resumed.stderr
     assert "removed leftover container" in resumed.stderr and "was in flight" in resumed.stderr

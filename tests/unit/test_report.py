@@ -266,9 +266,8 @@ def test_cli_errors_name_the_fix(tmp_path: Path, capsys) -> None:
     err = capsys.readouterr().err
     assert "no results for run 'nope'" in err and CPU_RUN_ID in err
     # a bad flag value exits 2, as the same mistake does in tune and sweep (--slo there), and argparse's own
-    for flag, said in (("--fact", "active_params_b"), ("--hardware", "gb10"), ("--bandwidth-gbps", "positive"),
-                       ("--slo", "expected METRIC_STAT<=NUMBER")):
-        value = {"--fact": "params=3", "--hardware": "h100", "--bandwidth-gbps": "0", "--slo": "fast"}[flag]
+    for flag, value, said in (("--fact", "params=3", "active_params_b"), ("--hardware", "h100", "gb10"),
+                              ("--bandwidth-gbps", "0", "positive"), ("--slo", "fast", "expected METRIC_STAT<=NUMBER")):
         assert main(["report", CPU_RUN_ID, "--runs-dir", str(tmp_path / "runs"), flag, value]) == 2, flag
         err = capsys.readouterr().err
         assert said in err and "Traceback" not in err, err
