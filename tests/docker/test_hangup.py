@@ -20,7 +20,6 @@ from tests.terminals import Session
 pytestmark = pytest.mark.docker
 
 
-
 def test_a_hangup_stops_a_foreground_up_and_removes_its_container(cli: Cli, docker_client) -> None:
     port = free_port()
     with hangup_ends():

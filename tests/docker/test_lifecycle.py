@@ -21,7 +21,6 @@ from tests.dockerkit import OUR_PROBES, Cli, Lines, field, free_port, port_conta
 pytestmark = pytest.mark.docker
 
 
-
 def test_up_detached_pulls_from_the_registry_then_ps_logs_chat_down(cli: Cli, docker_client) -> None:
     # Remove the local copy so `up` really pulls it from 127.0.0.1:5000.
     subprocess.run(["docker", "rmi", "-f", cli.image], capture_output=True)
