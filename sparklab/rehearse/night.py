@@ -198,7 +198,8 @@ def _free_offset(ports: list[int], hosts: int, claims: contextlib.ExitStack) -> 
         return all(0 < p + offset + 100 * h <= 65535 and p + offset + 100 * h not in ephemeral
                    for p in ports for h in range(hosts))
 
-    candidates = [offset for offset in range(0, 58000, 7) if usable(offset)]  # 7: not on a round number
+    # 7: not on a round number; never 0, so that a server rendered without the offset is never on a claimed port
+    candidates = [offset for offset in range(7, 58000, 7) if usable(offset)]
     random.Random().shuffle(candidates)  # rehearsals started together rarely try the same first
     for offset in candidates[:400]:
         if _take([p + offset + 100 * h for p in ports for h in range(hosts)], claims):
@@ -256,7 +257,8 @@ def prepare(request: RehearsalRequest, scratch: Path,
     plan = build_plan(source)
     eta = night_eta(plan, twin)
     scale, scale_note = choose_scale(request.wall_s, eta.night_s, request.scale, plan.sweep.load_stall_s)
-    setup = TwinSetup(str(document["name"]).removeprefix("up-"), scratch / "twin", request.fault)
+    ports = frozenset(s.spec.port + offset + 100 * h for s in plan.servers for h in range(need))
+    setup = TwinSetup(str(document["name"]).removeprefix("up-"), scratch / "twin", request.fault, ports=ports)
     runtimes: dict[str, TwinRuntime] = {}
     for entry in document["hosts"]:
         name = entry.get("name", "local")

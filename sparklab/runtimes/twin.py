@@ -66,6 +66,8 @@ class TwinSetup:
     fault: str | None = None
     head: LaunchSpec | None = None  # the last head node started: a worker joining it holds what the head holds
     boots: list[tuple[float, float]] = dataclasses.field(default_factory=list)  # stand-ins' boots (monotonic)
+    # the server ports the rehearsal claimed for its twins (empty: not checked); a start elsewhere is refused
+    ports: frozenset[int] = frozenset()
 
     def booting_s(self, since: float, until: float) -> float:
         """Wall seconds between `since` and `until` (monotonic) that stand-ins spent booting (overlaps once): no
@@ -134,6 +136,12 @@ class TwinRuntime:
                detach: bool = False, on_log: LogListener | None = None) -> ProcessServer:
         if self.lost.is_set():
             raise ServerError(f"cannot start {spec.name}: {self.host.where} is gone (rehearse --fault host-lost)")
+        if self.setup.ports and spec.port not in self.setup.ports:
+            # a server rendered without its twin host's port_offset: on the recipe's port, another rehearsal's
+            # server (each with its own API key) would answer its requests
+            raise ServerError(f"cannot start {spec.name}: port {spec.port} is not one this rehearsal claimed "
+                              f"({', '.join(map(str, sorted(self.setup.ports)))}); the server was rendered without "
+                              "its host's port_offset, a bug in sparklab: please report it")
         first = self._started == 0
         self._started += 1
         scratch = self.setup.scratch / self.name

@@ -202,9 +202,10 @@ def _score_the_rest(plan: Plan, store: Store, member: fleet.Member, run_dir: Pat
         return
     for name in lossless.engines_with_pending(plan, store):
         plain = lossless.baseline_of(plan, name)
-        if plain is not None:
+        if plain is not None:  # rendered for its host as every start is (a port_offset moves its port)
             serve(ServerRun(plan, HostStore(store, host=member.recorded_as), member.runtime, run_dir, options,
-                            member.tell(say), member.host, plain, [], baselines, controller=controller))
+                            member.tell(say), member.host, fleet.for_host(plain, member.host), [], baselines,
+                            controller=controller))
 
 
 def dry_run(request: Request) -> tuple[Plan, float, TimingModel, list[Host] | None]:

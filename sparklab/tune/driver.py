@@ -269,7 +269,7 @@ def _search(plan: Plan, store: Store, runtime: HostRuntime | None, run_dir: Path
                 _mark_synthetic(plan, state)
                 state["schedule"] = _schedule_args(plan, store, state["schedule"])
                 if _schedule_pending(state):
-                    _measure_schedule(plan, store, runtime, run_dir, request, state, say, obs, hosts)
+                    _measure_schedule(plan, store, runtime, run_dir, request, state, say, obs, hosts, reach)
                 break
             marker = (decision, store.counts()["done"], store.counts()["failed"])
             if marker == last:
@@ -381,7 +381,7 @@ def _schedule_pending(state: dict[str, Any]) -> bool:
 
 def _measure_schedule(plan: Plan, store: Store, runtime: HostRuntime | None, run_dir: Path, request: TuneRequest,
                       state: dict[str, Any], say: runner.Say, obs: search.Observations,
-                      hosts: list[Host] | None = None) -> None:
+                      hosts: list[Host] | None = None, reach: fleet.Connect | None = None) -> None:
     """Load the schedule server once, measure it at every concurrency of the space, and compare it with each
     concurrency's winner: only a schedule that loses nowhere beyond noise is recommended (verdict.schedule_verdict).
     """
@@ -399,7 +399,7 @@ def _measure_schedule(plan: Plan, store: Store, runtime: HostRuntime | None, run
                                 [f"{schedule['method']} K per batch size"], "repeats": settings.repeats,
                                 "loads": [server.label + " (schedule)"]})
         store.set_meta("tune", state)
-        runner.run(with_schedule, store, runtime, run_dir, request.options, say, hosts)
+        runner.run(with_schedule, store, runtime, run_dir, request.options, say, hosts, reach=reach)
     measured = observations(store, with_schedule, state["objective"], settings.terms, [server])
     cells = measured.get((server.method, server.num_speculative_tokens), {})
     space = space_of(plan)

@@ -309,3 +309,22 @@ def test_a_server_across_two_hosts_waits_when_only_one_host_can_hold_it(tmp_path
         fleet.run(plan, store, [_linked("local", "10.0.0.1")], serve, said.append, "r1")
         assert store.counts()["pending"] == 4
     assert sum("needs 2 hosts that can hold it" in s and "stay pending" in s for s in said) == 4
+
+
+def test_the_none_server_that_only_scores_runs_on_the_hosts_ports(plan: Any, store: Any,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """The lossless check's last start (`none` again, no cells, only to score the drafting configs' answers) is
+    rendered for its host like every other start: a local host's port_offset moves its port. Seen in CI: a tune
+    rehearsal's scoring server bound the recipe's own 8000, which another rehearsal had claimed, and each night's
+    servers answered the other's requests with a 401."""
+    from sparklab.sweep import runner
+
+    served: list[Any] = []
+    monkeypatch.setattr(runner.lossless, "engines_with_pending", lambda plan, store: ["vllm"])
+    monkeypatch.setattr(runner, "serve", lambda run: served.append(run.server))
+    member = fleet.this_machine(FakeRuntime(), host=parse_hosts([HostEntry(docker="local", port_offset=107)],
+                                                                "f.yaml")[0])
+    runner._score_the_rest(plan, store, member, store.path.parent, runner.Options(), lambda m: None, {}, None)
+    none = next(s for s in plan.servers if s.method == "none")
+    assert [s.id for s in served] == [none.id]
+    assert served[0].spec.port == none.spec.port + 107

@@ -10,8 +10,14 @@ import tempfile
 from pathlib import Path
 
 import pytest
+import yaml
 
+from sparklab.errors import ServerError
+from sparklab.host.twin import TwinHost
+from sparklab.recipes.plan import build_plan
+from sparklab.recipes.twin import load_twin
 from sparklab.rehearse import night
+from sparklab.runtimes.twin import TwinRuntime, TwinSetup
 
 
 @pytest.fixture
@@ -61,3 +67,26 @@ def test_a_cluster_rendezvous_port_is_claimed_too(same_draws: None) -> None:
     with contextlib.ExitStack() as first, contextlib.ExitStack() as second:
         ports = {night._free_port(first) for _ in range(3)} | {night._free_port(second) for _ in range(3)}
         assert len(ports) == 6 and not any(32768 <= p <= 60999 for p in ports)
+
+
+def test_no_night_keeps_the_recipes_own_ports(same_draws: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Offset 0 is never drawn: a night on the recipe's own ports could not tell its servers from one rendered
+    without the twin's port_offset (another night's, or its own by mistake), so the twin's check below would pass."""
+    monkeypatch.setattr(night.random, "Random", lambda: type("Unshuffled", (), {"shuffle": lambda self, x: None})())
+    with contextlib.ExitStack() as claims:
+        assert night._free_offset([8000], 1, claims) != 0
+
+
+def test_a_twin_refuses_a_server_on_a_port_its_rehearsal_did_not_claim(tmp_path: Path) -> None:
+    """A server rendered without its host's port_offset lands on the recipe's port, which another rehearsal may
+    hold: seen in CI, the two nights' servers answered each other's requests with a 401. The twin starts nothing
+    there and says why, so the night names the bug instead of reaching a stranger."""
+    sweep = tmp_path / "tiny.yaml"
+    sweep.write_text(yaml.safe_dump({"name": "tiny", "recipe": "gb10", "methods": ["none"], "concurrency": [1],
+                                     "requests": 1}))
+    spec = build_plan(sweep, run_id="r1").servers[0].spec
+    setup = TwinSetup("tiny", tmp_path / "twin", ports=frozenset({spec.port + 7}))
+    runtime = TwinRuntime(TwinHost(load_twin("gb10"), 0.01, ""), setup)
+    with pytest.raises(ServerError, match=f"port {spec.port} is not one this rehearsal claimed"):
+        runtime.launch(spec, {})
+    assert not (tmp_path / "twin").exists()  # nothing was started

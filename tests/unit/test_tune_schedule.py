@@ -19,6 +19,7 @@ from sparklab.recipes.plan import ServerConfig
 from sparklab.sweep import downloads, runner
 from sparklab.sweep.store import Store
 from sparklab.tune import driver
+from tests.fakes import FakeRuntime
 
 RATES = [0.6, 0.5, 0.4]
 SCHEDULE = "num_speculative_tokens_per_batch_size"
@@ -170,3 +171,25 @@ def test_a_synthetic_pick_is_labelled_and_never_given_as_a_config_to_run(tmp_pat
     assert "C=1: synthetic K=1 (SYNTHETIC acceptance):" in text
     assert "C=1: not a config to run: synthetic acceptance benchmarks the engine's step cost" in text
     assert "sparklab up cpu:synthetic" not in text
+
+
+def test_the_schedule_server_is_reached_as_every_other_load_is(tmp_path: Path, monkeypatch) -> None:
+    """A tune over several hosts (a rehearsal's twins, reached through `reach`) loads its schedule server on the
+    same hosts the same way: before, its run got the hosts without `reach` and would have dialled the twins' names
+    with Docker's remote API."""
+    starts: list[str] = []
+    scripted = scripted_run(truth_of(46.0), starts)
+    reached: list[tuple[Any, Any]] = []
+
+    def run(plan: Any, store: Store, runtime: Any, run_dir: Path, options: Any, say: Any,
+            hosts: Any = None, reach: Any = None) -> dict[str, int]:
+        reached.append((runtime, reach))
+        return scripted(plan, store, runtime, run_dir, options, say, hosts, reach)
+
+    monkeypatch.setattr(runner, "run", run)
+    monkeypatch.setattr(downloads, "download", lambda plan, store, say: None)
+    runtime, reach = FakeRuntime(), (lambda host: None)
+    choices = driver.TuneChoices("cpu-tune", k=(1, 2, 3), repeats=3, max_repeats=6, runs_dir=tmp_path)
+    driver.run_tune(driver.request_for(choices), say=lambda message: None, runtime=runtime, reach=reach)
+    assert "vllm-cpu/ngram K=3 (schedule)" in starts
+    assert reached and all(r == (runtime, reach) for r in reached)
