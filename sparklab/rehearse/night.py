@@ -229,6 +229,20 @@ def _hosts_entries(need: int, offset: int) -> list[dict[str, Any]]:
              "ib_hca": f"twin{i}"} for i in range(need)]
 
 
+def _plan_of(path: Path, request: RehearsalRequest) -> Plan:
+    """The plan of the night's scratch copy of its sweep; its errors name what the user gave (the sweep file, or the
+    rehearse target), not the copy, which is gone by the time the error is read."""
+    try:
+        return build_plan(path)
+    except RecipeError as exc:
+        copy = f"{path}: "
+        if not exc.message.startswith(copy):
+            raise
+        found = sweep_document(request.target) if request.command != "up" else None
+        given = str(found[1]) if found is not None else f"rehearse {request.target}"
+        raise RecipeError(f"{given}: {exc.message[len(copy):]}", exc.hint) from None
+
+
 def prepare(request: RehearsalRequest, scratch: Path,
             claims: contextlib.ExitStack) -> tuple[Rehearsal, dict[str, TwinRuntime]]:
     """The night's plan on its twin hosts (their ports claimed in `claims`), and a twin runtime per host."""
@@ -238,7 +252,7 @@ def prepare(request: RehearsalRequest, scratch: Path,
     document, command = _document(request, scratch)
     first = scratch / "plan.yaml"
     first.write_text(yaml.safe_dump(document, sort_keys=False))
-    plan = build_plan(first)
+    plan = _plan_of(first, request)
     recipe = plan.servers[0].recipe
     if recipe.hardware is None:
         raise RecipeError(f"{recipe.source}: hardware: not set, so sparklab does not know which twin to rehearse on",
@@ -254,7 +268,7 @@ def prepare(request: RehearsalRequest, scratch: Path,
                        *(f"engines.{engine}.cluster_port={_free_port(claims)}" for engine in clustered)]
     source = scratch / f"{document['name']}.yaml"
     source.write_text(yaml.safe_dump(document, sort_keys=False))
-    plan = build_plan(source)
+    plan = _plan_of(source, request)
     eta = night_eta(plan, twin)
     scale, scale_note = choose_scale(request.wall_s, eta.night_s, request.scale, plan.sweep.load_stall_s)
     ports = frozenset(s.spec.port + offset + 100 * h for s in plan.servers for h in range(need))
