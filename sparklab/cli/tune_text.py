@@ -66,7 +66,9 @@ def tune_plan(dry: Any) -> str:
         "is or the budget runs out (then a tie-break, said as one); a K schedule measured before it is recommended",
         f"at most {dry.max_loads} model loads (each of the {dry.grid_loads} configs once"
         + (f", reloads up to {settings.max_repeats} runs per concurrency" if settings.max_loads > 1 else "")
-        + ", one K-schedule server; retried failed starts not counted)",
+        + ", one K-schedule server"
+        + (", `none` once more to score the sampled answers (the lossless check)" if dry.scoring_loads else "")
+        + "; retried failed starts not counted)",
         f"ETA at most {_duration(dry.eta_upper_s)} (those loads, every cell up to {settings.max_repeats} repeat(s)); "
         f"the full grid: {dry.grid_loads} loads, ETA {_duration(dry.grid_eta_s)}. Timing model: "
         f"{dry.model.startup_text()}, {dry.model.tokens_per_s:.1f} tok/s at c=1 scaled by "

@@ -143,10 +143,11 @@ def register(plan: Plan, store: Store, only: Callable[[ServerConfig, Cell], bool
 
 
 def run(plan: Plan, store: Store, runtime: HostRuntime | None, run_dir: Path, options: Options, say: Say,
-        hosts: list[Host] | None = None, reach: fleet.Connect | None = None) -> dict[str, int]:
+        hosts: list[Host] | None = None, reach: fleet.Connect | None = None, score: bool = True) -> dict[str, int]:
     """Run what is pending on the sweep's hosts (sparklab.sweep.fleet), each one server at a time: this machine
     alone when there are none (runtime: this machine's, local.Runtime by default; reach: how the other hosts are
-    reached, Docker's remote API unless a rehearsal reaches its twins)."""
+    reached, Docker's remote API unless a rehearsal reaches its twins). score: then start `none` once more to score
+    the sampled answers no `none` server scored while up (tune leaves that to its end: its rounds load more)."""
     need = max((fleet.nodes_of(s) for s in plan.servers), default=1)
     if need > len(hosts or [None]):
         raise PreflightError(f"{plan.source}: a server of this sweep runs across {need} hosts; the sweep has "
@@ -188,24 +189,40 @@ def run(plan: Plan, store: Store, runtime: HostRuntime | None, run_dir: Path, op
                             lost=member.gone, controller=controller))
 
     fleet.run(plan, store, members, serve_pending, say_progress, run_dir.name)
-    here = next((m for m in members if m.host.local), None)
-    if here is not None:  # what no `none` server scored while up: on this machine's engine, at the end
-        _score_the_rest(plan, store, here, run_dir, options, say_progress, baselines, controller)
+    if score:  # what no `none` server scored while up: its engine's `none` once more, at the end
+        _score_the_rest(plan, store, members, run_dir, options, say_progress, baselines, controller)
     return store.counts()
 
 
-def _score_the_rest(plan: Plan, store: Store, member: fleet.Member, run_dir: Path, options: Options, say: Say,
+def _score_the_rest(plan: Plan, store: Store, members: list[fleet.Member], run_dir: Path, options: Options, say: Say,
                     baselines: dict[str, float], controller: HostFacts) -> None:
     """Sampled answers the lossless check has not scored yet (drafting configs that ran after `none`): the
-    engine's `none` server config once more, with no cells, only to score them."""
+    engine's `none` server config once more, with no cells, only to score them, rendered for the hosts it runs on
+    as every start is: this machine first, else another host of the sweep; a server across hosts on as many."""
     if not plan.sweep.lossless.enabled:
         return
     for name in lossless.engines_with_pending(plan, store):
         plain = lossless.baseline_of(plan, name)
-        if plain is not None:  # rendered for its host as every start is (a port_offset moves its port)
+        if plain is None:
+            continue
+        need = fleet.nodes_of(plain)
+        usable = sorted((m for m in members if not m.lost and (m.alone or fleet.unfit(plain, m) is None)),
+                        key=lambda m: not m.host.local)
+        if len(usable) < need:
+            hosts_word = "hosts" if need > 1 else "host"
+            say(f"server {plain.label}: needs {need} {hosts_word} to score the sampled answers left, {len(usable)} "
+                "left in this run: they are not scored (run the sweep again once the hosts are back)")
+            continue
+        member, partners = usable[0], usable[1:need]
+        server = (fleet.for_hosts(plain, [member.host, *(p.host for p in partners)]) if partners
+                  else fleet.for_host(plain, member.host))
+        try:
             serve(ServerRun(plan, HostStore(store, host=member.recorded_as), member.runtime, run_dir, options,
-                            member.tell(say), member.host, fleet.for_host(plain, member.host), [], baselines,
-                            controller=controller))
+                            member.tell(say), member.host, server, [], baselines, [p.runtime for p in partners],
+                            [p.name for p in partners], lost=member.gone, controller=controller))
+        except fleet.HostLost as exc:
+            member.lost = str(exc) or "the Docker host stopped answering"
+            member.tell(say)(f"lost: {member.lost}; the sampled answers left are not scored")
 
 
 def dry_run(request: Request) -> tuple[Plan, float, TimingModel, list[Host] | None]:

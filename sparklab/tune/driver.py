@@ -27,7 +27,7 @@ from sparklab.recipes.hosts import Host, parse_hosts
 from sparklab.recipes.multinode import require_hosts
 from sparklab.recipes.plan import Plan, ServerConfig, TimingModel, build_plan, estimate_seconds, variant
 from sparklab.runtimes.base import HostRuntime
-from sparklab.sweep import downloads, fleet, provenance, rundir, runner
+from sparklab.sweep import downloads, fleet, lossless, provenance, rundir, runner
 from sparklab.sweep.store import Store
 from sparklab.tune import search, verdict
 from sparklab.tune.request import TuneChoices, TuneRequest, request_for
@@ -205,6 +205,7 @@ class DryRun:
     model: TimingModel  # the sweep's, behind both ETAs
     notes: tuple[str, ...] = ()  # what tune took from the sweep file, or left out of it
     hosts: list[Host] | None = None
+    scoring_loads: int = 0  # the lossless check's `none` at the end (a sampled space), in max_loads
 
 
 def dry_run(request: TuneRequest) -> DryRun:
@@ -239,7 +240,11 @@ def dry_run(request: TuneRequest) -> DryRun:
     # every config once, its reloads (at most max_loads - 1 per concurrency, merged when they come together),
     # and the K schedule's server
     reloads = configs * (settings.max_loads - 1) * len(space.concurrencies)
-    max_loads = configs + reloads + 1
+    # a sampled space's lossless check: `none` once more at the end, to score the answers no `none` load scored
+    scoring = int(plan.sweep.lossless.enabled and any(s.method == lossless.BASELINE for s in plan.servers)
+                  and any(s.method != lossless.BASELINE for s in plan.servers)
+                  and any(lossless.sampled({"sampling": c.sampling}) for c in plan.cells))
+    max_loads = configs + reloads + 1 + scoring
     model = runner.timing_model(plan, sorted(request.runs_dir.glob("*/results.sqlite")))
     per_load = model.startup_s + model.teardown_s
     eta = estimate_seconds(plan, model) + (max_loads - configs) * per_load  # every cell at --max-repeats
@@ -247,7 +252,7 @@ def dry_run(request: TuneRequest) -> DryRun:
                  for s in plan.servers)
     grid_eta = estimate_seconds(dataclasses.replace(plan, servers=grid), model)  # the grid at --repeats
     return DryRun(plan, space, settings, objective, run_dir, exists, search.decide(space, settings, obs), max_loads,
-                  eta, configs, grid_eta, model, () if exists else request.notes, hosts)
+                  eta, configs, grid_eta, model, () if exists else request.notes, hosts, scoring)
 
 
 def _search(plan: Plan, store: Store, runtime: HostRuntime | None, run_dir: Path, request: TuneRequest,
@@ -270,6 +275,8 @@ def _search(plan: Plan, store: Store, runtime: HostRuntime | None, run_dir: Path
                 state["schedule"] = _schedule_args(plan, store, state["schedule"])
                 if _schedule_pending(state):
                     _measure_schedule(plan, store, runtime, run_dir, request, state, say, obs, hosts, reach)
+                _score_the_rest(_with_schedule(plan, state, run_dir), store, runtime, run_dir, request, state, say,
+                                hosts, reach)
                 break
             marker = (decision, store.counts()["done"], store.counts()["failed"])
             if marker == last:
@@ -304,8 +311,8 @@ def _search(plan: Plan, store: Store, runtime: HostRuntime | None, run_dir: Path
                 state["rounds"][-1]["loads"] += loading
                 state["loads"] = int(state.get("loads", 0)) + len(loading)
                 store.set_meta("tune", state)
-                if loading:
-                    runner.run(plan, store, runtime, run_dir, request.options, say, hosts, reach=reach)
+                if loading:  # the sampled answers a later `none` load does not score are scored at the end
+                    runner.run(plan, store, runtime, run_dir, request.options, say, hosts, reach=reach, score=False)
         else:
             raise SparklabError(f"tune stopped after {MAX_ROUNDS} rounds without an answer",
                                 "This is a bug in the search; the run's results are kept.")
@@ -374,6 +381,26 @@ def _schedule_server(plan: Plan, schedule: dict[str, Any], run_id: str) -> Serve
     return variant(plan, base, tuple(schedule["serve_args"]), run_id)
 
 
+def _with_schedule(plan: Plan, state: dict[str, Any], run_dir: Path) -> Plan:
+    """The plan with the K schedule's server when tune loaded one (its answers are scored as the others are)."""
+    server = _schedule_server(plan, state.get("schedule") or {}, run_dir.name)
+    return plan if server is None else dataclasses.replace(plan, servers=(*plan.servers, server))
+
+
+def _score_the_rest(plan: Plan, store: Store, runtime: HostRuntime | None, run_dir: Path, request: TuneRequest,
+                    state: dict[str, Any], say: runner.Say, hosts: list[Host] | None,
+                    reach: fleet.Connect | None) -> None:
+    """The lossless check's `none` once, when the search is done, for the sampled answers no `none` load scored
+    while up (a sweep does it after its servers; tune's rounds leave it here, or each would load `none` again)."""
+    if not lossless.engines_with_pending(plan, store):
+        return
+    state["loads"] = int(state.get("loads", 0)) + 1
+    state["rounds"].append({"why": "the lossless check: none once more, to score the sampled answers left",
+                            "configs": ["none"], "repeats": 0, "loads": ["none (scoring)"]})
+    store.set_meta("tune", state)
+    runner.run(plan, store, runtime, run_dir, request.options, say, hosts, reach=reach)
+
+
 def _schedule_pending(state: dict[str, Any]) -> bool:
     schedule = state.get("schedule")
     return bool(schedule and schedule.get("serve_args") and "verdict" not in schedule)
@@ -399,7 +426,7 @@ def _measure_schedule(plan: Plan, store: Store, runtime: HostRuntime | None, run
                                 [f"{schedule['method']} K per batch size"], "repeats": settings.repeats,
                                 "loads": [server.label + " (schedule)"]})
         store.set_meta("tune", state)
-        runner.run(with_schedule, store, runtime, run_dir, request.options, say, hosts, reach=reach)
+        runner.run(with_schedule, store, runtime, run_dir, request.options, say, hosts, reach=reach, score=False)
     measured = observations(store, with_schedule, state["objective"], settings.terms, [server])
     cells = measured.get((server.method, server.num_speculative_tokens), {})
     space = space_of(plan)

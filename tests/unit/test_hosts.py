@@ -311,20 +311,71 @@ def test_a_server_across_two_hosts_waits_when_only_one_host_can_hold_it(tmp_path
     assert sum("needs 2 hosts that can hold it" in s and "stay pending" in s for s in said) == 4
 
 
+
+def _scoring(monkeypatch: pytest.MonkeyPatch, engines: list[str]) -> list[Any]:
+    """The lossless check's last starts (sparklab.sweep.runner._score_the_rest), each as the ServerRun it serves."""
+    from sparklab.sweep import runner
+
+    served: list[Any] = []
+    monkeypatch.setattr(runner.lossless, "engines_with_pending", lambda plan, store: engines)
+    monkeypatch.setattr(runner, "serve", served.append)
+    return served
+
+
+def _score(plan: Any, store: Any, members: list[fleet.Member], said: list[str] | None = None) -> None:
+    from sparklab.sweep import runner
+
+    runner._score_the_rest(plan, store, members, store.path.parent, runner.Options(),
+                           (said if said is not None else []).append, {}, None)
+
+
 def test_the_none_server_that_only_scores_runs_on_the_hosts_ports(plan: Any, store: Any,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """The lossless check's last start (`none` again, no cells, only to score the drafting configs' answers) is
     rendered for its host like every other start: a local host's port_offset moves its port. Seen in CI: a tune
     rehearsal's scoring server bound the recipe's own 8000, which another rehearsal had claimed, and each night's
     servers answered the other's requests with a 401."""
-    from sparklab.sweep import runner
-
-    served: list[Any] = []
-    monkeypatch.setattr(runner.lossless, "engines_with_pending", lambda plan, store: ["vllm"])
-    monkeypatch.setattr(runner, "serve", lambda run: served.append(run.server))
-    member = fleet.this_machine(FakeRuntime(), host=parse_hosts([HostEntry(docker="local", port_offset=107)],
-                                                                "f.yaml")[0])
-    runner._score_the_rest(plan, store, member, store.path.parent, runner.Options(), lambda m: None, {}, None)
+    served = _scoring(monkeypatch, ["vllm"])
+    local = fleet.this_machine(FakeRuntime(), host=parse_hosts([HostEntry(docker="local", port_offset=107)],
+                                                               "f.yaml")[0])
+    _score(plan, store, [local])
     none = next(s for s in plan.servers if s.method == "none")
-    assert [s.id for s in served] == [none.id]
-    assert served[0].spec.port == none.spec.port + 107
+    assert [r.server.id for r in served] == [none.id] and served[0].cells == []
+    assert served[0].server.spec.port == none.spec.port + 107
+
+
+def test_scoring_prefers_this_machine_and_runs_on_another_host_when_the_sweep_has_no_local_one(
+        plan: Any, store: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before, a sweep whose hosts were all other machines never scored: its drafting answers stayed unscored and
+    the report said `the scoring server did not run`, which the next run would not change."""
+    served = _scoring(monkeypatch, ["vllm"])
+    _score(plan, store, [_linked("spark-2", "10.0.0.2"), _linked("local", "10.0.0.1")])
+    assert [r.host.name for r in served] == ["local"]
+    served.clear()
+    _score(plan, store, [_linked("spark-2", "10.0.0.2"), _linked("spark-3", "10.0.0.3")])
+    assert [r.host.name for r in served] == ["spark-2"] and served[0].server.spec.address == "spark-2"
+
+
+def test_scoring_a_server_across_two_hosts_runs_it_across_two(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pair's `none` (tensor parallel over two Sparks) scores as it serves: head and worker on two hosts. Before,
+    it was started on this machine alone (or, with no `local` host, not at all)."""
+    plan, store = _pair_plan(tmp_path, tmp_path / "r" / "results.sqlite")
+    served = _scoring(monkeypatch, ["vllm"])
+    with store:
+        _score(plan, store, [_linked("spark-1", "10.0.0.1"), _linked("spark-2", "10.0.0.2")])
+    (run,) = served
+    assert run.server.method == "none" and run.server.engine == "vllm" and run.cells == []
+    assert run.host.name == "spark-1" and run.partner_names == ["spark-2"] and len(run.partners) == 1
+    assert run.server.cluster is not None and [h.name for h in run.server.cluster.hosts] == ["spark-1", "spark-2"]
+
+
+def test_scoring_that_needs_more_hosts_than_are_left_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    plan, store = _pair_plan(tmp_path, tmp_path / "r" / "results.sqlite")
+    served = _scoring(monkeypatch, ["vllm"])
+    gone = _linked("spark-2", "10.0.0.2")
+    gone.lost = "the Docker host stopped answering"
+    said: list[str] = []
+    with store:
+        _score(plan, store, [_linked("spark-1", "10.0.0.1"), gone], said)
+    assert not served
+    assert any("vllm/none" in line and "needs 2 hosts" in line and "not scored" in line for line in said), said

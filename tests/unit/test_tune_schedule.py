@@ -42,7 +42,7 @@ def scripted_run(truth: Callable[[ServerConfig, int], float], starts: list[str])
     counter = itertools.count(1)
 
     def run(plan: Any, store: Store, runtime: Any, run_dir: Path, options: Any, say: Any,
-            hosts: Any = None, reach: Any = None) -> dict[str, int]:
+            hosts: Any = None, reach: Any = None, score: bool = True) -> dict[str, int]:
         pending = store.pending_cells()
         servers = {s.id: s for s in plan.servers}
         for server_id in dict.fromkeys(c.server_config_id for c in pending):
@@ -182,7 +182,7 @@ def test_the_schedule_server_is_reached_as_every_other_load_is(tmp_path: Path, m
     reached: list[tuple[Any, Any]] = []
 
     def run(plan: Any, store: Store, runtime: Any, run_dir: Path, options: Any, say: Any,
-            hosts: Any = None, reach: Any = None) -> dict[str, int]:
+            hosts: Any = None, reach: Any = None, score: bool = True) -> dict[str, int]:
         reached.append((runtime, reach))
         return scripted(plan, store, runtime, run_dir, options, say, hosts, reach)
 

@@ -8,9 +8,12 @@ import re
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from sparklab import report
 from sparklab.cli.tune_text import tune_summary
 from sparklab.recipes.plan import build_plan
+from sparklab.recipes.schema import recipes_dir
 from sparklab.sweep import runner
 from sparklab.sweep.store import Store
 from sparklab.tune import driver, search
@@ -145,6 +148,23 @@ def test_dry_run_prints_the_plan_the_most_loads_and_an_eta_bound_and_starts_noth
     assert upper > grid > 0  # the bound counts the second loads and the third repeats the grid does not
     assert out.rstrip().endswith("dry run: nothing started")
 
+
+
+def test_a_sampled_spaces_dry_run_counts_the_lossless_checks_none_at_the_end(capsys, tmp_path: Path) -> None:
+    """At temperature > 0 the drafters' answers are scored under `none` (the lossless check): tune does it once,
+    when the search is done, with one more `none` load, and the bound says so (cpu-demo at temperature 0: 16)."""
+    from sparklab.cli.main import main
+
+    document = yaml.safe_load((recipes_dir() / "sweeps" / "cpu-demo.yaml").read_text())
+    document["recipe"] = str(recipes_dir() / "cpu.yaml")
+    document["sampling"] = {**document["sampling"], "temperature": 1.0, "top_p": 0.95}
+    (tmp_path / "sampled.yaml").write_text(yaml.safe_dump(document))
+    code = main(["tune", str(tmp_path / "sampled.yaml"), "--dry-run", "--runs-dir", str(tmp_path / "runs"),
+                 "--repeats", "2", "--max-repeats", "3"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "at most 17 model loads (each of the 5 configs once" in out
+    assert "`none` once more to score the sampled answers (the lossless check)" in out
 
 def test_a_sweep_of_two_engines_tunes_its_first() -> None:
     space = driver.load_space("cpu-demo")  # vLLM and llama.cpp: tune searches method x K of one engine
