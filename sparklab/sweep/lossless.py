@@ -28,6 +28,9 @@ from sparklab.engines.base import ScoringError
 from sparklab.recipes.plan import Plan, ServerConfig
 from sparklab.sweep.store_rows import CellRow, Score
 
+# Any: a cell's settings and answers are JSON as stored; `store` is a run's Store or one host's view of it
+# (sweep.hoststore.HostStore), read through the same methods (tune asks whether answers wait to be scored)
+
 BASELINE = "none"
 BATCH = 20  # scores written per transaction
 # Answers scored at a time. Scoring is one prefill per answer (no decode), which an engine batches: sent one by one on
