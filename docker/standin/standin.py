@@ -303,6 +303,11 @@ def chunk_sizes(limit: int | None) -> list[int]:
     return sizes or [1]
 
 
+def token_id(word: str) -> int:
+    """A word's token id (what /tokenize gives for it): fixed per word, never an answer's ids (1000 + position)."""
+    return 100_000 + zlib.crc32(word.encode()) % 50_000
+
+
 def word_count(value: Any) -> int:
     if isinstance(value, str):
         return len(value.split())
@@ -406,7 +411,8 @@ class Handler(BaseHTTPRequestHandler):
             self.send_text(200, "Cache flushed.\nPlease check backend logs for more details. (When there are "
                                 "running or waiting requests, the operation will not be performed.)\n")
             return
-        if path not in ("/v1/chat/completions", "/v1/completions"):
+        scoring = path == "/tokenize" and self.app.cfg.mode == "vllm"
+        if path not in ("/v1/chat/completions", "/v1/completions") and not scoring:
             self.send_json(404, {"detail": "Not Found"})
             return
         try:
@@ -414,6 +420,12 @@ class Handler(BaseHTTPRequestHandler):
             assert isinstance(body, dict)
         except (ValueError, AssertionError):
             self.send_error_json(400, "invalid JSON body", "BadRequestError")
+            return
+        if scoring:
+            self.send_json(200, self.app.tokenize(body))
+            return
+        if self.app.cfg.mode == "vllm" and path == "/v1/completions" and body.get("prompt_logprobs") is not None:
+            self.app.prompt_logprobs(self, body)
             return
         model = body.get("model")
         extra = sorted(set(body) - EDGE_CHAT_FIELDS)
@@ -566,6 +578,36 @@ class App:
             os.replace(path + ".tmp", path)
         except OSError:
             pass
+
+    def tokenize(self, body: dict[str, Any]) -> dict[str, Any]:
+        """vLLM 0.27.1's POST /tokenize (vllm/entrypoints/serve/tokenize/protocol.py: TokenizeChatRequest :50,
+        TokenizeCompletionRequest :24, TokenizeResponse :159-163): the prompt's token ids, one per word here (as
+        the stand-in counts prompt tokens), the same ids for the same words."""
+        value = body.get("messages") if "messages" in body else body.get("prompt")
+        words = [w for v in (value if isinstance(value, list) else [value])
+                 for w in str(v.get("content", "") if isinstance(v, dict) else v or "").split()]
+        return {"count": len(words), "max_model_len": self.cfg.max_len, "tokens": [token_id(w) for w in words],
+                "token_strs": None}
+
+    def prompt_logprobs(self, h: Handler, body: dict[str, Any]) -> None:
+        """vLLM 0.27.1's POST /v1/completions with `prompt_logprobs` (vllm/entrypoints/openai/completion/
+        protocol.py:341-370, serving.py:520): choices[0].prompt_logprobs holds, per prompt token, {token id: {logprob,
+        rank, decoded_token}}, None for the first; the log-probability here is a fixed function of the token id, so
+        two answers with the same ids score the same (the stand-in's drafters change no token). The prefill takes
+        the stand-in model's prefill time for the prompt, as a scoring request does on the engine."""
+        prompt = body.get("prompt")
+        if not isinstance(prompt, list) or not all(isinstance(t, int) for t in prompt):
+            h.send_error_json(400, "the stand-in scores token-id prompts only", "BadRequestError")
+            return
+        if MODEL is not None:
+            time.sleep(MODEL.phase(len(prompt))[0] / 1000 * MODEL.scale)
+        entries: list[Any] = [None] + [{str(t): {"logprob": -1.0 - (t % 97) / 97, "rank": 1, "decoded_token": "w"}}
+                                       for t in prompt[1:]]
+        choice = {"index": 0, "text": "w", "logprobs": None, "finish_reason": "length", "prompt_logprobs": entries}
+        h.send_json(200, {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
+                          "model": str(body.get("model") or self.cfg.served_names[0]), "choices": [choice],
+                          "usage": {"prompt_tokens": len(prompt), "completion_tokens": 1,
+                                    "total_tokens": len(prompt) + 1}})
 
     def complete(self, h: Handler, body: dict[str, Any], chat: bool) -> None:
         with self.arrivals_lock:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -145,6 +146,9 @@ def test_tune_up_and_the_pair_rehearse(nights: dict[str, Night], name: str) -> N
         # answers, comes once, when the tune is done, not after every round (on a Spark each is a load of minutes;
         # before, this night made 5)
         assert night.stdout.count("to score the sampled answers left") <= 1, night.stdout
+        # and scores them as vLLM 0.27.1 does (/tokenize, prompt_logprobs; before, the stand-in answered 404)
+        scored = re.search(r"lossless check: scored (\d+) of (\d+) sampled answers", night.stdout)
+        assert scored and scored[1] == scored[2] != "0", night.stdout
 
 
 def test_a_stand_ins_slow_boot_is_not_the_nights_time(nights: dict[str, Night]) -> None:
