@@ -18,6 +18,36 @@ from sparklab.sweep.store import Store
 FLOOR_LINE = re.compile(r"^memory floor for (?P<label>.+?)(?: on (?P<host>\S+))?: (?P<floor>[\d.]+) GiB")
 FLOOR_FAILURE = "memory-floor"  # the store's failure kind when the memory floor stopped a server
 READY_LINE = re.compile(r"^server (?P<label>.+?): ready in (?P<s>[\d.]+) s")
+# a start that lost its server (sparklab.sweep.serverrun, .failures): failed (kind): why, or exited with code N
+LOST_LINE = re.compile(r"^server (?P<label>.+?): (?:failed \((?P<kind>[^)]+)\): (?P<why>.*?)"
+                       r"(?:; its unfinished cells go back to the queue.*)?|(?P<exited>exited with code -?\d+); its "
+                       r"remaining cells failed)$")
+
+
+@dataclass
+class _Load:
+    """One start of a server config, as the night's lines tell it (a config can start several times: tune's
+    reloads, the lossless check's `none`, a start again after its engine died)."""
+
+    label: str
+    wall: float  # seconds after the night began
+    ready_s: float | None = None  # the sweep's own measure, on the night's clock
+    lost: str | None = None
+
+
+def _loads(lines: list[tuple[float, str]]) -> list[_Load]:
+    loads: list[_Load] = []
+    for wall, line in lines:
+        line = re.sub(r" \[\d+ done.*\]$", "", re.sub(r"^\[[^\]]+\] ", "", line))
+        if line.startswith("server ") and ": starting" in line:
+            loads.append(_Load(line.split(": starting")[0].removeprefix("server "), wall))
+        elif (m := READY_LINE.match(line) or LOST_LINE.match(line)) is not None:
+            last = next((load for load in reversed(loads) if load.label == m["label"]), None)
+            if last is not None and "s" in m.groupdict():
+                last.ready_s = float(m["s"])
+            elif last is not None:
+                last.lost = f"{m['kind']}: {m['why']}" if m["kind"] else f"{m['exited']}: its remaining cells failed"
+    return loads
 
 
 @dataclass(frozen=True)
@@ -48,19 +78,15 @@ class Verdict:
 def judge(rehearsal: Rehearsal) -> Verdict:
     verdict = Verdict()
     floors: dict[tuple[str, str | None], float] = {}
-    starts: dict[str, list[float]] = {}
-    for wall, line in rehearsal.lines:
+    for _, line in rehearsal.lines:
         line = re.sub(r" \[\d+ done.*\]$", "", re.sub(r"^\[[^\]]+\] ", "", line))
         if (m := FLOOR_LINE.match(line)) is not None:
             floors[(m["label"], m["host"])] = float(m["floor"])
-        elif line.startswith("server ") and ": starting" in line:
-            starts.setdefault(line.split(": starting")[0].removeprefix("server "), []).append(wall)
+    loads = _loads(rehearsal.lines)
     failures: list[tuple[str, str]] = []
-    ready: dict[str, float | None] = {}
     if rehearsal.run_dir is not None:
         with Store.open(rehearsal.run_dir / "results.sqlite") as store:
             labels = {s.id: s.config.get("label", s.id) for s in store.server_configs()}
-            ready = {labels[s.id]: s.ready_s for s in store.server_configs()}
             for f in store.failures():
                 if f.kind in ("drift",):
                     continue
@@ -75,11 +101,25 @@ def judge(rehearsal: Rehearsal) -> Verdict:
             counts = store.counts()
             verdict.lost_cells = counts.get("failed", 0) + counts.get("pending", 0) + counts.get("partial", 0) + \
                 counts.get("running", 0)
+    for where, why in failures:  # a cell lost while its server was kept (e.g. require_ok): on the config's last load
+        same = [load for load in loads if load.label == where]
+        if same and not any(load.lost for load in same):
+            same[-1].lost = why
+    reached: set[int] = set()
     for host_name, host in rehearsal.hosts.items():
-        for server in host.history:
-            verdict.servers.append(_server(rehearsal, server, host_name, floors, starts, ready, failures))
+        taken: set[int] = set()
+        for server in host.history:  # its k-th start of a config is that config's k-th start on the night's lines
+            i = next((i for i, load in enumerate(loads) if load.label == server.label and i not in taken), None)
+            if i is not None:
+                taken.add(i)
+            reached |= taken
+            verdict.servers.append(_server(rehearsal, server, host_name, floors, loads[i] if i is not None else None))
+    for i, load in enumerate(loads):  # starts refused before they reached a twin (a lost host)
+        if i not in reached and load.lost:
+            verdict.servers.append(ServerVerdict(load.label, "-", rehearsal.night_s(load.wall), None, None, None, None,
+                                                 load.lost))
     seen = {s.label for s in verdict.servers}
-    for where, why in failures:  # servers that never started on a twin (a start refused before the launch)
+    for where, why in failures:  # a config lost with no start on the night's lines
         if where not in seen and where != "the sweep":
             seen.add(where)
             verdict.servers.append(ServerVerdict(where, "-", None, None, None, None, None, why))
@@ -91,8 +131,7 @@ def judge(rehearsal: Rehearsal) -> Verdict:
 
 
 def _server(rehearsal: Rehearsal, server: TwinServer, host: str, floors: dict[tuple[str, str | None], float],
-            starts: dict[str, list[float]], ready: dict[str, float | None],
-            failures: list[tuple[str, str]]) -> ServerVerdict:
+            load: _Load | None) -> ServerVerdict:
     name = None if len(rehearsal.hosts) == 1 else host
     floor = floors.get((server.label, name), floors.get((server.label, None)))
     planned = next((p for p in rehearsal.plan.servers if p.label == server.label), None)
@@ -100,10 +139,10 @@ def _server(rehearsal: Rehearsal, server: TwinServer, host: str, floors: dict[tu
         floor = floor_for(planned.recipe, rehearsal.plan.sweep.memory_floor_gib)
     at_start = (server.at_start.available_gib, server.at_start.free_gib) if server.at_start else None
     lowest = None if math.isinf(server.lowest_available_gib) else (server.lowest_available_gib, server.lowest_free_gib)
-    lost = next((why for where, why in failures if where == server.label), None)
-    walls = starts.get(server.label) or []
-    return ServerVerdict(server.label, host, rehearsal.night_s(walls[0]) if walls else None, ready.get(server.label),
-                         at_start, lowest, floor, lost)
+    if load is None:
+        return ServerVerdict(server.label, host, None, None, at_start, lowest, floor, None)
+    return ServerVerdict(server.label, host, rehearsal.night_s(load.wall), load.ready_s, at_start, lowest, floor,
+                         load.lost)
 
 
 def lines(rehearsal: Rehearsal, verdict: Verdict) -> list[str]:

@@ -77,6 +77,7 @@ def _nights(tmp: Path) -> dict[str, tuple[str, ...]]:
                "up gb10-pair": ("up", "gb10-pair", "--minutes", "0.1"),
                "0.97": ("up", "gb10:dspark", "--set", "gpu_memory_utilization=0.97")}
     nights |= {f"fault {f}": (str(tiny), "--fault", f, "--minutes", "0.1") for f in FAULTS}
+    nights["tune dead-engine"] = ("tune", "gb10", "--fault", "dead-engine", "--minutes", "0.15")
     nights["slow boot"] = (str(tiny), "--minutes", "0.1")  # its stand-ins take SLOW_BOOT_S to print anything
     return nights
 
@@ -150,6 +151,24 @@ def test_tune_up_and_the_pair_rehearse(nights: dict[str, Night], name: str) -> N
         # and scores them as vLLM 0.27.1 does (/tokenize, prompt_logprobs; before, the stand-in answered 404)
         scored = re.search(r"lossless check: scored (\d+) of (\d+) sampled answers", said)
         assert scored and scored[1] == scored[2] != "0", said[-3000:]
+
+
+def test_each_load_is_its_own_row_of_the_timeline(nights: dict[str, Night]) -> None:
+    """A tune loads configs again (its verdict's reloads, the lossless check's `none`), and a server lost to a dead
+    engine starts again: each load is a row with its own start, ready time and verdict. Before, every row of a
+    config showed its first load's: three `none` rows, all LOST at 0:00:12, though two of them were kept."""
+    night = nights["tune dead-engine"]
+    assert night.returncode == 1 and "Traceback" not in night.stderr + night.stdout, night.stderr[-3000:]
+    timeline = night.stdout[night.stdout.index("timeline (night clock)"):].split("\n\n")[0].splitlines()[1:]
+    starts = re.findall(r"server (\S+(?: K=\d+)?): starting", night.stderr)
+    assert len(timeline) == len(starts), (timeline, starts)  # one row per start
+    none = [row for row in timeline if re.search(r"\d  vllm/none ", row)]
+    assert len(none) == starts.count("vllm/none") >= 2, timeline
+    assert ["LOST: fatal" in row for row in none] == [True] + [False] * (len(none) - 1), none  # the first only
+    clocks = [row.split()[0] for row in timeline]
+    assert len(set(clocks)) == len(clocks) and clocks == sorted(clocks), timeline  # each its own start, in order
+    ready = [f"{float(x):.0f}" for x in re.findall(r"server vllm/none: ready in ([\d.]+) s", night.stderr)]
+    assert [row.split()[2] for row in none] == ready, (none, ready)  # each its own ready time
 
 
 def test_a_stand_ins_slow_boot_is_not_the_nights_time(nights: dict[str, Night]) -> None:
