@@ -239,8 +239,11 @@ def _plan_of(path: Path, request: RehearsalRequest) -> Plan:
         if not exc.message.startswith(copy):
             raise
         found = sweep_document(request.target) if request.command != "up" else None
-        given = str(found[1]) if found is not None else f"rehearse {request.target}"
-        raise RecipeError(f"{given}: {exc.message[len(copy):]}", exc.hint) from None
+        given, rest = str(found[1]) if found is not None else f"rehearse {request.target}", exc.message[len(copy):]
+        flag = next((o for o in request.overrides if rest.startswith(f"set: {o}: ")), None)
+        if flag is not None:  # the command line's --set, not the file's set:
+            given, rest = f"rehearse {request.target} --set {flag}", rest[len(f"set: {flag}: "):]
+        raise RecipeError(f"{given}: {rest}", exc.hint) from None
 
 
 def prepare(request: RehearsalRequest, scratch: Path,

@@ -92,21 +92,26 @@ def test_a_twin_refuses_a_server_on_a_port_its_rehearsal_did_not_claim(tmp_path:
     assert not (tmp_path / "twin").exists()  # nothing was started
 
 
-@pytest.mark.parametrize("setting", ["methods", "set"])
+@pytest.mark.parametrize("setting", ["methods", "set", "--set"])
 def test_a_bad_sweep_file_is_named_as_the_user_gave_it_not_as_the_rehearsals_scratch_copy(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, setting: str) -> None:
     """The rehearsal runs a copy of the sweep file (its hosts moved to the twins) in a scratch directory that is gone
-    when the error is read: the error names the file the user gave and its key, with the fix."""
+    when the error is read: the error names the file the user gave and its key, with the fix; a bad `--set` of the
+    command line is named as the command's, not the file's."""
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     sweep = tmp_path / "mine.yaml"
     document = {"name": "mine", "recipe": str(Path(night.__file__).parents[2] / "recipes" / "gb10.yaml"),
                 "methods": ["none"], "concurrency": [1], "requests": 1}
-    document |= {"methods": ["none", "nosuch"]} if setting == "methods" else {"set": ["no_such_key=1"]}
+    document |= {"methods": {"methods": ["none", "nosuch"]}, "set": {"set": ["no_such_key=1"]}, "--set": {}}[setting]
     sweep.write_text(yaml.safe_dump(document))
-    request = night.RehearsalRequest(str(sweep))
+    request = night.RehearsalRequest(str(sweep), overrides=("no_such_key=1",) if setting == "--set" else ())
     with contextlib.ExitStack() as claims, pytest.raises(night.RecipeError) as raised:
         (tmp_path / "scratch").mkdir()
         night.prepare(request, tmp_path / "scratch", claims)
     message = raised.value.message
-    assert str(sweep) in message and "scratch" not in message and "plan.yaml" not in message, message
+    assert "scratch" not in message and "plan.yaml" not in message, message
     assert ("nosuch" if setting == "methods" else "no_such_key") in message + raised.value.hint
+    if setting == "--set":
+        assert message.startswith(f"rehearse {sweep} --set no_such_key=1: "), message
+    else:
+        assert message.startswith(f"{sweep}: "), message
