@@ -189,20 +189,24 @@ def _ephemeral_range() -> range:
     return range(low, high + 1)
 
 
+def _twin_ports(ports: list[int], offset: int, hosts: int) -> list[int]:
+    """The server ports of every twin host under this offset (_hosts_entries: each host 100 above the one before)."""
+    return [p + offset + 100 * h for p in ports for h in range(hosts)]
+
+
 def _free_offset(ports: list[int], hosts: int, claims: contextlib.ExitStack) -> int:
     """A port offset under which every server port of every twin host (100 apart) is outside the ephemeral range,
     free here and claimed by this rehearsal alone (the claims last as long as `claims`)."""
     ephemeral = _ephemeral_range()
 
     def usable(offset: int) -> bool:
-        return all(0 < p + offset + 100 * h <= 65535 and p + offset + 100 * h not in ephemeral
-                   for p in ports for h in range(hosts))
+        return all(0 < p <= 65535 and p not in ephemeral for p in _twin_ports(ports, offset, hosts))
 
     # 7: not on a round number; never 0, so that a server rendered without the offset is never on a claimed port
     candidates = [offset for offset in range(7, 58000, 7) if usable(offset)]
     random.Random().shuffle(candidates)  # rehearsals started together rarely try the same first
     for offset in candidates[:400]:
-        if _take([p + offset + 100 * h for p in ports for h in range(hosts)], claims):
+        if _take(_twin_ports(ports, offset, hosts), claims):
             return offset
     raise SparklabError("no free port range for the twin's servers on this machine",
                         f"Stop what listens on ports outside {ephemeral.start}-{ephemeral.stop - 1} (the kernel's "
@@ -262,7 +266,8 @@ def prepare(request: RehearsalRequest, scratch: Path,
                           "Rehearse a recipe with `hardware: gb10` (its twin is recipes/hardware.yaml's gb10.twin).")
     twin = load_twin(recipe.hardware)
     need = max(multinode.nodes_of(s.recipe, s.engine) for s in plan.servers)
-    offset = _free_offset(sorted({s.spec.port for s in plan.servers}), need, claims)
+    ports = sorted({s.spec.port for s in plan.servers})
+    offset = _free_offset(ports, need, claims)
     document["hosts"] = _hosts_entries(need, offset)
     # a cluster's rendezvous (Ray's GCS on 6379, SGLang's --dist-init-addr) binds on the head as a server does: the
     # twins' head is this machine, so it gets a claimed port too (two pair rehearsals, or a Redis here, on 6379)
@@ -274,8 +279,8 @@ def prepare(request: RehearsalRequest, scratch: Path,
     plan = _plan_of(source, request)
     eta = night_eta(plan, twin)
     scale, scale_note = choose_scale(request.wall_s, eta.night_s, request.scale, plan.sweep.load_stall_s)
-    ports = frozenset(s.spec.port + offset + 100 * h for s in plan.servers for h in range(need))
-    setup = TwinSetup(str(document["name"]).removeprefix("up-"), scratch / "twin", request.fault, ports=ports)
+    setup = TwinSetup(str(document["name"]).removeprefix("up-"), scratch / "twin", request.fault,
+                      ports=frozenset(_twin_ports(ports, offset, need)))
     runtimes: dict[str, TwinRuntime] = {}
     for entry in document["hosts"]:
         name = entry.get("name", "local")

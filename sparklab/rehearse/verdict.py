@@ -35,10 +35,15 @@ class _Load:
     lost: str | None = None
 
 
+def _plain(line: str) -> str:
+    """A night's line without its host in front and its progress counts behind."""
+    return re.sub(r" \[\d+ done.*\]$", "", re.sub(r"^\[[^\]]+\] ", "", line))
+
+
 def _loads(lines: list[tuple[float, str]]) -> list[_Load]:
     loads: list[_Load] = []
-    for wall, line in lines:
-        line = re.sub(r" \[\d+ done.*\]$", "", re.sub(r"^\[[^\]]+\] ", "", line))
+    for wall, said in lines:
+        line = _plain(said)
         if line.startswith("server ") and ": starting" in line:
             loads.append(_Load(line.split(": starting")[0].removeprefix("server "), wall))
         elif (m := READY_LINE.match(line) or LOST_LINE.match(line)) is not None:
@@ -78,9 +83,8 @@ class Verdict:
 def judge(rehearsal: Rehearsal) -> Verdict:
     verdict = Verdict()
     floors: dict[tuple[str, str | None], float] = {}
-    for _, line in rehearsal.lines:
-        line = re.sub(r" \[\d+ done.*\]$", "", re.sub(r"^\[[^\]]+\] ", "", line))
-        if (m := FLOOR_LINE.match(line)) is not None:
+    for _, said in rehearsal.lines:
+        if (m := FLOOR_LINE.match(_plain(said))) is not None:
             floors[(m["label"], m["host"])] = float(m["floor"])
     loads = _loads(rehearsal.lines)
     failures: list[tuple[str, str]] = []
@@ -112,8 +116,8 @@ def judge(rehearsal: Rehearsal) -> Verdict:
             i = next((i for i, load in enumerate(loads) if load.label == server.label and i not in taken), None)
             if i is not None:
                 taken.add(i)
-            reached |= taken
             verdict.servers.append(_server(rehearsal, server, host_name, floors, loads[i] if i is not None else None))
+        reached |= taken
     for i, load in enumerate(loads):  # starts refused before they reached a twin (a lost host)
         if i not in reached and load.lost:
             verdict.servers.append(ServerVerdict(load.label, "-", rehearsal.night_s(load.wall), None, None, None, None,
