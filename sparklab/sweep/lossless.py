@@ -63,6 +63,15 @@ def pending(plan: Plan, store: Any, engine_name: str) -> Iterator[tuple[CellRow,
                 yield cell, idx, answer
 
 
+def will_score(plan: Plan) -> bool:
+    """Whether the plan's answers will need scoring (what `pending` finds once they exist): the check on, and an
+    engine with a `none` config, a drafting config and sampled cells."""
+    return plan.sweep.lossless.enabled and any(
+        baseline_of(plan, s.engine) is not None and s.method != BASELINE and any(sampled({"sampling": c.sampling})
+                                                                                  for c in s.cells)
+        for s in plan.servers)
+
+
 def engines_with_pending(plan: Plan, store: Any) -> list[str]:
     return [name for name in dict.fromkeys(s.engine for s in plan.servers)
             if next(pending(plan, store, name), None) is not None]

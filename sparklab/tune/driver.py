@@ -241,9 +241,7 @@ def dry_run(request: TuneRequest) -> DryRun:
     # and the K schedule's server
     reloads = configs * (settings.max_loads - 1) * len(space.concurrencies)
     # a sampled space's lossless check: `none` once more at the end, to score the answers no `none` load scored
-    scoring = int(plan.sweep.lossless.enabled and any(s.method == lossless.BASELINE for s in plan.servers)
-                  and any(s.method != lossless.BASELINE for s in plan.servers)
-                  and any(lossless.sampled({"sampling": c.sampling}) for c in plan.cells))
+    scoring = int(lossless.will_score(plan))
     max_loads = configs + reloads + 1 + scoring
     model = runner.timing_model(plan, sorted(request.runs_dir.glob("*/results.sqlite")))
     per_load = model.startup_s + model.teardown_s
