@@ -308,12 +308,18 @@ def token_id(word: str) -> int:
     return 100_000 + zlib.crc32(word.encode()) % 50_000
 
 
-def word_count(value: Any) -> int:
+def prompt_words(value: Any) -> list[str]:
+    """A prompt's words (a string, or messages and content parts with their text): the stand-in's tokens."""
     if isinstance(value, str):
-        return len(value.split())
+        return value.split()
     if isinstance(value, list):
-        return sum(word_count(v.get("content", v.get("text", "")) if isinstance(v, dict) else v) for v in value)
-    return 0
+        parts = (v.get("content", v.get("text", "")) if isinstance(v, dict) else v for v in value)
+        return [w for part in parts for w in prompt_words(part)]
+    return []
+
+
+def word_count(value: Any) -> int:
+    return len(prompt_words(value))
 
 
 def plan(body: dict[str, Any], prompt_tokens: int, max_len: int) -> tuple[int, str]:
@@ -583,10 +589,8 @@ class App:
         """vLLM 0.27.1's POST /tokenize (vllm/entrypoints/serve/tokenize/protocol.py: TokenizeChatRequest :50,
         TokenizeCompletionRequest :24, TokenizeResponse :159-163): the prompt's token ids, one per word here (as
         the stand-in counts prompt tokens), the same ids for the same words."""
-        value = body.get("messages") if "messages" in body else body.get("prompt")
-        words = [w for v in (value if isinstance(value, list) else [value])
-                 for w in str(v.get("content", "") if isinstance(v, dict) else v or "").split()]
-        return {"count": len(words), "max_model_len": self.cfg.max_len, "tokens": [token_id(w) for w in words],
+        said = prompt_words(body.get("messages") if "messages" in body else body.get("prompt"))
+        return {"count": len(said), "max_model_len": self.cfg.max_len, "tokens": [token_id(w) for w in said],
                 "token_strs": None}
 
     def prompt_logprobs(self, h: Handler, body: dict[str, Any]) -> None:
