@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import re
@@ -83,9 +84,29 @@ OURS = {"label": ["sparklab", f"sparklab.session={SESSION}"]}  # docker-py ANDs 
 OUR_PROBES = {"label": ["sparklab.mode=probe", f"sparklab.session={SESSION}"]}  # the image parser's throwaways
 
 
+@contextlib.contextmanager
+def pulled_copy(image: str, purpose: str) -> Iterator[str]:
+    """A tag of its own for `image` (one per purpose), pushed to the local registry and absent here, so the sparklab a
+    test runs really pulls it. Removing the shared tag instead took the image from the tests that ran beside it on
+    the other worker ("No such image" as their server started)."""
+    copy = f"{image.rsplit(':', 1)[0]}:pull-{purpose}"
+    for step in (["tag", image, copy], ["push", copy], ["rmi", copy]):
+        subprocess.run(["docker", *step], check=True, capture_output=True, timeout=120)
+    try:
+        yield copy
+    finally:
+        subprocess.run(["docker", "rmi", "-f", copy], capture_output=True, timeout=60)
+
+
+def listed(client, filters: dict, stopped: bool = True) -> list:
+    """Containers matching `filters`. Docker lists, then docker-py inspects each one: a container removed in between
+    (a server its own sparklab is cleaning up) is simply not listed, instead of raising NotFound."""
+    return client.containers.list(all=stopped, filters=filters, ignore_removed=True)
+
+
 def sparklab_containers(client) -> set[str]:
     """This test session's sparklab containers (never anyone else's)."""
-    return {c.name for c in client.containers.list(all=True, filters=OURS)}
+    return {c.name for c in listed(client, OURS)}
 
 
 def run_containers(client, runs_dir: Path) -> list:
@@ -93,12 +114,12 @@ def run_containers(client, runs_dir: Path) -> list:
     session's only: another test's sweep of the same name, on the other worker, is not this run (seen in CI: a
     `standin-` prefix matched the neighbour's server)."""
     (run_dir,) = [d for d in runs_dir.iterdir() if d.is_dir()]
-    return client.containers.list(all=True, filters={"label": [*OURS["label"], f"sparklab.run_id={run_dir.name}"]})
+    return listed(client, {"label": [*OURS["label"], f"sparklab.run_id={run_dir.name}"]})
 
 
 def port_containers(client, port: int) -> list:
     """This session's containers (any state) serving on `port` (a test's own free_port())."""
-    return [c for c in client.containers.list(all=True, filters=OURS)
+    return [c for c in listed(client, OURS)
             if c.labels.get("sparklab.endpoint", "").endswith(f":{port}")]
 
 

@@ -10,7 +10,16 @@ from typing import Any
 
 import pytest
 
-from tests.dockerkit import OURS, Cli, _missing, docker_client, image_from_env, make_cli, no_container_left_behind
+from tests.dockerkit import (
+    OURS,
+    Cli,
+    _missing,
+    docker_client,
+    image_from_env,
+    listed,
+    make_cli,
+    no_container_left_behind,
+)
 
 __all__ = ["docker_client", "no_container_left_behind"]
 
@@ -51,11 +60,11 @@ def second_host() -> Iterator[str]:
 def second_client(second_host: str) -> Iterator[Any]:
     """A client of the second daemon; the test's containers there are checked and removed afterwards."""
     client = _second_host_client(second_host)
-    before = {c.name for c in client.containers.list(all=True, filters=OURS)}  # this session's only
+    before = {c.name for c in listed(client, OURS)}  # this session's only
     yield client
     subprocess.run(["bash", str(SCRIPT), "up"], capture_output=True, text=True, timeout=180)  # never left stopped
     client = _second_host_client(second_host)
-    left = {c.name for c in client.containers.list(all=True, filters=OURS)} - before
+    left = {c.name for c in listed(client, OURS)} - before
     for name in left:
         client.containers.get(name).remove(force=True)
     assert not left, f"containers left on the second host: {sorted(left)}"

@@ -29,7 +29,7 @@ from sparklab.runtimes.containers import Docker
 from sparklab.sweep.store import Store
 from tests.docker.conftest import SCRIPT
 from tests.docker.test_hosts import _sweep as _two_host_sweep
-from tests.dockerkit import Cli, Lines, free_port, ulimit_args
+from tests.dockerkit import Cli, Lines, free_port, listed, ulimit_args
 
 pytestmark = pytest.mark.docker
 
@@ -213,7 +213,7 @@ def _frozen(second_client: Any, run_prefix: str) -> Iterator[None]:
     """The second host as a machine that lost power: its engine paused, its sshd and everything under it (the
     session of every open connection, `docker system dial-stdio`) stopped. Thawed on the way out, whatever
     happens."""
-    paused = [c for c in second_client.containers.list(filters={"label": "sparklab"})
+    paused = [c for c in listed(second_client, stopped=False, filters={"label": "sparklab"})
               if c.labels.get("sparklab.run_id", "").startswith(run_prefix)]
     for container in paused:
         container.pause()
@@ -276,7 +276,7 @@ def test_a_host_that_freezes_mid_sweep_is_lost_in_seconds_and_the_other_host_fin
     # the frozen host's server was left there (it could not be reached); once thawed, gc removes it
     gc = cli.run("gc", "--host", second_host, timeout=120)
     assert gc.returncode == 0 and f"on {name}" in gc.stdout, gc.stdout + gc.stderr
-    left = [c for c in second_client.containers.list(all=True, filters={"label": "sparklab"})
+    left = [c for c in listed(second_client, {"label": "sparklab"})
             if c.labels.get("sparklab.run_id", "").startswith("two-hosts")]
     assert not left, left  # the server and its memory reader (seen in CI: the reader outlived gc)
     subprocess.run(["bash", str(SCRIPT), "status"], capture_output=True, timeout=60)

@@ -18,7 +18,7 @@ import yaml
 
 from sparklab.sweep.store import Store
 from tests.docker.conftest import SCRIPT
-from tests.dockerkit import OURS, Cli, Lines, free_port, ulimit_args
+from tests.dockerkit import OURS, Cli, Lines, free_port, listed, ulimit_args
 
 pytestmark = pytest.mark.docker
 
@@ -94,13 +94,13 @@ def test_a_sweep_over_two_hosts_survives_losing_one_and_the_report_says_where_ea
     ps = cli.run("ps", "--host", "local", "--host", second_host)
     assert ps.returncode == 0 and "HOST" in ps.stdout and name in ps.stdout, ps.stdout + ps.stderr
     mine = {"label": ["sparklab", "sparklab.run_id"]}
-    left = [c for c in second_client.containers.list(all=True, filters=mine)
+    left = [c for c in listed(second_client, mine)
             if c.labels["sparklab.run_id"].startswith("two-hosts")]
     assert {c.labels.get("sparklab.role", "server") for c in left} == {"server", "meminfo"}, left  # both stopped there
     gc = cli.run("gc", "--host", second_host)
     assert gc.returncode == 0 and f"on {name}" in gc.stdout, gc.stdout + gc.stderr
     assert f"{len(left)} leftover container(s) removed" in gc.stdout, gc.stdout  # the memory reader too (its label)
-    assert not [c for c in second_client.containers.list(all=True, filters=mine)
+    assert not [c for c in listed(second_client, mine)
                 if c.labels["sparklab.run_id"].startswith("two-hosts")]
 
 
@@ -126,9 +126,9 @@ def test_an_interrupted_two_host_sweep_leaves_nothing_on_either_host_and_resumes
             proc.kill()
     lines.drain()
     assert proc.returncode == 130, "".join(lines.lines)
-    run = [r for r in docker_client.containers.list(all=True, filters=OURS)
+    run = [r for r in listed(docker_client, OURS)
            if r.labels.get("sparklab.run_id", "").startswith("two-hosts")]
-    there = second_client.containers.list(all=True, filters=OURS)
+    there = listed(second_client, OURS)
     assert not run and not there, (run, there)  # both servers came down with the sweep
     (db,) = sorted((tmp_path / "runs").glob("*/results.sqlite"))
     again = subprocess.run([*_sweep_args(path), "--resume", db.parent.name], capture_output=True, text=True,

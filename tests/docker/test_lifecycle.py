@@ -5,6 +5,7 @@ Every failure path ends with no sparklab container left (the autouse fixture che
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import signal
 import socket
@@ -16,14 +17,27 @@ import openai
 import pytest
 import requests
 
-from tests.dockerkit import OUR_PROBES, Cli, Lines, field, free_port, port_containers, sparklab_containers
+from tests.dockerkit import (
+    OUR_PROBES,
+    Cli,
+    Lines,
+    field,
+    free_port,
+    listed,
+    port_containers,
+    pulled_copy,
+    sparklab_containers,
+)
 
 pytestmark = pytest.mark.docker
 
 
 def test_up_detached_pulls_from_the_registry_then_ps_logs_chat_down(cli: Cli, docker_client) -> None:
-    # Remove the local copy so `up` really pulls it from 127.0.0.1:5000.
-    subprocess.run(["docker", "rmi", "-f", cli.image], capture_output=True)
+    with pulled_copy(cli.image, "up") as image:  # absent here, so `up` really pulls it from 127.0.0.1:5000
+        _up_detached_then_ps_logs_chat_down(dataclasses.replace(cli, image=image), docker_client)
+
+
+def _up_detached_then_ps_logs_chat_down(cli: Cli, docker_client) -> None:
     port = free_port()
     done = cli.run("up", "dspark", "--detach", *cli.launch_args(port, "-e", "MY_API_KEY=cli-secret-77"),
                    env=cli.env(HF_TOKEN="hf_topsecret42"))
@@ -32,7 +46,7 @@ def test_up_detached_pulls_from_the_registry_then_ps_logs_chat_down(cli: Cli, do
     name = field(out, "container")
     try:
         assert re.search(r"ready in \d+\.\d s \(from container start until /v1/models answered 200", out)
-        assert re.search(r"image\s+127\.0\.0\.1:5000/sparklab/standin:2 \(sha256:[0-9a-f]{64}\)", out)
+        assert re.search(rf"image\s+{re.escape(cli.image)} \(sha256:[0-9a-f]{{64}}\)", out)
         assert "KV cache        93,184 tokens" in out
         assert "max concurrency 1.42x at 65,536 tokens per request" in out  # 93,184 / 65,536
         assert "advice: vLLM capped max_num_scheduled_tokens" in out  # the speculative budget warning
@@ -148,14 +162,14 @@ sys.exit(main(sys.argv[1:]))
 @pytest.mark.parametrize("where", ["create", "start", "server", "probe"])
 def test_ctrl_c_inside_the_start_call_leaves_no_container(cli: Cli, docker_client, where: str) -> None:
     port = free_port()
-    probes = {c.id for c in docker_client.containers.list(all=True, filters=OUR_PROBES)}
+    probes = {c.id for c in listed(docker_client, OUR_PROBES)}
     proc = subprocess.run([sys.executable, "-c", _INTERRUPT_AT, where, "up", "none", *cli.launch_args(port)],
                           capture_output=True, text=True, timeout=60, env=cli.env())
     assert proc.returncode == 130, proc.stderr
     assert "interrupted" in proc.stderr
     assert "Traceback" not in proc.stderr
     assert port_containers(docker_client, port) == []
-    left = {c.id for c in docker_client.containers.list(all=True, filters=OUR_PROBES)}
+    left = {c.id for c in listed(docker_client, OUR_PROBES)}
     assert left <= probes  # nor the parser check's throwaway container
 
 

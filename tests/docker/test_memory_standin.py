@@ -19,7 +19,7 @@ import pytest
 from sparklab.host import memory
 from sparklab.recipes.schema import load_recipe, recipes_dir
 from tests.docker.test_sweep_standin import _store, _sweep, ulimit_flags
-from tests.dockerkit import OURS, Cli, free_port
+from tests.dockerkit import OURS, Cli, free_port, listed
 
 pytestmark = pytest.mark.docker
 
@@ -28,7 +28,7 @@ NAME = "memory-standin"  # the sweeps' name: their containers' run ids start wit
 
 
 def _mine(docker_client) -> set[str]:
-    return {c.name for c in docker_client.containers.list(all=True, filters=OURS)
+    return {c.name for c in listed(docker_client, OURS)
             if c.labels.get("sparklab.run_id", "").startswith(NAME + "-")}
 
 

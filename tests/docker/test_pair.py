@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from sparklab.sweep.store import Store
-from tests.dockerkit import OURS, Cli, Lines, free_port, sparklab_containers, ulimit_args
+from tests.dockerkit import OURS, Cli, Lines, free_port, listed, sparklab_containers, ulimit_args
 
 pytestmark = pytest.mark.docker
 
@@ -42,7 +42,7 @@ def _ports() -> tuple[int, int]:
 
 def _pair(docker_client: Any, second_client: Any) -> tuple[list[Any], list[Any]]:
     def mine(client: Any) -> list[Any]:
-        return [c for c in client.containers.list(all=True, filters=OURS)
+        return [c for c in listed(client, OURS)
                 if c.labels.get("sparklab.recipe") == "gb10-pair"]
 
     return mine(docker_client), mine(second_client)

@@ -6,17 +6,17 @@ from __future__ import annotations
 
 import pytest
 
-from tests.dockerkit import OUR_PROBES, Cli
+from tests.dockerkit import OUR_PROBES, Cli, listed
 
 pytestmark = pytest.mark.docker
 
 
 def test_check_says_why_the_parser_could_not_run_in_the_standin(cli: Cli, docker_client) -> None:
-    probes = {c.id for c in docker_client.containers.list(all=True, filters=OUR_PROBES)}
+    probes = {c.id for c in listed(docker_client, OUR_PROBES)}
     done = cli.run("check", "gb10", "--engine", "vllm", "--set", f"engines.vllm.image={cli.image}",
                    "--set", "engines.vllm.platform=null", "--pull", "never", timeout=300)
     assert done.returncode == 6, done.stdout + done.stderr
     assert "4 server(s): 0 accepted, 0 refused, 4 not checked" in done.stdout
     assert "vLLM's own parser was not run on 4 command(s)" in done.stderr
     assert "no Python in this image can import vllm (tried:" in done.stderr, done.stderr
-    assert {c.id for c in docker_client.containers.list(all=True, filters=OUR_PROBES)} <= probes
+    assert {c.id for c in listed(docker_client, OUR_PROBES)} <= probes

@@ -23,7 +23,7 @@ import yaml
 from sparklab.host import memory
 from sparklab.recipes.schema import load_recipe, recipes_dir
 from sparklab.sweep.store import Store
-from tests.dockerkit import Cli, free_port, ulimit_args
+from tests.dockerkit import Cli, free_port, listed, ulimit_args
 
 pytestmark = pytest.mark.docker
 
@@ -117,6 +117,6 @@ def test_the_second_host_is_watched_its_page_cache_dropped_and_its_floor_kept(
         assert watched["floor_gib"] == round(host.available_gib - 2.0, 2)
         (cell,) = store.cells("done")
         assert cell.host == name and cell.result["memory"]["samples"] >= 1
-    helpers = [c for c in second_client.containers.list(all=True, filters={"label": "sparklab.role"})
+    helpers = [c for c in listed(second_client, {"label": "sparklab.role"})
                if c.labels.get("sparklab.run_id", "").startswith("second-host-watched")]
     assert helpers == []  # every helper of this run (the reader, the eviction) is gone with its server

@@ -16,7 +16,7 @@ import pytest
 
 from sparklab.sweep.store import Store
 from tests.docker.test_sweep_standin import _run, _store, _sweep, ulimit_flags
-from tests.dockerkit import Cli, Lines
+from tests.dockerkit import Cli, Lines, listed
 from tests.tmpfs import tmpfs
 
 pytestmark = pytest.mark.docker
@@ -41,7 +41,7 @@ def _no_traceback(text: str) -> None:
 
 
 def _container_of(docker_client, run_dir_name: str) -> str:
-    (container,) = docker_client.containers.list(filters={"label": f"sparklab.run_id={run_dir_name}"})
+    (container,) = listed(docker_client, stopped=False, filters={"label": f"sparklab.run_id={run_dir_name}"})
     return container.name
 
 

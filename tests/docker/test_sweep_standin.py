@@ -3,6 +3,7 @@ their cells, SIGKILL leaves nothing behind after the next start, bad results fil
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import sqlite3
@@ -17,7 +18,7 @@ import yaml
 
 from sparklab.recipes.plan import build_plan
 from sparklab.sweep.store import Store
-from tests.dockerkit import Cli, Lines, free_port, run_containers, sparklab_containers, ulimit_args
+from tests.dockerkit import Cli, Lines, free_port, pulled_copy, run_containers, sparklab_containers, ulimit_args
 
 pytestmark = pytest.mark.docker
 
@@ -132,17 +133,21 @@ def test_a_failing_server_fails_only_its_cells(cli: Cli, tmp_path: Path) -> None
 ])
 def test_interrupt_at_each_stage_then_resume(cli: Cli, tmp_path: Path, docker_client, stage: str, wait_for: str,
                                              env: str) -> None:
-    path = _sweep(tmp_path, cli.image)
+    with contextlib.ExitStack() as stack:  # the pull stage's image is absent here: a copy of its own to pull
+        image = stack.enter_context(pulled_copy(cli.image, "sweep")) if stage == "pull" else cli.image
+        _interrupt_then_resume(cli, tmp_path, docker_client, image, stage, wait_for, env)
+
+
+def _interrupt_then_resume(cli: Cli, tmp_path: Path, docker_client, image: str, stage: str, wait_for: str,
+                           env: str) -> None:
+    path = _sweep(tmp_path, image)
     doc = yaml.safe_load(path.read_text())
     # Only the first server (none) is slowed: the interrupt lands in it, and the resumed run's other servers run
     # at full speed.
     doc["overrides"] = [{"match": {"method": "none"}, "set": [f"engines.vllm.env={{{env}}}"]}]
     path.write_text(yaml.safe_dump(doc))
     before = sparklab_containers(docker_client)
-    pull = []
-    if stage == "pull":
-        subprocess.run(["docker", "rmi", "-f", cli.image], capture_output=True)
-        pull = ["--pull", "always"]
+    pull = ["--pull", "always"] if stage == "pull" else []
     proc = subprocess.Popen([sys.executable, "-m", "sparklab", "sweep", str(path), "--runs-dir",
                              str(tmp_path / "runs"), *ulimit_flags(), *pull], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, env=cli.env(), cwd=tmp_path)

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.dockerkit import SESSION, Cli, field, free_port
+from tests.dockerkit import SESSION, Cli, field, free_port, listed
 
 pytestmark = pytest.mark.docker
 pytest_plugins = ["pytester"]
@@ -86,5 +86,55 @@ def test_gc_in_a_session_removes_only_that_sessions_orphans(cli: Cli, docker_cli
     ours = _neighbour(docker_client, standin_image, neighbours, DEAD_OWNER, SESSION)
     gc = cli.run("gc")
     assert gc.returncode == 0, gc.stderr
-    left = {c.name for c in docker_client.containers.list(all=True, filters={"label": "sparklab"})}
+    left = {c.name for c in listed(docker_client, {"label": "sparklab"})}
     assert night in left and unlabelled in left and ours not in left, gc.stdout + gc.stderr
+
+
+def test_the_helpers_listings_survive_a_container_removed_while_they_list(monkeypatch, docker_client,
+                                                                       standin_image: str) -> None:
+    """Docker lists containers, then docker-py inspects each: a container removed in between (a Ctrl-C test's own
+    server, cleaned up by the sparklab it interrupted) raised NotFound out of the helper and failed the test (CI,
+    test_ctrl_c_during_startup_removes_the_container). Gone is simply not listed."""
+    import docker
+
+    from tests.dockerkit import port_containers, sparklab_containers
+
+    port = free_port()
+    name = f"sparklab-vanishing-{os.getpid()}"
+    labels = {"sparklab": "1", "sparklab.session": SESSION, "sparklab.endpoint": f"http://127.0.0.1:{port}"}
+    docker_client.containers.create(standin_image, ["sleep", "600"], name=name, labels=labels)
+    docker_lists = docker_client.api.containers
+
+    def list_then_remove(*args: Any, **kwargs: Any) -> Any:
+        answer = docker_lists(*args, **kwargs)
+        with contextlib.suppress(docker.errors.NotFound):
+            docker_client.api.remove_container(name, force=True)
+        return answer
+
+    try:
+        monkeypatch.setattr(docker_client.api, "containers", list_then_remove)
+        assert name not in sparklab_containers(docker_client)
+        docker_client.containers.create(standin_image, ["sleep", "600"], name=name, labels=labels)
+        assert port_containers(docker_client, port) == []
+    finally:
+        with contextlib.suppress(docker.errors.NotFound):
+            docker_client.api.remove_container(name, force=True)
+
+
+def test_a_pulled_copy_leaves_the_shared_image_to_the_other_tests(docker_client, standin_image: str) -> None:
+    """The tests that make sparklab pull (up, a sweep interrupted while pulling) each pull a tag of their own: the
+    image every other test starts stays where it is."""
+    import docker
+
+    from tests.dockerkit import pulled_copy
+
+    shared = docker_client.images.get(standin_image).id
+    with pulled_copy(standin_image, "safety") as copy:
+        assert copy != standin_image
+        with pytest.raises(docker.errors.ImageNotFound):
+            docker_client.images.get(copy)  # so a run of it must pull
+        assert docker_client.images.get(standin_image).id == shared
+        docker_client.images.pull(copy)  # the registry has it
+    with pytest.raises(docker.errors.ImageNotFound):
+        docker_client.images.get(copy)
+    assert docker_client.images.get(standin_image).id == shared
