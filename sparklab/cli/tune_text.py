@@ -24,6 +24,13 @@ def _duration(seconds: float) -> str:
     return f"{hours} h {rest // 60:02d} min"
 
 
+def _slo(text: str) -> str:
+    """The SLO as the report writes it, units said (a bound without one is in ms)."""
+    from sparklab.bench import slo
+
+    return slo.describe(slo.parse(text))
+
+
 def tune_plan(dry: Any) -> str:
     """`sparklab tune --dry-run` (dry: sparklab.tuning.DryRun): the space, the next round with its serve commands,
     how the search goes on, and the most loads and time it can take next to the full grid's. Nothing started."""
@@ -36,7 +43,7 @@ def tune_plan(dry: Any) -> str:
           else f"K {', '.join(map(str, space.ks))}")
     bound = f", median TTFT <= {settings.ttft_max_ms:g} ms" if settings.ttft_max_ms else ""
     if settings.slo:
-        bound += f", meeting the SLO {settings.slo}"
+        bound += f", meeting the SLO {_slo(settings.slo)}"
     cs = ", ".join(map(str, space.concurrencies))
     explore = "; the full grid first" if settings.explore == "grid" else ""
     lines = [f"tune {dry.plan.sweep.name}: {', '.join(space.methods)}; {ks}; C {cs}; maximise {dry.objective} "
@@ -125,7 +132,7 @@ def tune_summary(report: Any, state: dict[str, Any]) -> str:
     settings = state.get("settings", {})
     bound = f", median TTFT <= {settings['ttft_max_ms']:g} ms" if settings.get("ttft_max_ms") else ""
     if state.get("slo"):
-        bound += f", meeting the SLO {state['slo']}"
+        bound += f", meeting the SLO {_slo(state['slo'])}"
     lines = [f"best per concurrency ({state.get('objective')} tok/s{bound}; 95% intervals with within- and "
              "between-load noise):"]
     lines += [_pick_line(pick) for pick in state.get("picks", [])]
@@ -136,7 +143,7 @@ def tune_summary(report: Any, state: dict[str, Any]) -> str:
         lines.append(f"budget for telling configs apart: {state['budget']}")
     if state.get("slo"):
         reach = state.get("slo_reach")
-        lines.append(f"SLO {state['slo']}: " + (
+        lines.append(f"SLO {_slo(state['slo'])}: " + (
             f"met up to C={reach['concurrency']} (the highest concurrency of the space where a config meets it), "
             f"by {reach['label']} at {reach['mean']:.2f} tok/s" if reach else "no config meets it at any concurrency"))
         if state.get("slo_missed"):

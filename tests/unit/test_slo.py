@@ -5,6 +5,7 @@ file (checked with the plan)."""
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -153,3 +154,17 @@ def test_a_sweep_files_slo_reaches_the_sweeps_closing_table_and_its_report(tmp_p
     assert ("SLO tpot_p90<=50ms (95% intervals of each term at or under its bound): seed C=1: vllm-cpu ngram K=3; "
             "seed C=4: vllm-cpu none; seed: met up to C=4 (vllm-cpu none)") in closing
     assert "## Latency objective: tpot_p90<=50ms" in report.render(built, "md")
+
+
+def test_tune_says_the_slo_in_its_units_before_and_after(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A bound without a unit is in ms: tune's plan and its answer say so (`tpot_p90<=50ms`), as the report does,
+    instead of echoing `tpot_p90<=50`, which leaves the reader to guess."""
+    from sparklab.cli.tune_text import tune_summary
+
+    text = (recipes_dir() / "sweeps" / "cpu-tune.yaml").read_text()
+    sweep = tmp_path / "tune.yaml"
+    sweep.write_text(text.replace("recipe: cpu\n", f"recipe: {recipes_dir() / 'cpu.yaml'}\n"))
+    assert main(["tune", str(sweep), "--dry-run", "--slo", "tpot_p90<=50, ttft_p90<0.5s"]) == 0
+    assert "meeting the SLO tpot_p90<=50ms, ttft_p90<=500ms;" in capsys.readouterr().out
+    said = tune_summary(SimpleNamespace(servers=[]), {"objective": "aggregate", "slo": "tpot_p90<=50", "picks": []})
+    assert "meeting the SLO tpot_p90<=50ms;" in said and "SLO tpot_p90<=50ms: no config meets it" in said
