@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections import Counter
 from dataclasses import dataclass, field
 
 from sparklab.host.clocks import describe
@@ -179,10 +180,16 @@ def lines(rehearsal: Rehearsal, verdict: Verdict) -> list[str]:
                    "low, the report flags them):")
         out += [f"  - {c}" for c in verdict.clocks[:10]] + ([f"  - and {len(verdict.clocks) - 10} more"]
                                                            if len(verdict.clocks) > 10 else [])
-    if verdict.failures or verdict.lost_cells:
-        out.append(f"the real night would lose {verdict.lost_cells} cell(s):" if verdict.lost_cells else
-                   "the real night would lose:")
-        out += [f"  - {f}" for f in verdict.failures]
-    else:
-        out.append("the real night keeps every server and every cell: 0 floor trips, 0 cells lost")
+    return out + losses(verdict)
+
+
+def losses(verdict: Verdict) -> list[str]:
+    """The cells the night would lose, then each failure with its cause, said once with how often (a host that is
+    gone refuses every retry of a config the same way)."""
+    if not (verdict.failures or verdict.lost_cells):
+        return ["the real night keeps every server and every cell: 0 floor trips, 0 cells lost"]
+    out = [f"the real night would lose {verdict.lost_cells} cell(s); what failed, and why:" if verdict.lost_cells
+           else "the real night would lose no cell; what failed, and why:"]
+    for failure, times in Counter(verdict.failures).items():  # in the order first said
+        out.append(f"  - {failure}" + (f" ({times} times)" if times > 1 else ""))
     return out
