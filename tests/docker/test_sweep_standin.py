@@ -133,8 +133,8 @@ def test_a_failing_server_fails_only_its_cells(cli: Cli, tmp_path: Path) -> None
 ])
 def test_interrupt_at_each_stage_then_resume(cli: Cli, tmp_path: Path, docker_client, stage: str, wait_for: str,
                                              env: str) -> None:
-    with contextlib.ExitStack() as stack:  # the pull stage's image is absent here: a copy of its own to pull
-        image = stack.enter_context(pulled_copy(cli.image, "sweep")) if stage == "pull" else cli.image
+    # the pull stage's image is absent here: a copy of its own to pull
+    with pulled_copy(cli.image, "sweep") if stage == "pull" else contextlib.nullcontext(cli.image) as image:
         _interrupt_then_resume(cli, tmp_path, docker_client, image, stage, wait_for, env)
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.dockerkit import SESSION, Cli, field, free_port, listed
+from tests.dockerkit import SESSION, Cli, field, free_port, listed, port_containers, pulled_copy, sparklab_containers
 
 pytestmark = pytest.mark.docker
 pytest_plugins = ["pytester"]
@@ -97,8 +97,6 @@ def test_the_helpers_listings_survive_a_container_removed_while_they_list(monkey
     test_ctrl_c_during_startup_removes_the_container). Gone is simply not listed."""
     import docker
 
-    from tests.dockerkit import port_containers, sparklab_containers
-
     port = free_port()
     name = f"sparklab-vanishing-{os.getpid()}"
     labels = {"sparklab": "1", "sparklab.session": SESSION, "sparklab.endpoint": f"http://127.0.0.1:{port}"}
@@ -125,8 +123,6 @@ def test_a_pulled_copy_leaves_the_shared_image_to_the_other_tests(docker_client,
     """The tests that make sparklab pull (up, a sweep interrupted while pulling) each pull a tag of their own: the
     image every other test starts stays where it is."""
     import docker
-
-    from tests.dockerkit import pulled_copy
 
     shared = docker_client.images.get(standin_image).id
     with pulled_copy(standin_image, "safety") as copy:
