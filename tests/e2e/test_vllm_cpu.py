@@ -97,6 +97,9 @@ def test_plain_engine_up_chat_metrics_down(engine_cli: Cli, docker_client, measu
         assert "model load" in out
         logs = engine_cli.run("logs", name).stdout
         assert "Application startup complete." in logs and "GPU KV cache size:" in logs
+        # the image preloads tcmalloc and Intel OpenMP as vLLM's CPU install asks (vllm/v1/worker/cpu_worker.py:123-150
+        # in 0.27.1 warns of each one missing from LD_PRELOAD; docker/vllm-cpu/README.md has what they are worth here)
+        assert "not found in LD_PRELOAD" not in logs and "cannot be preloaded" not in logs, logs[:3000]
 
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=key)
         assert [m.id for m in client.models.list().data] == ["smollm2-135m"]
