@@ -1,14 +1,18 @@
 """Beyond speed on the real vLLM 0.27.1 CPU engine (issue 26): recipes/sweeps/cpu-quality.yaml runs the graded suites
 (English instructions and code; the agent suite is graded in the unit tier, and ran here until the suite had to fit CI's
-90 minutes on a slow host) at temperature 0 and 1.0 with none, ngram, draft_model and a known-lossy control (topk5; the
+90 minutes on a slow host) at temperature 1.0 with none, ngram, draft_model and a known-lossy control (topk5; the
 shipped file's negative control, plain, is left out for the same reason: ngram and draft_model must pass the check too);
+the shipped file's temperature-0 cells are left out too (half the sweep's cells, about 140 s of the engine tier beside
+the Docker tier): at temperature 0 a lossless drafter changes no token, which the CPU demo checks on every drafting
+config of both engines (tests/e2e/test_sweep_cpu.py), and identical answers get identical grades
+(tests/unit/test_quality_sweep.py grades and compares per task);
 every answer is graded after its window (code in the sandbox container), every sampled answer scored under the target on
 none's server; the report gives pass rates with intervals, per-task agreement and McNemar p-values. The lossless check
 flags the lossy control and passes ngram and draft_model. It runs on the image whose CPU expand kernel is fixed (engine
 vllm-cpu-synthetic): on the stock build drafting at temperature > 0 does not sample the target's distribution (word
 salad, e.g. "BienfirehoseTYPESceptives taxpay bureaucraticiagnosed" at -15.6 nats per token:
 sparklab.engines.vllm_synthetic.cpu_sampling_defects; the plan storing that defect and the report naming it are
-tests/unit/test_lossless.py's), while at temperature 0 both are identical to none, token for token. vLLM's synthetic
+tests/unit/test_lossless.py's). vLLM's synthetic
 rejection sampling, the lossy method the issue names, is flagged by tests/e2e/test_synthetic_cpu.py on the same image.
 Then `sparklab compare` on two real CPU runs: that vLLM run against llama.cpp b11669 on the same suites, sampling and
 concurrency.
@@ -39,7 +43,8 @@ pytestmark = pytest.mark.engine
 # part (2 llama.cpp servers x 4 cells, compare, report) 130 s.
 # On a slower 2-core host (AVX2 only, 2026-12-02) vLLM CPU decodes about 4x slower: the same 30 cells took about
 # 300 s per server, so the bound is a slow host's, and the sweep runs two suites and four methods (16 cells, not 30).
-# There, 20 cells (five methods) took 1371 s, in a fresh-clone CI run that ended 2 min inside its 90.
+# There, 20 cells (five methods) took 1371 s, in a fresh-clone CI run that ended 2 min inside its 90. Since 2026-12-05
+# the sweep runs at temperature 1.0 only: 8 cells.
 QUALITY_TIMEOUT_S = 2400
 
 
@@ -56,12 +61,14 @@ SUITES = ["tasks-en", "code"]  # instruction and code; tasks-ja's and agent's ch
 
 def _quality_sweep(root: Path, image: str) -> Path:
     """recipes/sweeps/cpu-quality.yaml as shipped, with one instruction suite instead of two (English: tasks-ja is
-    graded by the same checks, tests/unit/test_grading.py), no agent suite and no plain control, to keep the engine
-    tier short."""
+    graded by the same checks, tests/unit/test_grading.py), no agent suite, no plain control and no temperature 0,
+    to keep the engine tier short."""
     document = yaml.safe_load((recipes_dir() / "sweeps" / "cpu-quality.yaml").read_text())
     assert document["engines"] == ["vllm-cpu-synthetic"]  # the fixed expand kernel: lossless drafting at T > 0
     assert document["methods"] == ["ngram", "draft_model", "topk5", "plain", "none"]
+    assert document["sampling"]["temperature"] == [0, 1.0]
     document.update({"recipe": str(recipes_dir() / "cpu.yaml"), "workloads": SUITES, "methods": METHODS,
+                     "sampling": {**document["sampling"], "temperature": 1.0},
                      "set": [f"engines.vllm-cpu-synthetic.image={image}"]})
     path = root / "cpu-quality.yaml"
     path.write_text(yaml.safe_dump(document))
@@ -78,7 +85,7 @@ def quality_run(vllm_cpu_synthetic_image: str, tmp_path_factory: pytest.TempPath
     done = subprocess.run([sys.executable, "-m", "sparklab", "sweep", str(sweep), "--runs-dir", str(root / "runs")],
                           capture_output=True, text=True, timeout=QUALITY_TIMEOUT_S, env=cli.env())
     assert done.returncode == 0, done.stderr[-4000:]
-    MEASURED["quality: sweep wall time (s), 4 servers x 4 cells, grading and scoring included"] = round(
+    MEASURED["quality: sweep wall time (s), 4 servers x 2 cells, grading and scoring included"] = round(
         time.monotonic() - started, 1)
     (db,) = (root / "runs").glob("cpu-quality-*/results.sqlite")
     return QualityRun(cli, root / "runs", db)
@@ -88,16 +95,16 @@ def quality_run(vllm_cpu_synthetic_image: str, tmp_path_factory: pytest.TempPath
 def test_cpu_quality_sweep(quality_run: QualityRun, tmp_path: Path, measured) -> None:
     db = quality_run.db
     with Store.open(db, readonly=True) as store:
-        assert store.counts()["done"] == 16 and not store.failures()
+        assert store.counts()["done"] == 8 and not store.failures()
         grades = store.grades()
         scores = store.scores()
         cells = store.cells("done")
         outputs = store.outputs()
     every = [g for rows in grades.values() for g in rows]
-    assert len(every) == 16 * 6 and all(g["status"] == "graded" for g in every), \
+    assert len(every) == 8 * 6 and all(g["status"] == "graded" for g in every), \
         [g["note"] for g in every if g["status"] != "graded"][:3]
     code = [g for g in every if g["kind"] == "code"]
-    assert len(code) == 4 * 2 * 6 and all(len(g["tests"]) >= 4 for g in code)  # ran in the sandbox, pass/fail per test
+    assert len(code) == 4 * 6 and all(len(g["tests"]) >= 4 for g in code)  # ran in the sandbox, pass/fail per test
     sampled = [c for c in cells if c.settings["sampling"]["temperature"] > 0]
     expected = sum(1 for c in sampled for a in outputs[c.id] if not a["warmup"] and a["ok"])
     assert len(scores) == expected == 4 * 2 * 6 and all(s.status == "scored" for s in scores.values())
@@ -110,7 +117,7 @@ def test_cpu_quality_sweep(quality_run: QualityRun, tmp_path: Path, measured) ->
     doc = json.loads((out / "report.json").read_text())
     md = (out / "report.md").read_text()
     assert "## Graded answers: pass rate and agreement with none" in md and "McNemar p" in md
-    assert "### Per task: workload tasks-en (temperature 0), C=4" in md
+    assert "### Per task: workload tasks-en, C=4" in md
     groups = {(g["method"], g["workload"]): g for g in doc["groups"]}
     for (method, workload), g in sorted(groups.items()):
         measured[f"quality: pass rate {method} {workload}"] = (
@@ -121,10 +128,7 @@ def test_cpu_quality_sweep(quality_run: QualityRun, tmp_path: Path, measured) ->
         assert g["graded"] == 6 and g["pass_rate_ci95_low"] is not None
         if method != "none":
             assert g["mcnemar_p"] is not None and g["verdict_pairs"] == 6
-    for method in ("ngram", "draft_model"):  # at temperature 0 the lossless drafters change no token
-        for workload in SUITES:
-            g = groups[(method, f"{workload} (temperature 0)")]
-            assert g["identical_to_none"] == 1.0 and g["same_verdict_as_none"] == 6, g
+    assert set(groups) == {(method, workload) for method in METHODS for workload in SUITES}, sorted(groups)
     verdicts = {}
     for g in doc["groups"]:
         if g.get("lossless") and g["method"] not in verdicts:
@@ -159,17 +163,18 @@ def _llamacpp_sweep(tmp_path: Path) -> Path:
     """cpu-quality's suites, sampling and concurrency on llama.cpp b11669: its none and its Q4_0 draft (none last, so
     it takes the lossless check's turn right after its cells: llama.cpp cannot score, and the report says why).
     Not the code suite: the comparison must refuse the cells only one run has before --force sets the rest side by
-    side."""
+    side. Temperature 1.0 only, as the vLLM run (_quality_sweep)."""
     document = yaml.safe_load((recipes_dir() / "sweeps" / "cpu-quality.yaml").read_text())
     document.update({"name": "cpu-quality-llamacpp", "recipe": str(recipes_dir() / "cpu.yaml"),
                      "engines": ["llamacpp-cpu"], "methods": ["draft_model", "none"],
-                     "workloads": ["tasks-en"], "overrides": []})
+                     "workloads": ["tasks-en"], "overrides": [],
+                     "sampling": {**document["sampling"], "temperature": 1.0}})
     path = tmp_path / "llamacpp-quality.yaml"
     path.write_text(yaml.safe_dump(document))
     return path
 
 
-@pytest.mark.timeout(QUALITY_TIMEOUT_S + 900)  # its own part: two llama.cpp servers, 4 cells (+ the sweep, run alone)
+@pytest.mark.timeout(QUALITY_TIMEOUT_S + 900)  # its own part: two llama.cpp servers, 2 cells (+ the sweep, run alone)
 def test_compare_vllm_with_llamacpp(quality_run: QualityRun, llamacpp_cpu_image: str, tmp_path: Path,
                                     measured) -> None:
     started = time.monotonic()
@@ -177,7 +182,7 @@ def test_compare_vllm_with_llamacpp(quality_run: QualityRun, llamacpp_cpu_image:
                            "--runs-dir", str(quality_run.runs)], capture_output=True, text=True, timeout=600,
                           env=quality_run.cli.env())
     assert done.returncode == 0, done.stderr[-3000:]
-    measured["compare: llama.cpp quality run wall time (s), 2 servers x 2 cells"] = round(time.monotonic() - started, 1)
+    measured["compare: llama.cpp quality run wall time (s), 2 servers x 1 cell"] = round(time.monotonic() - started, 1)
     (run,) = quality_run.runs.glob("cpu-quality-llamacpp-*")
     runs = [quality_run.db.parent.name, run.name]
     compare = [sys.executable, "-m", "sparklab", "compare", *runs, "--runs-dir", str(quality_run.runs)]
@@ -194,7 +199,7 @@ def test_compare_vllm_with_llamacpp(quality_run: QualityRun, llamacpp_cpu_image:
     doc = json.loads((out / "compare.json").read_text())
     rows = {(r["cell"], r["config"], r["run"]): r for r in doc["rows"]}
     cells = {cell for cell, _, _ in rows}
-    assert len(cells) == 2 and not any(cell.startswith("code") for cell in cells), cells  # 1 suite x 2 temperatures
+    assert len(cells) == 1 and not any(cell.startswith("code") for cell in cells), cells  # 1 suite, 1 temperature
     for cell in cells:  # llama.cpp's none against vLLM's; pass rates where both graded
         theirs, ours = rows[(cell, "none", runs[1])], rows[(cell, "none", runs[0])]
         # one run per cell (repeats: 1): a ratio without an interval, as the report gives one run no interval
