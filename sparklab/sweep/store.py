@@ -95,15 +95,20 @@ class Store(StoreReader):
 
     @contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
-        """One write transaction; BEGIN IMMEDIATE takes the write lock up front, so a commit is all or nothing."""
+        """One write transaction; BEGIN IMMEDIATE takes the write lock up front, so a commit is all or nothing.
+
+        BEGIN is inside the rollback guard: a Ctrl-C is raised at whichever bytecode runs when it lands, and one that
+        landed as BEGIN returned would otherwise leave the transaction open, so the next write (the Ctrl-C handler's
+        own) failed with "cannot start a transaction within a transaction"."""
         try:
-            self._conn.execute("BEGIN IMMEDIATE")
             try:
+                self._conn.execute("BEGIN IMMEDIATE")
                 yield self._conn
+                self._conn.execute("COMMIT")
             except BaseException:
-                self._conn.execute("ROLLBACK")
+                if self._conn.in_transaction:
+                    self._conn.execute("ROLLBACK")
                 raise
-            self._conn.execute("COMMIT")
         except sqlite3.OperationalError as exc:
             if _is_disk_full(exc, self.path):
                 if self._conn.in_transaction:

@@ -52,6 +52,7 @@ def test_tune_resumes_after_ctrl_c_and_loads_fewer_servers_than_the_grid(cli: Cl
     finally:
         if proc.poll() is None:
             proc.kill()
+    lines.drain()  # what it said after the Ctrl-C too (the failure of 2026-12-05 showed only the lines before it)
     assert code == 130, "".join(lines.lines)
     assert sparklab_containers(docker_client) == before
     done = subprocess.run(_tune(cli, path), capture_output=True, text=True, timeout=240, env=cli.env(),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import subprocess
 import sys
@@ -570,3 +571,38 @@ def test_grades_of_a_retried_cell_replace_the_first_attempts(store: Store) -> No
     second = [{**first[0], "passed": True}, {**first[0], "index": 1}]
     store.finish_cell("sc-a-c1", {"aggregate_tps": 1.0}, RESULT, grades=second)
     assert store.grades()["sc-a-c1"] == second
+
+
+class _InterruptedAfterBegin:
+    """The store's connection, but a Ctrl-C lands the moment its first BEGIN returns: before the transaction's own
+    rollback guard is entered (a signal is raised at the next bytecode, whichever line that is)."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.conn = conn
+        self.fired = False
+
+    def execute(self, sql: str, *args: object) -> sqlite3.Cursor:
+        cursor = self.conn.execute(sql, *args)
+        if sql.startswith("BEGIN") and not self.fired:
+            self.fired = True
+            raise KeyboardInterrupt
+        return cursor
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.conn, name)
+
+
+def test_a_ctrl_c_right_after_begin_leaves_no_transaction_open(store: Store, path: Path) -> None:
+    """Seen once in CI (2026-12-05): `tune` interrupted at the start of a round exited 1, not 130. Its Ctrl-C handler
+    writes to the store (the cells in flight go back to pending, the tune state is saved); a transaction the signal
+    had left open made that write fail with `cannot start a transaction within a transaction`, uncaught."""
+    add_plan(store)
+    conn = store._conn
+    store._conn = _InterruptedAfterBegin(conn)  # type: ignore[assignment]  # a proxy of the connection
+    with pytest.raises(KeyboardInterrupt):
+        store.set_meta("tune", {"rounds": 1})
+    store._conn = conn
+    assert not conn.in_transaction
+    store.set_meta("tune", {"rounds": 2})  # what the Ctrl-C handler does next
+    store.reset_interrupted(3)
+    assert json.loads(store.meta()["tune"]) == {"rounds": 2}
