@@ -592,7 +592,7 @@ class _InterruptedAfterBegin:
         return getattr(self.conn, name)
 
 
-def test_a_ctrl_c_right_after_begin_leaves_no_transaction_open(store: Store, path: Path) -> None:
+def test_a_ctrl_c_right_after_begin_leaves_no_transaction_open(store: Store) -> None:
     """Seen once in CI (2026-12-05): `tune` interrupted at the start of a round exited 1, not 130. Its Ctrl-C handler
     writes to the store (the cells in flight go back to pending, the tune state is saved); a transaction the signal
     had left open made that write fail with `cannot start a transaction within a transaction`, uncaught."""
