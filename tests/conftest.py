@@ -8,6 +8,7 @@ sit in one tier carrying another's marker.
 from __future__ import annotations
 
 import copy
+import os
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -21,6 +22,11 @@ from sparklab.recipes.schema import recipes_dir
 from tests.signals import ctrl_c_raises
 
 TESTS = Path(__file__).resolve().parent
+# Every process a test starts (`python -m sparklab`, a stand-in, a probe) imports this checkout's sparklab, as the
+# tests themselves do: the venv's editable install points at whichever checkout last installed it (scripts/test.sh
+# reinstalls for its own), and a test run from another clone then drove the other clone's code through the CLI
+# (seen 2026-12-05: a CI clone's install, a test run from the main checkout). Set before any test, inherited by all.
+os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(TESTS.parent), os.environ.get("PYTHONPATH", "")) if p)
 # folder under tests/ -> its tier's marker (declared in pyproject.toml, where --strict-markers holds them)
 TIERS = {"unit": "unit", "process": "process", "docker": "docker", "e2e": "engine", "contract": "contract"}
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -57,3 +59,11 @@ def test_a_test_marked_for_another_tier_is_refused(folder: str, marker: str) -> 
 def test_a_test_outside_the_tier_folders_is_refused() -> None:
     with pytest.raises(pytest.UsageError, match="every test lives in one tier's folder"):
         pytest_collection_modifyitems(None, [Item(TESTS / "test_loose.py")])  # type: ignore[arg-type]
+
+
+def test_a_process_a_test_starts_runs_this_checkouts_sparklab() -> None:
+    """Whatever checkout the venv's editable install points at (tests/conftest.py sets PYTHONPATH for every process
+    a test starts), from any directory."""
+    found = subprocess.run([sys.executable, "-c", "import sparklab; print(sparklab.__file__)"], capture_output=True,
+                           text=True, timeout=60, cwd="/", check=True).stdout.strip()
+    assert Path(found).resolve() == ROOT / "sparklab" / "__init__.py", found
