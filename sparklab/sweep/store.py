@@ -101,18 +101,13 @@ class Store(StoreReader):
         landed as BEGIN returned would otherwise leave the transaction open, so the next write (the Ctrl-C handler's
         own) failed with "cannot start a transaction within a transaction"."""
         try:
-            try:
-                self._conn.execute("BEGIN IMMEDIATE")
-                yield self._conn
-                self._conn.execute("COMMIT")
-            except BaseException:
-                if self._conn.in_transaction:
-                    self._conn.execute("ROLLBACK")
-                raise
-        except sqlite3.OperationalError as exc:
-            if _is_disk_full(exc, self.path):
-                if self._conn.in_transaction:
-                    self._conn.execute("ROLLBACK")
+            self._conn.execute("BEGIN IMMEDIATE")
+            yield self._conn
+            self._conn.execute("COMMIT")
+        except BaseException as exc:
+            if self._conn.in_transaction:
+                self._conn.execute("ROLLBACK")
+            if isinstance(exc, sqlite3.OperationalError) and _is_disk_full(exc, self.path):
                 raise _disk_full(self.path) from None
             raise
 
