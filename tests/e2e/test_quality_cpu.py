@@ -57,6 +57,7 @@ class QualityRun:
 
 METHODS = ["ngram", "draft_model", "topk5", "none"]  # none last: it scores every sampled answer
 SUITES = ["tasks-en", "code"]  # instruction and code; tasks-ja's and agent's checks are the unit tier's
+SAMPLED = 1.0  # the shipped file's temperatures are [0, 1.0]; both runs here take the sampled one (module docstring)
 
 
 def _quality_sweep(root: Path, image: str) -> Path:
@@ -68,7 +69,7 @@ def _quality_sweep(root: Path, image: str) -> Path:
     assert document["methods"] == ["ngram", "draft_model", "topk5", "plain", "none"]
     assert document["sampling"]["temperature"] == [0, 1.0]
     document.update({"recipe": str(recipes_dir() / "cpu.yaml"), "workloads": SUITES, "methods": METHODS,
-                     "sampling": {**document["sampling"], "temperature": 1.0},
+                     "sampling": {**document["sampling"], "temperature": SAMPLED},
                      "set": [f"engines.vllm-cpu-synthetic.image={image}"]})
     path = root / "cpu-quality.yaml"
     path.write_text(yaml.safe_dump(document))
@@ -168,7 +169,7 @@ def _llamacpp_sweep(tmp_path: Path) -> Path:
     document.update({"name": "cpu-quality-llamacpp", "recipe": str(recipes_dir() / "cpu.yaml"),
                      "engines": ["llamacpp-cpu"], "methods": ["draft_model", "none"],
                      "workloads": ["tasks-en"], "overrides": [],
-                     "sampling": {**document["sampling"], "temperature": 1.0}})
+                     "sampling": {**document["sampling"], "temperature": SAMPLED}})
     path = tmp_path / "llamacpp-quality.yaml"
     path.write_text(yaml.safe_dump(document))
     return path
