@@ -10,7 +10,6 @@ import socket
 import sys
 import textwrap
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,7 +18,6 @@ from tests.dockerkit import SESSION, Cli, field, free_port, listed, port_contain
 
 pytestmark = pytest.mark.docker
 pytest_plugins = ["pytester"]
-REPO = Path(__file__).resolve().parents[2]
 DEAD_OWNER = f"{socket.gethostname()}/oldboot/1/1"  # this host, another boot: its process is gone, an orphan
 
 
@@ -46,8 +44,8 @@ def _neighbour(docker_client: Any, image: str, names: list[str], owner: str, ses
     return name
 
 
-def test_the_leftover_check_leaves_a_neighbours_container_alone(pytester: pytest.Pytester, monkeypatch, docker_client,
-                                                                  standin_image: str, neighbours: list[str]) -> None:
+def test_the_leftover_check_leaves_a_neighbours_container_alone(pytester: pytest.Pytester, docker_client,
+                                                                standin_image: str, neighbours: list[str]) -> None:
     """A night starts a server while a test runs: the tier's leftover check removed it and failed the test."""
     name = f"sparklab-night-{os.getpid()}-during"
     neighbours.append(name)
@@ -60,7 +58,6 @@ def test_the_leftover_check_leaves_a_neighbours_container_alone(pytester: pytest
                                             labels={{"sparklab": "1", "sparklab.mode": "sweep",
                                                      "sparklab.session": "night-3"}})
     """))
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
     result = pytester.run(sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_inner.py",
                           timeout=120)
     assert result.ret == 0, result.stdout.str()

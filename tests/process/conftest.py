@@ -66,8 +66,7 @@ class HostCli:
     def env(self, **extra: str) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if k not in ("HF_TOKEN", "SPARKLAB_API_KEY")}
         env.update({"SPARKLAB_STATE": str(self.state), "COLUMNS": "200", "HF_HOME": str(self.state.parent / "hf"),
-                    "SPARKLAB_SESSION": SESSION,
-                    "PYTHONPATH": os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]), **extra})
+                    "SPARKLAB_SESSION": SESSION, **extra})
         return env
 
     def launch_args(self, port: int, *extra: str) -> list[str]:

@@ -89,8 +89,7 @@ def nights(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Night
     for i, (name, args) in enumerate(_nights(tmp).items()):
         env = {k: v for k, v in os.environ.items() if k not in ("HF_TOKEN", "SPARKLAB_API_KEY")}
         env |= {"SPARKLAB_STATE": str(tmp / f"state{i}"), "SPARKLAB_SESSION": SESSION, "COLUMNS": "250",
-                "HF_HOME": str(tmp / "hf"),
-                "PYTHONPATH": os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])}
+                "HF_HOME": str(tmp / "hf")}
         if name == "slow boot":
             env["STANDIN_BOOT_S"] = str(SLOW_BOOT_S)
         with ctrl_c_raises():
@@ -194,7 +193,7 @@ def test_a_signal_while_a_stand_in_boots_leaves_none_behind(tmp_path: Path, sig:
     tiny.write_text(yaml.safe_dump(TINY))
     env = {k: v for k, v in os.environ.items() if k not in ("HF_TOKEN", "SPARKLAB_API_KEY")}
     env |= {"SPARKLAB_STATE": str(tmp_path / "state"), "HF_HOME": str(tmp_path / "hf"), "STANDIN_BOOT_S": "60",
-            "TMPDIR": str(tmp_path), "PYTHONPATH": os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])}
+            "TMPDIR": str(tmp_path)}
     with ctrl_c_raises():
         proc = subprocess.Popen([sys.executable, "-m", "sparklab", "rehearse", str(tiny), "--minutes", "0.1"],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)

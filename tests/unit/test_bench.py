@@ -154,14 +154,11 @@ except SparklabError as exc:
 
 
 def _bench_with_limit(root: str, soft: int, hard: int, concurrency: int) -> dict[str, Any]:
-    import os
     import subprocess
     import sys
-    from pathlib import Path
 
     code = _LIMITED_BENCH.format(soft=soft, hard=hard, concurrency=concurrency)
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
-    done = subprocess.run([sys.executable, "-c", code, root], capture_output=True, text=True, timeout=120, env=env)
+    done = subprocess.run([sys.executable, "-c", code, root], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
