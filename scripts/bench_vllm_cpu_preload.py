@@ -26,11 +26,11 @@ from statistics import mean
 
 import docker
 
+from sparklab.recipes.schema import load_recipe, recipes_dir
+
 LOCK = "/tmp/sparklab-docker-tests.lock"
 MODEL = "/models/SmolLM2-135M-Instruct"
 NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4, "prompt_lookup_min": 1}
-ENV = {"VLLM_CPU_KVCACHE_SPACE": "2", "HF_HUB_OFFLINE": "1", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
-       "TORCHDYNAMO_DISABLE": "1"}  # recipes/cpu.yaml's engine env
 
 
 def _free_port() -> int:
@@ -48,9 +48,10 @@ def _chat(port: int, i: int) -> int:
         return int(json.loads(reply.read())["usage"]["completion_tokens"])
 
 
-def serve(client: docker.DockerClient, image: str, preloaded: bool, spec: dict | None) -> dict[str, float]:
+def serve(client: docker.DockerClient, image: str, recipe_env: dict[str, str], preloaded: bool,
+          spec: dict | None) -> dict[str, float]:
     port = _free_port()
-    env = dict(ENV) if preloaded else {**ENV, "LD_PRELOAD": ""}
+    env = dict(recipe_env) if preloaded else {**recipe_env, "LD_PRELOAD": ""}
     command = ["serve", MODEL, "--served-model-name", "m", "--enforce-eager", "--dtype", "float32",
                "--max-model-len", "2048", "--host", "127.0.0.1", "--port", str(port)]
     if spec:
@@ -91,13 +92,14 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
     client = docker.from_env()
+    recipe_env = load_recipe(recipes_dir() / "cpu.yaml").engines["vllm-cpu"].env  # the engine's env, as a sweep's
     results: dict[tuple[str, bool], list[dict[str, float]]] = {}
     with open(LOCK, "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         for round_ in range(args.rounds):
             for method, spec in (("none", None), ("ngram K=3", NGRAM)):
                 for preloaded in ((True, False) if round_ % 2 == 0 else (False, True)):
-                    got = serve(client, args.image, preloaded, spec)
+                    got = serve(client, args.image, recipe_env, preloaded, spec)
                     results.setdefault((method, preloaded), []).append(got)
                     print(f"round {round_} {method:<9} {'preloaded' if preloaded else 'emptied  '}: "
                           f"ready {got['ready_s']:.1f} s, C=1 {got['c1']:.1f} tok/s, C=4 {got['c4']:.1f} tok/s"
