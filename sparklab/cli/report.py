@@ -38,7 +38,7 @@ class ReportArgs:
         p.add_argument("--slo", metavar="TERMS",
                        help="judge configs by a latency objective, e.g. 'tpot_p90<=50ms,ttft_p90<=500ms': the best per "
                             "concurrency among those whose interval meets it, and the highest concurrency any meets it "
-                            "at (default: the sweep file's slo:)")
+                            "at (default: the sweep file's slo:; --slo '' drops it)")
 
     @classmethod
     def from_cli_args(cls, args: argparse.Namespace) -> ReportArgs:

@@ -131,8 +131,8 @@ class TuneArgs:
                        help="only configs whose median TTFT (mean over repeats) is at most MS count")
         p.add_argument("--slo", metavar="TERMS",
                        help="only configs whose 95%% interval meets this latency objective count, e.g. "
-                            "'tpot_p90<=50ms,ttft_p90<=500ms' (default: the sweep file's slo:); the output adds the "
-                            "highest concurrency at which any config meets it")
+                            "'tpot_p90<=50ms,ttft_p90<=500ms' (default: the sweep file's slo:; --slo '' drops it); "
+                            "the output adds the highest concurrency at which any config meets it")
         p.add_argument("--grid", action="store_true",
                        help="load every config of the space first (the full grid), then the same verdict rules: "
                             "reloads, tie-breaks, the K schedule measured (what scripts/bench_tune_vs_grid.py "

@@ -146,5 +146,6 @@ def build(store: Store, run_id: str, overrides: Overrides | None = None) -> Repo
         notes.append("no device bandwidth is known for this run (the recipe names no hardware in "
                      "recipes/hardware.yaml): no roofline. Give one with --hardware NAME or --bandwidth-gbps GBPS.")
     sweep = store.sweep()
+    slo = sweep.get("slo") if overrides.slo is None else overrides.slo or None  # `--slo ''`: none, not the file's
     return Report(run_id, sweep, store.meta(), store.host_facts(), store.counts(), servers, groups,
-                  best_configs(groups), store.failures(), notes, overrides.slo or sweep.get("slo"), store.scores())
+                  best_configs(groups), store.failures(), notes, slo, store.scores())

@@ -156,6 +156,26 @@ def test_a_sweep_files_slo_reaches_the_sweeps_closing_table_and_its_report(tmp_p
     assert "## Latency objective: tpot_p90<=50ms" in report.render(built, "md")
 
 
+def test_an_empty_slo_flag_drops_the_sweep_files_objective_in_report_and_tune(tmp_path: Path) -> None:
+    """`--slo ''` is how a command line judges a run without the objective its sweep file names (the default is the
+    file's): the report then has no latency section, and tune's settings no objective."""
+    demo = recipes_dir() / "sweeps" / "cpu-demo.yaml"
+    sweep_file = tmp_path / "demo-slo.yaml"
+    sweep_file.write_text(demo.read_text().replace("recipe: cpu\n", f"recipe: {recipes_dir() / 'cpu.yaml'}\n")
+                          + 'slo: "tpot_p90<=50ms"\n')
+    path = slo_run(tmp_path, sweep_file)
+    with Store.open(path, readonly=True) as store:
+        kept = report.build(store, "slo-test")
+        dropped = report.build(store, "slo-test", report.overrides_from(None, None, [], ""))
+    assert "## Latency objective: tpot_p90<=50ms" in report.render(kept, "md")
+    assert "Latency objective" not in report.render(dropped, "md")
+    tune = sweep_file.with_name("tune-slo.yaml")
+    tune.write_text((recipes_dir() / "sweeps" / "cpu-tune.yaml").read_text().replace(
+        "recipe: cpu\n", f"recipe: {recipes_dir() / 'cpu.yaml'}\n") + 'slo: "tpot_p90<=50ms"\n')
+    flag = TuneArgs.from_cli_args(build_parser().parse_args(["tune", str(tune), "--slo", ""]))
+    assert not slo.parse(driver.request_for(flag.choices).settings.slo)
+
+
 def test_tune_says_the_slo_in_its_units_before_and_after(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A bound without a unit is in ms: tune's plan and its answer say so (`tpot_p90<=50ms`), as the report does,
     instead of echoing `tpot_p90<=50`, which leaves the reader to guess."""
