@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import socket
 import statistics
 import subprocess
 import time
@@ -24,13 +23,8 @@ from collections.abc import Iterator
 from sparklab.bench import cell
 from sparklab.bench.workloads import load_workload
 from sparklab.host import watchdog
+from sparklab.host.preflight import free_port
 from sparklab.records import Sampling
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @contextlib.contextmanager

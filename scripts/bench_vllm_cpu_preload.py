@@ -19,24 +19,18 @@ import argparse
 import concurrent.futures
 import fcntl
 import json
-import socket
 import time
 import urllib.request
 from statistics import mean
 
 import docker
 
+from sparklab.host.preflight import free_port
 from sparklab.recipes.schema import load_recipe, recipes_dir
 
 LOCK = "/tmp/sparklab-docker-tests.lock"
 MODEL = "/models/SmolLM2-135M-Instruct"
 NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4, "prompt_lookup_min": 1}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _chat(port: int, i: int) -> int:
@@ -50,7 +44,7 @@ def _chat(port: int, i: int) -> int:
 
 def serve(client: docker.DockerClient, image: str, recipe_env: dict[str, str], preloaded: bool,
           spec: dict | None) -> dict[str, float]:
-    port = _free_port()
+    port = free_port()
     env = dict(recipe_env) if preloaded else {**recipe_env, "LD_PRELOAD": ""}
     command = ["serve", MODEL, "--served-model-name", "m", "--enforce-eager", "--dtype", "float32",
                "--max-model-len", "2048", "--host", "127.0.0.1", "--port", str(port)]

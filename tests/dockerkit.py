@@ -19,6 +19,7 @@ from typing import NoReturn
 
 import pytest
 
+from sparklab.host.preflight import free_port as free_port  # the tests' import of it, from here
 from tests.signals import ctrl_c_raises
 
 
@@ -69,12 +70,6 @@ def ulimit_args() -> list[str]:
 
     hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)[1]
     return [] if hard == resource.RLIM_INFINITY else ["--ulimit", f"memlock={hard}"]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 # This test session's name (SPARKLAB_SESSION): every sparklab command the tests run labels what it starts with it,

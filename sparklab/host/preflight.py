@@ -38,6 +38,15 @@ def port_in_use(host: str, port: int) -> bool:
     return False
 
 
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port on host that nothing listens on now (the kernel's pick of an ephemeral one): for a caller that starts
+    a server on it next (the benchmark scripts, the tests). Another process may take it first; the server's own
+    bind, or port_in_use, says so."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
 def port_answers(address: str, port: int, timeout_s: float = 2.0) -> bool:
     """True when something on another machine accepts connections on address:port (its port is taken)."""
     try:
