@@ -100,7 +100,11 @@ setup_venv() {
   if [ ! -x "$VENV/bin/python" ]; then
     python3 -m venv "$VENV"
   fi
-  if [ "$(cat "$stamp" 2>/dev/null)" = "$want" ] && "$VENV/bin/python" -c 'import sparklab' 2>/dev/null; then
+  # the editable install must point here: run from / (not this checkout, which -c would import from), the venv's
+  # sparklab is this clone's, not another's that last installed itself into the shared venv
+  if [ "$(cat "$stamp" 2>/dev/null)" = "$want" ] && [ "$(cd / && "$VENV/bin/python" -c \
+      'import os, sparklab; print(os.path.realpath(sparklab.__file__))' 2>/dev/null)" \
+      = "$(realpath "$REPO_ROOT")/sparklab/__init__.py" ]; then
     echo "venv $VENV up to date"
     return 0
   fi
