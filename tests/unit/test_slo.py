@@ -135,16 +135,20 @@ def test_a_sweep_files_slo_is_checked_with_the_plan_and_tune_takes_it(tmp_path: 
             ["tune", str(good), "--slo", "p90<=5"])).choices)
 
 
+def _with_slo(tmp_path: Path, sweep: str) -> Path:
+    """A copy of a shipped CPU sweep file that names the objective tpot_p90<=50ms."""
+    path = tmp_path / f"{sweep}-slo.yaml"
+    path.write_text((recipes_dir() / "sweeps" / f"{sweep}.yaml").read_text().replace(
+        "recipe: cpu\n", f"recipe: {recipes_dir() / 'cpu.yaml'}\n") + 'slo: "tpot_p90<=50ms"\n')
+    return path
+
+
 def test_a_sweep_files_slo_reaches_the_sweeps_closing_table_and_its_report(tmp_path: Path) -> None:
     from rich.console import Console
 
     from sparklab.cli.console import sweep_table
 
-    demo = recipes_dir() / "sweeps" / "cpu-demo.yaml"
-    sweep_file = tmp_path / "demo-slo.yaml"
-    sweep_file.write_text(demo.read_text().replace("recipe: cpu\n", f"recipe: {recipes_dir() / 'cpu.yaml'}\n")
-                          + 'slo: "tpot_p90<=50ms"\n')
-    path = slo_run(tmp_path, sweep_file)
+    path = slo_run(tmp_path, _with_slo(tmp_path, "cpu-demo"))
     with Store.open(path, readonly=True) as store:
         built = report.build(store, "slo-test")  # no --slo: the sweep file's
     assert built.slo == "tpot_p90<=50ms"
@@ -159,19 +163,13 @@ def test_a_sweep_files_slo_reaches_the_sweeps_closing_table_and_its_report(tmp_p
 def test_an_empty_slo_flag_drops_the_sweep_files_objective_in_report_and_tune(tmp_path: Path) -> None:
     """`--slo ''` is how a command line judges a run without the objective its sweep file names (the default is the
     file's): the report then has no latency section, and tune's settings no objective."""
-    demo = recipes_dir() / "sweeps" / "cpu-demo.yaml"
-    sweep_file = tmp_path / "demo-slo.yaml"
-    sweep_file.write_text(demo.read_text().replace("recipe: cpu\n", f"recipe: {recipes_dir() / 'cpu.yaml'}\n")
-                          + 'slo: "tpot_p90<=50ms"\n')
-    path = slo_run(tmp_path, sweep_file)
+    path = slo_run(tmp_path, _with_slo(tmp_path, "cpu-demo"))
     with Store.open(path, readonly=True) as store:
         kept = report.build(store, "slo-test")
         dropped = report.build(store, "slo-test", report.overrides_from(None, None, [], ""))
     assert "## Latency objective: tpot_p90<=50ms" in report.render(kept, "md")
     assert "Latency objective" not in report.render(dropped, "md")
-    tune = sweep_file.with_name("tune-slo.yaml")
-    tune.write_text((recipes_dir() / "sweeps" / "cpu-tune.yaml").read_text().replace(
-        "recipe: cpu\n", f"recipe: {recipes_dir() / 'cpu.yaml'}\n") + 'slo: "tpot_p90<=50ms"\n')
+    tune = _with_slo(tmp_path, "cpu-tune")
     flag = TuneArgs.from_cli_args(build_parser().parse_args(["tune", str(tune), "--slo", ""]))
     assert not slo.parse(driver.request_for(flag.choices).settings.slo)
 
