@@ -4,9 +4,13 @@
 #   bash scripts/ci/second-host.sh [up]     set up (idempotent) and start what is not running; print the env
 #   bash scripts/ci/second-host.sh stop     stop THIS daemon only (by its pidfile); sshd stays
 #   bash scripts/ci/second-host.sh status   exit 0 when the daemon answers through ssh
-# The daemon has its own socket, data root, exec root, pidfile and cgroup parent, no bridge and no iptables
-# rules, so it never touches the main daemon's networks: its containers use the host network, and sparklab
-# gives this host its own port range. Its managed containerd lives under its exec root.
+# The daemon has its own socket, data root, exec root, pidfile and cgroup parent, a default bridge of its own and no
+# iptables rules, so it never touches the main daemon's networks: its containers use the host network, and sparklab
+# gives this host its own port range. Its managed containerd lives under its exec root. Not `--bridge=none`: a
+# daemon with its bridge disabled deletes the interface docker0 as it starts (moby 20.10 daemon/daemon_unix.go,
+# removeDefaultBridgeInterface), and this one shares this machine's network namespace, so that took the main
+# daemon's bridge away (tests/docker/test_hosts.py). Its bridge, made here: sl-host2 with 169.254.213.1/30, a
+# link-local /30 that no other network routes (SPARKLAB_SECOND_HOST_BRIDGE and _BRIDGE_ADDR set others).
 # The ssh key, host key, sshd config and known_hosts live in $CACHE/second-host; ~/.ssh/config gets one
 # Include line whose block matches only 127.0.0.1 on this port. The key is locked to
 # `docker system dial-stdio` against this daemon's socket (a forced command), which is all docker-py sends.
@@ -18,6 +22,8 @@ PORT="${SPARKLAB_SECOND_HOST_PORT:-22022}"
 RUN=/run/sparklab-host2
 DATA=/var/lib/sparklab-host2
 SOCK="$RUN/docker.sock"
+BRIDGE="${SPARKLAB_SECOND_HOST_BRIDGE:-sl-host2}"
+BRIDGE_ADDR="${SPARKLAB_SECOND_HOST_BRIDGE_ADDR:-169.254.213.1/30}"
 PIDFILE="$RUN/docker.pid"
 IMAGE="${SPARKLAB_TEST_STANDIN_IMAGE:-127.0.0.1:5000/sparklab/standin:2}"
 LOG_DIR="$CACHE/logs"
@@ -126,15 +132,33 @@ else
   say "sshd: started on 127.0.0.1:$PORT"
 fi
 
+# --- its bridge ------------------------------------------------------------------------------------
+command -v ip >/dev/null || die "no ip command (apt-get install iproute2)"
+if ! ip link show "$BRIDGE" >/dev/null 2>&1; then
+  ip link add name "$BRIDGE" type bridge || die "cannot make the bridge $BRIDGE (SPARKLAB_SECOND_HOST_BRIDGE names another)"
+  say "bridge: made $BRIDGE"
+fi
+if ! ip -4 -o addr show dev "$BRIDGE" | grep -qF " ${BRIDGE_ADDR} "; then
+  ip addr add "$BRIDGE_ADDR" dev "$BRIDGE" \
+    || die "cannot give $BRIDGE the address $BRIDGE_ADDR (SPARKLAB_SECOND_HOST_BRIDGE_ADDR sets another)"
+fi
+ip link set "$BRIDGE" up
+
 # --- dockerd ---------------------------------------------------------------------------------------
-if [ -n "$(dockerd_pid || true)" ]; then
-  say "daemon: running ($(dockerd_pid))"
+pid="$(dockerd_pid || true)"
+if [ -n "$pid" ] && ! tr '\0' ' ' <"/proc/$pid/cmdline" | grep -q -- "--bridge=$BRIDGE "; then
+  say "daemon: running ($pid) without its own bridge (an older second-host.sh started it); restarting it"
+  bash "$0" stop
+  pid=
+fi
+if [ -n "$pid" ]; then
+  say "daemon: running ($pid)"
 else
   rm -f "$SOCK"
   say "daemon: starting (log: $LOG_DIR/second-host-dockerd.log)"
   setsid nohup dockerd --host "unix://$SOCK" --data-root "$DATA" --exec-root "$RUN/exec" --pidfile "$PIDFILE" \
-    --bridge=none --iptables=false --ip6tables=false --cgroup-parent=sparklab-host2 \
-    >>"$LOG_DIR/second-host-dockerd.log" 2>&1 </dev/null &
+    --bridge="$BRIDGE" --iptables=false --ip6tables=false --ip-forward=false --ip-masq=false \
+    --cgroup-parent=sparklab-host2 >>"$LOG_DIR/second-host-dockerd.log" 2>&1 </dev/null &
   disown || true
 fi
 wait_for 60 "the second daemon" local_docker info

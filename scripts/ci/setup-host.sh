@@ -46,20 +46,50 @@ wait_for() {  # wait_for SECONDS DESCRIPTION CMD...
   die "$what not ready after ${secs}s"
 }
 
-if docker info >/dev/null 2>&1; then
-  say "dockerd: already running ($(docker version -f '{{.Server.Version}}' 2>/dev/null || echo '?'))"
-else
-  if pgrep -x dockerd >/dev/null 2>&1; then
-    say "dockerd: process exists but not answering yet; waiting"
-  else
-    # containerd is started by dockerd itself when no system containerd is running.
-    # setsid: detach from the caller's process group so stopping the caller does not stop the daemon.
-    say "dockerd: starting (log: $LOG_DIR/dockerd.log)"
-    setsid nohup dockerd >>"$LOG_DIR/dockerd.log" 2>&1 </dev/null &
-    disown || true
-  fi
+MAIN_PIDFILE=/var/run/docker.pid  # this machine's daemon; the second test host's has its own (second-host.sh)
+main_dockerd_pid() {  # the pid of this machine's dockerd, if it runs (not any process named dockerd)
+  local pid
+  pid="$(cat "$MAIN_PIDFILE" 2>/dev/null || true)"
+  [ -n "$pid" ] && [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = dockerd ] && echo "$pid"
+}
+start_dockerd() {
+  # containerd is started by dockerd itself when no system containerd is running.
+  # setsid: detach from the caller's process group so stopping the caller does not stop the daemon.
+  say "dockerd: starting (log: $LOG_DIR/dockerd.log)"
+  setsid nohup dockerd >>"$LOG_DIR/dockerd.log" 2>&1 </dev/null &
+  disown || true
   wait_for 60 "dockerd" docker info
   say "dockerd: ready ($(docker version -f '{{.Server.Version}}' 2>/dev/null || echo '?'))"
+}
+
+if docker info >/dev/null 2>&1; then
+  say "dockerd: already running ($(docker version -f '{{.Server.Version}}' 2>/dev/null || echo '?'))"
+elif [ -n "$(main_dockerd_pid || true)" ]; then
+  say "dockerd: process exists but not answering yet; waiting"
+  wait_for 60 "dockerd" docker info
+else
+  start_dockerd
+fi
+
+# dockerd makes its default bridge's interface (docker0) only as it starts, and a daemon started with --bridge=none
+# deletes it (moby 20.10 daemon/daemon_unix.go, removeDefaultBridgeInterface): until this one restarts, no container
+# runs on its default bridge ("could not find bridge docker0"), nor a `docker build` RUN step. Restart it then, when
+# it runs no container; the second test host no longer does that (second-host.sh gives it a bridge of its own).
+bridge="$(docker network inspect bridge -f '{{index .Options "com.docker.network.bridge.name"}}' 2>/dev/null || true)"
+if [ -n "$bridge" ] && [ ! -e "/sys/class/net/$bridge" ]; then
+  if [ -n "$(docker ps -q)" ]; then
+    say "WARNING: dockerd's default bridge $bridge is gone and containers run; restart dockerd when they are done"
+  else
+    pid="$(main_dockerd_pid || true)"
+    say "dockerd: its default bridge $bridge is gone; restarting it (pid ${pid:-?}, no container runs)"
+    if [ -n "$pid" ]; then
+      kill -TERM "$pid"
+      for _ in $(seq 1 120); do [ -d "/proc/$pid" ] || break; sleep 0.25; done
+      [ -d "/proc/$pid" ] && die "dockerd $pid did not stop in 30 s"
+    fi
+    start_dockerd
+    [ -e "/sys/class/net/$bridge" ] || die "dockerd restarted without its default bridge $bridge"
+  fi
 fi
 
 # --- local registry --------------------------------------------------------------------------------

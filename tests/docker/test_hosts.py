@@ -18,7 +18,7 @@ import yaml
 
 from sparklab.sweep.store import Store
 from tests.docker.conftest import SCRIPT
-from tests.dockerkit import OURS, Cli, Lines, free_port, listed, ulimit_args
+from tests.dockerkit import OURS, SESSION, Cli, Lines, free_port, listed, ulimit_args
 
 pytestmark = pytest.mark.docker
 
@@ -137,3 +137,27 @@ def test_an_interrupted_two_host_sweep_leaves_nothing_on_either_host_and_resumes
     with Store.open(db) as store:
         assert store.counts()["done"] == 4 and not store.cells("running")
         assert {f.kind for f in store.failures()} <= {"interrupted"}
+
+
+def test_a_start_of_the_second_daemon_leaves_this_machines_default_bridge_working(
+        second_host: str, second_client: Any, docker_client: Any, standin_image: str) -> None:
+    """The second daemon shares this machine's network namespace. A dockerd whose default bridge is disabled
+    (`--bridge=none`) deletes the interface named docker0 as it starts (moby 20.10, daemon/daemon_unix.go,
+    removeDefaultBridgeInterface, called from initNetworkController when the bridge is disabled): every start of the
+    second host took this machine's default bridge away, and from then on any container on it (a `docker run`
+    without --network, a `docker build` RUN step) failed with "could not find bridge docker0" until dockerd
+    restarted. Stopped and started again here, the second daemon leaves the interface, and a container still runs
+    on this machine's default bridge."""
+    bridge = docker_client.networks.get("bridge").attrs["Options"]["com.docker.network.bridge.name"]
+    assert Path("/sys/class/net", bridge).exists(), (
+        f"this machine's default bridge {bridge} is missing before the test (a daemon with --bridge=none deleted "
+        "it?); bash scripts/ci/setup-host.sh restarts dockerd to make it again when no container runs")
+    stopped = subprocess.run(["bash", str(SCRIPT), "stop"], capture_output=True, text=True, timeout=60)
+    assert stopped.returncode == 0, stopped.stderr
+    up = subprocess.run(["bash", str(SCRIPT), "up"], capture_output=True, text=True, timeout=180)
+    assert up.returncode == 0, up.stderr
+    assert Path("/sys/class/net", bridge).exists(), f"starting the second daemon deleted {bridge}: {up.stderr}"
+    out = docker_client.containers.run(standin_image, entrypoint=["/bin/cat", "/sys/class/net/eth0/address"],
+                                       network_mode="bridge", remove=True, labels={"sparklab": "",
+                                                                                   "sparklab.session": SESSION})
+    assert out.strip(), "a container on this machine's default bridge has no eth0"
