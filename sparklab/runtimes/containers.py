@@ -216,6 +216,11 @@ class Docker:
             elif "error setting rlimit" in text:
                 hint = ("This host does not allow a container ulimit the recipe asks for (often memlock=-1 in a "
                         "restricted sandbox): lower it, e.g. --ulimit memlock=8388608.")
+            elif "could not find bridge" in text:  # dockerd 20.10: its bridge's interface was deleted under it
+                hint = ("This Docker daemon's bridge interface is gone, deleted by something else on this host (a "
+                        "dockerd started with --bridge=none deletes docker0 as it starts): restart the Docker daemon "
+                        "(e.g. systemctl restart docker), which makes it again, or serve on the host network "
+                        "(network: host, the recipes' default).")
             elif "could not select device driver" in text:
                 hint = "No GPU runtime on this Docker host: for CPU images use a recipe with gpus: none or --no-gpus."
             raise ContainerError(f"docker could not start {spec.name}: {text}", hint) from None

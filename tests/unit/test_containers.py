@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 from types import SimpleNamespace
 from typing import Any
@@ -19,6 +20,11 @@ from sparklab.runtimes.docker_images import _split_ref
 from sparklab.runtimes.owners import owner_alive, owner_token
 
 DIGEST = "sha256:" + "ab" * 32
+PORT_TAKEN = "driver failed programming external connectivity: Bind for 127.0.0.1:8000 failed: port is already allocated"
+# dockerd 20.10.24's answer to a start on its default bridge once the interface docker0 is gone (seen on this machine,
+# 2026-12-05, after a second dockerd started with --bridge=none had deleted it)
+BRIDGE_GONE = ("failed to create endpoint stoic_feistel on network bridge: adding interface veth34fde77 to bridge "
+               "docker0 failed: could not find bridge docker0: route ip+net: no such network interface")
 
 
 class FakeImages:
@@ -33,8 +39,10 @@ class FakeImages:
 
 
 class FakeClient:
-    def __init__(self, events: list[dict[str, Any]], present_after_pull: bool = True) -> None:
+    def __init__(self, events: list[dict[str, Any]], present_after_pull: bool = True,
+                 start_error: str = PORT_TAKEN) -> None:
         self.events = events
+        self.start_error = start_error
         self.pulled: list[tuple[str, str | None]] = []
         self.images = FakeImages(present=False)
         self._present_after = present_after_pull
@@ -48,7 +56,7 @@ class FakeClient:
         self.images.present = self._present_after
 
     def _create(self, image: str, **kwargs: Any) -> FakeContainer:
-        container = FakeContainer(kwargs["name"])
+        container = FakeContainer(kwargs["name"], self.start_error)
         self.created.append(container)
         return container
 
@@ -57,15 +65,15 @@ class FakeClient:
 
 
 class FakeContainer:
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, explanation: str = PORT_TAKEN) -> None:
         self.name = name
         self.removed = False
+        self.explanation = explanation
 
     def start(self) -> None:
         response = SimpleNamespace(status_code=500, reason="err")
         raise docker.errors.APIError("500", response=response,  # type: ignore[arg-type]
-                                     explanation="driver failed programming external connectivity: "
-                                                 "Bind for 127.0.0.1:8000 failed: port is already allocated")
+                                     explanation=self.explanation)
 
     def remove(self, force: bool = False) -> None:
         self.removed = True
@@ -159,3 +167,14 @@ def test_logs_are_redacted_of_every_secret_the_container_was_given() -> None:
     chunks = [b"server_args=ServerArgs(api_key='sgl-k", b"ey-555', port=30000)\nHF_TOKEN=hf_abcdef123\ntail"]
     out = b"".join(redacted_lines(iter(chunks), secrets))
     assert out == b"server_args=ServerArgs(api_key='***', port=30000)\nHF_TOKEN=***\ntail"
+
+
+def test_a_start_on_a_default_bridge_whose_interface_is_gone_says_how_to_make_it_again() -> None:
+    client = FakeClient([], start_error=BRIDGE_GONE)
+    spec = dataclasses.replace(render(load_recipe(recipes_dir() / "gb10.yaml"), "vllm", "none",
+                                      LaunchOptions(run_id="t")), network="bridge")  # a recipe's network: bridge
+    with pytest.raises(ContainerError) as exc:
+        Docker(client).launch(spec, {})  # type: ignore[arg-type]
+    assert client.created[0].removed
+    assert "could not find bridge docker0" in exc.value.message  # Docker's own words, then what to do
+    assert exc.value.hint is not None and "restart the Docker daemon" in exc.value.hint, exc.value.hint
