@@ -82,12 +82,17 @@ if [ -n "$bridge" ] && [ ! -e "/sys/class/net/$bridge" ]; then
   else
     pid="$(main_dockerd_pid || true)"
     say "dockerd: its default bridge $bridge is gone; restarting it (pid ${pid:-?}, no container runs)"
-    if [ -n "$pid" ]; then
-      kill -TERM "$pid"
-      for _ in $(seq 1 120); do [ -d "/proc/$pid" ] || break; sleep 0.25; done
-      [ -d "/proc/$pid" ] && die "dockerd $pid did not stop in 30 s"
+    if command -v systemctl >/dev/null 2>&1 && systemctl is-active --quiet docker 2>/dev/null; then
+      systemctl restart docker  # systemd's daemon: restarted by systemd, not replaced by one of ours
+      wait_for 60 "dockerd" docker info
+    else
+      if [ -n "$pid" ]; then
+        kill -TERM "$pid"
+        for _ in $(seq 1 120); do [ -d "/proc/$pid" ] || break; sleep 0.25; done
+        [ -d "/proc/$pid" ] && die "dockerd $pid did not stop in 30 s"
+      fi
+      start_dockerd
     fi
-    start_dockerd
     [ -e "/sys/class/net/$bridge" ] || die "dockerd restarted without its default bridge $bridge"
   fi
 fi
