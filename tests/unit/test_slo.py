@@ -116,11 +116,16 @@ def test_report_slo_on_the_command_line_and_its_errors(tmp_path: Path, capsys) -
         report.overrides_from(None, None, [], "speed_p50<=1")
 
 
+def _with_slo(tmp_path: Path, sweep: str) -> Path:
+    """A copy of a shipped CPU sweep file that names the objective tpot_p90<=50ms."""
+    path = tmp_path / f"{sweep}-slo.yaml"
+    path.write_text((recipes_dir() / "sweeps" / f"{sweep}.yaml").read_text().replace(
+        "recipe: cpu\n", f"recipe: {recipes_dir() / 'cpu.yaml'}\n") + 'slo: "tpot_p90<=50ms"\n')
+    return path
+
+
 def test_a_sweep_files_slo_is_checked_with_the_plan_and_tune_takes_it(tmp_path: Path) -> None:
-    text = (recipes_dir() / "sweeps" / "cpu-tune.yaml").read_text()
-    good = tmp_path / "good.yaml"
-    good.write_text(text.replace("recipe: cpu\n", f"recipe: {recipes_dir() / 'cpu.yaml'}\n")
-                    + 'slo: "tpot_p90<=50ms"\n')
+    good = _with_slo(tmp_path, "cpu-tune")
     assert build_plan(good).sweep.slo == "tpot_p90<=50ms"
     request = driver.request_for(TuneArgs.from_cli_args(build_parser().parse_args(["tune", str(good)])).choices)
     assert request.settings.slo == "tpot_p90<=50ms" and "slo" not in request.space  # a setting, not the space
@@ -133,14 +138,6 @@ def test_a_sweep_files_slo_is_checked_with_the_plan_and_tune_takes_it(tmp_path: 
     with pytest.raises(RecipeError, match="--slo"):
         driver.request_for(TuneArgs.from_cli_args(build_parser().parse_args(
             ["tune", str(good), "--slo", "p90<=5"])).choices)
-
-
-def _with_slo(tmp_path: Path, sweep: str) -> Path:
-    """A copy of a shipped CPU sweep file that names the objective tpot_p90<=50ms."""
-    path = tmp_path / f"{sweep}-slo.yaml"
-    path.write_text((recipes_dir() / "sweeps" / f"{sweep}.yaml").read_text().replace(
-        "recipe: cpu\n", f"recipe: {recipes_dir() / 'cpu.yaml'}\n") + 'slo: "tpot_p90<=50ms"\n')
-    return path
 
 
 def test_a_sweep_files_slo_reaches_the_sweeps_closing_table_and_its_report(tmp_path: Path) -> None:
