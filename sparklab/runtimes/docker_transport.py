@@ -95,6 +95,19 @@ class _SSHSocket(sshconn.SSHSocket):
             return lines[-1].strip() if lines else ""
         return ""
 
+    def close(self) -> None:
+        """docker-py's close (sshconn.py:90-95: two newlines to ssh's stdin, a flush, SIGTERM), but an ssh that
+        already ended (its host's daemon stopped, so `docker system dial-stdio` exited) is no error: the flush's
+        BrokenPipeError came out of urllib3's pool finalizer at exit as a traceback on the console. Its stdin is
+        closed either way, so nothing is left to flush when the file is collected."""
+        try:
+            super().close()
+        except OSError:  # BrokenPipeError: nobody reads ssh's stdin any more
+            if self.proc is not None and self.proc.stdin is not None:
+                with contextlib.suppress(OSError):
+                    self.proc.stdin.close()  # its buffered newlines go with it (the flush fails once more)
+            self.end()
+
     def end(self) -> None:
         """End the ssh process now (a check that ran out of time)."""
         if self.proc is not None and self.proc.poll() is None:
