@@ -52,6 +52,7 @@ class ClusterServer(Lifecycle):
         self._poll_s = poll_s
         self._stopping = threading.Event()
         self._lock = threading.Lock()
+        self._left: set[str] = set()  # hosts whose nodes the teardown leaves (leave())
 
     @property
     def name(self) -> str:
@@ -131,11 +132,19 @@ class ClusterServer(Lifecycle):
 
         threading.Thread(target=run, name=f"watch-{self.name}", daemon=True).start()
 
+    def leave(self, hosts: Sequence[str]) -> None:
+        """These hosts stopped answering: the teardown leaves their nodes (`sparklab gc --host` once they are back)
+        and takes the others down without waiting on them."""
+        self._left.update(hosts)
+
     def _teardown(self, grace_s: float) -> None:
         """Every node down, the head last; the first failure is raised once every node had its try."""
         self._stopping.set()
         failures: list[Exception] = []
         for rank in reversed(range(len(self.nodes))):
+            if self.cluster.hosts[rank].name in self._left:
+                log.debug("teardown of %s: left, its host stopped answering", self.where(rank))
+                continue
             try:
                 self.nodes[rank].stop(grace_s)
             except Exception as exc:  # a host that does not answer: the others still come down

@@ -53,8 +53,16 @@ Say = Callable[[str], None]
 FATAL = (DiskFullError, DriftError)
 
 
+PAIR_LOST = "the Docker host stopped answering during a server across hosts"  # a partner's, why it left the run
+
+
 class HostLost(Exception):
-    """The Docker host stopped answering while it ran a server."""
+    """A Docker host stopped answering while it ran a server: `hosts` names the ones that went (empty: the host
+    that ran it; a server across hosts may lose a worker's host and keep the head's)."""
+
+    def __init__(self, message: str = "", hosts: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.hosts = hosts
 
 
 @dataclass
@@ -278,16 +286,17 @@ def run(plan: Plan, store: Store, members: list[Member], serve: Serve, say: Say,
                 reserved.discard(partner.name)
                 busy.discard(partner.name)
                 if partner.gone():
-                    partner.lost = partner.lost or "the Docker host stopped answering during a server across hosts"
+                    partner.lost = partner.lost or PAIR_LOST
             cond.notify_all()
 
-    def give_back(member: Member) -> None:
+    def give_back(member: Member, lost: str) -> None:
+        """The servers `member` ran with cells left go back to the queue, `lost` being the host that went."""
         with cond:
             left = {c.server_config_id for c in store.pending_cells()}
             for server in plan.servers:
                 if server.id in member.ran and server.id in left and server not in queue:
                     queue.append(server)
-                    say(f"host {member.name} lost: server {server.label} goes back to the queue")
+                    say(f"host {lost} lost: server {server.label} goes back to the queue")
 
     def work(member: Member) -> None:
         hstore = HostStore(store, lock, member.recorded_as, stop)
@@ -304,7 +313,13 @@ def run(plan: Plan, store: Store, members: list[Member], serve: Serve, say: Say,
                     else:
                         serve(member, for_host(server, member.host), hstore, host_say)
                 except HostLost as exc:
-                    member.lost = str(exc) or "the Docker host stopped answering"
+                    if not exc.hosts or member.name in exc.hosts:
+                        member.lost = str(exc) or "the Docker host stopped answering"
+                    else:  # a partner's host went, this one stays: the server's cells wait for another pair
+                        for partner in partners:
+                            if partner.name in exc.hosts:
+                                partner.lost = partner.lost or PAIR_LOST
+                        give_back(member, ", ".join(exc.hosts))
                 except (KeyboardInterrupt, *FATAL):
                     raise
                 except Exception as exc:  # e.g. the recipe does not render for this host: its cells fail, not the run
@@ -319,7 +334,7 @@ def run(plan: Plan, store: Store, members: list[Member], serve: Serve, say: Say,
                     release(partners)
                 if member.lost:
                     host_say(f"lost: {member.lost}; it takes no more servers in this run")
-                    give_back(member)
+                    give_back(member, member.name)
                     return
                 with cond:
                     busy.discard(member.name)

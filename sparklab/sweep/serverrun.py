@@ -39,7 +39,7 @@ from sparklab.recipes.hosts import LOOPBACK, Host
 from sparklab.recipes.plan import Cell, Plan, ServerConfig
 from sparklab.records import BenchResult, Sampling
 from sparklab.runtimes import cluster, launch
-from sparklab.runtimes.base import HostRuntime
+from sparklab.runtimes.base import HostRuntime, Server
 from sparklab.sweep import downloads, failures, grading, lossless, provenance, repeats, rundir
 from sparklab.sweep import watch as watching
 from sparklab.sweep.fleet import HostLost
@@ -92,6 +92,7 @@ class ServerRun:
     watched: list[watching.Watched] = field(default_factory=list)  # the server's hosts, its own first
     attempted: set[str] = field(default_factory=set)  # cells this server start ran (they counted their attempt)
     load_id: str = ""  # this start of the server ("<UTC start>#<server id>"): each of its cells keeps it
+    _gone: tuple[str, ...] = field(default=(), repr=False)  # its hosts found gone (hosts_gone)
 
     @property
     def max_attempts(self) -> int:
@@ -109,6 +110,25 @@ class ServerRun:
     @property
     def scale(self) -> float:
         return self.options.time_scale
+
+    def hosts_gone(self) -> tuple[str, ...]:
+        """The server's hosts that stopped answering: its own (`lost`), and each partner's of a server across hosts
+        (a ping of its daemon, deadlines.ALIVE_S at most). Asked once something failed; a host found gone stays gone
+        for this server. A worker's host lost is the host's loss as much as the head's: the cluster watcher kills
+        the head when a node stops answering, which would read as the server's own fault."""
+        if not self._gone:
+            gone = [self.host.name] if self.lost() else []
+            gone += [name for name, runtime in zip(self.partner_names, self.partners, strict=True)
+                     if not runtime.alive()]
+            self._gone = tuple(gone)
+        return self._gone
+
+    def host_lost(self, during: str) -> HostLost:
+        """The loss of the hosts found gone, during what (a cell, the start): one host of its own as before ("the
+        Docker host"); on a server across hosts, which of them."""
+        gone = self.hosts_gone()
+        who = f"the Docker host of {', '.join(gone)}" if self.partners and gone else "the Docker host"
+        return HostLost(f"{who} stopped answering during {during}", hosts=gone)
 
 
 def serve(run: ServerRun) -> None:
@@ -141,13 +161,18 @@ def serve(run: ServerRun) -> None:
     except (KeyboardInterrupt, DiskFullError, provenance.DriftError):
         raise
     except Exception as exc:  # one fault ends this server's work, never the sweep
-        if isinstance(exc, HostLost) or run.lost():
+        if isinstance(exc, HostLost) or run.hosts_gone():
             lost = True
-            for cell_id in run.store.host_lost(server.id, run.store.host or "", failures.one_line(exc)):
+            gone = exc.hosts if isinstance(exc, HostLost) and exc.hosts else run.hosts_gone()
+            lost_exc = exc if isinstance(exc, HostLost) else run.host_lost(f"server {server.label}")
+            if not isinstance(exc, HostLost):  # what sparklab saw of it, for the run's log
+                rundir.faults.warning("server %s: %s; it ended with %s", server.label, lost_exc, failures.one_line(exc))
+            for cell_id in run.store.host_lost(server.id, ", ".join(gone) or run.store.host or "",
+                                               str(lost_exc).strip() or failures.one_line(lost_exc)):
                 run.say(f"cell {cell_id} was running when the host was lost; it runs again")
             if isinstance(exc, HostLost):
                 raise
-            raise HostLost(failures.one_line(exc)) from exc
+            raise lost_exc from exc
         failures.contain(run, exc, [c.id for c in run.cells if c.id not in run.attempted])
     finally:
         if lost:  # removing a reader waits on the host that went away (an ssh connect): the sweep does not
@@ -202,6 +227,8 @@ def _run_server(run: ServerRun) -> None:
         if run.tripped is not None:
             failures.fail_at_floor(run, None)
             return
+        if run.hosts_gone():  # its host (a node's, across hosts) went away under the start: serve() records it
+            raise run.host_lost(f"the start of server {server.label}") from exc
         kind = failures.failure_kind(exc)
         code = getattr(exc, "container_exit_code", None)
         why = f"\n{exc.hint}" if kind in ("fatal", "stalled") and exc.hint else ""  # what died, or what to raise
@@ -218,17 +245,27 @@ def _run_server(run: ServerRun) -> None:
         try:
             _record_start(run, ready, start_mark)
             measured = _run_cells(run, ready)
-        except HostLost:  # its host does not answer: a teardown would wait on it too; `sparklab gc --host` later
-            ready.server.keep()
+        except HostLost as exc:  # its host does not answer: a teardown would wait on it; `sparklab gc --host` later
+            _leave(ready.server, exc, run.host.name)
             raise
         except Exception as exc:
-            if not run.lost():  # a fault of this server's: the teardown and serve() deal with it
+            if not run.hosts_gone():  # a fault of this server's: the teardown and serve() deal with it
                 raise
-            ready.server.keep()  # a state check failed because the host went away: as above
-            raise HostLost(failures.one_line(exc)) from exc
+            lost = run.host_lost(f"server {server.label}")
+            _leave(ready.server, lost, run.host.name)  # a state check failed because the host went away: as above
+            raise lost from exc
         if measured and server.method == lossless.BASELINE and run.plan.sweep.lossless.enabled:
             # the plain server as it runs scores the sampled answers under the target (the lossless check)
             lossless.score_safely(run.plan, store, server, EngineAPI(ready.server.spec.endpoint, ready.api_key), say)
+
+
+def _leave(server: Server, lost: HostLost, head: str) -> None:
+    """A host went away under the server: what ran there is left for `sparklab gc --host`; a server across hosts
+    that lost a worker's host only still comes down on the head's, which answers."""
+    if isinstance(server, cluster.ClusterServer) and lost.hosts and head not in lost.hosts:
+        server.leave(lost.hosts)
+    else:
+        server.keep()
 
 
 def _record_start(run: ServerRun, ready: launch.Ready, start_mark: int) -> None:
@@ -276,6 +313,8 @@ def _run_cells(run: ServerRun, ready: launch.Ready) -> bool:
             run.attempted.update(rest)
             failures.fail_at_floor(run, rest)
             return False
+        if not running and run.hosts_gone():  # its host went (a node's: the cluster watcher ended the server)
+            raise run.host_lost(f"server {server.label}")
         if not running:
             tail = ready.server.log_tail(50)
             oom = ready.server.oom_killed()
@@ -362,12 +401,12 @@ def _run_cell(run: ServerRun, ready: launch.Ready, cell: Cell) -> None:
         with contextlib.suppress(Exception):
             if endpoint.api.alive() and ready.server.state()[0]:
                 return True
-        if run.lost():
+        if run.hosts_gone():
             host_gone.set()
         return False
 
     def stop() -> HostLost | None:
-        return HostLost(f"the Docker host stopped answering during cell {name}") if host_gone.is_set() else None
+        return run.host_lost(f"cell {name}") if host_gone.is_set() else None
 
     loadavg, started = _loadavg(), time.time()
     settle = bench.log_settler(spec.kind, lambda: ready.server.log_since(started), run.scale)  # SGLang's lines
@@ -395,8 +434,8 @@ def _run_cell(run: ServerRun, ready: launch.Ready, cell: Cell) -> None:
         raise
     except Exception as exc:  # a dead engine mid-warmup, a broken server: this cell fails, the sweep goes on
         stopped = run.tripped is not None or _engine_died(ready)
-        if not stopped and run.lost():  # its host went away under it: the cell runs again elsewhere, uncharged
-            raise HostLost(f"the Docker host stopped answering during cell {name}") from exc
+        if not stopped and run.hosts_gone():  # its host went away under it: the cell runs again, uncharged
+            raise run.host_lost(f"cell {name}") from exc
         if not stopped:
             if not isinstance(exc, SparklabError):
                 rundir.faults.error("cell %s (%s): %s", name, cell.id, failures.one_line(exc), exc_info=exc)
@@ -410,8 +449,8 @@ def _run_cell(run: ServerRun, ready: launch.Ready, cell: Cell) -> None:
         return
     summary = result["summary"]
     counts = summary["requests"]
-    if not counts["ok"] and run.lost():  # every request failed because the host went away
-        raise HostLost(f"the Docker host stopped answering during cell {name}")
+    if not counts["ok"] and run.hosts_gone():  # every request failed because the host went away
+        raise run.host_lost(f"cell {name}")
     if not counts["ok"]:
         errors = "; ".join(counts["first_errors"]) or "no request succeeded"
         store.fail_cell(cell.id, "bench_error", errors, max_attempts=sweep.max_attempts)

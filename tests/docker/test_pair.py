@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import signal
 import subprocess
+import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -19,6 +20,7 @@ import pytest
 import yaml
 
 from sparklab.sweep.store import Store
+from tests.docker.conftest import SCRIPT
 from tests.dockerkit import OURS, Cli, Lines, free_port, listed, sparklab_containers, ulimit_args
 
 pytestmark = pytest.mark.docker
@@ -144,4 +146,62 @@ def test_a_sweep_runs_a_server_across_both_hosts_and_leaves_nothing(
     (db,) = sorted((tmp_path / "runs").glob("*/results.sqlite"))
     with Store.open(db) as store:
         assert store.counts()["done"] == 4 and not store.failures(), (store.counts(), store.failures())
+    assert _pair(docker_client, second_client) == ([], [])
+
+
+def test_a_pair_whose_worker_host_is_lost_records_that_host_and_the_head_host_goes_on(
+        cli: Cli, tmp_path: Path, second_host: str, second_client: Any, docker_client: Any) -> None:
+    """The worker's Docker host goes away mid-sweep (its daemon stopped under the worker's node): the loss is that
+    host's (`host_lost`, named, the cell's attempt given back), not a killed server; the head's container comes down
+    on this machine, which stays in the run; the worker's is left for `gc --host`. Before (2026-12-05), only the
+    head's host was asked whether it went away: the worker's loss was stored as the server's own failure, its
+    attempt spent. The same night rehearsed on the twin: tests/process/test_rehearse.py (`--fault host-lost`)."""
+    name = second_host.split("@", 1)[1]
+    port, cluster_port = _ports()
+    link = {"cluster_address": "127.0.0.1", "interface": "lo", "ib_hca": "standin0"}
+    doc = {
+        "name": "pair-lost", "recipe": "gb10-pair", "methods": ["none", "dspark"], "num_speculative_tokens": [3],
+        "concurrency": [1], "requests": 6, "warmup": 1,
+        "sampling": {"max_tokens": 24, "temperature": 0, "top_p": None, "ignore_eos": True},
+        "set": [f"engines.vllm.image={cli.image}", "engines.vllm.gpus=none", "engines.vllm.mount_hf_cache=false",
+                "engines.vllm.engine_cache=false", "engines.vllm.ulimits={stack: 67108864}",
+                f"engines.vllm.port={port}", f"engines.vllm.cluster_port={cluster_port}",
+                "gpu_memory_utilization=0.01", "unified_memory=false",
+                "engines.vllm.env={STANDIN_TOKEN_DELAY: '0.3'}"],  # each cell takes seconds: the loss lands in one
+        "hosts": [{"docker": "local", **link}, {"docker": second_host, "network": "host", **link}],
+    }
+    path = tmp_path / "pair.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    proc = subprocess.Popen([sys.executable, "-m", "sparklab", "sweep", str(path), "--runs-dir",
+                             str(tmp_path / "runs"), "--no-download", *ulimit_args()], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=cli.env(), cwd=tmp_path)
+    lines = Lines(proc)
+    try:
+        across = lines.wait_for(": across ", timeout=120)
+        assert "[local] server" in across, across  # this machine's is the head: the worker's host is the one lost
+        lines.wait_for("ready in", timeout=180)
+        stopped = subprocess.run(["bash", str(SCRIPT), "stop"], capture_output=True, text=True, timeout=60)
+        assert stopped.returncode == 0, stopped.stderr
+        proc.wait(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    lines.drain()
+    output = "".join(lines.lines)
+    # 6: the run is not complete (its cells wait for two hosts; `sweep --resume` runs them once both are back)
+    assert proc.returncode == 6 and "Traceback" not in output, output
+    assert f"host {name} lost: server vllm/" in output and "goes back to the queue" in output, output
+    assert "[local] lost" not in output and "out of memory" not in output, output
+    (db,) = sorted((tmp_path / "runs").glob("*/results.sqlite"))
+    with Store.open(db) as store:
+        failures = store.failures()
+        assert [(f.kind, f.host) for f in failures] == [("host_lost", name)], failures
+        assert not store.cells("running") and store.counts()["failed"] == 0, store.counts()
+        assert all(c.attempts == 0 for c in store.cells() if c.status == "pending")  # the loss charged none
+    up = subprocess.run(["bash", str(SCRIPT), "up"], capture_output=True, text=True, timeout=180)
+    assert up.returncode == 0, up.stderr
+    head, worker = _pair(docker_client, second_client)
+    assert head == [] and len(worker) == 1, (head, worker)  # the head's came down; the worker's host was gone
+    gc = cli.run("gc", "--host", second_host, timeout=120)  # the worker's node, left on the host that went
+    assert gc.returncode == 0, gc.stdout + gc.stderr
     assert _pair(docker_client, second_client) == ([], [])
