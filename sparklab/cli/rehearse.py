@@ -31,7 +31,8 @@ class RehearseArgs:
         p.add_argument("--fault", choices=["dead-engine", "oom", "slow-download", "disk-full", "host-lost"],
                        help="inject one fault into the night: the first engine dies after ready; it leaks memory "
                             "under load; the weights come over a slow network at start; the disk fills after the "
-                            "first server; the host goes away mid-night")
+                            "first server; the night's last host goes away mid-night (a night over two hosts: "
+                            "a pair's worker)")
         p.add_argument("--throttle", action="store_true",
                        help="the twin's GPU throttles under sustained load (recipes/hardware.yaml's twin.throttle)")
         p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",

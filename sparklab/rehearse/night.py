@@ -37,7 +37,7 @@ from sparklab.recipes.schema import load_recipe, resolve
 from sparklab.recipes.twin import Twin, load_twin
 from sparklab.rehearse.eta import NightEta, night_eta
 from sparklab.runtimes.base import HostRuntime
-from sparklab.runtimes.twin import FAULTS, TwinRuntime, TwinSetup
+from sparklab.runtimes.twin import FAULTS, RUNTIME_FAULTS, TwinRuntime, TwinSetup
 from sparklab.sweep import runner
 from sparklab.sweep.serverrun import Options
 from sparklab.tune.space import sweep_document
@@ -266,6 +266,13 @@ def prepare(request: RehearsalRequest, scratch: Path,
                           "Rehearse a recipe with `hardware: gb10` (its twin is recipes/hardware.yaml's gb10.twin).")
     twin = load_twin(recipe.hardware)
     need = max(multinode.nodes_of(s.recipe, s.engine) for s in plan.servers)
+    if request.fault == "host-lost" and need < 2:
+        raise RecipeError(
+            f"rehearse {request.target} --fault host-lost: this night runs on one machine, the one sparklab runs on, "
+            "so losing its host stops sparklab with it: no sweep goes on without it, and the run resumes where it "
+            "stopped once the machine is back (`sparklab sweep FILE --resume RUN`)",
+            "Rehearse a host lost on a night over two hosts, where the other host goes on: "
+            "`sparklab rehearse up gb10-pair --fault host-lost` (the pair's worker Spark goes away mid-night).")
     ports = sorted({s.spec.port for s in plan.servers})
     offset = _free_offset(ports, need, claims)
     document["hosts"] = _hosts_entries(need, offset)
@@ -279,15 +286,19 @@ def prepare(request: RehearsalRequest, scratch: Path,
     plan = _plan_of(source, request)
     eta = night_eta(plan, twin)
     scale, scale_note = choose_scale(request.wall_s, eta.night_s, request.scale, plan.sweep.load_stall_s)
-    setup = TwinSetup(str(document["name"]).removeprefix("up-"), scratch / "twin", request.fault,
+    setup = TwinSetup(str(document["name"]).removeprefix("up-"), scratch / "twin",
                       ports=frozenset(_twin_ports(ports, offset, need)))
+    names = [entry.get("name", "local") for entry in document["hosts"]]
+    # one twin takes an engine's fault or a host loss: the head's first server dies or leaks; the last host goes
+    # (a pair's worker Spark: the head's host goes on, as the sweep's other hosts do)
+    faulted = names[-1] if request.fault == "host-lost" else names[0]
     runtimes: dict[str, TwinRuntime] = {}
-    for entry in document["hosts"]:
-        name = entry.get("name", "local")
+    for name in names:
         host = TwinHost(twin, scale, name if need > 1 else "", throttle=request.throttle,
                         disk_full_after_ready=request.fault == "disk-full",
                         read_gbps=SLOW_DOWNLOAD_GBPS if request.fault == "slow-download" else None)
-        runtimes[name] = TwinRuntime(host, setup, name)
+        fault = request.fault if name == faulted and request.fault in RUNTIME_FAULTS else None
+        runtimes[name] = TwinRuntime(host, setup, name, fault)
     rehearsal = Rehearsal(request, command, source, plan, twin, eta, scale, {n: r.host for n, r in runtimes.items()},
                           setup=setup, scale_note=scale_note)
     return rehearsal, runtimes
@@ -315,7 +326,7 @@ def rehearse(request: RehearsalRequest, say: Say) -> Iterator[Rehearsal]:
         finally:
             rehearsal.wall_s = time.monotonic() - started
             for runtime in runtimes.values():
-                runtime.lost.set()  # its timers fire into nothing
+                runtime.close()  # its timers fire no more; what a lost twin held is removed
         rehearsal.run_dir = rehearsal.run_dir or _run_dir(request.runs_dir or scratch / "runs")
         if rehearsal.run_dir is not None:
             from sparklab.sweep.store import Store

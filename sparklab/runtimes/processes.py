@@ -99,6 +99,10 @@ def program_digest(path: Path) -> str:
 class Processes:
     """The host-process runtime (a `base.Runtime`), for recipes with `runtime: process`."""
 
+    def __init__(self) -> None:
+        # what launch() returns: a ProcessServer, or a subclass (a twin's, sparklab/runtimes/twin.py)
+        self.server_type: type[ProcessServer] = ProcessServer
+
     def for_spec(self, spec: LaunchSpec) -> Processes:
         return self
 
@@ -181,7 +185,7 @@ class Processes:
                 assert proc.stdin is not None
                 proc.stdin.write(json.dumps(config).encode())
                 proc.stdin.close()
-                server = ProcessServer(self, record, spec, log_path, proc, detach=detach, on_log=on_log)
+                server = self.server_type(self, record, spec, log_path, proc, detach=detach, on_log=on_log)
         except BaseException as exc:
             if server is not None:
                 server.stop(grace_s=2)

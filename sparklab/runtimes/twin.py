@@ -7,7 +7,9 @@ launch keeps the recipe's argv, port and environment and swaps the program for t
 STANDIN_MODEL (decode timing), STANDIN_TIME_SCALE, STANDIN_START_DELAY (load and init, night seconds),
 STANDIN_VERSION, STANDIN_LOAD_FILE (requests in flight, which the twin's memory reads) and, for an engine that
 checks memory at its start (vLLM 0.27.1: MemAvailable), STANDIN_UNIFIED_MEMORY with the twin's meminfo at that
-moment (STANDIN_MEMINFO). Faults (`rehearse --fault`) are knobs on the first server started.
+moment (STANDIN_MEMINFO). A fault (`rehearse --fault`) is given to one twin of the night (sparklab.rehearse.night
+says which): an engine's fault is a knob on that twin's first server; a host loss takes the whole twin away, after
+which it answers nothing, as a Docker host that lost power: its servers' state, teardown and logs raise.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from sparklab.spec import LaunchSpec
 STANDIN = Path(__file__).resolve().parents[2] / "docker" / "standin"
 TWIN_ARCH = "aarch64"  # a DGX Spark's CPU (GB10: 20 Arm cores)
 FAULTS = ("dead-engine", "oom", "slow-download", "disk-full", "host-lost")
+RUNTIME_FAULTS = ("dead-engine", "oom", "host-lost")  # what one TwinRuntime does; the others are its TwinHost's
 # dead-engine: the first server's engine dies as its 2nd completion request arrives (the warmup's, or a cell's
 # first, then the cell's): a count, not a time, so the death lands inside its cells however fast the machine runs
 # them (a time after ready fell after the last cell of a fast tiny night: the fault then lost nothing)
@@ -59,11 +62,10 @@ def standin_dir() -> Path:
 
 @dataclasses.dataclass
 class TwinSetup:
-    """What a rehearsal tells its twins: the sweep it runs (for the engines' profile), the fault, the scratch dir."""
+    """What a rehearsal tells its twins: the sweep it runs (for the engines' profile), the scratch dir."""
 
     sweep: str | None
     scratch: Path
-    fault: str | None = None
     head: LaunchSpec | None = None  # the last head node started: a worker joining it holds what the head holds
     boots: list[tuple[float, float]] = dataclasses.field(default_factory=list)  # stand-ins' boots (monotonic)
     # the server ports the rehearsal claimed for its twins (empty: not checked); a start elsewhere is refused
@@ -81,15 +83,50 @@ class TwinSetup:
         return total
 
 
-class TwinRuntime:
-    """One twin host: the stand-ins it runs (host processes), its facts, and the fault it was given."""
+class TwinServer(ProcessServer):
+    """A stand-in on a twin host. Once the host is lost it answers as a server on a Docker host that lost power: its
+    state, its teardown and its log cannot be read (a ServerError, where docker-py would time out)."""
 
-    def __init__(self, host: TwinHost, setup: TwinSetup, name: str = "local") -> None:
-        self.host, self.setup, self.name = host, setup, name
+    host_lost: threading.Event | None = None  # its twin's (TwinRuntime.launch sets it)
+
+    def answer(self) -> None:
+        if self.host_lost is not None and self.host_lost.is_set():
+            raise ServerError(f"{self.name}: its host does not answer (rehearse --fault host-lost)")
+
+    def running(self) -> bool:
+        """Whether the stand-in runs, as the twin's own model of its host sees it (lost or not)."""
+        return super().state()[0]
+
+    def state(self) -> tuple[bool, int | None]:
+        self.answer()
+        return super().state()
+
+    def log_tail(self, lines: int = 50) -> str:
+        self.answer()
+        return super().log_tail(lines)
+
+    def _teardown(self, grace_s: float) -> None:
+        self.answer()
+        super()._teardown(grace_s)
+
+
+class TwinRuntime:
+    """One twin host: the stand-ins it runs (host processes), its facts, and the fault it was given (None: none;
+    one twin of a night gets it)."""
+
+    def __init__(self, host: TwinHost, setup: TwinSetup, name: str = "local", fault: str | None = None) -> None:
+        self.host, self.setup, self.name, self.fault = host, setup, name, fault
         self.processes = Processes()
+        self.processes.server_type = TwinServer
         self.lost = threading.Event()
         self._started = 0
-        self._servers: list[ProcessServer] = []
+        self._servers: list[TwinServer] = []
+        self._timers: list[threading.Timer] = []
+
+    def _answer(self) -> None:
+        """A lost twin answers nothing, as its Docker daemon would not."""
+        if self.lost.is_set():
+            raise ServerError(f"{self.host.where} does not answer: it is gone (rehearse --fault host-lost)")
 
     # -- HostRuntime ----------------------------------------------------------------------------------------------
 
@@ -134,8 +171,7 @@ class TwinRuntime:
 
     def launch(self, spec: LaunchSpec, secrets: dict[str, str], log_path: Path | None = None,
                detach: bool = False, on_log: LogListener | None = None) -> ProcessServer:
-        if self.lost.is_set():
-            raise ServerError(f"cannot start {spec.name}: {self.host.where} is gone (rehearse --fault host-lost)")
+        self._answer()
         if self.setup.ports and spec.port not in self.setup.ports:
             # a server rendered without its twin host's port_offset: on the recipe's port, another rehearsal's
             # server (each with its own API key) would answer its requests
@@ -148,7 +184,7 @@ class TwinRuntime:
         scratch.mkdir(parents=True, exist_ok=True)
         load_file = scratch / f"{spec.name}.load"
         load_file.write_text("0")
-        fault = self.setup.fault if first else None
+        fault = self.fault if first else None
         twin = self.host.twin
         model = twin.engine(spec.kind)
         ready_after = self.host.start_seconds(spec)
@@ -187,18 +223,20 @@ class TwinRuntime:
 
         launched = time.monotonic()
         server = self.processes.launch(rewritten, secrets, log_path, detach, tell)
+        assert isinstance(server, TwinServer)
+        server.host_lost = self.lost
         try:  # not the caller's yet: a Ctrl-C or SIGTERM during the stand-in's boot must stop it here
             _await_boot(server, booted)
         except BaseException:
             server.stop(0)
             raise
         self.setup.boots.append((launched, time.monotonic()))
-        self.host.watch(spec.name, lambda: server.state()[0])
+        self.host.watch(spec.name, server.running)
         self._servers.append(server)
-        if self.setup.fault == "host-lost" and first:
-            delay = (ready_after + HOST_LOST_AFTER_S) * self.host.scale
-            timer = threading.Timer(delay, self.lose)
+        if fault == "host-lost":
+            timer = threading.Timer((ready_after + HOST_LOST_AFTER_S) * self.host.scale, self.lose)
             timer.daemon = True  # a rehearsal that ends first (or Ctrl-C) does not wait for it
+            self._timers.append(timer)
             timer.start()
         return server
 
@@ -208,22 +246,38 @@ class TwinRuntime:
         for server in self._servers:
             server.kill()
 
+    def close(self) -> None:
+        """The night is over: no fault fires any more, and what a lost twin still holds (its stand-ins' run files;
+        the real night's `sparklab gc --host` once the host is back) is removed."""
+        for timer in self._timers:
+            timer.cancel()
+        if self.lost.is_set():
+            for server in self._servers:
+                if self.processes.has(server.name):
+                    self.processes.remove(server.name, grace_s=2)
+
     def containers(self, include_stopped: bool = True) -> list[ServerInfo]:
+        self._answer()
         return self.processes.containers(include_stopped)
 
     def orphans(self) -> list[ServerInfo]:
+        self._answer()
         return self.processes.orphans()
 
     def gc(self) -> list[ServerInfo]:
+        self._answer()
         return self.processes.gc()
 
     def remove(self, name: str, grace_s: float = 10) -> None:
+        self._answer()
         self.processes.remove(name, grace_s)
 
     def kill(self, name: str) -> None:
+        self._answer()
         self.processes.kill(name)
 
     def container_id(self, name: str) -> str | None:
+        self._answer()
         return self.processes.container_id(name)
 
     def mount_sources(self) -> set[str]:
@@ -234,12 +288,15 @@ class TwinRuntime:
 
     def logs(self, name: str, follow: bool = False, tail: int | str = "all",
              since: float | None = None) -> Iterator[bytes]:
+        self._answer()
         return self.processes.logs(name, follow, tail, since)
 
     def log_text(self, name: str, since: float | None = None) -> str:
+        self._answer()
         return self.processes.log_text(name, since)
 
     def remove_run_containers(self, run_id: str, wait_s: float = 120.0) -> list[str]:
+        self._answer()
         return self.processes.remove_run_containers(run_id, wait_s)
 
 

@@ -31,7 +31,7 @@ FAULTS = {  # the fault, and what the verdict must name
     "dead-engine": "fatal: the engine logged a fatal error",
     "oom": "memory-floor: MemAvailable fell",
     "disk-full": "disk_full: only",
-    "host-lost": "is gone (rehearse --fault host-lost)",
+    "host-lost": "host_lost: the Docker host of spark-2 stopped answering",  # the worker's twin, on a pair night
     "slow-download": "not ready",
 }
 SLOW_BOOT_S = 8.0  # wall seconds: more than the tiny night's whole load-stall window at --minutes 0.1 (5 s)
@@ -77,6 +77,8 @@ def _nights(tmp: Path) -> dict[str, tuple[str, ...]]:
                "up gb10-pair": ("up", "gb10-pair", "--minutes", "0.1"),
                "0.97": ("up", "gb10:dspark", "--set", "gpu_memory_utilization=0.97")}
     nights |= {f"fault {f}": (str(tiny), "--fault", f, "--minutes", "0.1") for f in FAULTS}
+    # a host lost is a night over two hosts: one machine alone is the one sparklab runs on (refused, tests/unit)
+    nights["fault host-lost"] = ("up", "gb10-pair", "--fault", "host-lost", "--minutes", "0.1")
     nights["tune dead-engine"] = ("tune", "gb10", "--fault", "dead-engine", "--minutes", "0.15")
     nights["slow boot"] = (str(tiny), "--minutes", "0.1")  # its stand-ins take SLOW_BOOT_S to print anything
     return nights
@@ -231,3 +233,7 @@ def test_each_fault_is_a_night_that_loses_something(nights: dict[str, Night], fa
     assert night.returncode == 1, night.stdout[-3000:]
     assert "the real night would lose" in night.stdout
     assert FAULTS[fault] in night.stdout, night.stdout[-3000:]
+    if fault == "host-lost":  # the worker's host went, not the head's; a loss, not a kill by the OOM killer
+        said = night.stderr + night.stdout  # the night's progress lines, then the verdict
+        assert "[spark-1] lost" not in said and "out of memory" not in said, said[-3000:]
+        assert "host spark-2 lost: server vllm/none goes back to the queue" in said, said[-3000:]
