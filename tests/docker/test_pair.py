@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import signal
 import subprocess
-import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -21,6 +20,7 @@ import yaml
 
 from sparklab.sweep.store import Store
 from tests.docker.conftest import SCRIPT
+from tests.docker.test_hosts import _sweep_args
 from tests.dockerkit import OURS, Cli, Lines, free_port, listed, sparklab_containers, ulimit_args
 
 pytestmark = pytest.mark.docker
@@ -172,9 +172,8 @@ def test_a_pair_whose_worker_host_is_lost_records_that_host_and_the_head_host_go
     }
     path = tmp_path / "pair.yaml"
     path.write_text(yaml.safe_dump(doc))
-    proc = subprocess.Popen([sys.executable, "-m", "sparklab", "sweep", str(path), "--runs-dir",
-                             str(tmp_path / "runs"), "--no-download", *ulimit_args()], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, env=cli.env(), cwd=tmp_path)
+    proc = subprocess.Popen(_sweep_args(path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=cli.env(), cwd=tmp_path)
     lines = Lines(proc)
     try:
         across = lines.wait_for(": across ", timeout=120)
