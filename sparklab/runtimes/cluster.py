@@ -72,15 +72,19 @@ class ClusterServer(Lifecycle):
     def add(self, node: Server) -> None:
         self.nodes.append(node)
 
-    def _end(self, rank: int, code: int | None) -> None:
+    def _end(self, rank: int, code: int | None, answered: bool = True) -> None:
         with self._lock:
             if self._ended_rank is None:
                 self._ended_rank, self._ended_code = rank, code
-                self.ended = f"{self.where(rank)} exited with code {code}"
+                self.ended = (f"{self.where(rank)} exited with code {code}" if answered else
+                              f"{self.where(rank)} does not answer (its host may be gone)")
 
     def state(self) -> tuple[bool, int | None]:
         """(running, exit code): not running once any node has stopped; the code is that of the first node
-        found stopped (a worker the watcher saw end, rather than the head it then killed)."""
+        found stopped (a worker the watcher saw end, rather than the head it then killed). Once ended, no node
+        is asked again (one whose host went away would not answer)."""
+        if self._ended_rank is not None:
+            return False, self._ended_code
         for rank, node in enumerate(self.nodes):
             running, code = node.state()
             if not running:
@@ -119,13 +123,14 @@ class ClusterServer(Lifecycle):
         def run() -> None:
             while not self._stopping.wait(self._poll_s):
                 for rank, node in enumerate(self.nodes[1:], start=1):
+                    answered = True
                     try:
                         running, code = node.state()
                     except Exception as exc:  # its host stopped answering: the node is as good as gone
                         log.debug("state of %s: %s", self.where(rank), exc)
-                        running, code = False, None
+                        running, code, answered = False, None, False
                     if not running and not self._stopping.is_set():
-                        self._end(rank, code)
+                        self._end(rank, code, answered)
                         log.warning("%s; stopping the server", self.ended)
                         self.head.kill()
                         return

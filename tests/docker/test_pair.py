@@ -20,6 +20,7 @@ import yaml
 
 from sparklab.sweep.store import Store
 from tests.docker.conftest import SCRIPT
+from tests.docker.test_dead_hosts import _frozen, _keep
 from tests.docker.test_hosts import _sweep_args
 from tests.dockerkit import OURS, Cli, Lines, free_port, listed, sparklab_containers, ulimit_args
 
@@ -149,13 +150,16 @@ def test_a_sweep_runs_a_server_across_both_hosts_and_leaves_nothing(
     assert _pair(docker_client, second_client) == ([], [])
 
 
+@pytest.mark.parametrize("how", ["daemon stopped", "frozen"])
 def test_a_pair_whose_worker_host_is_lost_records_that_host_and_the_head_host_goes_on(
-        cli: Cli, tmp_path: Path, second_host: str, second_client: Any, docker_client: Any) -> None:
-    """The worker's Docker host goes away mid-sweep (its daemon stopped under the worker's node): the loss is that
-    host's (`host_lost`, named, the cell's attempt given back), not a killed server; the head's container comes down
-    on this machine, which stays in the run; the worker's is left for `gc --host`. Before (2026-12-05), only the
-    head's host was asked whether it went away: the worker's loss was stored as the server's own failure, its
-    attempt spent. The same night rehearsed on the twin: tests/process/test_rehearse.py (`--fault host-lost`)."""
+        cli: Cli, tmp_path: Path, second_host: str, second_client: Any, docker_client: Any, how: str) -> None:
+    """The worker's Docker host goes away mid-sweep, its daemon stopped under the worker's node, or frozen as a
+    Spark that lost power (tests/docker/test_dead_hosts.py's freeze: the node paused, the host's sshd and every
+    session stopped): the loss is that host's (`host_lost`, named, the cell's attempt given back), not a killed
+    server; the head's container comes down on this machine, which stays in the run; the worker's is left for
+    `gc --host`. Before (2026-12-05), only the head's host was asked whether it went away: the worker's loss was
+    stored as the server's own failure, its attempt spent. The same night rehearsed on the twin:
+    tests/process/test_rehearse.py (`--fault host-lost`)."""
     name = second_host.split("@", 1)[1]
     port, cluster_port = _ports()
     link = {"cluster_address": "127.0.0.1", "interface": "lo", "ib_hca": "standin0"}
@@ -179,14 +183,24 @@ def test_a_pair_whose_worker_host_is_lost_records_that_host_and_the_head_host_go
         across = lines.wait_for(": across ", timeout=120)
         assert "[local] server" in across, across  # this machine's is the head: the worker's host is the one lost
         lines.wait_for("ready in", timeout=180)
-        stopped = subprocess.run(["bash", str(SCRIPT), "stop"], capture_output=True, text=True, timeout=60)
-        assert stopped.returncode == 0, stopped.stderr
+        if how == "daemon stopped":
+            stopped = subprocess.run(["bash", str(SCRIPT), "stop"], capture_output=True, text=True, timeout=60)
+            assert stopped.returncode == 0, stopped.stderr
+        else:
+            with _frozen(second_client, "pair-lost"):
+                began = time.monotonic()
+                lines.wait_for(f"host {name} lost:", timeout=240)
+                seconds = time.monotonic() - began
         proc.wait(timeout=240)
     finally:
         if proc.poll() is None:
             proc.kill()
     lines.drain()
     output = "".join(lines.lines)
+    if how == "frozen":
+        print(output)  # where the seconds went
+        _keep("pair: the worker's host frozen mid-cell, freeze to lost (s)", seconds)
+        assert seconds < 40, f"{seconds:.0f} s from the worker host's freeze to its loss:\n{output}"
     # 6: the run is not complete (its cells wait for two hosts; `sweep --resume` runs them once both are back)
     assert proc.returncode == 6 and "Traceback" not in output, output
     assert f"host {name} lost: server vllm/" in output and "goes back to the queue" in output, output

@@ -156,6 +156,34 @@ def test_a_host_that_does_not_answer_does_not_keep_the_other_nodes_up() -> None:
     assert events == ["stop worker", "stop head"]
 
 
+def test_a_worker_whose_host_stops_answering_ends_the_server_and_says_so_not_an_exit_code() -> None:
+    """Its host gone (power, ssh), a worker's state cannot be read: the watcher ends the server as for a worker that
+    exited, and says the node does not answer (before: "exited with code None"); the server then reads as ended
+    without asking that node again, and its teardown leaves the lost host's node (sparklab gc --host) but takes the
+    head down."""
+    events: list[str] = []
+    _, spec = _pair()
+    server = cluster.ClusterServer(spec, poll_s=0.01)
+    head, worker = FakeServer("head", events), FakeServer("worker", events)
+    server.add(head)
+    server.add(worker)
+    server.watch()
+
+    def no_answer() -> tuple[bool, int | None]:
+        raise ContainerError("cannot reach the host of worker")
+
+    worker.state = no_answer  # type: ignore[method-assign]
+    deadline = time.monotonic() + 5
+    while "kill head" not in events and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert "kill head" in events
+    assert server.ended == "node 1 (worker) on spark-2 does not answer (its host may be gone)"
+    assert server.state() == (False, None)
+    server.leave(["spark-2"])
+    server.stop()
+    assert events[-1:] == ["stop head"] and "stop worker" not in events
+
+
 def test_the_heads_serve_command_goes_through_its_images_parser_before_any_node_starts() -> None:
     """The head runs `vllm serve` after `ray start`: that serve command is what vLLM's own parser judges, on the
     head's host, before any node starts; a refusal starts nothing."""
