@@ -80,19 +80,19 @@ summary() {
   printf '\n[test] phase timings:\n'
   printf '[test]   %s\n' "${timings[@]}"
 }
-engine_pid= engine_log=
-engine_lane_output() {  # print what the engine lane wrote, once
-  if [ -n "$engine_log" ]; then cat "$engine_log"; rm -f "$engine_log"; engine_log=; fi
+lane_pid= lane_log=
+lane_output() {  # print what the background lane (the engine lane, later the rehearsal) wrote, once
+  if [ -n "$lane_log" ]; then cat "$lane_log"; rm -f "$lane_log"; lane_log=; fi
 }
-stop_engine_lane() {  # the script ends before its engine lane (a failure, SIGTERM): Ctrl-C the lane's pytest, so its
+stop_lane() {  # the script ends before its background lane (a failure, SIGTERM): Ctrl-C the lane's pytest, so its
   # tests tear down what they started, then print what it wrote
-  if [ -n "$engine_pid" ] && kill -0 "$engine_pid" 2>/dev/null; then
-    pkill -INT -P "$engine_pid" 2>/dev/null || true
-    wait "$engine_pid" 2>/dev/null || true
+  if [ -n "$lane_pid" ] && kill -0 "$lane_pid" 2>/dev/null; then
+    pkill -INT -P "$lane_pid" 2>/dev/null || true
+    wait "$lane_pid" 2>/dev/null || true
   fi
-  engine_lane_output
+  lane_output
 }
-trap 'rc=$?; stop_engine_lane; [ "$rc" -eq 0 ] || summary; exit "$rc"' EXIT
+trap 'rc=$?; stop_lane; [ "$rc" -eq 0 ] || summary; exit "$rc"' EXIT
 
 setup_venv() {
   local stamp="$VENV/.sparklab-stamp" want
@@ -245,14 +245,17 @@ summary
 # host: one lane after the other (2026-12-03), 34 min of pytest, engine and contract 1407 s after 161 + 441 s; beside
 # each other, vLLM decoding on both cores (recipes/cpu.yaml; 2026-12-04), 24 min: the engine lane 1173 s, the other
 # 88 + 439 s. The engine tier's quality sweep took 424 s of it against 292 s alone: both lanes want the CPU then.
-# Last, one file at a time with nothing beside them, the files that touch the whole machine: the rehearsal module
-# (every shipped night at once, about 100 s of both cores: beside it a 10 s test took 84 s), a Docker daemon restart
-# and a disk that fills (test_sweep_faults.py), the page cache filled and dropped (test_memory_standin.py), and a
+# Last, the files that touch the whole machine. The rehearsal module (every shipped night at once, about 100 s of
+# both cores: beside it a 10 s test took 84 s) runs with one file beside it, the Docker daemon restart and the disk
+# that fills (test_sweep_faults.py: the rehearsal's stand-ins are host processes, no Docker, and its tmpfs is its own;
+# measured 2026-12-05, twice: 104-107 s for both, against 96 s and 73 s one after the other, every test passing).
+# Then, one file at a time with nothing beside them, the page cache filled and dropped (test_memory_standin.py) and a
 # memory floor set from what the host has free (test_second_host_watched.py: beside the engine tier, its vLLM servers
-# of ~3 GiB starting and stopping, a second server crossed that floor too, seen 2026-12-04).
+# of ~3 GiB starting and stopping, a second server crossed that floor too, seen 2026-12-04; the rehearsal's stand-ins
+# move MemAvailable by 1.9 GiB, measured 2026-12-05, against that test's 2 GiB margin).
 # With pytest arguments of your own (a file, -k), one pytest runs everything one test at a time.
-DOCKER_ALONE=(tests/docker/test_sweep_faults.py tests/docker/test_memory_standin.py
-              tests/docker/test_second_host_watched.py)
+DOCKER_BESIDE_REHEARSAL=(tests/docker/test_sweep_faults.py)
+DOCKER_ALONE=(tests/docker/test_memory_standin.py tests/docker/test_second_host_watched.py)
 PROCESS_ALONE=(tests/process/test_rehearse.py)
 pytest_rc=0
 pytest_step() {  # pytest_step PYTEST-ARGS...: run pytest, keep its first failing exit status in pytest_rc
@@ -268,6 +271,29 @@ paired() {  # paired TIER WORKERS FILE...: the tier over WORKERS workers but for
   shift 2
   pytest_step -n "$workers" --dist loadgroup "${TIER_DIR[$tier]}" "${@/#/--ignore=}"
   printf '[test] %s tier: %ss wall (%s workers, %s file(s) left to run alone)\n' "$tier" "$((SECONDS - start))" "$workers" "$#"
+}
+lane_start() {  # lane_start SUMMARY PYTEST-ARGS...: pytest in the background (one lane at a time), its output kept in
+  # a file and printed by lane_wait; SUMMARY is the closing line's format, %s the lane's wall seconds
+  local format=$1
+  shift
+  lane_log=$(mktemp)
+  (
+    start=$SECONDS pytest_rc=0
+    pytest_step "$@"
+    # shellcheck disable=SC2059  # the format is this script's own
+    printf "[test] $format\n" "$((SECONDS - start))"
+    exit "$pytest_rc"
+  ) >"$lane_log" 2>&1 &
+  lane_pid=$!
+}
+lane_wait() {  # lane_wait: wait for the background lane, print its output, keep its failure in pytest_rc
+  if [ -n "$lane_pid" ]; then
+    local lane_rc=0
+    wait "$lane_pid" || lane_rc=$?
+    lane_pid=
+    lane_output
+    if [ "$pytest_rc" -eq 0 ]; then pytest_rc=$lane_rc; fi
+  fi
 }
 alone() {  # alone TIER FILE...: FILEs one test at a time, nothing else running
   local tier=$1 start=$SECONDS
@@ -288,30 +314,25 @@ if [ "${#pytest_args[@]}" -eq 0 ] && "$VENV/bin/python" -c 'import xdist' 2>/dev
   done
   # The engine lane in the background (see above), its output kept in a file and printed when it ends.
   if [ "${#rest[@]}" -gt 0 ]; then
-    engine_log=$(mktemp)
-    (
-      start=$SECONDS pytest_rc=0
-      pytest_step "${rest[@]}"
-      printf '[test] engine and contract tiers: %ss wall (beside the process and docker tiers)\n' \
-        "$((SECONDS - start))"
-      exit "$pytest_rc"
-    ) >"$engine_log" 2>&1 &
-    engine_pid=$!
+    lane_start "engine and contract tiers: %ss wall (beside the process and docker tiers)" "${rest[@]}"
   fi
   if wants process; then
     paired process "${SPARKLAB_PROCESS_WORKERS:-2}" "${PROCESS_ALONE[@]}"
   fi
   if wants docker; then
-    paired docker "${SPARKLAB_DOCKER_WORKERS:-2}" "${DOCKER_ALONE[@]}"
+    paired docker "${SPARKLAB_DOCKER_WORKERS:-2}" "${DOCKER_BESIDE_REHEARSAL[@]}" "${DOCKER_ALONE[@]}"
   fi
-  if [ -n "$engine_pid" ]; then
-    engine_rc=0
-    wait "$engine_pid" || engine_rc=$?
-    engine_pid=
-    engine_lane_output
-    if [ "$pytest_rc" -eq 0 ]; then pytest_rc=$engine_rc; fi
+  lane_wait
+  if wants process; then
+    lane_start "process tier, beside one docker file: %ss wall (1 file(s))" "${PROCESS_ALONE[@]}"
   fi
-  if wants process; then alone process "${PROCESS_ALONE[@]}"; fi
+  if wants docker; then
+    start=$SECONDS
+    pytest_step "${DOCKER_BESIDE_REHEARSAL[@]}"
+    printf '[test] docker tier, beside the rehearsal module: %ss wall (%s file(s))\n' "$((SECONDS - start))" \
+      "${#DOCKER_BESIDE_REHEARSAL[@]}"
+  fi
+  lane_wait
   if wants docker; then alone docker "${DOCKER_ALONE[@]}"; fi
 else
   pytest_step ${paths[@]+"${paths[@]}"} ${pytest_args[@]+"${pytest_args[@]}"}
