@@ -266,11 +266,11 @@ pytest_step() {  # pytest_step PYTEST-ARGS...: run pytest, keep its first failin
   fi
   if [ "$pytest_rc" -eq 0 ]; then pytest_rc=$rc; fi
 }
-paired() {  # paired TIER WORKERS FILE...: the tier over WORKERS workers but for FILEs (they run alone, later)
+paired() {  # paired TIER WORKERS FILE...: the tier over WORKERS workers but for FILEs (they run at the end)
   local tier=$1 workers=$2 start=$SECONDS
   shift 2
   pytest_step -n "$workers" --dist loadgroup "${TIER_DIR[$tier]}" "${@/#/--ignore=}"
-  printf '[test] %s tier: %ss wall (%s workers, %s file(s) left to run alone)\n' "$tier" "$((SECONDS - start))" "$workers" "$#"
+  printf '[test] %s tier: %ss wall (%s workers, %s file(s) left for the end)\n' "$tier" "$((SECONDS - start))" "$workers" "$#"
 }
 lane_start() {  # lane_start SUMMARY PYTEST-ARGS...: pytest in the background (one lane at a time), its output kept in
   # a file and printed by lane_wait; SUMMARY is the closing line's format, %s the lane's wall seconds
