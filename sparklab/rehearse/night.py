@@ -270,7 +270,7 @@ def prepare(request: RehearsalRequest, scratch: Path,
         raise RecipeError(
             f"rehearse {request.target} --fault host-lost: this night runs on one machine, the one sparklab runs on, "
             "so losing its host stops sparklab with it: no sweep goes on without it, and the run resumes where it "
-            "stopped once the machine is back (`sparklab sweep FILE --resume RUN`)",
+            "stopped once the machine is back (`sparklab sweep FILE --resume RUN`; the same `sparklab tune` again)",
             "Rehearse a host lost on a night over two hosts, where the other host goes on: "
             "`sparklab rehearse up gb10-pair --fault host-lost` (the pair's worker Spark goes away mid-night).")
     ports = sorted({s.spec.port for s in plan.servers})
