@@ -116,3 +116,25 @@ def test_a_pair_whose_worker_host_is_lost_leaves_the_head_host_serving(tmp_path:
     assert members[1].lost is not None
     assert any("host spark-2 lost: server" in s and "goes back to the queue" in s for s in said), said
     assert any("no host could take it" in s and "spark-1: the server needs 2 hosts" in s for s in said), said
+
+
+def test_scoring_across_two_hosts_that_loses_the_workers_host_keeps_the_heads(tmp_path: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """The lossless check's last start (the pair's `none`, only to score): its worker's host lost marks that host
+    lost, not the head's."""
+    from sparklab.sweep import runner
+    from tests.unit.test_hosts import _linked, _pair_plan
+
+    plan, store = _pair_plan(tmp_path, tmp_path / "r" / "results.sqlite")
+    monkeypatch.setattr(runner.lossless, "engines_with_pending", lambda plan, store: ["vllm"])
+
+    def serve(run: Any) -> None:
+        raise fleet.HostLost("the Docker host of spark-2 stopped answering", hosts=("spark-2",))
+
+    monkeypatch.setattr(runner, "serve", serve)
+    members = [_linked("spark-1", "10.0.0.1"), _linked("spark-2", "10.0.0.2")]
+    said: list[str] = []
+    with store:
+        runner._score_the_rest(plan, store, members, store.path.parent, runner.Options(), said.append, {}, None)
+    assert members[0].lost is None and members[1].lost, said
+    assert any(line.startswith("[spark-2] lost:") for line in said), said
