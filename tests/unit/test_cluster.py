@@ -122,19 +122,29 @@ def test_a_cluster_port_that_never_opens_is_an_error_naming_the_address_to_check
     assert "cluster_address" in (caught.value.hint or "") and "local" in (caught.value.hint or "")
 
 
-def test_a_worker_that_dies_while_serving_kills_the_head_and_ends_the_server() -> None:
+def _watched_pair() -> tuple[cluster.ClusterServer, FakeServer, list[str]]:
+    """A server across two fake nodes, watched every 10 ms: (it, its worker, what the nodes were told)."""
     events: list[str] = []
     _, spec = _pair()
     server = cluster.ClusterServer(spec, poll_s=0.01)
-    head, worker = FakeServer("head", events), FakeServer("worker", events)
-    server.add(head)
+    worker = FakeServer("worker", events)
+    server.add(FakeServer("head", events))
     server.add(worker)
     server.watch()
-    assert server.state() == (True, None)
-    worker.running, worker.code = False, 137
+    return server, worker, events
+
+
+def _until_the_head_is_killed(events: list[str]) -> None:
     deadline = time.monotonic() + 5
     while "kill head" not in events and time.monotonic() < deadline:
         time.sleep(0.01)
+
+
+def test_a_worker_that_dies_while_serving_kills_the_head_and_ends_the_server() -> None:
+    server, worker, events = _watched_pair()
+    assert server.state() == (True, None)
+    worker.running, worker.code = False, 137
+    _until_the_head_is_killed(events)
     assert "kill head" in events  # requests in flight on the head fail now, not at their timeout
     assert server.state() == (False, 137)
     assert server.ended == "node 1 (worker) on spark-2 exited with code 137"
@@ -161,21 +171,13 @@ def test_a_worker_whose_host_stops_answering_ends_the_server_and_says_so_not_an_
     exited, and says the node does not answer (before: "exited with code None"); the server then reads as ended
     without asking that node again, and its teardown leaves the lost host's node (sparklab gc --host) but takes the
     head down."""
-    events: list[str] = []
-    _, spec = _pair()
-    server = cluster.ClusterServer(spec, poll_s=0.01)
-    head, worker = FakeServer("head", events), FakeServer("worker", events)
-    server.add(head)
-    server.add(worker)
-    server.watch()
+    server, worker, events = _watched_pair()
 
     def no_answer() -> tuple[bool, int | None]:
         raise ContainerError("cannot reach the host of worker")
 
     worker.state = no_answer  # type: ignore[method-assign]
-    deadline = time.monotonic() + 5
-    while "kill head" not in events and time.monotonic() < deadline:
-        time.sleep(0.01)
+    _until_the_head_is_killed(events)
     assert "kill head" in events
     assert server.ended == "node 1 (worker) on spark-2 does not answer (its host may be gone)"
     assert server.state() == (False, None)
