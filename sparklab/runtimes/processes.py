@@ -99,9 +99,9 @@ def program_digest(path: Path) -> str:
 class Processes:
     """The host-process runtime (a `base.Runtime`), for recipes with `runtime: process`."""
 
-    def __init__(self) -> None:
+    def __init__(self, server_type: type[ProcessServer] | None = None) -> None:
         # what launch() returns: a ProcessServer, or a subclass (a twin's, sparklab/runtimes/twin.py)
-        self.server_type: type[ProcessServer] = ProcessServer
+        self.server_type = server_type or ProcessServer
 
     def for_spec(self, spec: LaunchSpec) -> Processes:
         return self

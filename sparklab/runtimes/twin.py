@@ -116,8 +116,7 @@ class TwinRuntime:
 
     def __init__(self, host: TwinHost, setup: TwinSetup, name: str = "local", fault: str | None = None) -> None:
         self.host, self.setup, self.name, self.fault = host, setup, name, fault
-        self.processes = Processes()
-        self.processes.server_type = TwinServer
+        self.processes = Processes(TwinServer)
         self.lost = threading.Event()
         self._started = 0
         self._servers: list[TwinServer] = []

@@ -25,7 +25,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -232,6 +232,11 @@ def for_hosts(server: ServerConfig, hosts: list[Host]) -> ServerConfig:
     return dataclasses.replace(head, spec=nodes.head, cluster=nodes)
 
 
+def lost_members(exc: HostLost, member: Member, partners: Sequence[Member]) -> list[Member]:
+    """The hosts a HostLost names among the one that ran the server and its partners (it names none: the former)."""
+    return [m for m in (member, *partners) if m.name in exc.hosts] if exc.hosts else [member]
+
+
 def nodes_of(server: ServerConfig) -> int:
     return multinode.nodes_of(server.recipe, server.engine)
 
@@ -285,8 +290,8 @@ def run(plan: Plan, store: Store, members: list[Member], serve: Serve, say: Say,
             for partner in partners:
                 reserved.discard(partner.name)
                 busy.discard(partner.name)
-                if partner.gone():
-                    partner.lost = partner.lost or PAIR_LOST
+                if not partner.lost and partner.gone():  # one the loss named is not asked again
+                    partner.lost = PAIR_LOST
             cond.notify_all()
 
     def give_back(member: Member, lost: str) -> None:
@@ -313,13 +318,12 @@ def run(plan: Plan, store: Store, members: list[Member], serve: Serve, say: Say,
                     else:
                         serve(member, for_host(server, member.host), hstore, host_say)
                 except HostLost as exc:
-                    if not exc.hosts or member.name in exc.hosts:
-                        member.lost = str(exc) or "the Docker host stopped answering"
-                    else:  # a partner's host went, this one stays: the server's cells wait for another pair
-                        for partner in partners:
-                            if partner.name in exc.hosts:
-                                partner.lost = partner.lost or PAIR_LOST
-                        give_back(member, ", ".join(exc.hosts))
+                    went = lost_members(exc, member, partners)
+                    for gone in went:
+                        gone.lost = gone.lost or (str(exc) or "the Docker host stopped answering" if gone is member
+                                                  else PAIR_LOST)
+                    if member not in went:  # a partner's host went, this one stays: the cells wait for another pair
+                        give_back(member, ", ".join(m.name for m in went))
                 except (KeyboardInterrupt, *FATAL):
                     raise
                 except Exception as exc:  # e.g. the recipe does not render for this host: its cells fail, not the run

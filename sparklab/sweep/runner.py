@@ -221,8 +221,7 @@ def _score_the_rest(plan: Plan, store: Store, members: list[fleet.Member], run_d
                             member.tell(say), member.host, server, [], baselines, [p.runtime for p in partners],
                             [p.name for p in partners], lost=member.gone, controller=controller))
         except fleet.HostLost as exc:
-            gone = [m for m in (member, *partners) if m.name in exc.hosts] if exc.hosts else [member]
-            for lost in gone:  # the host that ran it, or the partners that went (a pair's worker)
+            for lost in fleet.lost_members(exc, member, partners):  # the host that ran it, or a pair's worker
                 lost.lost = str(exc) or "the Docker host stopped answering"
                 lost.tell(say)(f"lost: {lost.lost}; the sampled answers left are not scored")
 
