@@ -449,7 +449,7 @@ def _run_cell(run: ServerRun, ready: launch.Ready, cell: Cell) -> None:
         return
     summary = result["summary"]
     counts = summary["requests"]
-    if not counts["ok"] and run.hosts_gone():  # every request failed because the host went away
+    if counts["failed"] and run.hosts_gone():  # its requests failed because a host went away: uncharged
         raise run.host_lost(f"cell {name}")
     if not counts["ok"]:
         errors = "; ".join(counts["first_errors"]) or "no request succeeded"

@@ -138,3 +138,22 @@ def test_scoring_across_two_hosts_that_loses_the_workers_host_keeps_the_heads(tm
         runner._score_the_rest(plan, store, members, store.path.parent, runner.Options(), said.append, {}, None)
     assert members[0].lost is None and members[1].lost, said
     assert any(line.startswith("[spark-2] lost:") for line in said), said
+
+
+def test_a_cell_that_kept_some_answers_when_the_workers_host_went_is_not_charged_as_partial(
+        tmp_path: Path, started: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The head killed mid-cell after one of its requests had finished: 1 ok, 5 failed. Seen in CI (2026-12-05,
+    tests/docker/test_pair.py's frozen worker): the cell was stored `partial`, its attempt spent, because only a
+    cell whose every request failed asked whether a host had gone."""
+    store, run, worker, _ = _pair(tmp_path)
+
+    def some_answers(*args: object, **kwargs: object) -> dict[str, Any]:
+        worker.up = False
+        started["server"].kill()
+        return {"measurement": {"window_started_at": 0.0},
+                "summary": {"requests": {"ok": 1, "measured": 6, "failed": 5,
+                                         "first_errors": ["3x ConnectionRefusedError"]}, "aggregate_tps": 1.0}}
+
+    monkeypatch.setattr(sweep_mod.bench, "run", some_answers)
+    monkeypatch.setattr(sweep_mod.bench, "add_log_acceptance", lambda *a, **k: None)
+    _served_and_lost_spark_2(store, run)
