@@ -80,19 +80,9 @@ summary() {
   printf '\n[test] phase timings:\n'
   printf '[test]   %s\n' "${timings[@]}"
 }
-lane_pid= lane_log=
-lane_output() {  # print what the background lane (the engine lane, later the rehearsal) wrote, once
-  if [ -n "$lane_log" ]; then cat "$lane_log"; rm -f "$lane_log"; lane_log=; fi
-}
-stop_lane() {  # the script ends before its background lane (a failure, SIGTERM): Ctrl-C the lane's pytest, so its
-  # tests tear down what they started, then print what it wrote
-  if [ -n "$lane_pid" ] && kill -0 "$lane_pid" 2>/dev/null; then
-    pkill -INT -P "$lane_pid" 2>/dev/null || true
-    wait "$lane_pid" 2>/dev/null || true
-  fi
-  lane_output
-}
-trap 'rc=$?; stop_lane; [ "$rc" -eq 0 ] || summary; exit "$rc"' EXIT
+# shellcheck source=scripts/ci/lanes.sh
+source scripts/ci/lanes.sh  # pytest_step, lane_start, lane_wait, stop_tests
+trap 'rc=$?; stop_tests; [ "$rc" -eq 0 ] || summary; exit "$rc"' EXIT
 
 setup_venv() {
   local stamp="$VENV/.sparklab-stamp" want
@@ -257,43 +247,11 @@ summary
 DOCKER_BESIDE_REHEARSAL=(tests/docker/test_sweep_faults.py)
 DOCKER_ALONE=(tests/docker/test_memory_standin.py tests/docker/test_second_host_watched.py)
 PROCESS_ALONE=(tests/process/test_rehearse.py)
-pytest_rc=0
-pytest_step() {  # pytest_step PYTEST-ARGS...: run pytest, keep its first failing exit status in pytest_rc
-  local rc=0
-  "$VENV/bin/python" -m pytest -ra -q --durations=15 "$@" || rc=$?
-  if [ "$rc" -eq 5 ]; then
-    echo "[test] FAIL: pytest collected no tests (exit 5)" >&2
-  fi
-  if [ "$pytest_rc" -eq 0 ]; then pytest_rc=$rc; fi
-}
 paired() {  # paired TIER WORKERS FILE...: the tier over WORKERS workers but for FILEs (they run at the end)
   local tier=$1 workers=$2 start=$SECONDS
   shift 2
   pytest_step -n "$workers" --dist loadgroup "${TIER_DIR[$tier]}" "${@/#/--ignore=}"
   printf '[test] %s tier: %ss wall (%s workers, %s file(s) left for the end)\n' "$tier" "$((SECONDS - start))" "$workers" "$#"
-}
-lane_start() {  # lane_start SUMMARY PYTEST-ARGS...: pytest in the background (one lane at a time), its output kept in
-  # a file and printed by lane_wait; SUMMARY is the closing line's format, %s the lane's wall seconds
-  local format=$1
-  shift
-  lane_log=$(mktemp)
-  (
-    start=$SECONDS pytest_rc=0
-    pytest_step "$@"
-    # shellcheck disable=SC2059  # the format is this script's own
-    printf "[test] $format\n" "$((SECONDS - start))"
-    exit "$pytest_rc"
-  ) >"$lane_log" 2>&1 &
-  lane_pid=$!
-}
-lane_wait() {  # lane_wait: wait for the background lane, print its output, keep its failure in pytest_rc
-  if [ -n "$lane_pid" ]; then
-    local lane_rc=0
-    wait "$lane_pid" || lane_rc=$?
-    lane_pid=
-    lane_output
-    if [ "$pytest_rc" -eq 0 ]; then pytest_rc=$lane_rc; fi
-  fi
 }
 alone() {  # alone TIER FILE...: FILEs one test at a time, nothing else running
   local tier=$1 start=$SECONDS

@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from sparklab.recipes.schema import recipes_dir
-from tests.signals import ctrl_c_raises
+from tests.signals import ctrl_c_raises, stop_as_in_a_terminal
 
 TESTS = Path(__file__).resolve().parent
 # Every process a test starts (`python -m sparklab`, a stand-in, a probe) imports this checkout's sparklab, as the
@@ -48,6 +48,11 @@ def tier_of(path: str | Path) -> str | None:
 # containers), while the tier's other tests spread over the workers one by one.
 SECOND_HOST_FILES = frozenset(f"tests/docker/{name}" for name in (
     "test_dead_hosts.py", "test_hosts.py", "test_pair.py", "test_second_host_watched.py"))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """A run stopped early, by Ctrl-C or SIGTERM, tears its tests down, however it was started (tests/signals.py)."""
+    stop_as_in_a_terminal()
 
 
 @pytest.hookimpl(optionalhook=True)

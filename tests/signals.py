@@ -56,3 +56,19 @@ def hangup_ends() -> AbstractContextManager[None]:
 def hangup_ignored() -> AbstractContextManager[None]:
     """Inside the block SIGHUP is ignored, and so it is in a process started there: how `nohup` starts one."""
     return _handled(signal.SIGHUP, signal.SIG_IGN)
+
+
+def stop_as_in_a_terminal() -> None:
+    """For the whole pytest run (tests/conftest.py's pytest_configure, in every xdist worker too): Ctrl-C raises
+    KeyboardInterrupt wherever it lands, in a module fixture starting a server as in a test, however the run was
+    started, and SIGTERM does the same, so a run stopped early (scripts/ci/lanes.sh's stop_tests, a CI runner
+    cancelling) unwinds through every teardown instead of leaving its containers and processes behind. Each test
+    still sets its own state (ctrl_c_raises, ctrl_c_ignored) on top."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, _interrupt)
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt(f"stopped by {signal.Signals(signum).name}")

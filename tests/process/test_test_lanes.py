@@ -1,0 +1,126 @@
+"""scripts/test.sh stopped early (CI cancelled, SIGTERM) stops every pytest it started, each through its teardowns.
+
+test.sh runs one pytest in the foreground (the process and docker tiers, over xdist workers) and one lane in the
+background (the engine tier); CI starts it as a background job, so SIGINT arrives ignored in all of them. Before:
+SIGTERM to the script left the foreground pytest running on its own, and the lane's pytest shrugged off the Ctrl-C
+sent to it while a module fixture (a vLLM server starting) ran, where SIGINT was still ignored: both went on with
+their servers after the script had ended (seen 2026-12-05, ended by hand). Here the script's own functions
+(scripts/ci/lanes.sh) and its own exit trap run the same shape of run, started the way CI starts it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.process.conftest import REPO, processes_of
+from tests.signals import ctrl_c_ignored, hangup_ignored
+
+# The suite's own signal state: tests/conftest.py's run-wide hook and per-test fixture, as every tier gets them.
+CONFTEST = "from tests.conftest import _ctrl_c_as_in_a_terminal, pytest_configure  # noqa: F401\n"
+
+# A lane whose module fixture is a server starting when the script is stopped, and cleans up in its finally.
+LANE = """
+import time
+from pathlib import Path
+
+import pytest
+
+MARKS = Path({marks!r})
+
+
+@pytest.fixture(scope="module")
+def server():
+    (MARKS / "lane-up").touch()
+    try:
+        time.sleep(120)
+        yield
+    finally:
+        (MARKS / "lane-down").touch()
+
+
+def test_uses_the_server(server):
+    pass
+"""
+
+# Two tests on two xdist workers, each in its call when the script is stopped.
+FRONT = """
+import time
+from pathlib import Path
+
+import pytest
+
+MARKS = Path({marks!r})
+
+
+@pytest.mark.parametrize("name", ["a", "b"])
+def test_runs(name):
+    (MARKS / f"front-up-{{name}}").touch()
+    try:
+        time.sleep(120)
+    finally:
+        (MARKS / f"front-down-{{name}}").touch()
+"""
+
+
+def _exit_trap() -> str:
+    """test.sh's own EXIT trap, so this test runs what the script runs when it ends early."""
+    match = re.search(r"^trap '(.*)' EXIT$", (REPO / "scripts" / "test.sh").read_text(), re.MULTILINE)
+    assert match, "no EXIT trap in scripts/test.sh"
+    return match.group(1)
+
+
+def _wait_for(predicate, seconds: float, what: str) -> None:
+    deadline = time.monotonic() + seconds
+    while not predicate():
+        if time.monotonic() > deadline:
+            pytest.fail(f"{what} within {seconds:.0f} s")
+        time.sleep(0.2)
+
+
+def test_sigterm_to_a_background_test_script_stops_both_lanes_through_their_teardowns(tmp_path: Path) -> None:
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    for name, body in (("lane", LANE), ("front", FRONT)):
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "conftest.py").write_text(CONFTEST)
+        (folder / f"test_{name}.py").write_text(body.format(marks=str(marks)))
+    driver = tmp_path / "driver.sh"
+    driver.write_text(f"""set -euo pipefail
+VENV={sys.prefix}
+cd {REPO}
+summary() {{ :; }}
+source scripts/ci/lanes.sh
+trap '{_exit_trap()}' EXIT
+lane_start "lane: %ss wall" -p no:cacheprovider {tmp_path / "lane"}
+pytest_step -p no:cacheprovider -n 2 {tmp_path / "front"}
+lane_wait
+""")
+    log = tmp_path / "driver.log"
+    with ctrl_c_ignored(), hangup_ignored(), log.open("w") as out:  # as `nohup bash scripts/test.sh &` starts
+        script = subprocess.Popen(["bash", str(driver)], stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                  env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        up = [marks / "lane-up", marks / "front-up-a", marks / "front-up-b"]
+        _wait_for(lambda: all(p.exists() for p in up), 90, f"every test started ({log.read_text()[-2000:]})")
+        script.send_signal(signal.SIGTERM)
+        _wait_for(lambda: script.poll() is not None, 60, "the script ended")
+        assert script.returncode != 0
+        down = {p.name for p in marks.iterdir() if "down" in p.name}
+        assert down == {"lane-down", "front-down-a", "front-down-b"}, log.read_text()[-3000:]
+        _wait_for(lambda: not processes_of(str(tmp_path)), 10, f"no process left: {processes_of(str(tmp_path))}")
+        assert "[test] lane: " in log.read_text()  # what the lane wrote is printed when the script ends
+    finally:
+        for pid in processes_of(str(tmp_path)):
+            os.kill(pid, signal.SIGKILL)
+        if script.poll() is None:
+            os.killpg(script.pid, signal.SIGKILL)
+            script.wait()
