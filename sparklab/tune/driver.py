@@ -13,6 +13,7 @@ import dataclasses
 import json
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -310,7 +311,10 @@ def _search(plan: Plan, store: Store, runtime: HostRuntime | None, run_dir: Path
                 state["loads"] = int(state.get("loads", 0)) + len(loading)
                 store.set_meta("tune", state)
                 if loading:  # the sampled answers a later `none` load does not score are scored at the end
-                    runner.run(plan, store, runtime, run_dir, request.options, say, hosts, reach=reach, score=False)
+                    ids = {s.id for s in plan.servers
+                           if s.id in pending and (s.method, s.num_speculative_tokens) == config}
+                    _serve_load(plan, store, ids, lambda: runner.run(plan, store, runtime, run_dir, request.options,
+                                                                         say, hosts, reach=reach, score=False))
         else:
             raise SparklabError(f"tune stopped after {MAX_ROUNDS} rounds without an answer",
                                 "This is a bug in the search; the run's results are kept.")
@@ -326,6 +330,21 @@ def _search(plan: Plan, store: Store, runtime: HostRuntime | None, run_dir: Path
     state["wall_s"] = wall_before + time.monotonic() - started
     store.set_meta("tune", state)
     return TuneOutcome(run_dir, state)
+
+
+def _serve_load(plan: Plan, store: Store, servers: set[str], run: Callable[[], object]) -> None:
+    """One load: run its servers; a start that failed with attempts left (its cells back to pending) is started
+    again now, before the next load, so loads keep their order (a reload pair's A B B A) and a round whose one start
+    failed is not taken for a round without progress. Stops when its cells are done or out of attempts, or when a
+    run changed nothing (a host lost: the round's own check then says so)."""
+    def state() -> list[tuple[str, str, int]]:
+        return sorted((c.id, c.status, c.attempts) for c in store.cells() if c.server_config_id in servers)
+
+    for _ in range(plan.sweep.max_attempts):
+        before = state()
+        run()
+        if not any(c.server_config_id in servers for c in store.pending_cells()) or state() == before:
+            return
 
 
 def _ratio(r: Any) -> dict[str, Any] | None:
@@ -424,7 +443,9 @@ def _measure_schedule(plan: Plan, store: Store, runtime: HostRuntime | None, run
                                 [f"{schedule['method']} K per batch size"], "repeats": settings.repeats,
                                 "loads": [server.label + " (schedule)"]})
         store.set_meta("tune", state)
-        runner.run(with_schedule, store, runtime, run_dir, request.options, say, hosts, reach=reach, score=False)
+        _serve_load(with_schedule, store, {server.id}, lambda: runner.run(with_schedule, store, runtime, run_dir,
+                                                                            request.options, say, hosts,
+                                                                            reach=reach, score=False))
     measured = observations(store, with_schedule, state["objective"], settings.terms, [server])
     cells = measured.get((server.method, server.num_speculative_tokens), {})
     space = space_of(plan)
