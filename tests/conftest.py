@@ -92,6 +92,20 @@ _tier_outcomes: dict[str, Counter[str]] = {}
 _session_started = time.monotonic()
 
 
+_stopped: list[bool] = []  # set once the run is stopped by Ctrl-C or SIGTERM (scripts/test.sh stopped early)
+
+
+def pytest_keyboard_interrupt(excinfo: pytest.ExceptionInfo[BaseException]) -> None:
+    _stopped.append(True)  # pytest tears down what is still set up after this hook
+
+
+def interrupted() -> bool:
+    """Whether the test being torn down is so because the run was stopped mid-way (Ctrl-C, SIGTERM): a teardown guard still
+    cleans up, but a CLI the test waited on was killed while it removed its own servers, which is not the test's
+    failure."""
+    return bool(_stopped)
+
+
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     """Each tier's wall time: the sum of its tests' setup, call and teardown (tests run one at a time)."""
     tier = tier_of(report.nodeid.split("::", 1)[0]) or "other"

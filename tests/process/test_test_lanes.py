@@ -24,7 +24,18 @@ from tests.process.conftest import REPO, processes_of
 from tests.signals import ctrl_c_ignored, hangup_ignored
 
 # The suite's own signal state: tests/conftest.py's run-wide hook and per-test fixture, as every tier gets them.
-CONFTEST = "from tests.conftest import _ctrl_c_as_in_a_terminal, pytest_configure  # noqa: F401\n"
+CONFTEST = """from pathlib import Path
+
+import pytest
+
+from tests.conftest import _ctrl_c_as_in_a_terminal, interrupted, pytest_configure, pytest_keyboard_interrupt  # noqa
+
+
+@pytest.fixture(autouse=True)
+def _record(request):  # what the suite's teardown guards see: was this test stopped mid-way?
+    yield
+    (Path({marks!r}) / f"interrupted-{{request.node.name}}").write_text(str(interrupted()))
+"""
 
 # A lane whose module fixture is a server starting when the script is stopped, and cleans up in its finally.
 LANE = """
@@ -34,6 +45,10 @@ from pathlib import Path
 import pytest
 
 MARKS = Path({marks!r})
+
+
+def test_ends_before_the_stop():
+    pass
 
 
 @pytest.fixture(scope="module")
@@ -91,7 +106,7 @@ def test_sigterm_to_a_background_test_script_stops_both_lanes_through_their_tear
     for name, body in (("lane", LANE), ("front", FRONT)):
         folder = tmp_path / name
         folder.mkdir()
-        (folder / "conftest.py").write_text(CONFTEST)
+        (folder / "conftest.py").write_text(CONFTEST.format(marks=str(marks)))
         (folder / f"test_{name}.py").write_text(body.format(marks=str(marks)))
     driver = tmp_path / "driver.sh"
     driver.write_text(f"""set -euo pipefail
@@ -118,6 +133,9 @@ lane_wait
         assert down == {"lane-down", "front-down-a", "front-down-b"}, log.read_text()[-3000:]
         _wait_for(lambda: not processes_of(str(tmp_path)), 10, f"no process left: {processes_of(str(tmp_path))}")
         assert "[test] lane: " in log.read_text()  # what the lane wrote is printed when the script ends
+        # the guards (tests/dockerkit.py's no container left behind) know a test stopped mid-way from one that ended
+        seen = {p.name.removeprefix("interrupted-"): p.read_text() for p in marks.glob("interrupted-*")}
+        assert seen == {"test_ends_before_the_stop": "False", "test_runs[a]": "True", "test_runs[b]": "True"}, seen
     finally:
         for pid in processes_of(str(tmp_path)):
             os.kill(pid, signal.SIGKILL)
