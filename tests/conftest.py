@@ -100,9 +100,9 @@ def pytest_keyboard_interrupt(excinfo: pytest.ExceptionInfo[BaseException]) -> N
 
 
 def interrupted() -> bool:
-    """Whether the test being torn down is so because the run was stopped mid-way (Ctrl-C, SIGTERM): a teardown guard still
-    cleans up, but a CLI the test waited on was killed while it removed its own servers, which is not the test's
-    failure."""
+    """Whether the test being torn down is so because the run was stopped mid-way (Ctrl-C, SIGTERM): a teardown
+    guard still cleans up, but a CLI the test waited on was killed while it removed its own servers, which is not
+    the test's failure."""
     return bool(_stopped)
 
 
