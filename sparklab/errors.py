@@ -64,6 +64,13 @@ class EngineUnreachable(Exception):
     """An engine did not answer an HTTP request (refused, reset, timed out); internal, never shown raw."""
 
 
+class IncompleteRunError(SparklabError):
+    """A run that cannot go on now (its hosts gone): what it measured is kept, and the same command continues it.
+    Its exit code is an incomplete sweep's."""
+
+    exit_code = 6
+
+
 class DiskFullError(SparklabError):
     """The disk under the runs directory is (nearly) full: the sweep stops cleanly, resumable."""
 

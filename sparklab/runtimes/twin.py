@@ -140,6 +140,7 @@ class TwinRuntime:
         return "local" if self.name == "local" else f"ssh://twin@{self.name}"  # as the sweep's hosts: name it
 
     def facts(self) -> dict[str, Any]:  # Any: a JSON document, stored with the run as it is (as base.HostRuntime's)
+        self._answer()  # a run reaching its hosts again (tune's next load) leaves a lost twin out, as a dead Spark
         return {"twin": self.host.twin.name, "architecture": TWIN_ARCH, "mem_total_gib": self.host.twin.mem_total_gib,
                 "docker_version": "none (a twin: its servers are stand-ins, host processes)"}
 

@@ -23,13 +23,14 @@ import yaml
 from sparklab import __version__
 from sparklab.bench import slo as slos
 from sparklab.engines import acceptance, engine
-from sparklab.errors import DiskFullError, RecipeError, SparklabError
+from sparklab.errors import DiskFullError, IncompleteRunError, RecipeError, SparklabError
 from sparklab.recipes.hosts import Host, parse_hosts
 from sparklab.recipes.multinode import require_hosts
 from sparklab.recipes.plan import Plan, ServerConfig, TimingModel, build_plan, estimate_seconds, variant
 from sparklab.runtimes.base import HostRuntime
 from sparklab.sweep import downloads, fleet, lossless, provenance, rundir, runner
 from sparklab.sweep.store import Store
+from sparklab.sweep.store_rows import HOST_LOST
 from sparklab.tune import search, verdict
 from sparklab.tune.request import TuneChoices, TuneRequest, request_for
 from sparklab.tune.space import load_space, space_notes
@@ -279,8 +280,7 @@ def _search(plan: Plan, store: Store, runtime: HostRuntime | None, run_dir: Path
                 break
             marker = (decision, store.counts()["done"], store.counts()["failed"])
             if marker == last:
-                raise SparklabError("tune made no progress: the same cells stayed pending after a round",
-                                    f"See {run_dir / rundir.LOG_NAME}; run the same command again to retry.")
+                raise _cannot_go_on(plan, store, run_dir)
             last = marker
             for note in decision.notes:
                 if note not in state.setdefault("notes", []):
@@ -330,6 +330,22 @@ def _search(plan: Plan, store: Store, runtime: HostRuntime | None, run_dir: Path
     state["wall_s"] = wall_before + time.monotonic() - started
     store.set_meta("tune", state)
     return TuneOutcome(run_dir, state)
+
+
+def _cannot_go_on(plan: Plan, store: Store, run_dir: Path) -> SparklabError:
+    """A round that changed nothing: its loads' cells stayed pending (no host could take them: a host lost, a
+    pair's worker gone). Names them and the last loss that concerned them; a round with nothing pending is a bug."""
+    pending = {c.server_config_id for c in store.pending_cells()}
+    stuck = [s.label for s in plan.servers if s.id in pending]
+    if not stuck:
+        return SparklabError("tune made no progress: a round measured nothing and left nothing pending",
+                             f"This is a bug in the search; the run's results are kept in {run_dir}.")
+    lost = [f.message.splitlines()[0] for f in store.failures()
+            if f.kind == HOST_LOST and f.server_config_id in pending]
+    why = lost[-1] if lost else "no host of the run could take them: the lines above say why"
+    return IncompleteRunError(f"tune cannot go on: {', '.join(stuck)} stayed pending after a round ({why})",
+                              f"What it measured is kept in {run_dir}. Run the same command again once the hosts are "
+                              "back: it continues where it stopped.")
 
 
 def _serve_load(plan: Plan, store: Store, servers: set[str], run: Callable[[], object]) -> None:

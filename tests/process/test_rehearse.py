@@ -80,6 +80,7 @@ def _nights(tmp: Path) -> dict[str, tuple[str, ...]]:
     # a host lost is a night over two hosts: one machine alone is the one sparklab runs on (refused, tests/unit)
     nights["fault host-lost"] = ("up", "gb10-pair", "--fault", "host-lost", "--minutes", "0.1")
     nights["tune dead-engine"] = ("tune", "gb10", "--fault", "dead-engine", "--minutes", "0.15")
+    nights["tune host-lost"] = ("tune", "gb10-pair", "--fault", "host-lost", "--minutes", "0.1")
     nights["slow boot"] = (str(tiny), "--minutes", "0.1")  # its stand-ins take SLOW_BOOT_S to print anything
     return nights
 
@@ -152,6 +153,20 @@ def test_tune_up_and_the_pair_rehearse(nights: dict[str, Night], name: str) -> N
         # and scores them as vLLM 0.27.1 does (/tokenize, prompt_logprobs; before, the stand-in answered 404)
         scored = re.search(r"lossless check: scored (\d+) of (\d+) sampled answers", said)
         assert scored and scored[1] == scored[2] != "0", said[-3000:]
+
+
+def test_a_tune_whose_pairs_worker_host_is_lost_stops_as_an_incomplete_run_and_says_why(
+        nights: dict[str, Night]) -> None:
+    """The worker's Spark of a pair goes mid-night: tune's next load reaches the hosts again and leaves the lost one
+    out, as a Spark that lost power does not answer; no host can take a server across two, and tune stops as an
+    incomplete run naming the loss. Before, the lost twin still answered the next load's check and the night stopped
+    on its first call to it ("it is gone"), where a real night would have gone on to "tune made no progress"."""
+    night = nights["tune host-lost"]
+    said = night.stderr + night.stdout
+    assert night.returncode == 1 and "Traceback" not in said, night.stderr[-3000:]
+    assert "host spark-2: left out of this run: " in said, said[-3000:]
+    assert "tune cannot go on: vllm/none" in said and "the Docker host of spark-2 stopped answering" in said, said
+    assert "made no progress" not in said
 
 
 def test_each_load_is_its_own_row_of_the_timeline(nights: dict[str, Night]) -> None:

@@ -55,3 +55,23 @@ def test_a_host_lost_on_a_night_on_one_machine_is_refused_in_one_paragraph(
     assert code == 2 and "Traceback" not in err, err
     assert "one machine" in err and "sparklab rehearse up gb10-pair --fault host-lost" in err, err
     assert not list(tmp_path.glob("sparklab-rehearse-*")), "the refused night left its scratch directory"
+
+
+def test_a_lost_twin_is_left_out_when_a_run_reaches_its_hosts_as_a_dead_docker_host_is(tmp_path: Path) -> None:
+    """A later run of the night (tune's next load, a resumed sweep) reaches its hosts again: a real Spark that lost
+    power does not answer and is left out with one line. Before, the lost twin answered with its facts, and the run
+    then stopped on its first call to it (\"the night stopped: ... it is gone\"), which no real night does."""
+    from sparklab.host.twin import TwinHost
+    from sparklab.recipes.hosts import Host
+    from sparklab.recipes.twin import load_twin
+    from sparklab.runtimes.twin import TwinRuntime, TwinSetup
+    from sparklab.sweep import fleet
+
+    setup = TwinSetup("fault-hosts", tmp_path / "twin")
+    twins = {name: TwinRuntime(TwinHost(load_twin("gb10"), 0.01, name), setup, name) for name in ("spark-1", "spark-2")}
+    twins["spark-2"].lost.set()
+    said: list[str] = []
+    hosts = [Host(name=name, docker=f"ssh://twin@{name}", address=name) for name in twins]
+    members = fleet.connect(hosts, said.append, reach=lambda host: twins[host.name])
+    assert [m.name for m in members] == ["spark-1"]
+    assert any(line.startswith("host spark-2: left out of this run: ") and "gone" in line for line in said), said

@@ -93,3 +93,35 @@ def test_a_config_whose_every_start_fails_is_left_out_and_the_search_finishes(tm
     assert "ngram K=3" not in picks.values() and picks[4] == "ngram K=1"
     with Store.open(outcome.run_dir / "results.sqlite", readonly=True) as store:
         assert {c.server_config_id for c in store.cells("failed")} and not store.pending_cells()
+
+
+def test_a_load_no_host_can_take_stops_the_tune_as_an_incomplete_run_naming_the_cause(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """A pair's worker Spark gone: its server goes back to the queue and no host is left to take it, so its cells
+    stay pending, round after round. Before, tune stopped with "tune made no progress" and a hint to look at the log
+    and retry, exit 1, as if the search had a bug; the cause was only in the lines above. Now it stops as an
+    incomplete run does (exit 6, results kept, the same command continues it) and names the configs left and the
+    loss."""
+    from sparklab.cli.main import main
+
+    def run(plan: Any, store: Store, runtime: Any, run_dir: Path, options: Any, say: Any,
+            hosts: Any = None, reach: Any = None, score: bool = True) -> dict[str, int]:
+        pending = store.pending_cells()
+        server = next(s for s in plan.servers if any(c.server_config_id == s.id for c in pending))
+        if not store.failures():  # its first start: the worker's host goes mid-cell
+            store.start_cell(next(c.id for c in pending if c.server_config_id == server.id))
+            store.host_lost(server.id, "spark-2", f"the Docker host of spark-2 stopped answering during server "
+                                                  f"{server.label}")
+        say(f"server {server.label}: no host could take it (spark-1: the server needs 2 hosts that can hold it); "
+            "its cells stay pending")
+        return store.counts()
+
+    monkeypatch.setattr(runner, "run", run)
+    monkeypatch.setattr(downloads, "download", lambda plan, store, say: None)
+    monkeypatch.setenv("SPARKLAB_STATE", str(tmp_path / "state"))
+    code = main(["tune", "cpu-tune", "--k", "1-3", "--runs-dir", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert code == 6, err
+    assert "Traceback" not in err and "made no progress" not in err, err
+    assert "vllm-cpu/none" in err and "the Docker host of spark-2 stopped answering" in err, err
+    assert "run the same command again once the hosts are back: it continues where it stopped" in err.lower(), err
