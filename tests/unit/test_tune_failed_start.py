@@ -19,7 +19,7 @@ import pytest
 from sparklab.sweep import downloads, runner
 from sparklab.sweep.store import Store
 from sparklab.tune import driver
-from tests.unit.test_tune_schedule import RATES, truth_of
+from tests.unit.test_tune_schedule import serve_scripted, truth_of
 
 
 def tune(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fails: Callable[[str, list[tuple[str, bool]]], bool]
@@ -44,20 +44,7 @@ def tune(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fails: Callable[[str, 
                 store.fail_server_config(server.id, "not_ready", "scripted: the start fails",
                                          max_attempts=plan.sweep.max_attempts)
                 continue
-            load = f"{next(counter):04d}#{server.id}"
-            store.record_server_start(server.id, image_digest=None, startup_facts=None, ready_s=1.0, log_path=None,
-                                      engine_version="0.27.1")
-            for cell in (c for c in pending if c.server_config_id == server.id):
-                value = truth(server, cell.concurrency) * (1 + (0.003, -0.003, 0.0)[cell.repeat % 3])
-                summary = {"requests": {"measured": 4, "ok": 4, "failed": 0}, "aggregate_tps": value,
-                           "ttft_ms": {"p50": 100.0}}
-                result: dict[str, Any] = {"summary": summary, "server_load": {"id": load}}
-                k = server.num_speculative_tokens
-                if k:
-                    result["speculative"] = {"per_position_acceptance": RATES[:k], "drafts": 40,
-                                             "acceptance_length": 1 + sum(RATES[:k])}
-                store.start_cell(cell.id)
-                store.finish_cell(cell.id, summary, result)
+            serve_scripted(store, server, pending, f"{next(counter):04d}#{server.id}", truth)
         return store.counts()
 
     monkeypatch.setattr(runner, "run", run)

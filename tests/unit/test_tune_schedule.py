@@ -38,6 +38,25 @@ def truth_of(schedule_at_4: float) -> Callable[[ServerConfig, int], float]:
     return truth
 
 
+def serve_scripted(store: Store, server: ServerConfig, cells: list[Any], load: str,
+                   truth: Callable[[ServerConfig, int], float]) -> None:
+    """One scripted load of `server`: each of its pending `cells` done at the truth's tok/s (a small run-to-run
+    spread), the load's id on each, acceptance from RATES for a drafter."""
+    store.record_server_start(server.id, image_digest=None, startup_facts=None, ready_s=1.0, log_path=None,
+                              engine_version="0.27.1")
+    for cell in (c for c in cells if c.server_config_id == server.id):
+        value = truth(server, cell.concurrency) * (1 + (0.003, -0.003, 0.0)[cell.repeat % 3])
+        summary = {"requests": {"measured": 4, "ok": 4, "failed": 0}, "aggregate_tps": value,
+                   "ttft_ms": {"p50": 100.0}}
+        result: dict[str, Any] = {"summary": summary, "server_load": {"id": load}}
+        k = server.num_speculative_tokens
+        if k:
+            result["speculative"] = {"per_position_acceptance": RATES[:k], "drafts": 40,
+                                     "acceptance_length": 1 + sum(RATES[:k])}
+        store.start_cell(cell.id)
+        store.finish_cell(cell.id, summary, result)
+
+
 def scripted_run(truth: Callable[[ServerConfig, int], float], starts: list[str]) -> Callable[..., dict[str, int]]:
     counter = itertools.count(1)
 
@@ -48,20 +67,7 @@ def scripted_run(truth: Callable[[ServerConfig, int], float], starts: list[str])
         for server_id in dict.fromkeys(c.server_config_id for c in pending):
             server = servers[server_id]
             starts.append(server.label + (" (schedule)" if server.serve_args else ""))
-            load = f"{next(counter):04d}#{server_id}"
-            store.record_server_start(server_id, image_digest=None, startup_facts=None, ready_s=1.0, log_path=None,
-                                      engine_version="0.27.1")
-            for cell in (c for c in pending if c.server_config_id == server_id):
-                value = truth(server, cell.concurrency) * (1 + (0.003, -0.003, 0.0)[cell.repeat % 3])
-                summary = {"requests": {"measured": 4, "ok": 4, "failed": 0}, "aggregate_tps": value,
-                           "ttft_ms": {"p50": 100.0}}
-                result: dict[str, Any] = {"summary": summary, "server_load": {"id": load}}
-                k = server.num_speculative_tokens
-                if k:
-                    result["speculative"] = {"per_position_acceptance": RATES[:k], "drafts": 40,
-                                             "acceptance_length": 1 + sum(RATES[:k])}
-                store.start_cell(cell.id)
-                store.finish_cell(cell.id, summary, result)
+            serve_scripted(store, server, pending, f"{next(counter):04d}#{server_id}", truth)
         return store.counts()
     return run
 
