@@ -100,10 +100,29 @@ def _wait_for(predicate, seconds: float, what: str) -> None:
         time.sleep(0.2)
 
 
-def test_sigterm_to_a_background_test_script_stops_both_lanes_through_their_teardowns(tmp_path: Path) -> None:
+STUBBORN = """
+import signal
+import time
+from pathlib import Path
+
+MARKS = Path({marks!r})
+
+
+def test_ignores_every_stop():  # a hung test: a C call that never returns would look the same from outside
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    (MARKS / "lane-up").touch()
+    time.sleep(120)
+"""
+
+
+def _start(tmp_path: Path, lane: str, front: str, env: dict[str, str] | None = None
+           ) -> tuple[subprocess.Popen[bytes], Path, Path]:
+    """test.sh's two lanes (scripts/ci/lanes.sh, its own EXIT trap) over these test modules, started as CI starts
+    the script. Returns the script, its log and the folder where the tests leave their marks."""
     marks = tmp_path / "marks"
     marks.mkdir()
-    for name, body in (("lane", LANE), ("front", FRONT)):
+    for name, body in (("lane", lane), ("front", front)):
         folder = tmp_path / name
         folder.mkdir()
         (folder / "conftest.py").write_text(CONFTEST.format(marks=str(marks)))
@@ -122,7 +141,20 @@ lane_wait
     log = tmp_path / "driver.log"
     with ctrl_c_ignored(), hangup_ignored(), log.open("w") as out:  # as `nohup bash scripts/test.sh &` starts
         script = subprocess.Popen(["bash", str(driver)], stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                                  env={**os.environ, "PYTHONPATH": str(REPO)})
+                                  env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})})
+    return script, log, marks
+
+
+def _end(script: subprocess.Popen[bytes], tmp_path: Path) -> None:
+    for pid in processes_of(str(tmp_path)):
+        os.kill(pid, signal.SIGKILL)
+    if script.poll() is None:
+        os.killpg(script.pid, signal.SIGKILL)
+        script.wait()
+
+
+def test_sigterm_to_a_background_test_script_stops_both_lanes_through_their_teardowns(tmp_path: Path) -> None:
+    script, log, marks = _start(tmp_path, LANE, FRONT)
     try:
         up = [marks / "lane-up", marks / "front-up-a", marks / "front-up-b"]
         _wait_for(lambda: all(p.exists() for p in up), 90, f"every test started ({log.read_text()[-2000:]})")
@@ -137,8 +169,21 @@ lane_wait
         seen = {p.name.removeprefix("interrupted-"): p.read_text() for p in marks.glob("interrupted-*")}
         assert seen == {"test_ends_before_the_stop": "False", "test_runs[a]": "True", "test_runs[b]": "True"}, seen
     finally:
-        for pid in processes_of(str(tmp_path)):
-            os.kill(pid, signal.SIGKILL)
-        if script.poll() is None:
-            os.killpg(script.pid, signal.SIGKILL)
-            script.wait()
+        _end(script, tmp_path)
+
+
+def test_a_test_that_ignores_every_stop_is_killed_once_the_teardowns_time_is_up(tmp_path: Path) -> None:
+    """The stop is bounded: a test that shrugs off Ctrl-C and SIGTERM (hung in a call that never returns) is killed
+    after SPARKLAB_TEST_STOP_SECONDS, said in one line, and the script ends; the other lane still tears down."""
+    script, log, marks = _start(tmp_path, STUBBORN, FRONT, {"SPARKLAB_TEST_STOP_SECONDS": "3"})
+    try:
+        up = [marks / "lane-up", marks / "front-up-a", marks / "front-up-b"]
+        _wait_for(lambda: all(p.exists() for p in up), 90, f"every test started ({log.read_text()[-2000:]})")
+        script.send_signal(signal.SIGTERM)
+        _wait_for(lambda: script.poll() is not None, 30, f"the script ended ({log.read_text()[-2000:]})")
+        said = log.read_text()
+        assert "still running: killed" in said and "pytest" in said.split("still running: killed")[0][-200:], said
+        assert {p.name for p in marks.glob("front-down-*")} == {"front-down-a", "front-down-b"}
+        _wait_for(lambda: not processes_of(str(tmp_path)), 10, f"no process left: {processes_of(str(tmp_path))}")
+    finally:
+        _end(script, tmp_path)
