@@ -19,7 +19,7 @@ import pytest
 from sparklab.sweep import downloads, runner
 from sparklab.sweep.store import Store
 from sparklab.tune import driver
-from tests.unit.test_tune_schedule import serve_scripted, truth_of
+from tests.unit.test_tune_schedule import scripted_run, serve_scripted, truth_of
 
 
 def tune(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fails: Callable[[str, list[tuple[str, bool]]], bool]
@@ -112,3 +112,13 @@ def test_a_load_no_host_can_take_stops_the_tune_as_an_incomplete_run_naming_the_
     assert "Traceback" not in err and "made no progress" not in err, err
     assert "vllm-cpu/none" in err and "the Docker host of spark-2 stopped answering" in err, err
     assert "run the same command again once the hosts are back: it continues where it stopped" in err.lower(), err
+    # the host back: the same command continues that run and finishes it, the cells measured before kept
+    (run_dir,) = [d for d in tmp_path.iterdir() if d.name.startswith("tune-cpu-tune-")]
+    starts: list[str] = []
+    monkeypatch.setattr(runner, "run", scripted_run(truth_of(46.0), starts))
+    code = main(["tune", "cpu-tune", "--k", "1-3", "--runs-dir", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    assert [d for d in tmp_path.iterdir() if d.name.startswith("tune-cpu-tune-")] == [run_dir]
+    with Store.open(run_dir / "results.sqlite", readonly=True) as store:
+        assert any(f.kind == "host_lost" for f in store.failures()) and not store.pending_cells()
