@@ -53,6 +53,7 @@ class TwinServer:
     alive: Callable[[], bool] | None = None  # its process runs (None: until stop())
     stopped: bool = False
     label: str = ""  # engine/method K=k, as the sweep names the server
+    node_rank: int | None = None  # a node of a server across hosts (0: its head), None: a server on one host
     at_start: HostMemory | None = None  # the host's memory when it started
     lowest_available_gib: float = math.inf  # under load: from its ready to its end
     lowest_free_gib: float = math.inf
@@ -109,7 +110,7 @@ class TwinHost:
             takes = need.gib
         server = TwinServer(spec.name, spec.kind, self.now_s(), files, ready_after,
                             takes + model.outside_gib, model.per_request_gib, load_file, leak_gib_per_s,
-                            label=_label(spec), at_start=before)
+                            label=_label(spec), at_start=before, node_rank=_node_rank(spec))
         with self._lock:
             self.state.servers[spec.name] = server
             self.history.append(server)
@@ -245,6 +246,11 @@ class TwinHost:
 
     def close(self) -> None:
         pass
+
+
+def _node_rank(spec: LaunchSpec) -> int | None:
+    rank = spec.labels.get("sparklab.node_rank")  # sparklab.recipes.multinode labels each node's spec
+    return int(rank) if rank is not None else None
 
 
 def _label(spec: LaunchSpec) -> str:

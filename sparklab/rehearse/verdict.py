@@ -66,6 +66,7 @@ class ServerVerdict:
     lowest: tuple[float, float] | None  # under load
     floor_gib: float | None
     lost: str | None  # why the night would lose it
+    node_rank: int | None = None  # one node of a server across hosts (each has its row, on its host)
 
 
 @dataclass
@@ -145,9 +146,9 @@ def _server(rehearsal: Rehearsal, server: TwinServer, host: str, floors: dict[tu
     at_start = (server.at_start.available_gib, server.at_start.free_gib) if server.at_start else None
     lowest = None if math.isinf(server.lowest_available_gib) else (server.lowest_available_gib, server.lowest_free_gib)
     if load is None:
-        return ServerVerdict(server.label, host, None, None, at_start, lowest, floor, None)
+        return ServerVerdict(server.label, host, None, None, at_start, lowest, floor, None, server.node_rank)
     return ServerVerdict(server.label, host, rehearsal.night_s(load.wall), load.ready_s, at_start, lowest, floor,
-                         load.lost)
+                         load.lost, server.node_rank)
 
 
 def lines(rehearsal: Rehearsal, verdict: Verdict) -> list[str]:
@@ -173,7 +174,9 @@ def lines(rehearsal: Rehearsal, verdict: Verdict) -> list[str]:
         floor = f"{s.floor_gib:.2f}" if s.floor_gib is not None else "-"
         verdict_text = "LOST: " + s.lost if s.lost else "kept"
         where = f"{s.host}: " if len(rehearsal.hosts) > 1 else ""
-        out.append(f"  {start:>9}  {where + s.label:<28} {ready:>7}   {at:<28}  {low:<20} {floor:>6}   {verdict_text}")
+        role = "" if s.node_rank is None else f" ({'head' if s.node_rank == 0 else 'worker'})"  # one server's nodes
+        name = where + s.label + role
+        out.append(f"  {start:>9}  {name:<28} {ready:>7}   {at:<28}  {low:<20} {floor:>6}   {verdict_text}")
     out.append("")
     if verdict.clocks:
         out.append(f"{len(verdict.clocks)} cell(s) ran with the clock down or the GPU throttling (their numbers are "

@@ -212,7 +212,9 @@ class TwinRuntime:
         worker = bool(spec.entrypoint) and os.path.basename(spec.entrypoint[0]) == "ray"
         if not worker:
             self.setup.head = spec
-        held = dataclasses.replace(self.setup.head, name=spec.name) if worker and self.setup.head else spec
+        # a Ray worker holds what its head's engine loads on this host, under its own name and node labels
+        held = (dataclasses.replace(self.setup.head, name=spec.name, labels=spec.labels) if worker and self.setup.head
+                else spec)
         self.host.start(held, load_file, leak_gib_per_s=LEAK_GIB_PER_S if fault == "oom" else 0.0)
         booted = threading.Event()
 

@@ -141,8 +141,10 @@ def test_every_shipped_sweep_rehearses(nights: dict[str, Night], sweep: Path) ->
 def test_tune_up_and_the_pair_rehearse(nights: dict[str, Night], name: str) -> None:
     night = nights[name]
     _clean(night)
-    if name == "up gb10-pair":  # two twin hosts, each watched, each with its floor
-        assert "spark-1: vllm/none" in night.stdout and "spark-2: vllm/none" in night.stdout
+    if name == "up gb10-pair":  # two twin hosts, each watched, each with its floor: one server, a row per node
+        timeline = night.stdout[night.stdout.index("timeline (night clock)"):].split("\n\n")[0].splitlines()[1:]
+        assert [row.split()[1:4] for row in timeline] == [["spark-1:", "vllm/none", "(head)"],
+                                                          ["spark-2:", "vllm/none", "(worker)"]], timeline
     if name == "tune gb10":
         assert "best per concurrency" in night.stdout
         # its space is sampled (temperature > 0): the lossless check's own start of `none`, to score the drafters'
