@@ -70,7 +70,7 @@ stop_tests() {  # the script ends early (a failure, SIGTERM, Ctrl-C): stop every
     done
     # what is left, the deepest first: a lane's subshell ends by itself once its pytest is gone (a second for it)
     for pid in $(echo "$pids" | tac); do
-      for _ in 1 2 3 4 5 6 7 8 9 10; do running "$pid" && sleep 0.1; done
+      for _ in 1 2 3 4 5 6 7 8 9 10; do running "$pid" || break; sleep 0.1; done
       if running "$pid"; then
         echo "[test] stopping: process $pid ($(ps -o args= -p "$pid" | cut -c1-80)) still running: killed" >&2
         kill -KILL "$pid" 2>/dev/null || true

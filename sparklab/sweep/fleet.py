@@ -232,9 +232,14 @@ def for_hosts(server: ServerConfig, hosts: list[Host]) -> ServerConfig:
     return dataclasses.replace(head, spec=nodes.head, cluster=nodes)
 
 
-def lost_members(exc: HostLost, member: Member, partners: Sequence[Member]) -> list[Member]:
-    """The hosts a HostLost names among the one that ran the server and its partners (it names none: the former)."""
-    return [m for m in (member, *partners) if m.name in exc.hosts] if exc.hosts else [member]
+def mark_lost(exc: HostLost, member: Member, partners: Sequence[Member]) -> list[Member]:
+    """Mark lost the hosts a HostLost names among the one that ran the server and its partners (it names none: the
+    former): that one with the loss's own words, a partner as PAIR_LOST; one already marked keeps its reason.
+    Returns them."""
+    went = [m for m in (member, *partners) if m.name in exc.hosts] if exc.hosts else [member]
+    for gone in went:
+        gone.lost = gone.lost or ((str(exc) or "the Docker host stopped answering") if gone is member else PAIR_LOST)
+    return went
 
 
 def nodes_of(server: ServerConfig) -> int:
@@ -318,10 +323,7 @@ def run(plan: Plan, store: Store, members: list[Member], serve: Serve, say: Say,
                     else:
                         serve(member, for_host(server, member.host), hstore, host_say)
                 except HostLost as exc:
-                    went = lost_members(exc, member, partners)
-                    for gone in went:
-                        gone.lost = gone.lost or (str(exc) or "the Docker host stopped answering" if gone is member
-                                                  else PAIR_LOST)
+                    went = mark_lost(exc, member, partners)
                     if member not in went:  # a partner's host went, this one stays: the cells wait for another pair
                         give_back(member, ", ".join(m.name for m in went))
                 except (KeyboardInterrupt, *FATAL):

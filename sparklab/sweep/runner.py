@@ -221,9 +221,9 @@ def _score_the_rest(plan: Plan, store: Store, members: list[fleet.Member], run_d
                             member.tell(say), member.host, server, [], baselines, [p.runtime for p in partners],
                             [p.name for p in partners], lost=member.gone, controller=controller))
         except fleet.HostLost as exc:
-            for lost in fleet.lost_members(exc, member, partners):  # the host that ran it, or a pair's worker
-                lost.lost = str(exc) or "the Docker host stopped answering"
-                lost.tell(say)(f"lost: {lost.lost}; the sampled answers left are not scored")
+            for lost in fleet.mark_lost(exc, member, partners):  # the host that ran it, or a pair's worker
+                lost.tell(say)(f"lost: {str(exc) or 'the Docker host stopped answering'}; the sampled answers left "
+                               "are not scored")
 
 
 def dry_run(request: Request) -> tuple[Plan, float, TimingModel, list[Host] | None]:
