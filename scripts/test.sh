@@ -82,7 +82,7 @@ summary() {
 }
 # shellcheck source=scripts/ci/lanes.sh
 source scripts/ci/lanes.sh  # pytest_step, lane_start, lane_wait, stop_tests
-trap 'rc=$?; stop_tests; [ "$rc" -eq 0 ] || summary; exit "$rc"' EXIT
+trap 'rc=$?; stop_tests; [ "$rc" -eq 0 ] || { summary; failures_said; }; exit "$rc"' EXIT
 
 setup_venv() {
   local stamp="$VENV/.sparklab-stamp" want
@@ -295,6 +295,7 @@ if [ "${#pytest_args[@]}" -eq 0 ] && "$VENV/bin/python" -c 'import xdist' 2>/dev
 else
   pytest_step ${paths[@]+"${paths[@]}"} ${pytest_args[@]+"${pytest_args[@]}"}
 fi
+failures_said  # last, where CI's excerpt of a long run still shows it
 if [ "$ruff_rc" -ne 0 ] || [ "$imports_rc" -ne 0 ] || [ "$mypy_rc" -ne 0 ] || [ "$pytest_rc" -ne 0 ]; then
   echo "[test] FAIL (ruff exit $ruff_rc, lint-imports exit $imports_rc, mypy exit $mypy_rc, pytest exit $pytest_rc)" >&2
   trap - EXIT

@@ -106,8 +106,30 @@ def interrupted() -> bool:
     return bool(_stopped)
 
 
+FAILURE_LINES, FAILURE_CHARS = 12, 1500  # of a failure's message, in scripts/test.sh's last lines
+
+
+def _said_failure(report: pytest.TestReport) -> None:
+    """A failed test, one paragraph in the file scripts/test.sh names (SPARKLAB_TEST_FAILURES): the test, the line
+    that failed and the start of its message, which the script prints last. CI shows a run's start and its end, and
+    pytest prints a failing test's whole source before its line: a long test's reason was cut out of what CI showed.
+    Said by the pytest that reports (the controller under xdist, whose workers send it their reports)."""
+    path = os.environ.get("SPARKLAB_TEST_FAILURES")
+    if not path or not report.failed or os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    crash = getattr(report.longrepr, "reprcrash", None)
+    where = f" at {crash.path}:{crash.lineno}" if crash is not None else ""
+    message = crash.message if crash is not None else str(report.longrepr).strip()  # a string when not a traceback
+    lines = message.splitlines()[:FAILURE_LINES] or ["(no message)"]
+    text = "\n".join(lines)[:FAILURE_CHARS]
+    with open(path, "a", encoding="utf-8") as out:
+        out.write(f"{report.nodeid} ({report.when}){where}: " + text.replace("\n", "\n    ") + "\n")
+
+
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    """Each tier's wall time: the sum of its tests' setup, call and teardown (tests run one at a time)."""
+    """Each tier's wall time: the sum of its tests' setup, call and teardown (tests run one at a time); and each
+    failure, said again at the end of scripts/test.sh."""
+    _said_failure(report)
     tier = tier_of(report.nodeid.split("::", 1)[0]) or "other"
     _tier_seconds[tier] += report.duration
     if report.when == "call" or (report.when == "setup" and not report.passed):

@@ -4,6 +4,16 @@
 # tests/process/test_test_lanes.py runs these functions as test.sh does, started the way CI starts it.
 
 pytest_rc=0
+# Each failed test, said by tests/conftest.py as it fails in any pytest below, and printed last by failures_said.
+SPARKLAB_TEST_FAILURES=$(mktemp)
+export SPARKLAB_TEST_FAILURES
+failures_said() {  # print each failed test once (its line, the start of its message) as the run's last lines
+  if [ -s "$SPARKLAB_TEST_FAILURES" ]; then
+    printf '[test] failed (%s):\n' "$(grep -c '^[^ ]' "$SPARKLAB_TEST_FAILURES")"
+    sed 's/^/[test]   /' "$SPARKLAB_TEST_FAILURES"
+  fi
+  rm -f "$SPARKLAB_TEST_FAILURES"
+}
 pytest_step() {  # pytest_step PYTEST-ARGS...: run pytest, keep its first failing exit status in pytest_rc
   local rc=0
   "$VENV/bin/python" -m pytest -ra -q --durations=15 "$@" || rc=$?

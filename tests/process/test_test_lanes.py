@@ -28,7 +28,9 @@ CONFTEST = """from pathlib import Path
 
 import pytest
 
-from tests.conftest import _ctrl_c_as_in_a_terminal, interrupted, pytest_configure, pytest_keyboard_interrupt  # noqa
+from tests.conftest import (  # noqa
+    _ctrl_c_as_in_a_terminal, interrupted, pytest_configure, pytest_keyboard_interrupt, pytest_runtest_logreport,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -137,6 +139,8 @@ trap '{_exit_trap()}' EXIT
 lane_start "lane: %ss wall" -p no:cacheprovider {tmp_path / "lane"}
 pytest_step -p no:cacheprovider -n 2 {tmp_path / "front"}
 lane_wait
+failures_said  # as test.sh ends
+[ "$pytest_rc" -eq 0 ] || {{ echo "[test] FAIL (pytest exit $pytest_rc)"; trap - EXIT; exit 1; }}
 """)
     log = tmp_path / "driver.log"
     with ctrl_c_ignored(), hangup_ignored(), log.open("w") as out:  # as `nohup bash scripts/test.sh &` starts
@@ -186,5 +190,49 @@ def test_a_test_that_ignores_every_stop_is_killed_once_the_teardowns_time_is_up(
         assert len(killed) == 1 and "-m pytest" in killed[0], said  # the hung pytest only, not its lane's shell
         assert {p.name for p in marks.glob("front-down-*")} == {"front-down-a", "front-down-b"}
         _wait_for(lambda: not processes_of(str(tmp_path)), 10, f"no process left: {processes_of(str(tmp_path))}")
+    finally:
+        _end(script, tmp_path)
+
+
+# A failing test whose traceback is long: CI shows a run's start and its end, and pytest prints a failing test's whole
+# source before the line that failed (seen 2026-12-05: the engine lane's 140-line test, the failing line and its
+# message cut out of what CI showed, and nothing else said why).
+LONG_FAILURE = """
+def test_long_and_failing():
+{body}
+    checks = "prefix-cache hits: 3 warning(s)\\n- one\\n- two\\n- three"
+    assert "2 warning(s)" in checks, checks
+
+
+def test_passes():
+    pass
+"""
+
+SHORT_FAILURE = """
+import pytest
+
+
+@pytest.mark.parametrize("name", ["a", "b"])
+def test_on_a_worker(name):
+    assert name == "a", f"worker test {{name}} failed on its own"
+"""
+
+
+def test_the_end_of_a_failed_run_says_which_tests_failed_where_and_why(tmp_path: Path) -> None:
+    """The script's last lines name each failed test once (a test on an xdist worker too), with the line that failed
+    and the start of its message, however long its traceback was and whichever lane it ran in."""
+    body = "\n".join(f"    x{i} = {i}  # a long test" for i in range(300))
+    script, log, _ = _start(tmp_path, LONG_FAILURE.replace("{body}", body).replace("{", "{{").replace("}", "}}"),
+                            SHORT_FAILURE)
+    try:
+        _wait_for(lambda: script.poll() is not None, 120, f"the script ended ({log.read_text()[-2000:]})")
+        said = log.read_text()
+        assert script.returncode != 0, said[-2000:]
+        tail = "\n".join(said.splitlines()[-20:])
+        assert re.search(r"test_lane\.py::test_long_and_failing \(call\) at .*test_lane\.py:304: AssertionError: "
+                         r"prefix-cache hits: 3 warning\(s\)", tail), tail
+        assert "- three" in tail, tail  # the message's next lines
+        assert tail.count("test_on_a_worker[b]") == 1 and "worker test b failed on its own" in tail, tail
+        assert "test_on_a_worker[a]" not in tail and "test_passes" not in tail, tail
     finally:
         _end(script, tmp_path)
