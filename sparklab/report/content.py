@@ -8,7 +8,7 @@ from typing import Any
 from sparklab import engines
 from sparklab.bench.metrics import CONFIDENCE, IDENTICAL, IDENTICAL_SHORT, SPREAD_WARN
 from sparklab.report import latency, losses, provenance, verdicts
-from sparklab.report.checks import run_checks
+from sparklab.report.checks import flagged_by, run_checks
 from sparklab.report.document import Block, Bullets, Code, Document, Image, Para, Section, Table
 from sparklab.report.formats import DASH
 from sparklab.report.generation import generation_sections
@@ -24,6 +24,7 @@ from sparklab.report.server_sections import (
 )
 from sparklab.report.thinking import sections as thinking_sections
 from sparklab.report.throughput_tables import acceptance_section, detail_tables, fmt_ratio, k_cell, k_pivot, seed_tables
+from sparklab.report.verdict import Check
 
 # -- sections ----------------------------------------------------------------------------------------------------
 
@@ -119,7 +120,7 @@ def _versus_runner_up(best: Any) -> str:
     return f"; {100 * r.value:.1f}% of runner-up {name} [{100 * r.low:.1f}, {100 * r.high:.1f}]"
 
 
-def _best(report: Report) -> Section:
+def _best(report: Report, checks: list[Check]) -> Section:
     if not report.best:
         return Section("Best configuration per concurrency", blocks=[Para("No finished cells.")])
     rows, commands = [], []
@@ -139,6 +140,14 @@ def _best(report: Report) -> Section:
         if best.synthetic_skipped:
             why += ("; scored above it but synthetic acceptance, not a drafter, so never named best: "
                     + ", ".join(s.server.label for s in best.synthetic_skipped))
+        if best.changed_output:
+            why += ("; scored above it but its answers differ from `none`'s at temperature 0, so never named best: "
+                    + ", ".join(s.server.label for s in best.changed_output))
+        if best.lossy:
+            why += ("; scored above it but its sampled answers are not the target's (lossless check), so never "
+                    "named best: " + ", ".join(s.server.label for s in best.lossy))
+        if flags := flagged_by(best, report, checks):
+            why += f"; rests on a number a check flagged ({', '.join(flags)}): see Checks on the verdict"
         rows.append((best.workload, str(best.concurrency), f"{g.server.engine} {g.server.method_name}",
                      k_cell(g.server), f"{best.score:,.2f}{single}", fmt_ratio(g), why))
         commands.append(f"# {best.workload}, C={best.concurrency}\n{g.server.up_command}")
@@ -146,7 +155,9 @@ def _best(report: Report) -> Section:
         Para("Score: the median of the headline tok/s over repeats minus their standard deviation (a "
              f"configuration that is fast only sometimes scores lower); within {100 * BEST_TIE:.0f}% of the top "
              "score the smallest K wins (no drafting counts as K=0). Configs with synthetic acceptance are "
-             "benchmarks of the engine's step cost, not drafters, and are never named. "
+             "benchmarks of the engine's step cost, not drafters, and are never named; nor are configs whose answers "
+             "are not the target's (they differ from `none`'s at temperature 0, or the lossless check flagged "
+             "them). A pick whose number, or its baseline's, a check flagged says so. "
              + ("The comparison with the runner-up includes between-load noise (some config was reloaded)."
                 if any(g.load_noise for g in report.groups) else
                 "No config was reloaded: every comparison sees within-load noise only, so every verdict rests on "
@@ -247,11 +258,11 @@ def _reliability(report: Report) -> Section:
     return Section("How far to trust this", blocks=[Bullets(tuple(items))])
 
 
-def _checks(report: Report) -> Section:
+def _checks(checks: list[Check]) -> Section:
     blocks: list[Block] = [Para(
         "Each check reads the stored run; a warning means a number above should not be acted on as it stands "
         "(README: \"Checks on the verdict\").")]
-    for check in run_checks(report):
+    for check in checks:
         if not check.findings and check.not_checked:
             blocks.append(Para(f"{check.name}: not checked ({check.not_checked})."))
             continue
@@ -295,8 +306,9 @@ def document(report: Report, plots: list[tuple[str, Path]] | None = None) -> Doc
     synthetic += [s] if (s := latency.section(report, report.slo)) else []
     synthetic += [s] if (s := losses.section(report)) else []
     quality = [*graded_sections(report), *lossless_sections(report), *thinking_sections(report)]
+    checks = run_checks(report)
     sections = [_overview(report), *lead, _method(report), *seed_tables(report), *tuned, *k_pivot(report),
-                _best(report), *synthetic, *quality, verdicts.load_noise_section(report), _checks(report),
+                _best(report, checks), *synthetic, *quality, verdicts.load_noise_section(report), _checks(checks),
                 _reliability(report), *detail_tables(report)]
     if acceptance := acceptance_section(report):
         sections.append(acceptance)

@@ -9,6 +9,7 @@ from dataclasses import asdict
 from typing import Any
 
 from sparklab.bench.metrics import Estimate, Ratio
+from sparklab.report.checks import flagged_by, run_checks
 from sparklab.report.losses import as_dict, losses
 from sparklab.report.model import METRICS, Group, Report, headline_name
 
@@ -114,6 +115,7 @@ def to_csv(report: Report) -> str:
 def to_json(report: Report) -> str:
     groups = []
     extra = _quality(report)
+    checks = run_checks(report)
     for g in report.groups:
         groups.append({**{k: v for k, v in _group_row(g, extra[id(g)]).items() if not k.startswith(tuple(METRICS))},
                        "metrics": {name: _estimate(e) for name, e in g.metrics.items()},
@@ -136,7 +138,10 @@ def to_json(report: Report) -> str:
         "best": [{"workload": b.workload, "concurrency": b.concurrency, "server_config_id": b.group.server.id,
                   "label": b.group.server.label, "score": b.score, "top_score_label": b.best_score_group.server.label,
                   "candidates": b.candidates, "up_command": b.group.server.up_command, "one_load": b.one_load,
-                  "synthetic_skipped": [g.server.label for g in b.synthetic_skipped]} for b in report.best],
+                  "synthetic_skipped": [g.server.label for g in b.synthetic_skipped],
+                  "changed_output": [g.server.label for g in b.changed_output],
+                  "lossy": [g.server.label for g in b.lossy],
+                  "flagged_by": flagged_by(b, report, checks)} for b in report.best],
         "losses": [as_dict(x) for x in losses(report)],
         "slo": report.slo,
         "cells": [{"id": c.id, "server_config_id": c.server_config_id, "workload": c.workload,

@@ -11,6 +11,7 @@ from dataclasses import replace
 from typing import Any
 
 from sparklab import engines
+from sparklab.report import lossless
 from sparklab.report.grouping import (
     best_configs,
     group_of,
@@ -147,5 +148,7 @@ def build(store: Store, run_id: str, overrides: Overrides | None = None) -> Repo
                      "recipes/hardware.yaml): no roofline. Give one with --hardware NAME or --bandwidth-gbps GBPS.")
     sweep = store.sweep()
     slo = sweep.get("slo") if overrides.slo is None else overrides.slo or None  # `--slo ''`: none, not the file's
-    return Report(run_id, sweep, store.meta(), store.host_facts(), store.counts(), servers, groups,
-                  best_configs(groups), store.failures(), notes, slo, store.scores())
+    report = Report(run_id, sweep, store.meta(), store.host_facts(), store.counts(), servers, groups, [],
+                    store.failures(), notes, slo, store.scores())
+    report.best = best_configs(groups, lossless.lossy_groups(report))  # the lossless check reads the scores
+    return report

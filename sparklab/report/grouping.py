@@ -23,6 +23,7 @@ from sparklab.report.model import (
     headline_metric,
 )
 from sparklab.report.roofline import bound, model_inputs
+from sparklab.report.verdict import GroupKey
 from sparklab.sweep.store_rows import CellRow
 
 
@@ -191,18 +192,31 @@ def with_load_noise(groups: list[Group]) -> list[Group]:
     return out
 
 
-def best_configs(groups: list[Group]) -> list[Best]:
+def changed_output(g: Group) -> bool:
+    """A drafting config whose answers differ from none's at temperature 0 (synthetic acceptance must differ)."""
+    return g.equality is not None and g.equality.differs and not g.server.is_synthetic
+
+
+def never_named(g: Group, lossy: frozenset[GroupKey]) -> bool:
+    """Not the target model made faster: synthetic acceptance, answers that differ from none's at temperature 0,
+    or sampled answers the lossless check found not the target's (`lossy`: report.lossless.lossy_groups)."""
+    return g.server.is_synthetic or changed_output(g) or g.key in lossy
+
+
+def best_configs(groups: list[Group], lossy: frozenset[GroupKey] = frozenset()) -> list[Best]:
     """Per (workload, concurrency): the highest median - sd of the headline over repeats (a config that is fast
     only sometimes scores lower; sd, not MAD, so that one slow run in three counts); within 1% of it, the
-    smallest K (no drafting counts as 0). Synthetic acceptance is never named best (it is not a drafter); a
-    runner-up comparison carries between-load noise where the run reloaded some config."""
+    smallest K (no drafting counts as 0). Only the target model made faster is named best: never synthetic
+    acceptance (not a drafter), a config whose answers differ from none's at temperature 0, or one whose sampled
+    answers the lossless check found not the target's (`lossy`, report.lossless.lossy_groups); a runner-up
+    comparison carries between-load noise where the run reloaded some config."""
     out = []
     comps = load_components(groups)
     keys = list(dict.fromkeys((g.workload, g.concurrency) for g in groups))
     for workload, concurrency in keys:
         every = [(g.headline.median - g.headline.sd, g) for g in groups
                  if g.workload == workload and g.concurrency == concurrency and g.headline]
-        scored = [s for s in every if not s[1].server.is_synthetic]
+        scored = [s for s in every if not never_named(s[1], lossy)]
         if not scored:
             continue
         top_score, top = max(scored, key=lambda s: s[0])
@@ -210,13 +224,17 @@ def best_configs(groups: list[Group]) -> list[Best]:
         score, chosen = min(close, key=lambda s: (s[1].server.k or 0, -s[0]))
         others = sorted((s for s in scored if s[1] is not chosen), key=lambda s: -s[0])
         second = others[0][1] if others else None
-        skipped = tuple(g for s, g in sorted(every, key=lambda s: -s[0]) if g.server.is_synthetic and s > score)
+        above = [g for s, g in sorted(every, key=lambda s: -s[0]) if s > score]
+        skipped = tuple(g for g in above if g.server.is_synthetic)
+        changed = tuple(g for g in above if changed_output(g))
+        not_target = tuple(g for g in above if g.key in lossy and not changed_output(g) and not g.server.is_synthetic)
         versus = None
         if second and chosen.headline and second.headline:
             comp = comps[(workload, concurrency)]
             versus = (noise.ratio(by_load(chosen), by_load(second), comp) if comp.between is not None
                       else ratio(chosen.headline, second.headline))
         one_load = any(g is not None and g.loads < 2 for g in (chosen, second))
-        out.append(Best(workload, concurrency, chosen, score, top, len(scored), second, versus, skipped, one_load))
+        out.append(Best(workload, concurrency, chosen, score, top, len(scored), second, versus, skipped, one_load,
+                        changed, not_target))
     return out
 

@@ -3,7 +3,8 @@ concurrency of the run at which any config meets it (`report --slo`, or the swee
 
 Each term's statistic (e.g. TPOT p90) is taken per cell from its stored per-request records (sparklab.bench.slo),
 so one value per repeat; a config meets the SLO when the 95% interval of every term lies under its bound. The best
-among those is picked by the report's own rule (median - sd of the headline; synthetic acceptance never named).
+among those is picked by the report's own rule (median - sd of the headline; a config that is not the target
+model made faster, grouping.never_named, is never named).
 """
 
 from __future__ import annotations
@@ -11,8 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sparklab.bench import slo as slos
+from sparklab.report import lossless
 from sparklab.report.document import Bullets, Para, Section, Table
 from sparklab.report.formats import DASH
+from sparklab.report.grouping import never_named
 from sparklab.report.model import Group, Report
 
 
@@ -43,7 +46,8 @@ def best_under(report: Report, terms: tuple[slos.Term, ...]) -> tuple[dict[tuple
                                                                         dict[str, tuple[int, Group] | None]]:
     """Per (workload, concurrency): the best config that meets the SLO (None: none does); per workload: the
     highest concurrency where some config meets it, with the best there."""
-    meeting = [r.group for r in rows(report, terms) if r.meets and not r.group.server.is_synthetic]
+    lossy = lossless.lossy_groups(report)
+    meeting = [r.group for r in rows(report, terms) if r.meets and not never_named(r.group, lossy)]
     best: dict[tuple[str, int], Group | None] = {}
     for workload in report.workloads:
         for c in report.concurrencies(workload):
@@ -80,7 +84,7 @@ def section(report: Report, text: str | None) -> Section | None:
         Para("Each term's statistic per cell from the stored per-request records (warmup excluded), one value per "
              "repeat; a config meets the objective when the 95% interval of every term is at or under its bound "
              "(a single run: its value). Best among those: the report's score (median - sd of the headline tok/s); "
-             "synthetic acceptance is never named."),
+             "synthetic acceptance, and a config whose answers are not the target's, is never named."),
         Table(("workload", "C", "config", *(t.key + " ms (95% upper)" for t in terms), "meets"), tuple(table),
               (False, True, False, *([False] * len(terms)), False)),
         Para("Best per concurrency under the objective, and how far it reaches:"),

@@ -17,14 +17,14 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from sparklab import engines
 from sparklab.bench.stats import Difference, two_sample
 from sparklab.report.document import Block, Bullets, Para, Section, Table
 from sparklab.report.model import Group, Report, Server, variant_label
-from sparklab.report.verdict import Check
+from sparklab.report.verdict import Check, GroupKey
 
 DASH = "-"
 
@@ -43,6 +43,12 @@ class Lossless:
     declared: tuple[str, ...] = ()  # lossy by design (the engine adapter)
     identical: bool = False  # every answer scored exactly as none's: the very same samples
     known: tuple[str, ...] = ()  # the engine build's known defects when sampling (Engine.sampling_defects)
+    groups: tuple[GroupKey, ...] = ()  # the groups (workloads, concurrencies) its answers came from
+
+    @property
+    def lossy(self) -> bool:
+        """Flagged by the test or lossy by design: its answers are not the target's."""
+        return bool(self.flagged or self.declared)
 
     @property
     def checked(self) -> bool:
@@ -112,12 +118,13 @@ def results(report: Report) -> list[Lossless]:
     out = []
     for (_, sampling_key), groups in by_config.items():
         server = groups[0].server
+        keys = tuple(g.key for g in groups)
         label = variant_label(json.loads(sampling_key), ["temperature", "top_p", "max_tokens"])
         bases = [b for g in groups if (b := _baseline(g, report.groups)) is not None]
         declared = tuple(server.lossy_settings)
         if not bases:
             out.append(Lossless(server, None, label, 0, 0, None, None, "no `none` config at this sampling in the "
-                                "run", declared=declared, known=server.sampling_defects))
+                                "run", declared=declared, known=server.sampling_defects, groups=keys))
             continue
         mine, why = _values(groups, report.scores)
         theirs, why_base = _values(bases, report.scores)
@@ -137,7 +144,7 @@ def results(report: Report) -> list[Lossless]:
             elif logprob is None or logprob.p_value is None:
                 reason = "too few scored answers to the same tasks for a test (at least 2 each, with some spread)"
         out.append(Lossless(server, bases[0].server, label, len(mine), len(theirs), logprob, length, reason,
-                            declared=declared, identical=same, known=server.sampling_defects))
+                            declared=declared, identical=same, known=server.sampling_defects, groups=keys))
     alpha = float(settings.get("alpha") or 0.05)
     tests = 2 * sum(1 for r in out if r.checked) or 1
     return [_judged(r, alpha / tests) for r in out]
@@ -164,8 +171,7 @@ def _judged(r: Lossless, threshold: float) -> Lossless:
         if d is not None and d.p_value is not None and d.p_value < threshold:
             flagged.append(f"{name} differs: {d.difference:+.3f} [{d.low:+.3f}, {d.high:+.3f}], p = {d.p_value:.2g} "
                            f"(< {threshold:.2g})")
-    return Lossless(r.server, r.baseline, r.sampling, r.answers, r.baseline_answers, r.logprob, r.length, r.reason,
-                    tuple(flagged), r.declared, r.identical, r.known)
+    return replace(r, flagged=tuple(flagged))
 
 
 def _diff(d: Difference | None, digits: int) -> str:
@@ -231,4 +237,10 @@ def check(report: Report) -> Check:
     return Check("lossless at temperature > 0", "every drafting config's sampled answers are as likely under the "
                  "target, and as long, as `none`'s (Welch, Bonferroni over the tests), and no serve command is "
                  "lossy by design", tuple(findings),
-                 None if found else "no drafting config ran at temperature > 0")
+                 None if found else "no drafting config ran at temperature > 0",
+                 frozenset(key for r in found if r.lossy for key in r.groups))
+
+
+def lossy_groups(report: Report) -> frozenset[GroupKey]:
+    """The groups whose sampled answers are not the target's (flagged, or lossy by design): never named best."""
+    return frozenset(key for r in results(report) if r.lossy for key in r.groups)

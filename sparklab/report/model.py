@@ -17,6 +17,7 @@ from sparklab import engines
 from sparklab.bench.metrics import Estimate, Ratio
 from sparklab.outputs import Equality, ToolCalls
 from sparklab.report.roofline import Device, RooflinePoint
+from sparklab.report.verdict import GroupKey
 from sparklab.sweep.store_rows import CellRow, FailureRow
 
 METHOD_NAMES = {"none": "none", "mtp": "MTP", "dflash": "DFlash", "dspark": "DSpark", "eagle": "EAGLE",
@@ -214,6 +215,11 @@ class Group:
     def is_baseline(self) -> bool:
         return self.server.method == BASELINE
 
+    @property
+    def key(self) -> GroupKey:
+        """Which group this is within its report: its server, workload (with its sampling variant), concurrency."""
+        return (self.server.id, self.workload, self.concurrency)
+
 
 @dataclass(frozen=True)
 class Best:
@@ -227,6 +233,10 @@ class Best:
     versus_runner_up: Ratio | None = None  # the chosen headline / the runner-up's, with its 95% interval
     synthetic_skipped: tuple[Group, ...] = ()  # synthetic configs that scored above the pick: never named best
     one_load: bool = False  # the pick or its runner-up ran on one server start only
+    # configs that scored above the pick but are not the target model made faster, so never named best: answers that
+    # differ from none's at temperature 0 (the equality check), sampled answers the lossless check flagged
+    changed_output: tuple[Group, ...] = ()
+    lossy: tuple[Group, ...] = ()
 
 
 @dataclass

@@ -21,7 +21,7 @@ from typing import Any
 from sparklab.bench.stats import McNemar, Proportion, mcnemar_exact, proportion
 from sparklab.report.document import Block, Para, Section, Table
 from sparklab.report.model import Group, Report
-from sparklab.report.verdict import Check
+from sparklab.report.verdict import Check, GroupKey
 
 SIGNIFICANT = 0.05
 DASH = "-"
@@ -176,8 +176,10 @@ def _per_task(report: Report, agreed: list[Agreement]) -> list[Section]:
 
 def check(report: Report) -> Check:
     findings = []
+    flagged: set[GroupKey] = set()
     for a in agreements(report):
         if a.test.p_value < SIGNIFICANT:
+            flagged.add(a.group.key)
             mine = proportion(a.test.both + a.test.only_second, a.test.pairs)
             theirs = proportion(a.test.both + a.test.only_first, a.test.pairs)
             findings.append(f"{_where(a.group)}: passed {fmt_rate(mine)} against `none`'s {fmt_rate(theirs)} on the "
@@ -191,4 +193,5 @@ def check(report: Report) -> Check:
     graded = [g for g in report.groups if g.grades]
     return Check("graded answers vs none", f"no drafting config's verdicts differ from `none`'s on the same tasks "
                  f"(McNemar exact p >= {SIGNIFICANT:g}) and every answer was graded", tuple(findings),
-                 None if graded else "no task suite in this run: add tasks-en, tasks-ja, code or agent to workloads")
+                 None if graded else "no task suite in this run: add tasks-en, tasks-ja, code or agent to workloads",
+                 frozenset(flagged))

@@ -95,9 +95,9 @@ def test_engines_that_cannot_score_say_why(kind: str) -> None:
 
 
 def _run(tmp_path: Path, kind: str, scores: dict[str, list[float]] | None, argv: list[str] | None = None,
-         temperature: float = 1.0, defects: list[str] | None = None) -> Path:
+         temperature: float = 1.0, defects: list[str] | None = None, speeds: dict[str, float] | None = None) -> Path:
     """A run with none and ngram at C=1 on the seed workload: 2 repeats x 4 prompts; scores per method, one
-    log-likelihood per token per answer (None: no score stored)."""
+    log-likelihood per token per answer (None: no score stored); `speeds`: tok/s per method (else 1)."""
     path = tmp_path / "run" / "results.sqlite"
     sampling = {"max_tokens": 64, "temperature": temperature, "top_p": 0.95}
     with Store.create(path, {"name": "t", "sampling": sampling, "lossless": {"alpha": 0.05}}, "test") as store:
@@ -113,7 +113,9 @@ def _run(tmp_path: Path, kind: str, scores: dict[str, list[float]] | None, argv:
                 store.start_cell(cell)
                 answers = [{"index": i, "prompt_id": f"seed-{i}", "warmup": False, "ok": True, "token_ids": [1] * 10,
                             "ids_len": 10, "text_len": 5, "finish_reason": "stop"} for i in range(4)]
-                summary = {"requests": {"measured": 4, "ok": 4, "failed": 0}, "per_request_tps": {"n": 4, "mean": 1}}
+                speed = (speeds or {}).get(method, 1.0) * (1 + 0.01 * repeat)
+                summary = {"requests": {"measured": 4, "ok": 4, "failed": 0},
+                           "per_request_tps": {"n": 4, "mean": speed}}
                 store.finish_cell(cell, summary, {"summary": summary, "outputs": answers})
                 if scores is not None:
                     values = scores[method][repeat * 4:(repeat + 1) * 4]
@@ -144,6 +146,26 @@ def test_a_more_likely_sample_is_flagged_even_when_prompts_differ_a_lot(tmp_path
     (r,) = _results(_run(tmp_path, "vllm", {"none": BASE, "ngram": shifted}))
     assert r.flagged and "log-likelihood per token differs: +0.5" in r.flagged[0]
     assert lossless.verdict(r).startswith("LOSSY")
+
+
+def test_a_config_the_lossless_check_flags_is_never_named_best(tmp_path: Path) -> None:
+    """Its sampled answers are not the target's: a faster wrong model. The pick is none, and the row says which
+    faster config it passed over and why; with the same speeds and a lossless sample, ngram is the pick."""
+    shifted = [v + 0.5 + d for v, d in zip(BASE, [0.03, -0.02, 0.01, 0.0, -0.03, 0.02, 0.0, -0.01], strict=True)]
+    path = _run(tmp_path, "vllm", {"none": BASE, "ngram": shifted}, speeds={"none": 20.0, "ngram": 30.0})
+    with Store.open(path, readonly=True) as store:
+        built = report.build(store, "run")
+    (best,) = built.best
+    assert best.group.server.method == "none" and [g.server.method for g in best.lossy] == ["ngram"]
+    text = report.render(built, "md")
+    assert ("scored above it but its sampled answers are not the target's (lossless check), so never named best: "
+            "e ngram K=3") in text
+    assert json.loads(report.render(built, "json"))["best"][0]["lossy"] == ["e ngram K=3"]
+    near = [v + d for v, d in zip(BASE, [0.1, -0.05, 0.0, 0.08, -0.1, 0.02, 0.05, -0.07], strict=True)]
+    path = _run(tmp_path / "lossless", "vllm", {"none": BASE, "ngram": near}, speeds={"none": 20.0, "ngram": 30.0})
+    with Store.open(path, readonly=True) as store:
+        (best,) = report.build(store, "run").best
+    assert best.group.server.method == "ngram" and not best.lossy
 
 
 def test_declared_lossy_is_flagged_without_a_test(tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ from sparklab.bench import slo
 from sparklab.cli.main import build_parser, main
 from sparklab.cli.sweep import TuneArgs
 from sparklab.errors import RecipeError, SparklabError
+from sparklab.outputs import kept
 from sparklab.recipes.plan import build_plan
 from sparklab.recipes.schema import recipes_dir
 from sparklab.report.latency import best_under
@@ -63,9 +64,10 @@ def test_meeting_an_slo_takes_the_whole_interval_under_the_bound() -> None:
     assert not slo.judge({}, [term])[0]  # not measured: not met
 
 
-def slo_run(tmp_path: Path, sweep_file: Path | None = None) -> Path:
+def slo_run(tmp_path: Path, sweep_file: Path | None = None, changed: tuple[str, int | None] | None = None) -> Path:
     """cpu-demo's vLLM none and ngram K=1/K=3 at C=1 and 4, 2 repeats: ngram K=3 is fastest everywhere but its
-    TPOT p90 is 60 ms at C=4; none's is 45 ms there; at C=1 everything is under 50 ms."""
+    TPOT p90 is 60 ms at C=4; none's is 45 ms there; at C=1 everything is under 50 ms. `changed`: a config whose
+    answers differ from none's (every other config answers as none does)."""
     plan = build_plan(sweep_file or recipes_dir() / "sweeps" / "cpu-demo.yaml", run_id="slo-test")
     speed = {("none", None): 20.0, ("ngram", 1): 24.0, ("ngram", 3): 30.0}
     tpot = {(("none", None), 1): 20.0, (("ngram", 1), 1): 25.0, (("ngram", 3), 1): 30.0,
@@ -83,7 +85,10 @@ def slo_run(tmp_path: Path, sweep_file: Path | None = None) -> Path:
                        "per_request_tps": {"n": 4, "mean": value}}
             requests = [request(i, i + 0.1, i + 0.1 + ms * 63, 64) for i in range(4)]
             store.start_cell(cell.id)
-            store.finish_cell(cell.id, summary, {"summary": summary, "requests": requests})
+            text = "another answer" if config == changed else "the target's answer"
+            outputs = [kept(i, f"p{i}", False, True, "length", text, None) for i in range(4)] if changed else []
+            store.finish_cell(cell.id, summary, {"summary": summary, "requests": requests, "outputs": outputs,
+                                                 "sampling": {"temperature": 0}})
     return path
 
 
@@ -183,3 +188,13 @@ def test_tune_says_the_slo_in_its_units_before_and_after(tmp_path: Path, capsys:
     assert "meeting the SLO tpot_p90<=50ms, ttft_p90<=500ms;" in capsys.readouterr().out
     said = tune_summary(SimpleNamespace(servers=[]), {"objective": "aggregate", "slo": "tpot_p90<=50", "picks": []})
     assert "meeting the SLO tpot_p90<=50ms;" in said and "SLO tpot_p90<=50ms: no config meets it" in said
+
+
+def test_a_config_whose_answers_differ_from_none_is_not_the_best_under_the_slo_either(tmp_path: Path) -> None:
+    """The SLO's best follows the report's rule: only the target model made faster is named."""
+    path = slo_run(tmp_path, changed=("ngram", 3))
+    with Store.open(path, readonly=True) as store:
+        built = report.build(store, "slo-test", report.overrides_from(None, None, [], "tpot_p90<=50ms"))
+    best, _ = best_under(built, slo.parse(built.slo))
+    assert best[("seed", 1)].server.label == "vllm-cpu ngram K=1"  # type: ignore[union-attr]
+    assert built.best[0].group.server.label == "vllm-cpu ngram K=1"
