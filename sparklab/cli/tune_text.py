@@ -139,6 +139,9 @@ def tune_summary(report: Any, state: dict[str, Any]) -> str:
     if not state.get("picks"):
         lines.append("  none: no config finished at any concurrency (see the report's failures)"
                      + (", or none met the SLO" if state.get("slo") else ""))
+    if state.get("changed_output"):
+        lines.append("passed over, whatever their speed: answers that differ from none's at temperature 0 (not the "
+                     "target model made faster): " + ", ".join(state["changed_output"]))
     if state.get("budget"):
         lines.append(f"budget for telling configs apart: {state['budget']}")
     if state.get("slo"):

@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from sparklab import __version__
+from sparklab import __version__, outputs
 from sparklab.bench import slo as slos
 from sparklab.engines import acceptance, engine
 from sparklab.errors import DiskFullError, IncompleteRunError, RecipeError, SparklabError
@@ -61,7 +61,8 @@ def objective_value(summary: dict[str, Any], objective: str) -> float | None:
     return None if value is None else float(value)
 
 
-def _cell_obs(cells: list[Any], objective: str, terms: tuple[slos.Term, ...]) -> search.CellObs:
+def _cell_obs(cells: list[Any], objective: str, terms: tuple[slos.Term, ...], changed: str | None = None
+              ) -> search.CellObs:
     done = sorted((x for x in cells if x.status == "done" and x.summary), key=lambda x: x.repeat)
     pairs = [(x, v) for x in done if (v := objective_value(x.summary, objective)) is not None]
     ttft = [float(t["p50"]) for x in done if (t := (x.summary or {}).get("ttft_ms"))]
@@ -76,21 +77,51 @@ def _cell_obs(cells: list[Any], objective: str, terms: tuple[slos.Term, ...]) ->
                            is not None) for term in terms}
     return search.CellObs(
         tuple(v for _, v in pairs), tuple(ttft), mean_positions, sum(lengths) / len(lengths) if lengths else None,
-        sum(1 for x in cells if x.status in ("done", "failed", "partial")), loads, slo)
+        sum(1 for x in cells if x.status in ("done", "failed", "partial")), loads, slo, changed)
+
+
+NO_DRAFTING: search.Config = ("none", None)  # the baseline a drafting config's answers must equal
+
+
+def _changed(cells: list[Any], baseline: list[Any], answers: dict[str, list[dict[str, Any]]]) -> str | None:
+    """How a drafting config's answers at one concurrency differ from the baseline's there at temperature 0 (the
+    report's equality check, sparklab.outputs.equality), or None when they do not or cannot be compared."""
+    done = [x for x in cells if x.status == "done"]
+    if not done or not baseline:
+        return None
+    sampling = dict((done[0].settings or {}).get("sampling") or {})
+    found = outputs.equality([a for x in done for a in answers.get(x.id, [])],
+                             [a for x in baseline if x.status == "done" for a in answers.get(x.id, [])], sampling)
+    return found.describe() if found.differs else None
 
 
 def observations(store: Store, plan: Plan, objective: str, terms: tuple[slos.Term, ...] = (),
                  servers: list[ServerConfig] | None = None) -> dict[search.Config, dict[int, search.CellObs]]:
-    """What the store holds per (method, K) and concurrency, as the search reads it (servers: only these)."""
+    """What the store holds per (method, K) and concurrency, as the search reads it (servers: only these); a
+    drafting config whose answers differ from the baseline's at temperature 0 is marked (never a pick)."""
     by_server = {s.id: (s.method, s.num_speculative_tokens) for s in (servers or plan.servers)}
     grouped: dict[tuple[search.Config, int], list[Any]] = {}
     for cell in store.cells():
         if cell.server_config_id in by_server:
             grouped.setdefault((by_server[cell.server_config_id], cell.concurrency), []).append(cell)
+    answers = store.outputs()
     out: dict[search.Config, dict[int, search.CellObs]] = {}
     for (config, c), cells in grouped.items():
-        out.setdefault(config, {})[c] = _cell_obs(cells, objective, terms)
+        baseline = grouped.get((NO_DRAFTING, c), []) if config[1] is not None else []
+        out.setdefault(config, {})[c] = _cell_obs(cells, objective, terms, _changed(cells, baseline, answers))
     return out
+
+
+def _say_changed(obs: dict[search.Config, dict[int, search.CellObs]], state: dict[str, Any], say: runner.Say
+                 ) -> None:
+    """Once per config and concurrency: its answers changed, so the search passes it over however fast it is."""
+    for config, by_c in obs.items():
+        for c, cell in sorted(by_c.items()):
+            where = f"{search.label(config)} at C={c}"
+            if cell.changed and where not in state.setdefault("changed_output", []):
+                say(f"tune: {where}: its answers differ from none's at temperature 0 (identical: {cell.changed}), "
+                    "so it is not a candidate, however fast")
+                state["changed_output"].append(where)
 
 
 def space_of(plan: Plan) -> search.Space:
@@ -268,6 +299,7 @@ def _search(plan: Plan, store: Store, runtime: HostRuntime | None, run_dir: Path
     try:
         for _ in range(MAX_ROUNDS):
             obs = observations(store, plan, objective, settings.terms)
+            _say_changed(obs, state, say)
             decision = search.decide(space, settings, obs)
             if isinstance(decision, search.Done):
                 state.update(_finish(space, settings, obs, decision))

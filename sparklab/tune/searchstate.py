@@ -48,6 +48,7 @@ class CellObs:
     # the server load each value ran on, parallel to values; ids sort in load order; () or "" : one unknown load
     loads: tuple[str, ...] = ()
     slo: Mapping[str, tuple[float, ...]] = field(default_factory=dict)  # per SLO statistic (Term.key), per repeat
+    changed: str | None = None  # its answers differ from the baseline's at temperature 0 (how): never eligible
 
     @property
     def failed(self) -> bool:
@@ -211,9 +212,10 @@ class State:
         return not terms or slos.judge(self.cell(config, c).slo, terms)[0]
 
     def eligible(self, config: Config, c: int) -> noise.Interval | None:
-        """The config's interval at c, or None when it has no value there or misses the TTFT bound or the SLO."""
+        """The config's interval at c, or None when it has no value there, misses the TTFT bound or the SLO, or
+        its answers are not the target's (they differ from the baseline's at temperature 0)."""
         cell = self.cell(config, c)
-        if not cell.values:
+        if not cell.values or cell.changed:
             return None
         bound = self.settings.ttft_max_ms
         if bound is not None and (not cell.ttft_ms or sum(cell.ttft_ms) / len(cell.ttft_ms) > bound):

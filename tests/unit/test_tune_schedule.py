@@ -15,6 +15,7 @@ import pytest
 
 from sparklab import report
 from sparklab.cli.tune_text import tune_summary
+from sparklab.outputs import kept
 from sparklab.recipes.plan import ServerConfig
 from sparklab.sweep import downloads, runner
 from sparklab.sweep.store import Store
@@ -39,9 +40,10 @@ def truth_of(schedule_at_4: float) -> Callable[[ServerConfig, int], float]:
 
 
 def serve_scripted(store: Store, server: ServerConfig, cells: list[Any], load: str,
-                   truth: Callable[[ServerConfig, int], float]) -> None:
+                   truth: Callable[[ServerConfig, int], float],
+                   answer: Callable[[ServerConfig, int], str] | None = None) -> None:
     """One scripted load of `server`: each of its pending `cells` done at the truth's tok/s (a small run-to-run
-    spread), the load's id on each, acceptance from RATES for a drafter."""
+    spread), the load's id on each, acceptance from RATES for a drafter; `answer`: the text of its 4 answers."""
     store.record_server_start(server.id, image_digest=None, startup_facts=None, ready_s=1.0, log_path=None,
                               engine_version="0.27.1")
     for cell in (c for c in cells if c.server_config_id == server.id):
@@ -49,6 +51,9 @@ def serve_scripted(store: Store, server: ServerConfig, cells: list[Any], load: s
         summary = {"requests": {"measured": 4, "ok": 4, "failed": 0}, "aggregate_tps": value,
                    "ttft_ms": {"p50": 100.0}}
         result: dict[str, Any] = {"summary": summary, "server_load": {"id": load}}
+        if answer is not None:
+            text = answer(server, cell.concurrency)
+            result["outputs"] = [kept(i, f"seed-{i}", False, True, "length", text, None) for i in range(4)]
         k = server.num_speculative_tokens
         if k:
             result["speculative"] = {"per_position_acceptance": RATES[:k], "drafts": 40,
@@ -57,7 +62,8 @@ def serve_scripted(store: Store, server: ServerConfig, cells: list[Any], load: s
         store.finish_cell(cell.id, summary, result)
 
 
-def scripted_run(truth: Callable[[ServerConfig, int], float], starts: list[str]) -> Callable[..., dict[str, int]]:
+def scripted_run(truth: Callable[[ServerConfig, int], float], starts: list[str],
+                 answer: Callable[[ServerConfig, int], str] | None = None) -> Callable[..., dict[str, int]]:
     counter = itertools.count(1)
 
     def run(plan: Any, store: Store, runtime: Any, run_dir: Path, options: Any, say: Any,
@@ -67,7 +73,7 @@ def scripted_run(truth: Callable[[ServerConfig, int], float], starts: list[str])
         for server_id in dict.fromkeys(c.server_config_id for c in pending):
             server = servers[server_id]
             starts.append(server.label + (" (schedule)" if server.serve_args else ""))
-            serve_scripted(store, server, pending, f"{next(counter):04d}#{server_id}", truth)
+            serve_scripted(store, server, pending, f"{next(counter):04d}#{server_id}", truth, answer)
         return store.counts()
     return run
 
