@@ -98,8 +98,10 @@ def _changed(cells: list[Any], baseline: list[Any], answers: dict[str, list[dict
 def observations(store: Store, plan: Plan, objective: str, terms: tuple[slos.Term, ...] = (),
                  servers: list[ServerConfig] | None = None) -> dict[search.Config, dict[int, search.CellObs]]:
     """What the store holds per (method, K) and concurrency, as the search reads it (servers: only these); a
-    drafting config whose answers differ from the baseline's at temperature 0 is marked (never a pick)."""
+    drafting config whose answers differ from the baseline's at temperature 0 is marked (never a pick), but for
+    synthetic acceptance, whose answers must differ (it keeps drafts the target would reject)."""
     by_server = {s.id: (s.method, s.num_speculative_tokens) for s in (servers or plan.servers)}
+    synthetic = _synthetic_configs(plan)
     grouped: dict[tuple[search.Config, int], list[Any]] = {}
     for cell in store.cells():
         if cell.server_config_id in by_server:
@@ -107,7 +109,7 @@ def observations(store: Store, plan: Plan, objective: str, terms: tuple[slos.Ter
     answers = store.outputs()
     out: dict[search.Config, dict[int, search.CellObs]] = {}
     for (config, c), cells in grouped.items():
-        baseline = grouped.get((NO_DRAFTING, c), []) if config[1] is not None else []
+        baseline = grouped.get((NO_DRAFTING, c), []) if config[1] is not None and config not in synthetic else []
         out.setdefault(config, {})[c] = _cell_obs(cells, objective, terms, _changed(cells, baseline, answers))
     return out
 
@@ -426,11 +428,16 @@ def _finish(space: search.Space, settings: search.Settings, obs: search.Observat
             "schedule": {"method": schedule[0], "ranges": schedule[1]} if schedule else None}
 
 
+def _synthetic_configs(plan: Plan) -> set[search.Config]:
+    """The configs whose server fakes its acceptance (synthetic rejection sampling)."""
+    return {(s.method, s.num_speculative_tokens) for s in plan.servers
+            if engine(s.spec.kind).synthetic_acceptance(s.spec.argv) is not None}
+
+
 def _mark_synthetic(plan: Plan, state: dict[str, Any]) -> None:
     """Picks whose server fakes its acceptance (synthetic rejection sampling): a benchmark of the engine's step cost
     at a chosen profile, never a config to run; the output says so instead of giving its command."""
-    fake = {(s.method, s.num_speculative_tokens) for s in plan.servers
-            if engine(s.spec.kind).synthetic_acceptance(s.spec.argv) is not None}
+    fake = _synthetic_configs(plan)
     for pick in state.get("picks", []):
         pick["synthetic"] = (pick["method"], pick["k"]) in fake
     if state.get("schedule") and any(p["synthetic"] for p in state.get("picks", [])):

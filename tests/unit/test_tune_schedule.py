@@ -173,11 +173,17 @@ def test_a_synthetic_pick_is_labelled_and_never_given_as_a_config_to_run(tmp_pat
     def truth(server: ServerConfig, c: int) -> float:
         return 40.0 if server.num_speculative_tokens is None else 50.0 - server.num_speculative_tokens
 
-    monkeypatch.setattr(runner, "run", scripted_run(truth, starts))
+    def answer(server: ServerConfig, c: int) -> str:  # synthetic acceptance keeps drafts the target would reject
+        return "the target's answer" if server.num_speculative_tokens is None else "drafts kept as they came"
+
+    monkeypatch.setattr(runner, "run", scripted_run(truth, starts, answer))
     monkeypatch.setattr(downloads, "download", lambda plan, store, say: None)
     choices = driver.TuneChoices("cpu-tune-steep", k=(1, 2, 3), repeats=3, max_repeats=6, runs_dir=tmp_path)
     outcome = driver.run_tune(driver.request_for(choices), say=lambda message: None)
+    # its answers must differ from none's (the report's check expects it): a measurement of the step cost, still
+    # tune's pick on a synthetic profile, never passed over as a drafter that changed the output
     assert all(p["synthetic"] and p["label"] == "synthetic K=1" for p in outcome.state["picks"])
+    assert not outcome.state.get("changed_output")
     with Store.open(outcome.run_dir / "results.sqlite", readonly=True) as store:
         text = tune_summary(report.build(store, outcome.run_dir.name), json.loads(json.dumps(outcome.state)))
     assert "C=1: synthetic K=1 (SYNTHETIC acceptance):" in text
