@@ -50,9 +50,14 @@ SECOND_HOST_FILES = frozenset(f"tests/docker/{name}" for name in (
     "test_dead_hosts.py", "test_hosts.py", "test_pair.py", "test_second_host_watched.py"))
 
 
+_xdist_worker: list[bool] = []  # this pytest is an xdist worker: its failures are said by the pytest it reports to
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """A run stopped early, by Ctrl-C or SIGTERM, tears its tests down, however it was started (tests/signals.py)."""
     stop_as_in_a_terminal()
+    # from the config, not PYTEST_XDIST_WORKER: a test that runs pytest itself inherits that from its own worker
+    _xdist_worker[:] = [hasattr(config, "workerinput")]
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -115,7 +120,7 @@ def _said_failure(report: pytest.TestReport) -> None:
     pytest prints a failing test's whole source before its line: a long test's reason was cut out of what CI showed.
     Said by the pytest that reports (the controller under xdist, whose workers send it their reports)."""
     path = os.environ.get("SPARKLAB_TEST_FAILURES")
-    if not path or not report.failed or os.environ.get("PYTEST_XDIST_WORKER"):
+    if not path or not report.failed or any(_xdist_worker):
         return
     crash = getattr(report.longrepr, "reprcrash", None)
     where = f" at {crash.path}:{crash.lineno}" if crash is not None else ""
