@@ -82,7 +82,9 @@ summary() {
 }
 # shellcheck source=scripts/ci/lanes.sh
 source scripts/ci/lanes.sh  # pytest_step, lane_start, lane_wait, stop_tests
-trap 'rc=$?; stop_tests; [ "$rc" -eq 0 ] || { summary; failures_said; }; exit "$rc"' EXIT
+# The script's normal end removes this trap, so whenever it runs the script stopped early: by a failed step, or by a
+# signal (SIGTERM, Ctrl-C), which bash lets it see as status 0 (the last command's): never an exit status of 0 then.
+trap 'rc=$?; [ "$rc" -ne 0 ] || rc=143; stop_tests; summary; failures_said; exit "$rc"' EXIT
 
 setup_venv() {
   local stamp="$VENV/.sparklab-stamp" want
