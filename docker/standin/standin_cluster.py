@@ -127,21 +127,29 @@ def wait_for_nodes(address: str, want: int, timeout_s: float, waiting: str) -> N
         log(f"ConnectionError: {exc}")
         os._exit(1)
     sock.sendall(b"watch\n")
+    # recv with a timeout, not a file object: after one timeout a socket's file object can no longer read (Python's
+    # socket.SocketIO), so a node that joined after the first waiting line was never seen and the line repeated
+    # without pause (tests/process/test_standin_cluster.py)
     sock.settimeout(10)
-    lines = sock.makefile("r")
+    pending = b""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         try:
-            line = lines.readline()
-        except (TimeoutError, OSError):
+            chunk = sock.recv(64)
+        except TimeoutError:
             log(waiting)
             continue
-        if not line:
+        except OSError:
+            chunk = b""
+        if not chunk:
             log(f"standin cluster: the service at {address} went away")
             os._exit(1)
-        if int(line.split()[1]) >= want:
-            sock.close()
-            return
+        pending += chunk
+        while b"\n" in pending:
+            line, pending = pending.split(b"\n", 1)
+            if int(line.split()[1]) >= want:
+                sock.close()
+                return
     log(f"standin cluster: fewer than {want} nodes after {timeout_s:.0f} s")
     os._exit(1)
 
