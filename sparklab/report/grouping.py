@@ -199,7 +199,7 @@ def changed_output(g: Group) -> bool:
 
 def never_named(g: Group, lossy: frozenset[GroupKey]) -> bool:
     """Not the target model made faster: synthetic acceptance, answers that differ from none's at temperature 0,
-    or sampled answers the lossless check found not the target's (`lossy`: report.lossless.lossy_groups)."""
+    or sampled answers the lossless check found not the target's (`lossy`: Report.lossy)."""
     return g.server.is_synthetic or changed_output(g) or g.key in lossy
 
 
@@ -208,7 +208,7 @@ def best_configs(groups: list[Group], lossy: frozenset[GroupKey] = frozenset()) 
     only sometimes scores lower; sd, not MAD, so that one slow run in three counts); within 1% of it, the
     smallest K (no drafting counts as 0). Only the target model made faster is named best: never synthetic
     acceptance (not a drafter), a config whose answers differ from none's at temperature 0, or one whose sampled
-    answers the lossless check found not the target's (`lossy`, report.lossless.lossy_groups); a runner-up
+    answers the lossless check found not the target's (`lossy`, Report.lossy); a runner-up
     comparison carries between-load noise where the run reloaded some config."""
     out = []
     comps = load_components(groups)

@@ -12,7 +12,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sparklab.bench import slo as slos
-from sparklab.report import lossless
 from sparklab.report.document import Bullets, Para, Section, Table
 from sparklab.report.formats import DASH
 from sparklab.report.grouping import never_named
@@ -46,8 +45,7 @@ def best_under(report: Report, terms: tuple[slos.Term, ...]) -> tuple[dict[tuple
                                                                         dict[str, tuple[int, Group] | None]]:
     """Per (workload, concurrency): the best config that meets the SLO (None: none does); per workload: the
     highest concurrency where some config meets it, with the best there."""
-    lossy = lossless.lossy_groups(report)
-    meeting = [r.group for r in rows(report, terms) if r.meets and not never_named(r.group, lossy)]
+    meeting = [r.group for r in rows(report, terms) if r.meets and not never_named(r.group, report.lossy)]
     best: dict[tuple[str, int], Group | None] = {}
     for workload in report.workloads:
         for c in report.concurrencies(workload):

@@ -237,10 +237,10 @@ def check(report: Report) -> Check:
     return Check("lossless at temperature > 0", "every drafting config's sampled answers are as likely under the "
                  "target, and as long, as `none`'s (Welch, Bonferroni over the tests), and no serve command is "
                  "lossy by design", tuple(findings),
-                 None if found else "no drafting config ran at temperature > 0",
-                 frozenset(key for r in found if r.lossy for key in r.groups))
+                 None if found else "no drafting config ran at temperature > 0", lossy_groups(found))
 
 
-def lossy_groups(report: Report) -> frozenset[GroupKey]:
-    """The groups whose sampled answers are not the target's (flagged, or lossy by design): never named best."""
-    return frozenset(key for r in results(report) if r.lossy for key in r.groups)
+def lossy_groups(found: list[Lossless]) -> frozenset[GroupKey]:
+    """The groups of these results whose sampled answers are not the target's (flagged, or lossy by design): never
+    named best (report.build keeps them as Report.lossy)."""
+    return frozenset(key for r in found if r.lossy for key in r.groups)

@@ -253,6 +253,8 @@ class Report:
     roofline_notes: list[str] = field(default_factory=list)
     slo: str | None = None  # the latency objective the report judges configs by (report --slo, else the sweep's)
     scores: dict[tuple[str, int], Any] = field(default_factory=dict)  # the lossless check's (cell id, index) -> Score
+    # the groups whose sampled answers are not the target's (report.lossless.lossy_groups, once at build): never best
+    lossy: frozenset[GroupKey] = frozenset()
 
     @property
     def workloads(self) -> list[str]:
