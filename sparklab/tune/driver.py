@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import tempfile
 import time
@@ -83,15 +84,18 @@ def _cell_obs(cells: list[Any], objective: str, terms: tuple[slos.Term, ...], ch
 NO_DRAFTING: search.Config = ("none", None)  # the baseline a drafting config's answers must equal
 
 
-def _changed(cells: list[Any], baseline: list[Any], answers: dict[str, list[dict[str, Any]]]) -> str | None:
+def _changed(cells: list[Any], baseline: list[Any], answers: Callable[[], dict[str, list[dict[str, Any]]]]
+             ) -> str | None:
     """How a drafting config's answers at one concurrency differ from the baseline's there at temperature 0 (the
-    report's equality check, sparklab.outputs.equality), or None when they do not or cannot be compared."""
+    report's equality check, sparklab.outputs.equality), or None when they do not or cannot be compared. `answers`
+    reads the stored ones, only when there is something to compare."""
     done = [x for x in cells if x.status == "done"]
-    if not done or not baseline:
+    sampling = dict((done[0].settings or {}).get("sampling") or {}) if done else {}
+    if not done or not baseline or not outputs.checkable(sampling)[0]:
         return None
-    sampling = dict((done[0].settings or {}).get("sampling") or {})
-    found = outputs.equality([a for x in done for a in answers.get(x.id, [])],
-                             [a for x in baseline if x.status == "done" for a in answers.get(x.id, [])], sampling)
+    stored = answers()
+    found = outputs.equality([a for x in done for a in stored.get(x.id, [])],
+                             [a for x in baseline if x.status == "done" for a in stored.get(x.id, [])], sampling)
     return found.describe() if found.differs else None
 
 
@@ -106,7 +110,7 @@ def observations(store: Store, plan: Plan, objective: str, terms: tuple[slos.Ter
     for cell in store.cells():
         if cell.server_config_id in by_server:
             grouped.setdefault((by_server[cell.server_config_id], cell.concurrency), []).append(cell)
-    answers = store.outputs()
+    answers = functools.cache(store.outputs)  # read once a round, and only at temperature 0
     out: dict[search.Config, dict[int, search.CellObs]] = {}
     for (config, c), cells in grouped.items():
         baseline = grouped.get((NO_DRAFTING, c), []) if config[1] is not None and config not in synthetic else []
