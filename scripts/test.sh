@@ -237,29 +237,35 @@ summary
 # host: one lane after the other (2026-12-03), 34 min of pytest, engine and contract 1407 s after 161 + 441 s; beside
 # each other, vLLM decoding on both cores (recipes/cpu.yaml; 2026-12-04), 24 min: the engine lane 1173 s, the other
 # 88 + 439 s. The engine tier's quality sweep took 424 s of it against 292 s alone: both lanes want the CPU then.
-# Last, the files that touch the whole machine. The rehearsal module (every shipped night at once, about 100 s of
-# both cores: beside it a 10 s test took 84 s) runs with one file beside it, the Docker daemon restart and the disk
-# that fills (test_sweep_faults.py: the rehearsal's stand-ins are host processes, no Docker, and its tmpfs is its own;
-# measured 2026-12-05, twice: 104-107 s for both, against 96 s and 73 s one after the other, every test passing).
-# Then, one file at a time with nothing beside them, the page cache filled and dropped (test_memory_standin.py) and a
-# memory floor set from what the host has free (test_second_host_watched.py: beside the engine tier, its vLLM servers
-# of ~3 GiB starting and stopping, a second server crossed that floor too, seen 2026-12-04; the rehearsal's stand-ins
-# move MemAvailable by 1.9 GiB, measured 2026-12-05, against that test's 2 GiB margin).
+# The process and docker tiers yield the CPU to the engine lane (scripts/ci/lanes.sh's `yielding`: a session of their
+# own at nice 10): the engine lane is the run's longest path, and beside them its quality sweep took 324 s against 225 s
+# alone (2026-12-05, 16:24 and 16:47 UTC), while the process and docker tiers end minutes before it does. Theirs is the
+# time the engine lane leaves idle (its own cores were 73% busy alone): its vLLM spawns and loads wait on one core.
+# Last in that lane, beside the engine lane, the rehearsal module (every shipped night at once, about 100 s of both
+# cores when it has them: yielding, it takes what the engine lane leaves; its stand-ins are host processes).
+# After both lanes, one test at a time with nothing beside them, what touches the whole machine: the Docker daemon
+# restart (test_sweep_faults.py's, which would end the engine lane's containers too), the page cache filled and dropped
+# (test_memory_standin.py) and a memory floor set from what the host has free (test_second_host_watched.py: beside the
+# engine tier, its vLLM servers of ~3 GiB starting and stopping, a second server crossed that floor too, seen
+# 2026-12-04; the rehearsal's stand-ins move MemAvailable by 1.9 GiB, measured 2026-12-05, against its 2 GiB margin).
 # With pytest arguments of your own (a file, -k), one pytest runs everything one test at a time.
-DOCKER_BESIDE_REHEARSAL=(tests/docker/test_sweep_faults.py)
-DOCKER_ALONE=(tests/docker/test_memory_standin.py tests/docker/test_second_host_watched.py)
-PROCESS_ALONE=(tests/process/test_rehearse.py)
-paired() {  # paired TIER WORKERS FILE...: the tier over WORKERS workers but for FILEs (they run at the end)
-  local tier=$1 workers=$2 start=$SECONDS
+DOCKER_ALONE=(tests/docker/test_sweep_faults.py::test_a_docker_daemon_restart_mid_sweep_fails_one_server_and_the_sweep_goes_on
+              tests/docker/test_memory_standin.py tests/docker/test_second_host_watched.py)
+PROCESS_LAST=(tests/process/test_rehearse.py)
+paired() {  # paired TIER WORKERS ITEM...: the tier over WORKERS workers but for ITEMs (files or tests: run elsewhere)
+  local tier=$1 workers=$2 start=$SECONDS item left=()
   shift 2
-  pytest_step -n "$workers" --dist loadgroup "${TIER_DIR[$tier]}" "${@/#/--ignore=}"
-  printf '[test] %s tier: %ss wall (%s workers, %s file(s) left for the end)\n' "$tier" "$((SECONDS - start))" "$workers" "$#"
+  for item in "$@"; do
+    case "$item" in *::*) left+=("--deselect=$item") ;; *) left+=("--ignore=$item") ;; esac
+  done
+  pytest_step -n "$workers" --dist loadgroup "${TIER_DIR[$tier]}" "${left[@]}"
+  printf '[test] %s tier: %ss wall (%s workers, %s item(s) run apart)\n' "$tier" "$((SECONDS - start))" "$workers" "$#"
 }
-alone() {  # alone TIER FILE...: FILEs one test at a time, nothing else running
+alone() {  # alone TIER ITEM...: ITEMs one test at a time, nothing else running
   local tier=$1 start=$SECONDS
   shift
   pytest_step "$@"
-  printf '[test] %s tier, alone: %ss wall (%s file(s))\n' "$tier" "$((SECONDS - start))" "$#"
+  printf '[test] %s tier, alone: %ss wall (%s item(s))\n' "$tier" "$((SECONDS - start))" "$#"
 }
 if [ "${#pytest_args[@]}" -eq 0 ] && "$VENV/bin/python" -c 'import xdist' 2>/dev/null; then
   if wants unit; then
@@ -272,26 +278,24 @@ if [ "${#pytest_args[@]}" -eq 0 ] && "$VENV/bin/python" -c 'import xdist' 2>/dev
   for tier in engine contract; do
     if wants "$tier"; then rest+=("${TIER_DIR[$tier]}"); fi
   done
-  # The engine lane in the background (see above), its output kept in a file and printed when it ends.
+  # The engine lane in the background (see above), its output kept in a file and printed when it ends; beside it the
+  # process and docker tiers, yielding the CPU to it.
   if [ "${#rest[@]}" -gt 0 ]; then
     lane_start "engine and contract tiers: %ss wall (beside the process and docker tiers)" "${rest[@]}"
+    PYTEST_YIELDS=1
   fi
   if wants process; then
-    paired process "${SPARKLAB_PROCESS_WORKERS:-2}" "${PROCESS_ALONE[@]}"
+    paired process "${SPARKLAB_PROCESS_WORKERS:-2}" "${PROCESS_LAST[@]}"
   fi
   if wants docker; then
-    paired docker "${SPARKLAB_DOCKER_WORKERS:-2}" "${DOCKER_BESIDE_REHEARSAL[@]}" "${DOCKER_ALONE[@]}"
+    paired docker "${SPARKLAB_DOCKER_WORKERS:-2}" "${DOCKER_ALONE[@]}"
   fi
-  lane_wait
   if wants process; then
-    lane_start "process tier, beside one docker file: %ss wall (1 file(s))" "${PROCESS_ALONE[@]}"
-  fi
-  if wants docker; then
     start=$SECONDS
-    pytest_step "${DOCKER_BESIDE_REHEARSAL[@]}"
-    printf '[test] docker tier, beside the rehearsal module: %ss wall (%s file(s))\n' "$((SECONDS - start))" \
-      "${#DOCKER_BESIDE_REHEARSAL[@]}"
+    pytest_step "${PROCESS_LAST[@]}"
+    printf '[test] process tier, last: %ss wall (%s file(s))\n' "$((SECONDS - start))" "${#PROCESS_LAST[@]}"
   fi
+  PYTEST_YIELDS=0
   lane_wait
   if wants docker; then alone docker "${DOCKER_ALONE[@]}"; fi
 else

@@ -67,8 +67,9 @@ def test_uses_the_server(server):
     pass
 """
 
-# Two tests on two xdist workers, each in its call when the script is stopped.
+# Two tests on two xdist workers, each in its call when the script is stopped; each says its nice value and session.
 FRONT = """
+import os
 import time
 from pathlib import Path
 
@@ -79,7 +80,9 @@ MARKS = Path({marks!r})
 
 @pytest.mark.parametrize("name", ["a", "b"])
 def test_runs(name):
-    (MARKS / f"front-up-{{name}}").touch()
+    said = MARKS / f".front-up-{{name}}"
+    said.write_text(f"{{os.nice(0)}} {{os.getsid(0)}}")
+    said.rename(MARKS / f"front-up-{{name}}")  # whole when seen
     try:
         time.sleep(120)
     finally:
@@ -137,6 +140,7 @@ summary() {{ echo "[test] phase timings (the stand-in)"; }}
 source scripts/ci/lanes.sh
 trap '{_exit_trap()}' EXIT
 lane_start "lane: %ss wall" -p no:cacheprovider {tmp_path / "lane"}
+PYTEST_YIELDS=1  # as test.sh runs the process and docker tiers beside the engine lane
 pytest_step -p no:cacheprovider -n 2 {tmp_path / "front"}
 lane_wait
 failures_said  # as test.sh ends
@@ -162,6 +166,9 @@ def test_sigterm_to_a_background_test_script_stops_both_lanes_through_their_tear
     try:
         up = [marks / "lane-up", marks / "front-up-a", marks / "front-up-b"]
         _wait_for(lambda: all(p.exists() for p in up), 90, f"every test started ({log.read_text()[-2000:]})")
+        # the foreground tiers yield the CPU to the lane: nice 10, in a session of their own (the kernel's autogroup)
+        assert {p.read_text().split()[0] for p in up[1:]} == {"10"}
+        assert {int(p.read_text().split()[1]) for p in up[1:]} != {os.getsid(script.pid)}
         script.send_signal(signal.SIGTERM)
         _wait_for(lambda: script.poll() is not None, 60, "the script ended")
         assert script.returncode != 0

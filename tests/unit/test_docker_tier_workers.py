@@ -36,19 +36,26 @@ def test_every_file_on_the_second_host_is_in_the_group() -> None:
 
 
 def _alone(script: str, name: str) -> set[str]:
-    """The files scripts/test.sh runs after both lanes, alone or beside the rehearsal (its NAME=(...) array)."""
+    """The files or tests scripts/test.sh runs apart from their tier's lane (its NAME=(...) array)."""
     match = re.search(rf"^{name}=\(([^)]*)\)", script, re.MULTILINE)
     assert match, f"no {name}=(...) in scripts/test.sh"
     return set(match.group(1).split())
 
 
-def test_every_docker_test_that_reads_the_hosts_memory_runs_alone() -> None:
+def test_every_docker_test_that_reads_the_hosts_memory_or_restarts_its_daemon_runs_alone() -> None:
     """A test that sets a memory floor from what the host has free, or drops its page cache, runs with nothing beside
-    it: the engine lane's vLLM servers (~3 GiB each) start and stop meanwhile (a second server crossed such a floor)."""
+    it: the engine lane's vLLM servers (~3 GiB each) start and stop meanwhile (a second server crossed such a floor).
+    So does a test that restarts the Docker daemon: it would end the engine lane's containers too."""
     script = (TESTS.parent / "scripts" / "test.sh").read_text()
     reads = {f"tests/docker/{p.name}" for p in (TESTS / "docker").glob("test_*.py")
              if re.search(r"read_meminfo|drop[-_]caches", p.read_text())}
-    alone, beside = _alone(script, "DOCKER_ALONE"), _alone(script, "DOCKER_BESIDE_REHEARSAL")
+    restarts = set()
+    for path in (TESTS / "docker").glob("test_*.py"):
+        for test in re.finditer(r"^def (test_\w+)\(.*?(?=^def |\Z)", path.read_text(), re.MULTILINE | re.DOTALL):
+            if "_restart_dockerd()" in test.group(0):
+                restarts.add(f"tests/docker/{path.name}::{test.group(1)}")
+    alone, last = _alone(script, "DOCKER_ALONE"), _alone(script, "PROCESS_LAST")
     assert reads and reads <= alone, sorted(reads - alone)  # not beside the rehearsal either (it moves MemAvailable)
-    assert beside and not beside & alone
-    assert all((TESTS.parent / path).is_file() for path in alone | beside | _alone(script, "PROCESS_ALONE"))
+    assert restarts and restarts <= alone, sorted(restarts - alone)
+    assert last and not last & alone
+    assert all((TESTS.parent / item.split("::")[0]).is_file() for item in alone | last)
