@@ -239,19 +239,21 @@ summary
 # 88 + 439 s. The engine tier's quality sweep took 424 s of it against 292 s alone: both lanes want the CPU then.
 # The process and docker tiers yield the CPU to the engine lane (scripts/ci/lanes.sh's `yielding`: a session of their
 # own at nice 10): the engine lane is the run's longest path, and beside them its quality sweep took 324 s against 225 s
-# alone (2026-12-05, 16:24 and 16:47 UTC), while the process and docker tiers end minutes before it does. Theirs is the
-# time the engine lane leaves idle (its own cores were 73% busy alone): its vLLM spawns and loads wait on one core.
-# Last in that lane, beside the engine lane, the rehearsal module (every shipped night at once, about 100 s of both
-# cores when it has them: yielding, it takes what the engine lane leaves; its stand-ins are host processes).
-# After both lanes, one test at a time with nothing beside them, what touches the whole machine: the Docker daemon
-# restart (test_sweep_faults.py's, which would end the engine lane's containers too), the page cache filled and dropped
-# (test_memory_standin.py) and a memory floor set from what the host has free (test_second_host_watched.py: beside the
-# engine tier, its vLLM servers of ~3 GiB starting and stopping, a second server crossed that floor too, seen
-# 2026-12-04; the rehearsal's stand-ins move MemAvailable by 1.9 GiB, measured 2026-12-05, against its 2 GiB margin).
+# alone (2026-12-05, 16:24 and 16:47 UTC), while the process and docker tiers end minutes before it does. Yielding,
+# the engine lane took 1036 s against 1107 s, the docker tier 710 s against about 575 s (its faults file with it).
+# Last, the files that touch the whole machine. The rehearsal module (every shipped night at once, about 100 s of both
+# cores; it must have them: yielding beside the engine lane it took 204 s and a compressed night lost a request to a
+# timeout, 2026-12-05 17:13 UTC) runs with the Docker daemon's restart beside it (test_sweep_faults.py's, which would
+# end the engine lane's containers too; the rehearsal's stand-ins are host processes, no Docker). Then, one file at a
+# time with nothing beside them, the page cache filled and dropped (test_memory_standin.py) and a memory floor set from
+# what the host has free (test_second_host_watched.py: beside the engine tier, its vLLM servers of ~3 GiB starting and
+# stopping, a second server crossed that floor too, seen 2026-12-04; the rehearsal's stand-ins move MemAvailable by
+# 1.9 GiB, measured 2026-12-05, against that test's 2 GiB margin).
 # With pytest arguments of your own (a file, -k), one pytest runs everything one test at a time.
-DOCKER_ALONE=(tests/docker/test_sweep_faults.py::test_a_docker_daemon_restart_mid_sweep_fails_one_server_and_the_sweep_goes_on
-              tests/docker/test_memory_standin.py tests/docker/test_second_host_watched.py)
-PROCESS_LAST=(tests/process/test_rehearse.py)
+DOCKER_BESIDE_REHEARSAL=(
+  tests/docker/test_sweep_faults.py::test_a_docker_daemon_restart_mid_sweep_fails_one_server_and_the_sweep_goes_on)
+DOCKER_ALONE=(tests/docker/test_memory_standin.py tests/docker/test_second_host_watched.py)
+PROCESS_ALONE=(tests/process/test_rehearse.py)
 paired() {  # paired TIER WORKERS ITEM...: the tier over WORKERS workers but for ITEMs (files or tests: run elsewhere)
   local tier=$1 workers=$2 start=$SECONDS item left=()
   shift 2
@@ -285,17 +287,22 @@ if [ "${#pytest_args[@]}" -eq 0 ] && "$VENV/bin/python" -c 'import xdist' 2>/dev
     PYTEST_YIELDS=1
   fi
   if wants process; then
-    paired process "${SPARKLAB_PROCESS_WORKERS:-2}" "${PROCESS_LAST[@]}"
+    paired process "${SPARKLAB_PROCESS_WORKERS:-2}" "${PROCESS_ALONE[@]}"
   fi
   if wants docker; then
-    paired docker "${SPARKLAB_DOCKER_WORKERS:-2}" "${DOCKER_ALONE[@]}"
-  fi
-  if wants process; then
-    start=$SECONDS
-    pytest_step "${PROCESS_LAST[@]}"
-    printf '[test] process tier, last: %ss wall (%s file(s))\n' "$((SECONDS - start))" "${#PROCESS_LAST[@]}"
+    paired docker "${SPARKLAB_DOCKER_WORKERS:-2}" "${DOCKER_BESIDE_REHEARSAL[@]}" "${DOCKER_ALONE[@]}"
   fi
   PYTEST_YIELDS=0
+  lane_wait
+  if wants process; then
+    lane_start "process tier, beside the daemon restart: %ss wall (1 file(s))" "${PROCESS_ALONE[@]}"
+  fi
+  if wants docker; then
+    start=$SECONDS
+    pytest_step "${DOCKER_BESIDE_REHEARSAL[@]}"
+    printf '[test] docker tier, beside the rehearsal module: %ss wall (%s item(s))\n' "$((SECONDS - start))" \
+      "${#DOCKER_BESIDE_REHEARSAL[@]}"
+  fi
   lane_wait
   if wants docker; then alone docker "${DOCKER_ALONE[@]}"; fi
 else
