@@ -238,9 +238,10 @@ summary
 # each other, vLLM decoding on both cores (recipes/cpu.yaml; 2026-12-04), 24 min: the engine lane 1173 s, the other
 # 88 + 439 s. The engine tier's quality sweep took 424 s of it against 292 s alone: both lanes want the CPU then.
 # The process and docker tiers yield the CPU to the engine lane (scripts/ci/lanes.sh's `yielding`: a session of their
-# own at nice 10): the engine lane is the run's longest path, and beside them its quality sweep took 324 s against 225 s
-# alone (2026-12-05, 16:24 and 16:47 UTC), while the process and docker tiers end minutes before it does. Yielding,
-# the engine lane took 1036 s against 1107 s, the docker tier 710 s against about 575 s (its faults file with it).
+# own at nice 5): the engine lane is the run's longest path, and beside them its quality sweep took 324 s against 225 s
+# alone (2026-12-05, 16:24 and 16:47 UTC), while the process and docker tiers end minutes before it does. At nice 10 the
+# engine lane took 975 s against 1107 s, but the docker tier's timed promises starved: a second `bench` on a dead
+# engine took 16.3 s to its error against the test's 15 (2026-12-05, 17:20 UTC run).
 # Last, the files that touch the whole machine. The rehearsal module (every shipped night at once, about 100 s of both
 # cores; it must have them: yielding beside the engine lane it took 204 s and a compressed night lost a request to a
 # timeout, 2026-12-05 17:13 UTC) runs with the Docker daemon's restart beside it (test_sweep_faults.py's, which would

@@ -31,7 +31,7 @@ yielding() {  # yielding CMD...: CMD (and all it starts on this host) at a lower
   # nice value weighs only against processes of the same session, and the engine lane's vLLM runs in containers, in
   # Docker's own cgroup. So CMD gets a session of its own (setsid: no fork, the same pid) and that session's group
   # the lower weight (/proc/self/autogroup, where the kernel has it); nice too, for a kernel without autogroups.
-  setsid --wait bash -c 'echo 10 >/proc/self/autogroup 2>/dev/null || true; exec nice -n 10 "$@"' yielding "$@"
+  setsid --wait bash -c 'echo 5 >/proc/self/autogroup 2>/dev/null || true; exec nice -n 5 "$@"' yielding "$@"
 }
 
 lane_pid= lane_log=
