@@ -237,19 +237,19 @@ summary
 # host: one lane after the other (2026-12-03), 34 min of pytest, engine and contract 1407 s after 161 + 441 s; beside
 # each other, vLLM decoding on both cores (recipes/cpu.yaml; 2026-12-04), 24 min: the engine lane 1173 s, the other
 # 88 + 439 s. The engine tier's quality sweep took 424 s of it against 292 s alone: both lanes want the CPU then.
-# The process and docker tiers yield the CPU to the engine lane (scripts/ci/lanes.sh's `yielding`: a session of their
-# own at nice 5): the engine lane is the run's longest path, and beside them its quality sweep took 324 s against 225 s
-# alone (2026-12-05, 16:24 and 16:47 UTC), while the process and docker tiers end minutes before it does. At nice 10 the
-# engine lane took 975 s against 1107 s, but the docker tier's timed promises starved: a second `bench` on a dead
-# engine took 16.3 s to its error against the test's 15 (2026-12-05, 17:20 UTC run).
+# Tried and not kept (2026-12-05): the process and docker tiers yielding the CPU to the engine lane (their own session,
+# the kernel's autogroup at nice 10, then 5). The engine lane took 975 s against 1107 s, but the docker tier's timed
+# promises starved: a `bench` on a dead engine took 11.1 s (nice 5) and 16.3 s (nice 10) to its error, against 5 s and
+# 15 s, one failure in each run. What they promise holds on a host whose CPU sparklab shares, not one it is denied.
 # Last, the files that touch the whole machine. The rehearsal module (every shipped night at once, about 100 s of both
-# cores; it must have them: yielding beside the engine lane it took 204 s and a compressed night lost a request to a
-# timeout, 2026-12-05 17:13 UTC) runs with the Docker daemon's restart beside it (test_sweep_faults.py's, which would
-# end the engine lane's containers too; the rehearsal's stand-ins are host processes, no Docker). Then, one file at a
-# time with nothing beside them, the page cache filled and dropped (test_memory_standin.py) and a memory floor set from
-# what the host has free (test_second_host_watched.py: beside the engine tier, its vLLM servers of ~3 GiB starting and
-# stopping, a second server crossed that floor too, seen 2026-12-04; the rehearsal's stand-ins move MemAvailable by
-# 1.9 GiB, measured 2026-12-05, against that test's 2 GiB margin).
+# cores; beside the engine lane at nice 10 it took 204 s and a compressed night lost a request to a timeout) runs with
+# the Docker daemon's restart beside it (test_sweep_faults.py's, which would end the engine lane's containers too; the
+# rehearsal's stand-ins are host processes, no Docker; that file's other tests, a full disk on a tmpfs of their own
+# among them, run in the docker tier's lane: 36 s for the restart beside 92 s, against 102 s for the whole file).
+# Then, one file at a time with nothing beside them, the page cache filled and dropped (test_memory_standin.py) and a
+# memory floor set from what the host has free (test_second_host_watched.py: beside the engine tier, its vLLM servers
+# of ~3 GiB starting and stopping, a second server crossed that floor too, seen 2026-12-04; the rehearsal's stand-ins
+# move MemAvailable by 1.9 GiB, measured 2026-12-05, against that test's 2 GiB margin).
 # With pytest arguments of your own (a file, -k), one pytest runs everything one test at a time.
 DOCKER_BESIDE_REHEARSAL=(
   tests/docker/test_sweep_faults.py::test_a_docker_daemon_restart_mid_sweep_fails_one_server_and_the_sweep_goes_on)
@@ -281,11 +281,9 @@ if [ "${#pytest_args[@]}" -eq 0 ] && "$VENV/bin/python" -c 'import xdist' 2>/dev
   for tier in engine contract; do
     if wants "$tier"; then rest+=("${TIER_DIR[$tier]}"); fi
   done
-  # The engine lane in the background (see above), its output kept in a file and printed when it ends; beside it the
-  # process and docker tiers, yielding the CPU to it.
+  # The engine lane in the background (see above), its output kept in a file and printed when it ends.
   if [ "${#rest[@]}" -gt 0 ]; then
     lane_start "engine and contract tiers: %ss wall (beside the process and docker tiers)" "${rest[@]}"
-    PYTEST_YIELDS=1
   fi
   if wants process; then
     paired process "${SPARKLAB_PROCESS_WORKERS:-2}" "${PROCESS_ALONE[@]}"
@@ -293,7 +291,6 @@ if [ "${#pytest_args[@]}" -eq 0 ] && "$VENV/bin/python" -c 'import xdist' 2>/dev
   if wants docker; then
     paired docker "${SPARKLAB_DOCKER_WORKERS:-2}" "${DOCKER_BESIDE_REHEARSAL[@]}" "${DOCKER_ALONE[@]}"
   fi
-  PYTEST_YIELDS=0
   lane_wait
   if wants process; then
     lane_start "process tier, beside the daemon restart: %ss wall (1 file(s))" "${PROCESS_ALONE[@]}"

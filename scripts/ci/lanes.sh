@@ -14,24 +14,13 @@ failures_said() {  # print each failed test once (its line, the start of its mes
   fi
   rm -f "$SPARKLAB_TEST_FAILURES"
 }
-# A command's lower CPU priority (yielding): set, pytest_step runs its pytest through `yielding`.
-PYTEST_YIELDS=${PYTEST_YIELDS:-0}
 pytest_step() {  # pytest_step PYTEST-ARGS...: run pytest, keep its first failing exit status in pytest_rc
-  local rc=0 prefix=()
-  if [ "$PYTEST_YIELDS" = 1 ]; then prefix=(yielding); fi
-  ${prefix[@]+"${prefix[@]}"} "$VENV/bin/python" -m pytest -ra -q --durations=15 "$@" || rc=$?
+  local rc=0
+  "$VENV/bin/python" -m pytest -ra -q --durations=15 "$@" || rc=$?
   if [ "$rc" -eq 5 ]; then
     echo "[test] FAIL: pytest collected no tests (exit 5)" >&2
   fi
   if [ "$pytest_rc" -eq 0 ]; then pytest_rc=$rc; fi
-}
-
-yielding() {  # yielding CMD...: CMD (and all it starts on this host) at a lower CPU priority than the rest of the run.
-  # nice alone does nothing here: with the kernel's autogroups (sched_autogroup_enabled, on in Debian's kernels) a
-  # nice value weighs only against processes of the same session, and the engine lane's vLLM runs in containers, in
-  # Docker's own cgroup. So CMD gets a session of its own (setsid: no fork, the same pid) and that session's group
-  # the lower weight (/proc/self/autogroup, where the kernel has it); nice too, for a kernel without autogroups.
-  setsid --wait bash -c 'echo 5 >/proc/self/autogroup 2>/dev/null || true; exec nice -n 5 "$@"' yielding "$@"
 }
 
 lane_pid= lane_log=
@@ -42,6 +31,11 @@ lane_start() {  # lane_start SUMMARY PYTEST-ARGS...: pytest in the background (o
   lane_log=$(mktemp)
   (
     start=$SECONDS pytest_rc=0
+    # A signal to this subshell alone (`pkill -f scripts/test.sh` names every shell of the script, not their pytests)
+    # must not end it before its pytest: that pytest would go on as an orphan the script's stop_tests no longer sees.
+    # Caught, the signal waits for the pytest, which the script stops through its teardowns (a caught signal is not
+    # passed on to the pytest: it starts with the default action, or its own handler).
+    trap : TERM INT HUP
     pytest_step "$@"
     # shellcheck disable=SC2059  # the format is this script's own
     printf "[test] $format\n" "$((SECONDS - start))"
