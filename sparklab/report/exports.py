@@ -43,7 +43,7 @@ def _quality(report: Report) -> dict[int, dict[str, Any]]:
     for a in quality.agreements(report):
         out[id(a.group)].update(same_verdict_as_none=a.test.agree, verdict_pairs=a.test.pairs,
                                 mcnemar_p=a.test.p_value)
-    verdicts = {(r.server.id, r.sampling): r for r in lossless.results(report)}
+    verdicts = {(r.server.id, r.sampling): r for r in report.lossless}
     for g in report.groups:
         label = model_variant(g)
         found = verdicts.get((g.server.id, label))

@@ -150,6 +150,6 @@ def build(store: Store, run_id: str, overrides: Overrides | None = None) -> Repo
     slo = sweep.get("slo") if overrides.slo is None else overrides.slo or None  # `--slo ''`: none, not the file's
     report = Report(run_id, sweep, store.meta(), store.host_facts(), store.counts(), servers, groups, [],
                     store.failures(), notes, slo, store.scores())
-    report.lossy = lossless.lossy_groups(lossless.results(report))  # the lossless check reads the scores
+    report.lossless = tuple(lossless.results(report))  # the lossless check reads the scores
     report.best = best_configs(groups, report.lossy)
     return report

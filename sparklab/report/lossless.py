@@ -17,42 +17,16 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from sparklab import engines
 from sparklab.bench.stats import Difference, two_sample
 from sparklab.report.document import Block, Bullets, Para, Section, Table
-from sparklab.report.model import Group, Report, Server, variant_label
-from sparklab.report.verdict import Check, GroupKey
+from sparklab.report.model import Group, Lossless, Report, Server, variant_label
+from sparklab.report.verdict import Check
 
 DASH = "-"
-
-
-@dataclass(frozen=True)
-class Lossless:
-    server: Server
-    baseline: Server | None
-    sampling: str  # the sampling it ran at, e.g. "temperature 1, top_p 0.95"
-    answers: int
-    baseline_answers: int
-    logprob: Difference | None
-    length: Difference | None
-    reason: str = ""  # why it could not be checked ("" when checked)
-    flagged: tuple[str, ...] = ()  # what the test found
-    declared: tuple[str, ...] = ()  # lossy by design (the engine adapter)
-    identical: bool = False  # every answer scored exactly as none's: the very same samples
-    known: tuple[str, ...] = ()  # the engine build's known defects when sampling (Engine.sampling_defects)
-    groups: tuple[GroupKey, ...] = ()  # the groups (workloads, concurrencies) its answers came from
-
-    @property
-    def lossy(self) -> bool:
-        """Flagged by the test or lossy by design: its answers are not the target's."""
-        return bool(self.flagged or self.declared)
-
-    @property
-    def checked(self) -> bool:
-        return self.logprob is not None and not self.reason
 
 
 def _sampled(group: Group) -> bool:
@@ -109,6 +83,8 @@ def _same_samples(first: list[tuple[str, float, int]], second: list[tuple[str, f
 
 
 def results(report: Report) -> list[Lossless]:
+    """Every drafting config's verdict per sampling, from the report's groups and scores: `build` calls it once and
+    keeps them as Report.lossless, which the sections, the check and the exports read."""
     by_config: dict[tuple[str, str], list[Group]] = defaultdict(list)
     for g in report.groups:
         if not g.is_baseline and _sampled(g):
@@ -193,7 +169,7 @@ def verdict(r: Lossless) -> str:
 
 
 def sections(report: Report) -> list[Section]:
-    found = results(report)
+    found = report.lossless
     if not found:
         return []
     rows = tuple((r.server.label, r.sampling, f"{r.answers} / {r.baseline_answers}", _diff(r.logprob, 3),
@@ -220,7 +196,7 @@ def sections(report: Report) -> list[Section]:
 
 
 def check(report: Report) -> Check:
-    found = results(report)
+    found = report.lossless
     findings = []
     for r in found:
         where = f"{r.server.label} ({r.sampling})"
@@ -237,10 +213,4 @@ def check(report: Report) -> Check:
     return Check("lossless at temperature > 0", "every drafting config's sampled answers are as likely under the "
                  "target, and as long, as `none`'s (Welch, Bonferroni over the tests), and no serve command is "
                  "lossy by design", tuple(findings),
-                 None if found else "no drafting config ran at temperature > 0", lossy_groups(found))
-
-
-def lossy_groups(found: list[Lossless]) -> frozenset[GroupKey]:
-    """The groups of these results whose sampled answers are not the target's (flagged, or lossy by design): never
-    named best (report.build keeps them as Report.lossy)."""
-    return frozenset(key for r in found if r.lossy for key in r.groups)
+                 None if found else "no drafting config ran at temperature > 0", report.lossy)

@@ -15,6 +15,7 @@ from typing import Any
 
 from sparklab import engines
 from sparklab.bench.metrics import Estimate, Ratio
+from sparklab.bench.stats import Difference
 from sparklab.outputs import Equality, ToolCalls
 from sparklab.report.roofline import Device, RooflinePoint
 from sparklab.report.verdict import GroupKey
@@ -239,6 +240,34 @@ class Best:
     lossy: tuple[Group, ...] = ()
 
 
+@dataclass(frozen=True)
+class Lossless:
+    """One drafting config's lossless check at one sampling (report.lossless.results; Report.lossless)."""
+
+    server: Server
+    baseline: Server | None
+    sampling: str  # the sampling it ran at, e.g. "temperature 1, top_p 0.95"
+    answers: int
+    baseline_answers: int
+    logprob: Difference | None
+    length: Difference | None
+    reason: str = ""  # why it could not be checked ("" when checked)
+    flagged: tuple[str, ...] = ()  # what the test found
+    declared: tuple[str, ...] = ()  # lossy by design (the engine adapter)
+    identical: bool = False  # every answer scored exactly as none's: the very same samples
+    known: tuple[str, ...] = ()  # the engine build's known defects when sampling (Engine.sampling_defects)
+    groups: tuple[GroupKey, ...] = ()  # the groups (workloads, concurrencies) its answers came from
+
+    @property
+    def lossy(self) -> bool:
+        """Flagged by the test or lossy by design: its answers are not the target's."""
+        return bool(self.flagged or self.declared)
+
+    @property
+    def checked(self) -> bool:
+        return self.logprob is not None and not self.reason
+
+
 @dataclass
 class Report:
     run_id: str
@@ -253,8 +282,13 @@ class Report:
     roofline_notes: list[str] = field(default_factory=list)
     slo: str | None = None  # the latency objective the report judges configs by (report --slo, else the sweep's)
     scores: dict[tuple[str, int], Any] = field(default_factory=dict)  # the lossless check's (cell id, index) -> Score
-    # the groups whose sampled answers are not the target's (report.lossless.lossy_groups, once at build): never best
-    lossy: frozenset[GroupKey] = frozenset()
+    # the lossless check's verdicts, made once at build (report.lossless.results) for every section, check and export
+    lossless: tuple[Lossless, ...] = ()
+
+    @property
+    def lossy(self) -> frozenset[GroupKey]:
+        """The groups whose sampled answers are not the target's (flagged, or lossy by design): never named best."""
+        return frozenset(key for r in self.lossless if r.lossy for key in r.groups)
 
     @property
     def workloads(self) -> list[str]:

@@ -63,7 +63,7 @@ def test_synthetic_acceptance_follows_its_profile_and_is_never_named_best(vllm_c
     # ones the target would have rejected). Whether that difference also passes the Bonferroni threshold is measured:
     # on 12 answers here -0.95 [-1.78, -0.13] nats per token, p 0.026 against 0.025 (not flagged by the data alone);
     # on a wider run (tasks-en, code, agent at top_p 0.95, 18 answers) -2.14 [-2.93, -1.36], p 3.3e-06 (flagged).
-    (checked,) = [r for r in lossless.results(built) if r.server.is_synthetic]
+    (checked,) = [r for r in built.lossless if r.server.is_synthetic]
     assert checked.checked and checked.logprob and checked.answers == checked.baseline_answers == 12, checked
     d = checked.logprob
     measured["synthetic K=3 at T=1: log-likelihood per token vs none (12 answers each)"] = (

@@ -125,7 +125,7 @@ def _run(tmp_path: Path, kind: str, scores: dict[str, list[float]] | None, argv:
 
 def _results(path: Path) -> list[lossless.Lossless]:
     with Store.open(path, readonly=True) as store:
-        return lossless.results(report.build(store, "run"))
+        return list(report.build(store, "run").lossless)
 
 
 BASE = [-2.0, -1.0, -3.0, -1.5, -2.2, -0.9, -3.1, -1.4]
@@ -330,3 +330,28 @@ def test_the_plan_stores_the_engines_known_sampling_defects_per_server(tmp_path:
     assert "cpu_triton_utils.py:408-422" in defect and "temperature > 0" in defect
     assert stored[("vllm-cpu", "none")] == [] and stored[("vllm-cpu-synthetic", "ngram")] == []
     assert stored[("vllm-cpu-synthetic", "none")] == []
+
+
+def test_the_check_is_computed_once_when_the_report_is_built_not_again_per_format(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The report's sections, checks and exports read the verdicts `build` made (Report.lossless): two Welch tests per
+    checked config (log-likelihood, length), however many formats are written."""
+    near = [v + d for v, d in zip(BASE, [0.1, -0.05, 0.0, 0.08, -0.1, 0.02, 0.05, -0.07], strict=True)]
+    path = _run(tmp_path, "vllm", {"none": BASE, "ngram": near})
+    tests: list[int] = []
+    counted = lossless.two_sample
+
+    def counting(*args: Any) -> Any:
+        tests.append(1)
+        return counted(*args)
+
+    monkeypatch.setattr(lossless, "two_sample", counting)
+    with Store.open(path, readonly=True) as store:
+        built = report.build(store, "run")
+    assert len(tests) == 2
+    written = report.write_all(built, tmp_path / "out")
+    assert {p.name for p in written} >= {"report.md", "report.csv", "report.json", "report.html"}
+    assert len(tests) == 2
+    assert "consistent with lossless" in (tmp_path / "out" / "report.md").read_text()
+    (found,) = built.lossless
+    assert json.loads((tmp_path / "out" / "report.json").read_text())["groups"][1]["lossless"] == lossless.verdict(found)
