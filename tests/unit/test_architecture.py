@@ -273,3 +273,22 @@ def test_one_port_probe() -> None:
     """Whether a port is taken is asked in one place, binding the address the server will bind (IPv6 too)."""
     users = {p.relative_to(PACKAGE).as_posix() for p in PACKAGE.rglob("*.py") if "socket.socket(" in p.read_text()}
     assert users == {"host/preflight.py"}
+
+
+def test_the_repository_cites_nothing_outside_itself() -> None:
+    """The next maintainer has only this repository: a comment, doc or recipe cites its sources by their public names
+    (seed 000, a project's issue) or by a file in the repository, never by a path to the workspace beside it."""
+    root = PACKAGE.parent
+    tracked = subprocess.run(["git", "ls-files", "-z"], cwd=root, capture_output=True, text=True, check=True)
+    outside = re.compile(r"\.\./shared\b|\bshared/(docs|seeds|research)\b")
+    found = []
+    for name in tracked.stdout.split("\0"):
+        path = root / name
+        if not name or not path.is_file():
+            continue
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            continue
+        found += [f"{name}:{n}" for n, line in enumerate(text.splitlines(), 1) if outside.search(line)]
+    assert found == []
