@@ -234,6 +234,20 @@ def split_error(predicted: float, predicted_length: float, measured: float, meas
                  *(floor or (None, None)))
 
 
+def rules_floor(state: dict[str, Any], space: search.Space) -> dict[str, Any]:
+    """What the verdict rules ask of any tune for this grid's verdict (README "The same holds for any tune"): the
+    grid's rule loads N + V + S (every config, one reload of each config the verdict rests on, the K schedule's
+    server) against 2V + S for a tune that knew the answer before it started (each of the V loaded and reloaded, no
+    search). V counts each pick, its best and its runner-up as stored; a tie-break's pick stores the best as its
+    runner-up, so the best's own runner-up is missing from V then: a floor, never more than the rules ask."""
+    verdict = {name for pick in state.get("picks", [])
+               for name in (pick.get("label"), pick.get("best_mean"), pick.get("runner_up")) if name}
+    v, s, n = len(verdict), int(bool((state.get("schedule") or {}).get("serve_args"))), len(space.every())
+    grid_loads = state.get("loads") or n + v + s
+    return {"configs": n, "verdict_configs": sorted(verdict), "schedule": s, "oracle_loads": 2 * v + s,
+            "rule_loads": n + v + s, "oracle_share_of_grid": (2 * v + s) / grid_loads}
+
+
 def compare(profile: str, runs: Path) -> dict[str, Any]:
     """Per concurrency: the grid's pick and its best's interval against tune's pick; the wall times and the
     prediction error of tune's unloaded (K, C) against the grid's measurement."""
@@ -245,9 +259,12 @@ def compare(profile: str, runs: Path) -> dict[str, Any]:
     out: dict[str, Any] = {"profile": profile, "grid": g, "tune": t, "share": t["wall_s"] / g["wall_s"],
                            "grid_loads": grid_state.get("loads"), "tune_loads": tune_state.get("loads"),
                            "grid_explore_s": _explore_wall(grid_state), "concurrency": []}
+    floor = out["rules_floor"] = rules_floor(grid_state, grid.space)
     print(f"== {profile} ({space_path.name}): wall time grid {g['wall_s']:.0f} s, tune {t['wall_s']:.0f} s "
           f"({out['share']:.0%} of the grid); model loads grid {grid_state.get('loads')}, tune "
-          f"{tune_state.get('loads')}")
+          f"{tune_state.get('loads')}; the verdict rules' floor for any tune: {floor['oracle_loads']} loads "
+          f"({floor['oracle_share_of_grid']:.0%} of the grid's; {len(floor['verdict_configs'])} configs the grid's "
+          f"verdict rests on, each loaded twice{', and the K schedule' if floor['schedule'] else ''})")
     tune_picks = {p["concurrency"]: p for p in tune_state.get("picks", [])}
     for pick in grid_state.get("picks", []):
         c = pick["concurrency"]
@@ -375,7 +392,8 @@ def main() -> None:
             results.append(compare(profile, runs))
     if len(results) > 1:
         print("== summary: profile | same pick at every C | tune inside the grid best's interval at every C | wall "
-              "share | loads grid/tune | mean prediction error (drift-corrected) | of it, acceptance / steps/s")
+              "share | loads grid/tune (the rules' floor for any tune) | mean prediction error (drift-corrected) | of "
+              "it, acceptance / steps/s")
         for r in results:
             same = all(row.get("same") for row in r["concurrency"])
             error = f"{r['prediction_error_mean']:.1%}" if "prediction_error_mean" in r else "-"
@@ -385,7 +403,8 @@ def main() -> None:
             parts = (f"{mean_abs(x['acceptance'] for x in split):.1%} / {mean_abs(x['steps'] for x in split):.1%}"
                      if split else "-")
             print(f"  {r['profile']} | {'yes' if same else 'no'} | {'yes' if r['inside_everywhere'] else 'NO'} | "
-                  f"{r['share']:.0%} | {r['grid_loads']}/{r['tune_loads']} | {error} | {parts}")
+                  f"{r['share']:.0%} | {r['grid_loads']}/{r['tune_loads']} ({r['rules_floor']['oracle_loads']}) | "
+                  f"{error} | {parts}")
         (args.runs_dir / "summary.json").write_text(json.dumps(results, indent=1))
 
 
