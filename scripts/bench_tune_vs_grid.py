@@ -238,10 +238,11 @@ def rules_floor(state: dict[str, Any], space: search.Space) -> dict[str, Any]:
     """What the verdict rules ask of any tune for this grid's verdict (README "The same holds for any tune"): the
     grid's rule loads N + V + S (every config, one reload of each config the verdict rests on, the K schedule's
     server) against 2V + S for a tune that knew the answer before it started (each of the V loaded and reloaded, no
-    search). V counts each pick, its best and its runner-up as stored; a tie-break's pick stores the best as its
-    runner-up, so the best's own runner-up is missing from V then: a floor, never more than the rules ask."""
+    search). V counts each pick, its best and the best's runner-up (`best_runner_up`; a store from before it was kept
+    has the pick's runner-up only, which after a tie-break is the best: then V may miss one, a floor still)."""
     verdict = {name for pick in state.get("picks", [])
-               for name in (pick.get("label"), pick.get("best_mean"), pick.get("runner_up")) if name}
+               for name in (pick.get("label"), pick.get("best_mean"), pick.get("best_runner_up", pick.get("runner_up")))
+               if name}
     v, s, n = len(verdict), int(bool((state.get("schedule") or {}).get("serve_args"))), len(space.every())
     grid_loads = state.get("loads") or n + v + s
     return {"configs": n, "verdict_configs": sorted(verdict), "schedule": s, "oracle_loads": 2 * v + s,

@@ -418,6 +418,7 @@ def _finish(space: search.Space, settings: search.Settings, obs: search.Observat
                       "overlapping": [search.label(x) for x in p.overlapping], "note": p.note,
                       "tie_break": p.tie_break, "one_load": p.one_load,
                       "runner_up": search.label(p.runner_up) if p.runner_up else None,
+                      "best_runner_up": search.label(p.best_runner_up) if p.best_runner_up else None,
                       "versus_runner_up": _ratio(p.versus_runner_up)})
     predicted = [{"method": guess.config[0], "k": guess.config[1], "concurrency": guess.concurrency,
                   "predicted": guess.value, "acceptance_length": guess.acceptance_length, "basis": guess.basis,

@@ -162,6 +162,8 @@ class Pick:
     runner_up: Config | None = None
     versus_runner_up: Ratio | None = None  # the pick over the runner-up, within- and between-load noise
     one_load: bool = False  # the pick or its runner-up rests on one load
+    best_runner_up: Config | None = None  # the best's own runner-up (the verdict rests on both; runner_up differs
+    # from it when a tie-break chose another config than the best)
 
 
 @dataclass(frozen=True)

@@ -121,7 +121,8 @@ def confirm(state: State) -> tuple[list[Load], list[Pick]]:
         assert estimate is not None
         picks.append(Pick(c, chosen, estimate, best, tuple(close), _note(state, c, chosen, best, runner, close, tie,
                                                                          len(scored)),
-                          tie, second, _versus(state, chosen, second, c), _one_load(state, (best, runner), c)))
+                          tie, second, _versus(state, chosen, second, c), _one_load(state, (best, runner), c),
+                          runner))
     order = sorted(wanted, key=lambda x: max((state.cell(x, c).last_load for c in wanted[x]), default=""),
                    reverse=True)  # the one loaded last goes first: A B, then B A
     return [Load(x, tuple(sorted(wanted[x].items()))) for x in order], picks

@@ -167,3 +167,22 @@ def test_the_grid_loads_every_config_first_then_the_same_verdict_rules() -> None
     assert world.loads[:4] == [("none", None), ("ngram", 1), ("ngram", 2), ("ngram", 3)]
     reloaded = world.loads[4:]
     assert set(reloaded) == {("ngram", 3), ("ngram", 2), ("ngram", 1)}  # the best and runner-up at each C
+
+
+def test_a_tie_break_keeps_the_best_s_own_runner_up_beside_the_pick_s() -> None:
+    """The verdict rests on the best and its runner-up; after a tie-break the pick's runner-up is the best, so the
+    best's own runner-up is kept too (and stored: scripts/bench_tune_vs_grid.py counts what the rules ask from it)."""
+    from sparklab.tune import driver
+
+    truth = {("none", None): {1: 40.0}, ("ngram", 1): {1: 49.0}, ("ngram", 2): {1: 49.8}, ("ngram", 3): {1: 50.0}}
+    sp = Space(("none", "ngram"), (1, 2, 3), (1,), {"none": False, "ngram": True})
+    world = LoadWorld(truth, per_position={"ngram": (0.5, 0.4, 0.3)})
+    world.load_noise = lambda config, n: (0.1, -0.1, 0.0)[(world.loads.count(config) - 1) % 3]  # not told apart
+    settings = Settings(repeats=3, max_repeats=9, explore="grid")
+    done = drive(world, sp, settings)
+    (pick,) = done.picks
+    assert pick.tie_break and pick.config == ("ngram", 1) and pick.best_mean == ("ngram", 3)
+    assert pick.runner_up == ("ngram", 3) and pick.best_runner_up == ("ngram", 2)
+    (stored,) = driver._finish(sp, settings, world.obs(), done)["picks"]
+    assert (stored["label"], stored["best_mean"], stored["runner_up"], stored["best_runner_up"]) == (
+        "ngram K=1", "ngram K=3", "ngram K=3", "ngram K=2")

@@ -76,17 +76,23 @@ def test_the_draw_floor_shrinks_with_drafts_and_grows_when_read_off_a_probe(scri
 def test_the_rules_floor_counts_what_any_tune_must_load_for_the_grids_verdict(script: ModuleType) -> None:
     """README "The same holds for any tune": the grid loads N + V + S, a tune that knew the answer 2V + S. A grid over
     9 configs whose C=1 pick is K=5 by a tie-break (its best K=6) and whose C=4 pick is none (runner-up K=1), with a
-    K schedule measured: its verdict rests on at least those 4 configs (a tie-break's pick stores the best as its
-    runner-up, so the best's own runner-up is not counted: a floor, never more)."""
+    K schedule measured, the best K=6's own runner-up K=8: its verdict rests on those 5 configs. A store from before
+    `best_runner_up` was kept counts 4 (the tie-break's runner-up is the best): a floor still."""
     from sparklab.tune.search import Space
 
     space = Space(("none", "ngram"), tuple(range(1, 9)), (1, 4), {"none": False, "ngram": True})
-    picks = [{"concurrency": 1, "label": "ngram K=5", "best_mean": "ngram K=6", "runner_up": "ngram K=6"},
-             {"concurrency": 4, "label": "none", "best_mean": "none", "runner_up": "ngram K=1"}]
+    picks = [{"concurrency": 1, "label": "ngram K=5", "best_mean": "ngram K=6", "runner_up": "ngram K=6",
+              "best_runner_up": "ngram K=8"},
+             {"concurrency": 4, "label": "none", "best_mean": "none", "runner_up": "ngram K=1",
+              "best_runner_up": "ngram K=1"}]
     floor = script.rules_floor({"picks": picks, "schedule": {"serve_args": ["--x"]}, "loads": 20}, space)
-    assert floor["configs"] == 9 and floor["verdict_configs"] == ["ngram K=1", "ngram K=5", "ngram K=6", "none"]
-    assert floor["oracle_loads"] == 2 * 4 + 1 and floor["rule_loads"] == 9 + 4 + 1
-    assert floor["oracle_share_of_grid"] == pytest.approx(9 / 20)  # of the loads the grid made (contenders too)
+    assert floor["configs"] == 9
+    assert floor["verdict_configs"] == ["ngram K=1", "ngram K=5", "ngram K=6", "ngram K=8", "none"]
+    assert floor["oracle_loads"] == 2 * 5 + 1 and floor["rule_loads"] == 9 + 5 + 1
+    assert floor["oracle_share_of_grid"] == pytest.approx(11 / 20)  # of the loads the grid made (contenders too)
+    older = [{k: v for k, v in pick.items() if k != "best_runner_up"} for pick in picks]
+    assert script.rules_floor({"picks": older, "schedule": {"serve_args": ["--x"]}, "loads": 20}, space)[
+        "oracle_loads"] == 2 * 4 + 1
     one_pair = [{"concurrency": c, "label": "ngram K=1", "best_mean": "ngram K=1", "runner_up": "none"} for c in (1, 4)]
     floor = script.rules_floor({"picks": one_pair, "schedule": None, "loads": 11}, space)
     assert floor["oracle_loads"] == 4 and floor["rule_loads"] == 11 and floor["oracle_share_of_grid"] == pytest.approx(4 / 11)
