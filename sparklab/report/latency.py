@@ -45,7 +45,8 @@ def best_under(report: Report, terms: tuple[slos.Term, ...]) -> tuple[dict[tuple
                                                                         dict[str, tuple[int, Group] | None]]:
     """Per (workload, concurrency): the best config that meets the SLO (None: none does); per workload: the
     highest concurrency where some config meets it, with the best there."""
-    meeting = [r.group for r in rows(report, terms) if r.meets and not never_named(r.group, report.lossy)]
+    lossy = report.lossy  # derived from the lossless verdicts: once, not per row
+    meeting = [r.group for r in rows(report, terms) if r.meets and not never_named(r.group, lossy)]
     best: dict[tuple[str, int], Group | None] = {}
     for workload in report.workloads:
         for c in report.concurrencies(workload):
