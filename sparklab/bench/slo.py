@@ -46,7 +46,13 @@ class Term:
         return f"{self.metric}_{self.stat}"
 
     def __str__(self) -> str:
-        return f"{self.key}<={self.limit_ms:g}ms"
+        return f"{self.key}<={bound_text(self.limit_ms)}"
+
+
+def bound_text(ms: float) -> str:
+    """A bound in plain digits and its unit: seconds from 10 s up, ms under it (`:g` wrote 100000 s as `1e+08ms`)."""
+    value, unit = (ms / 1000, "s") if ms >= 10_000 else (ms, "ms")
+    return f"{value:.6f}".rstrip("0").rstrip(".") + unit
 
 
 class SloError(ValueError):
@@ -144,7 +150,8 @@ class TermVerdict:
         if self.mean is None:
             return f"{self.term.key}: not measured"
         upper = f" (95% upper {self.high:.1f})" if self.high is not None else " (1 run)"
-        return f"{self.term.key} {self.mean:.1f} ms{upper} {'<=' if self.meets else '>'} {self.term.limit_ms:g}"
+        sign = "<=" if self.meets else ">"
+        return f"{self.term.key} {self.mean:.1f} ms{upper} {sign} {bound_text(self.term.limit_ms)}"
 
 
 def judge(values_by_term: Mapping[str, Sequence[float]], terms: Iterable[Term]) -> tuple[bool, list[TermVerdict]]:

@@ -35,6 +35,16 @@ def test_terms_parse_with_units_and_bad_ones_say_how_to_write_them() -> None:
             slo.parse(bad)
 
 
+def test_a_bound_is_written_back_in_plain_digits_whatever_its_size() -> None:
+    """`ttft_p50<=100000s` was written back as `ttft_p50<=1e+08ms`: a bound of 10 s or more is said in seconds, one
+    under it in ms, never in exponent notation, and the verdict line says it the same way."""
+    assert slo.describe(slo.parse("ttft_p50<=100000s, tpot_p90<=0.00001, e2e_mean<=9999.5ms, itl_p99<=12s")) == (
+        "ttft_p50<=100000s, tpot_p90<=0.00001ms, e2e_mean<=9999.5ms, itl_p99<=12s")
+    (term,) = slo.parse("ttft_p90<=2500000s")
+    said = slo.judge({"ttft_p90": [1.0, 2.0]}, [term])[1][0].describe()
+    assert "e+" not in said and said.endswith("<= 2500000s"), said
+
+
 def request(start: float, first: float, end: float, tokens: int, **extra: Any) -> dict[str, Any]:
     return {"start": start, "first_token": first, "end": end, "completion_tokens": tokens, "warmup": False,
             "error": None, **extra}
