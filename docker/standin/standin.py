@@ -438,6 +438,14 @@ class Handler(BaseHTTPRequestHandler):
         if self.app.cfg.mode == "trtedge" and extra:  # pydantic's extra="forbid" through Edge-LLM's handler
             self.send_error_json(400, f"{extra[0]}: Extra inputs are not permitted", "invalid_request_error")
             return
+        if (self.app.cfg.mode == "sglang" and path == "/v1/chat/completions" and body.get("stream")
+                and body.get("return_token_ids")):
+            # SGLang 0.5.23 refuses it (entrypoints/openai/serving_chat.py:1315-1319, a ValueError that
+            # serving_base.py:123-128 answers as HTTP 400 with its ErrorResponse, protocol.py:106-111)
+            self.send_json(400, {"object": "error", "message": "return_token_ids is not supported with streaming on "
+                                 "/v1/chat/completions. Please set stream=false when using return_token_ids=true.",
+                                 "type": "BadRequest", "param": None, "code": 400})
+            return
         if self.app.cfg.mode == "vllm" and model and model not in self.app.cfg.served_names:
             self.send_error_json(404, f"The model `{model}` does not exist.", "NotFoundError")
             return

@@ -6,6 +6,7 @@ Read from SGLang 0.5.23 (the wheel), the decode line also from 0.5.9, 0.5.12 and
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -20,6 +21,7 @@ from sparklab.spec import Speculative
 
 if TYPE_CHECKING:
     from sparklab.engines.api import EngineAPI, Replies
+    from sparklab.records import Sampling
     from sparklab.spec import LaunchSpec
 
 # server_args.py's built-in speculative algorithms.
@@ -38,6 +40,9 @@ KNOWLEDGE = Knowledge((
     Fact("readiness path", "GET /health (503 while starting)", _S23, "srt/entrypoints/http_server.py:721"),
     Fact("endpoints", "GET /server_info (version, internal_states), /flush_cache", _S23,
          "srt/entrypoints/http_server.py:863-890, :1025"),
+    Fact("endpoints", "a streamed chat request with return_token_ids is refused with HTTP 400", _S23,
+         "srt/entrypoints/openai/serving_chat.py:1315-1319, serving_base.py:123-128 (0.5.9 and 0.5.16 have no "
+         "such field: entrypoints/openai/protocol.py)"),
     Fact("startup lines", "KV Cache is allocated, max_total_num_tokens, Load weight end, fired up and ready", _S23,
          "srt/mem_cache/memory_pool.py:2087-2090, managers/scheduler.py:1268-1275, "
          "model_executor/model_runner.py:1372-1378, entrypoints/http_server.py:2600"),
@@ -220,6 +225,11 @@ class SGLang(Engine):
 
     def speculative(self, argv: Sequence[str]) -> Speculative | None:
         return speculative(argv)
+
+    def request_sampling(self, sampling: Sampling) -> Sampling:
+        """No vLLM `return_token_ids`: SGLang 0.5.23 refuses it on a streamed chat request with HTTP 400 (KNOWLEDGE,
+        "endpoints"), and earlier versions ignore it. Tokens per chunk then come from the stream and usage."""
+        return dataclasses.replace(sampling, token_ids=False)
 
     def api_key_args(self, key: str) -> list[str]:
         return ["--api-key", key]

@@ -144,3 +144,15 @@ def test_the_startup_lines_of_sglang_0_5_23() -> None:
     assert facts.max_concurrency == 8 and facts.concurrency_tokens_per_request == 65_536
     assert facts.model_load_seconds == 61.20 and facts.model_load_gib == 17.62
     assert facts.startup_complete
+
+
+def test_a_streamed_request_to_sglang_does_not_ask_for_token_ids() -> None:
+    """SGLang 0.5.23 answers a streamed chat request carrying `return_token_ids` with HTTP 400 ("return_token_ids is
+    not supported with streaming on /v1/chat/completions", entrypoints/openai/serving_chat.py:1315-1319); 0.5.9 and
+    0.5.16 have no such field. sparklab asked for it on every request, so every SGLang cell failed on 0.5.23; the
+    stand-in refuses it as 0.5.23 does (tests/docker/test_bench_standin.py failed on it before this)."""
+    from sparklab.records import Sampling
+
+    body = engine("sglang").request_sampling(Sampling(max_tokens=64, ignore_eos=True)).body("m", [], stream=True)
+    assert "return_token_ids" not in body and body["ignore_eos"] is True and body["stream"] is True
+    assert engine("vllm").request_sampling(Sampling(max_tokens=64)).body("m", [], stream=True)["return_token_ids"]
