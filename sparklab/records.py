@@ -40,7 +40,9 @@ class Sampling:
     min_tokens: int | None = None
     enable_thinking: bool | None = False
     seed: int | None = None
-    token_ids: bool = True  # ask vLLM for per-chunk token ids (exact tokens per chunk)
+    # ask vLLM for the token ids (return_token_ids): per chunk when streamed (exact tokens per chunk), the answer's
+    # in the choice when not (vLLM 0.27.1 chat_completion/serving.py:1027-1031): the lossless check scores them
+    token_ids: bool = True
 
     # Any: the OpenAI request body, JSON
     def body(self, model: str, messages: list[dict[str, str]], stream: bool) -> dict[str, Any]:
@@ -61,8 +63,8 @@ class Sampling:
         if stream:
             body["stream"] = True
             body["stream_options"] = {"include_usage": True}
-            if self.token_ids:
-                extra["return_token_ids"] = True
+        if self.token_ids:
+            extra["return_token_ids"] = True
         return {**body, **extra}
 
 
@@ -121,7 +123,7 @@ class RequestRecord:
     def answer(self, whole: bool = False) -> dict[str, Any]:
         """The answer as results keep it (sparklab.outputs.kept: digests, bounded heads). whole: an answer to a graded
         task, kept whole (up to outputs.KEEP_GRADED_CHARS), its visible text apart and every tool call."""
-        ids = self.output_ids if self.streamed and self.output_ids else None
+        ids = self.output_ids or None
         text = "".join(self.output_parts)
         out = kept(self.index, self.prompt_id, self.warmup, self.ok, self.finish_reason, text, ids, whole=whole)
         reasoning = "".join(self.reasoning_parts)

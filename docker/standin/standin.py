@@ -704,6 +704,9 @@ class App:
                 if n_reason:
                     msg["reasoning_content"] = " ".join(words[:n_reason])
                 choice: dict[str, Any] = {"index": 0, "message": msg, "finish_reason": reason}
+                if body.get("return_token_ids") and self.cfg.mode == "vllm":
+                    # vLLM 0.27.1 chat_completion/serving.py:1027-1031: the whole answer's ids in the choice
+                    choice["token_ids"] = [7 if w == "altered" else 1000 + i for i, w in enumerate(words)]
             else:
                 choice = {"index": 0, "text": text, "finish_reason": reason}
             obj = "chat.completion" if chat else "text_completion"

@@ -209,7 +209,7 @@ class ChatClient:
                 record.reasoning_parts.append(reasoning)
             record.output_parts.append(choice.message.content or "")
             record.content_parts.append(choice.message.content or "")
-            record.output_ids = None
+            record.output_ids = _whole_ids(getattr(choice, "token_ids", None), record.completion_tokens)
 
     async def _stream_lean(self, record: RequestRecord, prompt_id: str, messages: list[dict[str, str]],
                            sampling: Sampling, on_event: OnEvent, extra: dict[str, Any] | None = None) -> Ending:
@@ -295,6 +295,15 @@ def _incomplete(record: RequestRecord, seen: _Stream, ending: Ending) -> str | N
         return "the server did not stream: HTTP 200 without a single SSE event"
     how = "the connection closed" if ending == "closed" else "the response ended"
     return f"incomplete stream: {how} without finish_reason or [DONE]"
+
+
+def _whole_ids(ids: Any, completion_tokens: int | None) -> list[int] | None:
+    """A whole answer's token ids (vLLM 0.27.1: the choice's `token_ids` when asked, chat_completion/serving.py
+    :1027-1031), kept only when they are what they claim: integers, as many as usage counted. Anything else is no
+    ids (the answer is then compared by text and not scored), never an error of the request."""
+    if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+        return None
+    return ids if ids and completion_tokens == len(ids) else None
 
 
 def _count(value: Any, name: str) -> int | None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -70,6 +71,31 @@ def will_score(plan: Plan) -> bool:
         baseline_of(plan, s.engine) is not None and s.method != BASELINE and any(sampled({"sampling": c.sampling})
                                                                                   for c in s.cells)
         for s in plan.servers)
+
+
+def settle_without_server(plan: Plan, store: Any, say: Callable[[str], None]) -> int:
+    """Rows for the pending answers no server could score, written now so that no `none` is loaded for them (on a
+    Spark a load of minutes): every answer of an engine that cannot score, and answers without their token ids or
+    whose workload or prompt changed. Returns how many rows were written."""
+    written = 0
+    for name in dict.fromkeys(s.engine for s in plan.servers):
+        plain = baseline_of(plan, name)
+        items = list(pending(plan, store, name)) if plain is not None else []
+        if plain is None or not items:
+            continue
+        reason = engine(plain.spec.kind).scoring_unsupported
+        if reason:
+            rows = [Score(c.id, i, plain.id, "unscorable", None, None, reason) for c, i, _ in items]
+        else:
+            workloads: dict[str, Workload] = {}
+            rows = [job for c, i, a in items if isinstance(job := _job(workloads, plain.id, c, i, a), Score)]
+        if rows:
+            store.add_scores(rows)
+            written += len(rows)
+            common = Counter(r.detail for r in rows).most_common(1)[0][0]
+            say(f"lossless check: {len(rows)} sampled answer(s) on {name} cannot be scored ({common}); no server is "
+                "started for them")
+    return written
 
 
 def engines_with_pending(plan: Plan, store: Any) -> list[str]:

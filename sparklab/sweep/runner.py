@@ -201,6 +201,7 @@ def _score_the_rest(plan: Plan, store: Store, members: list[fleet.Member], run_d
     as every start is: this machine first, else another host of the sweep; a server across hosts on as many."""
     if not plan.sweep.lossless.enabled:
         return
+    lossless.settle_without_server(plan, store, say)
     for name in lossless.engines_with_pending(plan, store):
         plain = lossless.baseline_of(plan, name)
         if plain is None:

@@ -469,6 +469,8 @@ def _score_the_rest(plan: Plan, store: Store, runtime: HostRuntime | None, run_d
                     reach: fleet.Connect | None) -> None:
     """The lossless check's `none` once, when the search is done, for the sampled answers no `none` load scored
     while up (a sweep does it after its servers; tune's rounds leave it here, or each would load `none` again)."""
+    if plan.sweep.lossless.enabled:
+        lossless.settle_without_server(plan, store, say)
     if not lossless.engines_with_pending(plan, store):
         return
     state["loads"] = int(state.get("loads", 0)) + 1

@@ -9,6 +9,7 @@ since `up` to `down` is what it checks.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -22,9 +23,11 @@ import pytest
 import requests
 
 from sparklab import engines
+from sparklab.bench.client import ChatClient
 from sparklab.engines.api import EngineAPI
 from sparklab.engines.scrape import parse_metrics
 from sparklab.engines.vllm import server_latency, spec_counters
+from sparklab.records import RequestRecord, Sampling
 from tests.dockerkit import Cli, field, free_port, make_cli, sparklab_containers
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(600)]  # a vLLM start is about 20 s quiet, 60 s under load
@@ -61,6 +64,16 @@ def _stream(client: openai.OpenAI, prompt: str, max_tokens: int) -> tuple[str, i
             chunks += 1
             text += chunk.choices[0].delta.content
     return text, chunks, usage, last - first
+
+
+async def _whole(base_url: str, key: str) -> RequestRecord:
+    """One non-streamed request through sparklab's client, 24 tokens forced."""
+    client = ChatClient(base_url, key, "smollm2-135m")
+    try:
+        return await client.request(0, "q", [{"role": "user", "content": QUESTION}],
+                                    Sampling(max_tokens=24, temperature=0, top_p=None, ignore_eos=True), stream=False)
+    finally:
+        await client.close()
 
 
 @dataclass
@@ -107,13 +120,19 @@ def test_plain_engine_up_chat_metrics_down(engine_cli: Cli, docker_client, measu
         reply = client.chat.completions.create(model="smollm2-135m", max_tokens=24, temperature=0,
                                                messages=[{"role": "user", "content": QUESTION}])
         assert "Paris" in (reply.choices[0].message.content or "")
+        # a whole (non-streamed) answer with its token ids, as sparklab asks for it (the lossless check scores them):
+        # vLLM 0.27.1 puts them in the choice (chat_completion/serving.py:1027-1031), as many as usage counts
+        whole = asyncio.run(_whole(f"http://127.0.0.1:{port}/v1", key))
+        assert whole.ok and whole.completion_tokens == 24, whole.error
+        ids = whole.answer()["token_ids"]
+        assert ids and len(ids) == 24 and all(isinstance(i, int) for i in ids), whole.answer()
         text, chunks, tokens, seconds = _stream(client, COUNTING, 64)
         assert tokens > 0 and text
         GREEDY_TEXTS["none"] = text
         after = _metrics(port)
         generated = after["vllm:generation_tokens_total"] - before["vllm:generation_tokens_total"]
         assert reply.usage is not None
-        assert generated == reply.usage.completion_tokens + tokens
+        assert generated == reply.usage.completion_tokens + whole.completion_tokens + tokens
         assert "vllm:spec_decode_num_drafts_total" not in after
         measured["plain: ready (s)"] = ready_s
         measured["plain: decode tok/s (streamed, first to last content chunk)"] = round((tokens - 1) / seconds, 2)

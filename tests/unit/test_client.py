@@ -171,6 +171,28 @@ def test_non_streaming_reproduces_bench_py(serve) -> None:
     assert server.bodies[0]["chat_template_kwargs"] == {"enable_thinking": False}
 
 
+@pytest.mark.parametrize(("ids", "kept"), [
+    ([11, 12, 13], [11, 12, 13]),  # vLLM 0.27.1's choice.token_ids, as many as usage counted
+    ([11, 12], None),  # fewer than usage says
+    (["11", "12", "13"], None),  # not integers
+    ([True, 12, 13], None),
+    ("11 12 13", None),
+    (None, None),  # an engine that does not send them
+])
+def test_a_whole_answer_keeps_its_token_ids_only_when_they_are_what_they_claim(serve, ids: Any, kept: Any) -> None:
+    """A non-streamed request asks for the answer's token ids (the lossless check scores them); a server's ids that
+    do not match its own usage, or are not integers, are dropped: the request stays good, its answer is then
+    compared by text and not scored."""
+    choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": "a b c"}, "finish_reason": "stop"}
+    if ids is not None:
+        choice["token_ids"] = ids
+    server = serve([(0.0, {"id": "c", "object": "chat.completion", "model": "m", "choices": [choice],
+                           "usage": {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}})])
+    record = _request(server, stream=False)
+    assert record.ok and record.completion_tokens == 3 and server.bodies[0]["return_token_ids"] is True
+    assert record.answer()["token_ids"] == kept and record.answer()["text"] == "a b c"
+
+
 # -- §3 of issue 11: the client believes nothing it should not -----------------------------------------------------
 
 def _client_request(root: str, sampling: Sampling | None = None, **client_kw: Any) -> tuple[RequestRecord, float]:

@@ -58,6 +58,7 @@ class Engine:
         self.right, self.pool, self.rng, self.lock = right, pool, random.Random(seed), threading.Lock()
         self.scored = 0
         self.chats: list[float] = []  # when each chat request arrived (time.time)
+        self.ids_whole = True  # a whole (non-streamed) answer carries its token ids when asked, as vLLM 0.27.1's
 
     def script(self, body: dict[str, Any]) -> list[Step]:
         if "prompt" in body:  # /v1/completions, prompt_logprobs: the lossless check's scoring
@@ -65,7 +66,7 @@ class Engine:
                 self.scored += 1
             return [(0.0, {"choices": [{"prompt_logprobs": [None] + [{str(t): {"logprob": _score(t)}}
                                                                      for t in body["prompt"][1:]]}]})]
-        if not body.get("stream"):  # /tokenize
+        if not body.get("stream") and "max_tokens" not in body:  # /tokenize
             return [(0.0, {"tokens": [1, 2, 3], "count": 3})]
         self.chats.append(time.time())
         prompt = body["messages"][0]["content"]
@@ -76,6 +77,13 @@ class Engine:
         with self.lock:
             n = self.rng.randint(3, 9) if sampled else 4
             ids = [self.pool + self.rng.randrange(100) if sampled else self.pool + i for i in range(n)]
+        if not body.get("stream"):  # vLLM 0.27.1: the choice's token_ids when asked (chat_completion/serving.py:1027)
+            choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text},
+                                      "finish_reason": "stop"}
+            if body.get("return_token_ids") and self.ids_whole:
+                choice["token_ids"] = ids
+            return [(0.0, {"id": "chatcmpl-1", "object": "chat.completion", "created": 0, "model": "scripted-model",
+                           "choices": [choice], "usage": usage(len(ids))["usage"]})]
         steps: list[Step] = [(0.0, chunk(role="assistant"))]
         if body.get("tools") and self.right and body.get("tool_choice") != "none":
             call = {"index": 0, "id": "c0", "type": "function",
@@ -242,6 +250,47 @@ def test_a_drafting_config_that_ran_before_none_is_scored_while_none_is_up(tmp_p
     """The plan's order decides: with `none` last, its own server scores everything after its cells; no restart."""
     _, starts, _ = _run(tmp_path, monkeypatch, engines_by_method, ["ngram", "none"])
     assert starts == ["ngram", "none"]
+
+
+def _whole_answers(tmp_path: Path) -> Path:
+    """Sampled, not streamed (seed 000's own `stream: false`), `none` before the drafter: its answers are scored by
+    the `none` load at the end."""
+    path = tmp_path / "whole.yaml"
+    path.write_text(yaml.safe_dump({
+        "name": "quality", "recipe": "cpu", "engines": ["vllm-cpu"], "methods": ["none", "ngram"],
+        "num_speculative_tokens": [3], "concurrency": [2], "requests": 6, "warmup": 1, "workloads": ["tasks-en"],
+        "stream": False, "sampling": {"temperature": 1.0, "top_p": 0.95, "max_tokens": 64}, "memory_floor_gib": 0}))
+    return path
+
+
+def test_answers_that_were_not_streamed_are_scored_from_their_token_ids(tmp_path: Path, monkeypatch,
+                                                                       engines_by_method) -> None:
+    """A non-streamed request asks for the token ids too (vLLM 0.27.1 puts them in the choice,
+    chat_completion/serving.py:1027-1031): before, it did not, and seed 000's night (`stream: false`, temperature
+    1.0) loaded `none` once more at its end to score 0 of its 1330 sampled answers."""
+    path, starts, _ = _run(tmp_path, monkeypatch, engines_by_method, ["none", "ngram"], _whole_answers(tmp_path),
+                           cells=1)
+    assert starts == ["none", "ngram", "none"]
+    with Store.open(path, readonly=True) as store:
+        rows = list(store.scores().values())
+        outputs = store.outputs()
+    assert len(rows) == 2 * 6 and {r.status for r in rows} == {"scored"}, {r.detail for r in rows}
+    assert all(a["token_ids"] and a["ids_len"] == len(a["token_ids"]) for kept in outputs.values() for a in kept)
+
+
+def test_answers_that_cannot_be_scored_cost_no_load(tmp_path: Path, monkeypatch, engines_by_method) -> None:
+    """An engine that sends no token ids: every answer is unscorable before any server could score it, so the rows
+    say why and no `none` is loaded for them (on a Spark a load of minutes, for nothing)."""
+    found, _ = engines_by_method
+    for one in found.values():
+        one.ids_whole = False
+    path, starts, _ = _run(tmp_path, monkeypatch, engines_by_method, ["none", "ngram"], _whole_answers(tmp_path),
+                           cells=1)
+    assert starts == ["none", "ngram"]
+    with Store.open(path, readonly=True) as store:
+        rows = list(store.scores().values())
+    assert len(rows) == 2 * 6 and {r.status for r in rows} == {"unscorable"}
+    assert {r.detail for r in rows} == {"the answer has no token ids (the engine sent none, or it was not streamed)"}
 
 
 def _built(path: Path) -> report.Report:
