@@ -75,20 +75,13 @@ def will_score(plan: Plan) -> bool:
 
 def settle_without_server(plan: Plan, store: Any, say: Callable[[str], None]) -> int:
     """Rows for the pending answers no server could score, written now so that no `none` is loaded for them (on a
-    Spark a load of minutes): every answer of an engine that cannot score, and answers without their token ids or
-    whose workload or prompt changed. Returns how many rows were written."""
+    Spark a load of minutes). Returns how many rows were written."""
     written = 0
     for name in dict.fromkeys(s.engine for s in plan.servers):
         plain = baseline_of(plan, name)
-        items = list(pending(plan, store, name)) if plain is not None else []
-        if plain is None or not items:
+        if plain is None:
             continue
-        reason = engine(plain.spec.kind).scoring_unsupported
-        if reason:
-            rows = [Score(c.id, i, plain.id, "unscorable", None, None, reason) for c, i, _ in items]
-        else:
-            workloads: dict[str, Workload] = {}
-            rows = [job for c, i, a in items if isinstance(job := _job(workloads, plain.id, c, i, a), Score)]
+        rows = _unscorable(plain, list(pending(plan, store, name)))
         if rows:
             store.add_scores(rows)
             written += len(rows)
@@ -96,6 +89,16 @@ def settle_without_server(plan: Plan, store: Any, say: Callable[[str], None]) ->
             say(f"lossless check: {len(rows)} sampled answer(s) on {name} cannot be scored ({common}); no server is "
                 "started for them")
     return written
+
+
+def _unscorable(scorer: ServerConfig, items: Sequence[tuple[CellRow, int, dict[str, Any]]]) -> list[Score]:
+    """The rows of these answers that no server could score: every one on an engine that cannot score, else those
+    without their token ids or whose workload or prompt changed (`_job`)."""
+    reason = engine(scorer.spec.kind).scoring_unsupported
+    if reason:
+        return [Score(c.id, i, scorer.id, "unscorable", None, None, reason) for c, i, _ in items]
+    workloads: dict[str, Workload] = {}
+    return [job for c, i, a in items if isinstance(job := _job(workloads, scorer.id, c, i, a), Score)]
 
 
 def engines_with_pending(plan: Plan, store: Any) -> list[str]:
@@ -116,8 +119,7 @@ def score_pending(plan: Plan, store: Any, server: ServerConfig, api: EngineAPI, 
     adapter = engine(server.spec.kind)
     started = time.monotonic()
     if adapter.scoring_unsupported:
-        store.add_scores(Score(c.id, i, server.id, "unscorable", None, None, adapter.scoring_unsupported)
-                         for c, i, _ in items)
+        store.add_scores(_unscorable(server, items))
         say(f"lossless check: {server.label} cannot score answers ({adapter.scoring_unsupported})")
         return len(items)
     model = api.first_model()
