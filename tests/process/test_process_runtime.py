@@ -49,10 +49,12 @@ def _spec(**env: str) -> LaunchSpec:
 
 
 def _wait_for(text: str, path: Path, timeout: float = 10) -> str:
+    """The log once the line holding `text` is whole: the keeper copies what the engine prints as it reads it, so a
+    read can land between two writes of one line (seen in CI: the body was just `engine argv: `)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         body = path.read_text() if path.exists() else ""
-        if text in body:
+        if text in body and "\n" in body[body.index(text):]:
             return body
         time.sleep(0.05)
     raise AssertionError(f"never saw {text!r} in {path}")
